@@ -1,0 +1,139 @@
+//! `better-compute dev`: the service on an embedded database. With no database URL it starts (or reuses) a
+//! persistent private PostgreSQL cluster in a data folder, creates the `better_compute` database, migrates and
+//! serves; Ctrl-C stops the service and then the cluster it started.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, RunAs, StopMode, running_as_root};
+use bc_eventstore::{Db, DbConfig};
+use sqlx::{ConnectOptions as _, Connection as _};
+
+use crate::service::{self, MigrateOnStart};
+
+/// The database `dev` creates in its cluster.
+pub const DEV_DATABASE: &str = "better_compute";
+
+/// Where the embedded cluster lives when `--data-dir` is not given: under the user's data folder, or, for
+/// root (whose home the `postgres` user cannot enter), under `/var/lib/better-compute`.
+pub fn default_data_dir() -> anyhow::Result<PathBuf> {
+    if running_as_root() {
+        return Ok(PathBuf::from("/var/lib/better-compute/dev"));
+    }
+    let base = dirs::data_dir().context("find the user's data folder (set --data-dir)")?;
+    Ok(base.join("better-compute").join("dev"))
+}
+
+/// The embedded database, started by `dev` or found running.
+#[derive(Debug)]
+pub struct EmbeddedDatabase {
+    pub cluster: Cluster,
+    /// Whether this process started the cluster (and so stops it at the end).
+    started_here: bool,
+}
+
+impl EmbeddedDatabase {
+    /// Creates the cluster in `data_dir` if it is new, and starts it unless it is already running.
+    pub fn start(data_dir: &Path) -> anyhow::Result<Self> {
+        let bins = PgBinaries::find()?;
+        let run_as = RunAs::for_this_process()?;
+        let cluster = Cluster::new(bins, data_dir.to_path_buf(), run_as);
+        if !cluster.is_initialized() {
+            if let Some(parent) = data_dir.parent() {
+                std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+            }
+            tracing::info!(path = %data_dir.display(), "creating the embedded database cluster");
+            cluster.init(&InitOptions::default())?;
+        }
+        if cluster.is_running() {
+            tracing::info!(path = %data_dir.display(), "reusing the running embedded database cluster");
+            return Ok(Self { cluster, started_here: false });
+        }
+        cluster.start()?;
+        tracing::info!(path = %data_dir.display(), "started the embedded database cluster");
+        Ok(Self { cluster, started_here: true })
+    }
+
+    /// Creates the `better_compute` database if it does not exist, and returns a pool on it.
+    pub async fn connect(&self, config: &DbConfig) -> anyhow::Result<Db> {
+        let mut admin =
+            self.cluster.connect_options("postgres").connect().await.context("connect to the embedded cluster")?;
+        let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .persistent(false)
+            .bind(DEV_DATABASE)
+            .fetch_one(&mut admin)
+            .await
+            .context("look for the dev database")?;
+        if !exists {
+            sqlx::raw_sql(concat!("CREATE DATABASE ", "better_compute"))
+                .execute(&mut admin)
+                .await
+                .context("create the dev database")?;
+        }
+        admin.close().await.ok();
+        Ok(Db::connect_lazy_with(self.cluster.connect_options(DEV_DATABASE), config))
+    }
+
+    /// Stops the cluster if this process started it.
+    pub fn stop(&self) -> anyhow::Result<()> {
+        if self.started_here {
+            self.cluster.stop(StopMode::Fast)?;
+            tracing::info!("stopped the embedded database cluster");
+        }
+        Ok(())
+    }
+}
+
+/// What `dev` needs.
+#[derive(Debug, Clone)]
+pub struct DevConfig {
+    pub listen: std::net::SocketAddr,
+    /// An existing database to use instead of the embedded one.
+    pub database_url: Option<String>,
+    pub data_dir: PathBuf,
+    pub migrate: MigrateOnStart,
+    pub db: DbConfig,
+}
+
+/// Runs `dev` until Ctrl-C or SIGTERM.
+pub async fn run(config: DevConfig) -> anyhow::Result<()> {
+    if let Some(url) = &config.database_url {
+        let db = Db::connect_lazy(url, &config.db)?;
+        service::prepare(&db, config.migrate).await?;
+        println!("better-compute dev: serving http://{} on {url}", config.listen);
+        return service::serve(db, config.listen, service::shutdown_signal()).await;
+    }
+
+    let data_dir = config.data_dir.clone();
+    let embedded = tokio::task::spawn_blocking(move || EmbeddedDatabase::start(&data_dir))
+        .await
+        .context("start the embedded database")??;
+    let result = async {
+        let db = embedded.connect(&config.db).await?;
+        service::prepare(&db, config.migrate).await?;
+        println!(
+            "better-compute dev: serving http://{} (embedded database {}, psql: psql -h {} -U postgres {DEV_DATABASE})",
+            config.listen,
+            embedded.cluster.root().display(),
+            embedded.cluster.socket_dir().display(),
+        );
+        let served = service::serve(db.clone(), config.listen, service::shutdown_signal()).await;
+        db.close().await;
+        served
+    }
+    .await;
+    let stopped = tokio::task::spawn_blocking(move || embedded.stop()).await.context("stop the embedded database")?;
+    match (result, stopped) {
+        (Err(err), _) => Err(err),
+        (Ok(()), Err(err)) => Err(err),
+        (Ok(()), Ok(())) => Ok(()),
+    }
+}
+
+/// Refuses a data folder that is a file.
+pub fn check_data_dir(path: &Path) -> anyhow::Result<()> {
+    if path.exists() && !path.is_dir() {
+        bail!("--data-dir {} is not a folder", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! The service's lifecycle: connect, migrate (unless told not to), check the log's epoch, serve until a
+//! shutdown signal.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use bc_eventstore::migrate::Migrator;
+use bc_eventstore::{Db, DbConfig, events};
+use tokio::net::TcpListener;
+
+use crate::http::{self, AppState};
+
+/// Whether `serve` and `dev` apply migrations on start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrateOnStart {
+    Migrate,
+    Skip,
+}
+
+/// What `serve` needs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub migrate: MigrateOnStart,
+    pub db: DbConfig,
+}
+
+/// Applies the embedded migrations and reports what changed.
+pub async fn migrate(db: &Db) -> anyhow::Result<()> {
+    let report = Migrator::embedded().run(db).await.context("migrate the database")?;
+    if report.applied.is_empty() {
+        tracing::info!(already_applied = report.already_applied, "the database schema is up to date");
+    } else {
+        tracing::info!(applied = report.applied.len(), "applied migrations: {}", report.applied.join(", "));
+    }
+    if let Some(epoch) = report.raised_epoch {
+        tracing::info!(epoch, "raised the event log epoch");
+    }
+    Ok(())
+}
+
+/// Prepares the database for serving: migrations (unless skipped), then the epoch check.
+pub async fn prepare(db: &Db, migrate_on_start: MigrateOnStart) -> anyhow::Result<()> {
+    if migrate_on_start == MigrateOnStart::Migrate {
+        migrate(db).await?;
+    }
+    events::check_epoch(db).await.context("check the event log epoch")?;
+    Ok(())
+}
+
+/// Binds `listen`, and serves the API until `shutdown` completes.
+pub async fn serve(
+    db: Db,
+    listen: SocketAddr,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(listen).await.with_context(|| format!("listen on {listen}"))?;
+    let local = listener.local_addr().context("read the listening address")?;
+    tracing::info!(address = %local, "serving the API");
+    serve_on(db, listener, shutdown).await
+}
+
+/// Serves the API on a bound listener until `shutdown` completes; in-flight requests finish first.
+pub async fn serve_on(
+    db: Db,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = http::router(AppState { db });
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serve HTTP")?;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %err, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => tracing::info!("Ctrl-C: shutting down"),
+        () = terminate => tracing::info!("SIGTERM: shutting down"),
+    }
+}

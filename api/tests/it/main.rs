@@ -1,0 +1,3 @@
+//! Integration tests of the application against real PostgreSQL.
+
+mod health;

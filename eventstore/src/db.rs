@@ -1,0 +1,399 @@
+//! Connections and the transaction executor.
+//!
+//! Everything here is safe behind PgBouncer in transaction mode: no session state (the statement timeout is
+//! `SET LOCAL` in each transaction), no startup parameters PgBouncer rejects, only unnamed prepared
+//! statements, and every statement inside an explicit transaction, so the Parse and the Bind of one
+//! statement always reach the same server connection.
+
+use std::future::Future;
+use std::time::Duration;
+
+use scoped_futures::ScopedBoxFuture;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres};
+
+use crate::error::{Error, Result, sql_state};
+
+/// SQLSTATE `25P02`: a statement ran in a transaction that an earlier error had already aborted.
+const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
+
+/// How a process connects: pool size and the per-transaction statement timeout.
+#[derive(Debug, Clone)]
+pub struct DbConfig {
+    /// Connections this process may hold at once. The total over all processes is about this times the
+    /// number of processes, which is why a large deployment puts PgBouncer in front.
+    pub max_connections: u32,
+    /// Applied with `SET LOCAL statement_timeout` at the start of every transaction.
+    pub statement_timeout: Duration,
+    /// How long a caller waits for a free connection before getting an error.
+    pub acquire_timeout: Duration,
+    /// Sent as `application_name` (a startup parameter PgBouncer accepts), so `pg_stat_activity` and
+    /// `doctor` can name the process.
+    pub application_name: Option<String>,
+}
+
+impl Default for DbConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 20,
+            statement_timeout: Duration::from_secs(15),
+            acquire_timeout: Duration::from_secs(5),
+            application_name: Some("better-compute".to_owned()),
+        }
+    }
+}
+
+/// Isolation level of a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    ReadCommitted,
+    RepeatableRead,
+    Serializable,
+}
+
+/// How to open a transaction. Use the constants; commands run at repeatable read so that everything a
+/// command read sorts before what it writes in the event log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxOptions {
+    pub isolation: Isolation,
+    pub access: Access,
+}
+
+/// Whether a transaction may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    ReadWrite,
+    ReadOnly,
+}
+
+impl TxOptions {
+    /// Read committed, read-write: the PostgreSQL default, for guarded single-row updates.
+    pub const READ_COMMITTED: TxOptions = TxOptions { isolation: Isolation::ReadCommitted, access: Access::ReadWrite };
+    /// Repeatable read, read-write: every command.
+    pub const COMMAND: TxOptions = TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadWrite };
+    /// Read committed, read-only: log readers and queries.
+    pub const READ_ONLY: TxOptions = TxOptions { isolation: Isolation::ReadCommitted, access: Access::ReadOnly };
+
+    fn begin_sql(self, statement_timeout_ms: u128) -> String {
+        let isolation = match self.isolation {
+            Isolation::ReadCommitted => "READ COMMITTED",
+            Isolation::RepeatableRead => "REPEATABLE READ",
+            Isolation::Serializable => "SERIALIZABLE",
+        };
+        let access = match self.access {
+            Access::ReadWrite => "READ WRITE",
+            Access::ReadOnly => "READ ONLY",
+        };
+        format!("BEGIN ISOLATION LEVEL {isolation} {access}; SET LOCAL statement_timeout = {statement_timeout_ms}")
+    }
+}
+
+impl Default for TxOptions {
+    fn default() -> Self {
+        Self::READ_COMMITTED
+    }
+}
+
+/// Connect options made safe for PgBouncer's transaction mode: no statement cache (sqlx's cached statements
+/// are named and outlive the transaction) and no `extra_float_digits` startup parameter (PgBouncer refuses
+/// parameters it does not know).
+pub fn pgbouncer_safe(options: PgConnectOptions) -> PgConnectOptions {
+    options.statement_cache_capacity(0).extra_float_digits(None)
+}
+
+/// A pool of connections to one database, and the transaction executor over it.
+#[derive(Debug, Clone)]
+pub struct Db {
+    pool: PgPool,
+    statement_timeout_ms: u128,
+}
+
+impl Db {
+    /// A pool that connects on first use, so a process can start while the database is down and serve
+    /// `503` until it is back. A connection that broke while idle is noticed when it is checked out
+    /// (sqlx pings it first) and replaced.
+    pub fn connect_lazy(url: &str, config: &DbConfig) -> Result<Db> {
+        let options: PgConnectOptions =
+            url.parse().map_err(|err| Error::InvalidConfig(format!("the database URL is not valid: {err}")))?;
+        Ok(Self::connect_lazy_with(options, config))
+    }
+
+    pub fn connect_lazy_with(options: PgConnectOptions, config: &DbConfig) -> Db {
+        let mut options = pgbouncer_safe(options);
+        if let Some(name) = &config.application_name {
+            options = options.application_name(name);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .min_connections(0)
+            .acquire_timeout(config.acquire_timeout)
+            .idle_timeout(Some(Duration::from_secs(300)))
+            .test_before_acquire(true)
+            .connect_lazy_with(options);
+        Db { pool, statement_timeout_ms: config.statement_timeout.as_millis() }
+    }
+
+    /// Like [`Db::connect_lazy`], then checks that the database answers.
+    pub async fn connect(url: &str, config: &DbConfig) -> Result<Db> {
+        let db = Self::connect_lazy(url, config)?;
+        db.ping().await?;
+        Ok(db)
+    }
+
+    /// Runs `SELECT 1` in a read-only transaction.
+    pub async fn ping(&self) -> Result<()> {
+        let mut tx = self.begin(TxOptions::READ_ONLY).await?;
+        crate::sql::query("SELECT 1").execute(tx.conn()).await?;
+        tx.commit().await
+    }
+
+    /// The underlying sqlx pool, for pool statistics. Statements go through [`Tx`].
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Closes every connection; later calls fail.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Opens a transaction. Drop it without [`Tx::commit`] and it is rolled back (its connection is
+    /// closed rather than returned to the pool mid-transaction).
+    pub async fn begin(&self, options: TxOptions) -> Result<Tx> {
+        let conn = self.pool.acquire().await?;
+        // Construct the guard first: if BEGIN succeeds and SET LOCAL fails, the connection is closed.
+        let mut tx = Tx { conn, savepoints: 0, open: true };
+        let begin = options.begin_sql(self.statement_timeout_ms);
+        sqlx::raw_sql(AssertSqlSafe(begin)).execute(tx.conn()).await?;
+        Ok(tx)
+    }
+
+    /// Runs `f` between BEGIN and COMMIT and returns its result. An error from `f` rolls back; a COMMIT that
+    /// PostgreSQL turned into a ROLLBACK (because `f` caught a statement error) is an [`Error::Internal`].
+    ///
+    /// ```text
+    /// db.transaction(TxOptions::COMMAND, |tx| async move { append(tx, &batch).await }.scope_boxed()).await?;
+    /// ```
+    pub async fn transaction<'a, T, E, F>(&self, options: TxOptions, f: F) -> Result<T, E>
+    where
+        F: for<'t> FnOnce(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        let mut tx = self.begin(options).await?;
+        match f(&mut tx).await {
+            Ok(value) => {
+                tx.commit().await?;
+                Ok(value)
+            }
+            Err(err) => {
+                tx.rollback().await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Runs `f` in a transaction, and runs it again in a fresh transaction, a bounded number of times with
+    /// jittered backoff, while it fails with a retryable error (a version conflict, `40001`, `40P01` or
+    /// `23P01`). The last error is returned as is.
+    pub async fn transaction_with_retry<'a, T, E, F>(
+        &self,
+        options: TxOptions,
+        policy: &RetryPolicy,
+        mut f: F,
+    ) -> Result<T, E>
+    where
+        F: for<'t> FnMut(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + Retryable + Send + 'a,
+    {
+        let mut tries = 1;
+        loop {
+            let result = async {
+                let mut tx = self.begin(options).await?;
+                match f(&mut tx).await {
+                    Ok(value) => {
+                        tx.commit().await?;
+                        Ok(value)
+                    }
+                    Err(err) => {
+                        tx.rollback().await;
+                        Err(err)
+                    }
+                }
+            }
+            .await;
+            match result {
+                Err(err) if err.is_retryable() && tries < policy.max_attempts => {
+                    tokio::time::sleep(policy.backoff(tries)).await;
+                    tries += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+}
+
+/// An open transaction on one pooled connection. Run statements on [`Tx::conn`].
+#[derive(Debug)]
+pub struct Tx {
+    conn: PoolConnection<Postgres>,
+    savepoints: u32,
+    open: bool,
+}
+
+impl Tx {
+    /// The connection, as a sqlx executor. Use the builders in [`crate::sql`], which never name a statement.
+    pub fn conn(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+
+    /// Commits. If a statement had failed inside the transaction (and the error was caught), PostgreSQL
+    /// would answer COMMIT with ROLLBACK; that is reported as [`Error::Internal`], never as success.
+    pub async fn commit(mut self) -> Result<()> {
+        // A statement before COMMIT in the same round trip fails with 25P02 when the transaction is aborted;
+        // COMMIT alone would silently roll back.
+        match sqlx::raw_sql("SELECT 1; COMMIT").execute(&mut *self.conn).await {
+            Ok(_) => {
+                self.open = false;
+                Ok(())
+            }
+            Err(err) if sql_state(&err).as_deref() == Some(IN_FAILED_SQL_TRANSACTION) => {
+                self.rollback().await;
+                Err(Error::Internal(
+                    "the transaction was aborted by an earlier statement error, so COMMIT would have rolled it back"
+                        .to_owned(),
+                ))
+            }
+            Err(err) => {
+                if err.as_database_error().is_some() {
+                    // The server answered: COMMIT itself failed (a deferred constraint, a serialization
+                    // failure), which ends the transaction. ROLLBACK makes sure of it.
+                    self.rollback().await;
+                }
+                Err(err.into())
+            }
+        }
+    }
+
+    /// Rolls back. Never fails: if ROLLBACK cannot be sent, the connection is closed instead.
+    pub async fn rollback(mut self) {
+        if sqlx::raw_sql("ROLLBACK").execute(&mut *self.conn).await.is_ok() {
+            self.open = false;
+        }
+    }
+
+    /// Runs `f` inside a savepoint: an error from `f` rolls back to the savepoint and leaves this transaction
+    /// usable; success releases it.
+    pub async fn savepoint<'a, T, E, F>(&mut self, f: F) -> Result<T, E>
+    where
+        F: for<'t> FnOnce(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>> + Send + 'a,
+        T: Send + 'a,
+        E: From<Error> + Send + 'a,
+    {
+        self.savepoints += 1;
+        let name = format!("bc_sp_{}", self.savepoints);
+        let result = self.run_in_savepoint(&name, f).await;
+        self.savepoints -= 1;
+        result
+    }
+
+    async fn run_in_savepoint<'a, T, E, F>(&mut self, name: &str, f: F) -> Result<T, E>
+    where
+        F: for<'t> FnOnce(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>> + Send + 'a,
+        E: From<Error>,
+    {
+        sqlx::raw_sql(AssertSqlSafe(format!("SAVEPOINT {name}"))).execute(self.conn()).await.map_err(Error::from)?;
+        match f(self).await {
+            Ok(value) => {
+                match sqlx::raw_sql(AssertSqlSafe(format!("RELEASE SAVEPOINT {name}"))).execute(self.conn()).await {
+                    Ok(_) => Ok(value),
+                    Err(err) if sql_state(&err).as_deref() == Some(IN_FAILED_SQL_TRANSACTION) => {
+                        self.rollback_to(name).await?;
+                        Err(Error::Internal(format!(
+                            "savepoint {name} was aborted by a statement error that was caught; rolled back to it"
+                        ))
+                        .into())
+                    }
+                    Err(err) => Err(Error::from(err).into()),
+                }
+            }
+            Err(err) => {
+                self.rollback_to(name).await?;
+                Err(err)
+            }
+        }
+    }
+
+    async fn rollback_to(&mut self, name: &str) -> Result<()> {
+        let sql = format!("ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}");
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(self.conn()).await?;
+        Ok(())
+    }
+}
+
+impl Drop for Tx {
+    fn drop(&mut self) {
+        if self.open {
+            // Never hand a connection back to the pool in the middle of a transaction.
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// Errors that say whether running the transaction again may succeed.
+pub trait Retryable {
+    fn is_retryable(&self) -> bool;
+}
+
+impl Retryable for Error {
+    fn is_retryable(&self) -> bool {
+        Error::is_retryable(self)
+    }
+}
+
+/// How often and how patiently [`retry`] tries again.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Tries in all, the first included.
+    pub max_attempts: u32,
+    /// The backoff before the second try; it doubles each time, up to `max_delay`, with full jitter.
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self { max_attempts: 8, base_delay: Duration::from_millis(2), max_delay: Duration::from_millis(200) }
+    }
+}
+
+impl RetryPolicy {
+    /// The jittered delay before try number `attempt + 1` (`attempt` counts from 1).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let exp = self.base_delay.saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
+        let cap = exp.min(self.max_delay);
+        cap.mul_f64(fastrand::f64())
+    }
+}
+
+/// Calls `attempt` until it succeeds, fails with an error that is not retryable, or the policy's tries run
+/// out. Each call must do its whole unit of work (its own transaction).
+pub async fn retry<T, E, F, Fut>(policy: &RetryPolicy, mut attempt: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: Retryable,
+{
+    let mut tries = 1;
+    loop {
+        match attempt().await {
+            Err(err) if err.is_retryable() && tries < policy.max_attempts => {
+                tokio::time::sleep(policy.backoff(tries)).await;
+                tries += 1;
+            }
+            result => return result,
+        }
+    }
+}

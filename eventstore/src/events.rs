@@ -1,0 +1,371 @@
+//! The event log: append a batch to one stream with an expected version, read a stream by version, read the
+//! log after a position, and subscribe (catch up, then poll).
+//!
+//! Readers never trust `seq` alone, since commit order is not `seq` order. They read the rows after their
+//! cursor in `(log_epoch, txid, seq)` order, limited to rows that no transaction still running can precede:
+//! an older epoch, or a `txid` below the snapshot's `xmin`. Nothing can then commit behind a cursor, so no
+//! reader ever skips an event.
+
+use std::time::Duration;
+
+use bc_domain::event::{EncodeError, EventMetadata, Upcasters, decode_payload};
+use futures_core::Stream;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::db::{Db, Tx, TxOptions};
+use crate::error::{Error, Result, UNIQUE_VIOLATION};
+use crate::position::Position;
+use crate::sql;
+
+/// An event to append, already encoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    /// `<aggregate>.<past tense>`, such as `reservation.placed`.
+    pub event_type: String,
+    /// The version of this event type's payload shape.
+    pub schema_version: i16,
+    /// MessagePack map (`rmp_serde::to_vec_named`).
+    pub payload: Vec<u8>,
+    /// MessagePack of [`EventMetadata`].
+    pub metadata: Vec<u8>,
+}
+
+impl NewEvent {
+    /// Encodes `payload` and `metadata` as MessagePack maps.
+    pub fn encode<T: Serialize + ?Sized>(
+        event_type: &str,
+        schema_version: i16,
+        payload: &T,
+        metadata: &EventMetadata,
+    ) -> Result<Self, EncodeError> {
+        Ok(Self {
+            event_type: event_type.to_owned(),
+            schema_version,
+            payload: bc_domain::event::encode("event payload", payload)?,
+            metadata: metadata.encode()?,
+        })
+    }
+}
+
+/// The stream version an append expects to find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpectedVersion {
+    /// The stream's head must be exactly this version; `Exact(0)` means the stream must not exist yet.
+    Exact(u32),
+    /// Append after whatever the head is. Concurrent appenders still never write the same version.
+    Any,
+}
+
+impl ExpectedVersion {
+    pub const NO_STREAM: ExpectedVersion = ExpectedVersion::Exact(0);
+}
+
+/// A batch of events for one stream.
+#[derive(Debug, Clone, Copy)]
+pub struct AppendBatch<'a> {
+    pub stream_id: &'a str,
+    /// The owner tenant, copied onto every event for filtering and isolation.
+    pub tenant_id: Option<&'a str>,
+    pub expected: ExpectedVersion,
+    pub events: &'a [NewEvent],
+}
+
+/// Where an appended batch landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub first_version: u32,
+    pub last_version: u32,
+    /// The position of the batch's last event: the consistency token a command returns.
+    pub position: Position,
+}
+
+/// Appends a batch to one stream in one statement. If the stream's head is not the expected version, nothing
+/// is written and the answer is [`Error::Conflict`]; so is losing a race with a concurrent appender of the
+/// same version (the unique `(stream_id, stream_version)` key refuses the second).
+///
+/// Not cancel-safe in the sense that matters: once sent, the statement may have run. The transaction is
+/// what makes it atomic.
+pub async fn append(tx: &mut Tx, batch: AppendBatch<'_>) -> Result<Appended> {
+    if batch.events.is_empty() {
+        return Err(Error::InvalidArgument(format!("an append to {} carries no events", batch.stream_id)));
+    }
+    if batch.stream_id.is_empty() {
+        return Err(Error::InvalidArgument("an append names no stream".to_owned()));
+    }
+    let expected = match batch.expected {
+        ExpectedVersion::Exact(version) => Some(
+            i32::try_from(version)
+                .map_err(|_| Error::InvalidArgument(format!("expected version {version} is out of range")))?,
+        ),
+        ExpectedVersion::Any => None,
+    };
+    let event_types: Vec<&str> = batch.events.iter().map(|e| e.event_type.as_str()).collect();
+    let schema_versions: Vec<i16> = batch.events.iter().map(|e| e.schema_version).collect();
+    let payloads: Vec<&[u8]> = batch.events.iter().map(|e| e.payload.as_slice()).collect();
+    let metadata: Vec<&[u8]> = batch.events.iter().map(|e| e.metadata.as_slice()).collect();
+
+    let row = sql::query(
+        "WITH head AS (
+             SELECT coalesce(max(stream_version), 0) AS version FROM events WHERE stream_id = $1
+         ), appended AS (
+             INSERT INTO events (log_epoch, stream_id, stream_version, event_type, schema_version, tenant_id,
+                                 payload, metadata)
+             SELECT epoch.epoch, $1, (head.version + u.ord)::int4, u.event_type, u.schema_version, $2,
+                    u.payload, u.metadata
+             FROM head, event_log_epoch AS epoch,
+                  unnest($4::text[], $5::int2[], $6::bytea[], $7::bytea[])
+                      WITH ORDINALITY AS u(event_type, schema_version, payload, metadata, ord)
+             WHERE $3::int4 IS NULL OR head.version = $3::int4
+             ORDER BY u.ord
+             RETURNING log_epoch, txid, seq, stream_version
+         )
+         SELECT head.version AS head, last.log_epoch, last.txid::text AS txid, last.seq, last.stream_version
+         FROM head LEFT JOIN (SELECT * FROM appended ORDER BY seq DESC LIMIT 1) AS last ON true",
+    )
+    .bind(batch.stream_id)
+    .bind(batch.tenant_id)
+    .bind(expected)
+    .bind(&event_types)
+    .bind(&schema_versions)
+    .bind(&payloads)
+    .bind(&metadata)
+    .fetch_one(tx.conn())
+    .await
+    .map_err(|err| conflict_on_unique_violation(err, batch.stream_id, batch.expected))?;
+
+    let head: i32 = row.try_get("head")?;
+    let Some(last_version) = row.try_get::<Option<i32>, _>("stream_version")? else {
+        return Err(Error::Conflict {
+            stream_id: batch.stream_id.to_owned(),
+            expected: expected.map_or(0, |v| v as u32),
+            actual: Some(head as u32),
+        });
+    };
+    let position = Position::from_row(row.try_get("log_epoch")?, row.try_get("txid")?, row.try_get("seq")?)
+        .map_err(|err| Error::Internal(err.to_string()))?;
+    Ok(Appended { first_version: head as u32 + 1, last_version: last_version as u32, position })
+}
+
+fn conflict_on_unique_violation(err: sqlx::Error, stream_id: &str, expected: ExpectedVersion) -> Error {
+    let is_version_race = err.as_database_error().is_some_and(|db| {
+        db.code().as_deref() == Some(UNIQUE_VIOLATION) && db.constraint() == Some("events_stream_version_key")
+    });
+    if is_version_race {
+        let expected = match expected {
+            ExpectedVersion::Exact(version) => version,
+            ExpectedVersion::Any => 0,
+        };
+        return Error::Conflict { stream_id: stream_id.to_owned(), expected, actual: None };
+    }
+    err.into()
+}
+
+/// An event as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedEvent {
+    pub position: Position,
+    pub stream_id: String,
+    pub stream_version: u32,
+    pub event_type: String,
+    pub schema_version: i16,
+    pub tenant_id: Option<String>,
+    pub payload: Vec<u8>,
+    pub metadata: Vec<u8>,
+    /// When it was recorded (`compute_now()` of the appending transaction), in epoch milliseconds.
+    pub recorded_at_ms: i64,
+}
+
+impl RecordedEvent {
+    /// Decodes the payload, after bringing an old schema version up to date through `upcasters`.
+    pub fn decode<T: DeserializeOwned>(&self, upcasters: &Upcasters) -> Result<T> {
+        let (version, payload) = upcasters.upcast(&self.event_type, self.schema_version, &self.payload)?;
+        Ok(decode_payload(&self.event_type, version, &payload)?)
+    }
+
+    pub fn metadata(&self) -> Result<EventMetadata> {
+        Ok(EventMetadata::decode(&self.metadata)?)
+    }
+
+    fn from_row(row: &PgRow) -> Result<Self> {
+        let position = Position::from_row(row.try_get("log_epoch")?, row.try_get("txid")?, row.try_get("seq")?)
+            .map_err(|err| Error::Internal(err.to_string()))?;
+        let stream_version: i32 = row.try_get("stream_version")?;
+        Ok(Self {
+            position,
+            stream_id: row.try_get("stream_id")?,
+            stream_version: stream_version as u32,
+            event_type: row.try_get("event_type")?,
+            schema_version: row.try_get("schema_version")?,
+            tenant_id: row.try_get("tenant_id")?,
+            payload: row.try_get("payload")?,
+            metadata: row.try_get("metadata")?,
+            recorded_at_ms: row.try_get("recorded_at_ms")?,
+        })
+    }
+}
+
+/// Reads up to `limit` events of one stream after `after_version`, in version order. Meant for loading an
+/// aggregate inside the command's transaction, so it sees exactly that transaction's snapshot.
+pub async fn read_stream(tx: &mut Tx, stream_id: &str, after_version: u32, limit: u32) -> Result<Vec<RecordedEvent>> {
+    let rows = sql::query(
+        "SELECT log_epoch, txid::text AS txid, seq, stream_id, stream_version, event_type, schema_version,
+                tenant_id, payload, metadata, floor(extract(epoch FROM recorded_at) * 1000)::int8 AS recorded_at_ms
+         FROM events
+         WHERE stream_id = $1 AND stream_version > $2
+         ORDER BY stream_version
+         LIMIT $3",
+    )
+    .bind(stream_id)
+    .bind(i64::from(after_version))
+    .bind(i64::from(limit))
+    .fetch_all(tx.conn())
+    .await?;
+    rows.iter().map(RecordedEvent::from_row).collect()
+}
+
+/// The version of a stream's last event, `0` when the stream does not exist.
+pub async fn stream_version(tx: &mut Tx, stream_id: &str) -> Result<u32> {
+    let version: i32 = sql::query_scalar("SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1")
+        .bind(stream_id)
+        .fetch_one(tx.conn())
+        .await?;
+    Ok(version as u32)
+}
+
+/// Reads up to `limit` events after `after`, in log order, stopping at the horizon: only events that no
+/// transaction still running can precede. Events not returned now will be returned by a later call with
+/// the same cursor; none is ever skipped.
+pub async fn read_after(tx: &mut Tx, after: Position, limit: u32) -> Result<Vec<RecordedEvent>> {
+    let (epoch, txid, seq) = after.binds();
+    let rows = sql::query(
+        "SELECT e.log_epoch, e.txid::text AS txid, e.seq, e.stream_id, e.stream_version, e.event_type,
+                e.schema_version, e.tenant_id, e.payload, e.metadata,
+                floor(extract(epoch FROM e.recorded_at) * 1000)::int8 AS recorded_at_ms
+         FROM events AS e
+         WHERE (e.log_epoch, e.txid, e.seq) > ($1, $2::text::xid8, $3)
+           AND (e.log_epoch < (SELECT epoch FROM event_log_epoch)
+                OR e.txid < pg_snapshot_xmin(pg_current_snapshot()))
+         ORDER BY e.log_epoch, e.txid, e.seq
+         LIMIT $4",
+    )
+    .bind(epoch)
+    .bind(txid)
+    .bind(seq)
+    .bind(i64::from(limit))
+    .fetch_all(tx.conn())
+    .await?;
+    rows.iter().map(RecordedEvent::from_row).collect()
+}
+
+/// The position of the last event a reader can see now (below the horizon), or [`Position::START`].
+pub async fn horizon_head(tx: &mut Tx) -> Result<Position> {
+    let row = sql::query(
+        "SELECT e.log_epoch, e.txid::text AS txid, e.seq
+         FROM events AS e
+         WHERE e.log_epoch < (SELECT epoch FROM event_log_epoch)
+            OR e.txid < pg_snapshot_xmin(pg_current_snapshot())
+         ORDER BY e.log_epoch DESC, e.txid DESC, e.seq DESC
+         LIMIT 1",
+    )
+    .fetch_optional(tx.conn())
+    .await?;
+    match row {
+        Some(row) => Position::from_row(row.try_get("log_epoch")?, row.try_get("txid")?, row.try_get("seq")?)
+            .map_err(|err| Error::Internal(err.to_string())),
+        None => Ok(Position::START),
+    }
+}
+
+/// The log's current epoch.
+pub async fn current_epoch(tx: &mut Tx) -> Result<u32> {
+    let epoch: i32 = sql::query_scalar("SELECT epoch FROM event_log_epoch").fetch_one(tx.conn()).await?;
+    Ok(epoch as u32)
+}
+
+/// Whether the current epoch holds a `txid` above this cluster's current one: the log was restored into a
+/// cluster whose transaction ids start lower, and the epoch must rise before anything appends.
+async fn epoch_is_behind(tx: &mut Tx) -> Result<bool> {
+    let behind: bool = sql::query_scalar(
+        "SELECT coalesce((SELECT e.txid >= pg_snapshot_xmax(pg_current_snapshot())
+                          FROM events AS e, event_log_epoch AS cur
+                          WHERE e.log_epoch = cur.epoch
+                          ORDER BY e.txid DESC LIMIT 1), false)",
+    )
+    .fetch_one(tx.conn())
+    .await?;
+    Ok(behind)
+}
+
+/// Raises the epoch when the log was restored into a cluster whose transaction ids are lower, so old events
+/// stay readable and new ones sort after them. Returns the new epoch when it rose. Run by `migrate`.
+pub async fn raise_epoch_if_behind(tx: &mut Tx) -> Result<Option<u32>> {
+    sql::query("SELECT epoch FROM event_log_epoch FOR UPDATE").execute(tx.conn()).await?;
+    if !epoch_is_behind(tx).await? {
+        return Ok(None);
+    }
+    let epoch: i32 =
+        sql::query_scalar("UPDATE event_log_epoch SET epoch = epoch + 1, raised_at = compute_now() RETURNING epoch")
+            .fetch_one(tx.conn())
+            .await?;
+    tracing::info!(epoch, "raised the event log epoch: the log's transaction ids were ahead of this cluster's");
+    Ok(Some(epoch as u32))
+}
+
+/// Refuses to serve a log whose epoch must rise first (see [`raise_epoch_if_behind`]).
+pub async fn check_epoch(db: &Db) -> Result<()> {
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    let behind = epoch_is_behind(&mut tx).await?;
+    tx.rollback().await;
+    if behind {
+        return Err(Error::InvalidConfig(
+            "the event log holds transaction ids ahead of this database cluster's (was it restored from a \
+             logical backup?); run `better-compute migrate` to raise the log epoch before serving"
+                .to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// How a subscription reads.
+#[derive(Debug, Clone)]
+pub struct SubscribeOptions {
+    /// Events read per query.
+    pub batch_size: u32,
+    /// The pause after a read that came back short, before polling again.
+    pub poll_interval: Duration,
+}
+
+impl Default for SubscribeOptions {
+    fn default() -> Self {
+        Self { batch_size: 500, poll_interval: Duration::from_millis(100) }
+    }
+}
+
+/// Every event after `after`, in log order, once each: first what is already in the log, then new events as
+/// they pass the horizon, by polling (LISTEN/NOTIFY does not work behind PgBouncer). The stream ends after
+/// yielding the first error; resubscribe from the last position received.
+pub fn subscribe(
+    db: Db,
+    after: Position,
+    options: SubscribeOptions,
+) -> impl Stream<Item = Result<RecordedEvent>> + Send + 'static {
+    async_stream::try_stream! {
+        let mut cursor = after;
+        loop {
+            let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+            let batch = read_after(&mut tx, cursor, options.batch_size).await?;
+            tx.commit().await?;
+            let short = batch.len() < options.batch_size as usize;
+            for event in batch {
+                cursor = event.position;
+                yield event;
+            }
+            if short {
+                tokio::time::sleep(options.poll_interval).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! The test database harness (feature `testing`): one private PostgreSQL cluster per test process, and a
+//! fresh database per test cloned from a migrated template.
+//!
+//! The cluster is created with durability off and `pg_resetwal -e 3`, so every test runs with transaction
+//! ids above 2^32, where 32-bit mistakes show. Rust's test runner has no global teardown, so a small
+//! supervisor process (a shell reading a pipe from the test process) stops and removes the cluster when the
+//! test process ends, however it ends. `BETTER_COMPUTE_TEST_DATABASE_URL` points the harness at an existing
+//! server instead; the supervisor then drops the databases of passed tests and the template.
+//! `BETTER_COMPUTE_TEST_KEEP=1` keeps everything for inspection.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{AssertSqlSafe, ConnectOptions as _, Connection as _};
+
+use crate::cluster::{Cluster, Durability, InitOptions, PgBinaries, RunAs};
+use crate::db::{Db, DbConfig};
+use crate::migrate::Migrator;
+
+/// Points the harness at an existing server (a URL to a database the harness may create databases from).
+pub const TEST_DATABASE_URL_VAR: &str = "BETTER_COMPUTE_TEST_DATABASE_URL";
+/// Keeps the private cluster (or the databases on the existing server) after the process ends.
+pub const KEEP_VAR: &str = "BETTER_COMPUTE_TEST_KEEP";
+
+/// Stops the cluster and removes its folder, or drops the run's databases, once the test process is gone
+/// (its end of the pipe closes). Signals are ignored: a Ctrl-C on the test run must not skip the cleanup.
+const SUPERVISOR_SCRIPT: &str = r#"
+trap '' INT TERM HUP QUIT
+drop_list="$(mktemp)"
+while IFS= read -r line; do
+    case "$line" in
+        drop\ *) printf '%s\n' "${line#drop }" >>"$drop_list" ;;
+    esac
+done
+if [ -n "$BC_PGDATA" ]; then
+    if [ -n "$BC_RUNAS" ]; then
+        runuser -u "$BC_RUNAS" -- "$BC_PG_CTL" stop -D "$BC_PGDATA" -m immediate -w >/dev/null 2>&1
+    else
+        "$BC_PG_CTL" stop -D "$BC_PGDATA" -m immediate -w >/dev/null 2>&1
+    fi
+    [ -n "$BC_KEEP" ] || rm -rf "$BC_ROOT"
+elif [ -z "$BC_KEEP" ]; then
+    printf '%s\n' "$BC_TEMPLATE" >>"$drop_list"
+    while IFS= read -r db; do
+        psql "$BC_ADMIN_URL" -X -q -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1
+    done <"$drop_list"
+fi
+rm -f "$drop_list"
+"#;
+
+/// The server the tests of this process use.
+pub struct TestServer {
+    admin: PgConnectOptions,
+    admin_url: String,
+    template: String,
+    cluster: Option<Cluster>,
+    run_id: String,
+    supervisor: Mutex<ChildStdin>,
+    keep: bool,
+}
+
+impl std::fmt::Debug for TestServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestServer").field("admin_url", &self.admin_url).field("template", &self.template).finish()
+    }
+}
+
+fn harness_failure(what: &str, err: impl std::fmt::Display) -> ! {
+    panic!("test database harness: {what}: {err}")
+}
+
+/// The process's test server, started (and its template migrated) on first use.
+pub fn server() -> &'static TestServer {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        // Migrating needs a runtime; the caller may be inside one, so use a thread of our own.
+        std::thread::spawn(start_server)
+            .join()
+            .unwrap_or_else(|_| harness_failure("start", "the start-up thread panicked"))
+    })
+}
+
+fn start_server() -> TestServer {
+    let keep = std::env::var_os(KEEP_VAR).is_some_and(|v| !v.is_empty() && v != "0");
+    let run_id = bc_domain::id::new_ulid().to_string().to_ascii_lowercase();
+    let template = format!("bc_tmpl_{}", &run_id[16..]);
+    let mut supervisor = Command::new("sh");
+    supervisor
+        .args(["-c", SUPERVISOR_SCRIPT])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .env("BC_TEMPLATE", &template);
+    std::os::unix::process::CommandExt::process_group(&mut supervisor, 0);
+    if keep {
+        supervisor.env("BC_KEEP", "1");
+    }
+
+    let (admin, admin_url, cluster) = match std::env::var(TEST_DATABASE_URL_VAR) {
+        Ok(url) if !url.is_empty() => {
+            let admin: PgConnectOptions =
+                url.parse().unwrap_or_else(|err| harness_failure(&format!("parse {TEST_DATABASE_URL_VAR}"), err));
+            supervisor.env("BC_ADMIN_URL", &url);
+            (admin, url, None)
+        }
+        _ => {
+            let bins = PgBinaries::find().unwrap_or_else(|err| harness_failure("find PostgreSQL", err));
+            let run_as = RunAs::for_this_process().unwrap_or_else(|err| harness_failure("choose the account", err));
+            let root = std::env::temp_dir().join(format!("bc-test-{}-{}", std::process::id(), &run_id[16..]));
+            let cluster = Cluster::new(bins, root, run_as.clone());
+            supervisor
+                .env("BC_ROOT", cluster.root())
+                .env("BC_PGDATA", cluster.pgdata())
+                .env("BC_PG_CTL", cluster.bins().tool("pg_ctl"));
+            if let RunAs::User { name, .. } = &run_as {
+                supervisor.env("BC_RUNAS", name);
+            }
+            let admin = cluster.connect_options("postgres");
+            let admin_url = cluster.url("postgres");
+            (admin, admin_url, Some(cluster))
+        }
+    };
+
+    // The supervisor starts before the cluster exists, so a failure half-way still cleans up.
+    let mut child = supervisor.spawn().unwrap_or_else(|err| harness_failure("start the supervisor", err));
+    let stdin = child.stdin.take().unwrap_or_else(|| harness_failure("start the supervisor", "no stdin pipe"));
+    // The child is reaped by nobody: it outlives this process on purpose.
+    std::mem::forget(child);
+
+    if let Some(cluster) = &cluster {
+        let options = InitOptions {
+            durability: Durability::Throwaway,
+            xid_epoch: Some(3),
+            max_connections: 300,
+            settings: vec![
+                ("shared_buffers".into(), "128MB".into()),
+                // A stuck test must not hold the cluster-wide horizon back for long.
+                ("idle_in_transaction_session_timeout".into(), "'60s'".into()),
+                ("log_min_messages".into(), "warning".into()),
+            ],
+        };
+        cluster.init(&options).unwrap_or_else(|err| harness_failure("initdb", err));
+        cluster.start().unwrap_or_else(|err| harness_failure("start the cluster", err));
+    }
+
+    let server = TestServer { admin, admin_url, template, cluster, run_id, supervisor: Mutex::new(stdin), keep };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|err| harness_failure("build a runtime", err));
+    runtime.block_on(server.create_template());
+    server
+}
+
+impl TestServer {
+    async fn admin_exec(&self, sql: String) -> Result<(), sqlx::Error> {
+        let mut conn = self.admin.connect().await?;
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut conn).await?;
+        conn.close().await
+    }
+
+    async fn create_template(&self) {
+        self.admin_exec(format!("CREATE DATABASE \"{}\"", self.template))
+            .await
+            .unwrap_or_else(|err| harness_failure("create the template database", err));
+        let db = Db::connect_lazy_with(self.admin.clone().database(&self.template), &DbConfig::default());
+        Migrator::embedded().run(&db).await.unwrap_or_else(|err| harness_failure("migrate the template database", err));
+        db.close().await;
+    }
+
+    /// The private cluster, unless the harness uses an existing server.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_ref()
+    }
+
+    /// Connect options for `database` with the harness's credentials.
+    pub fn connect_options(&self, database: &str) -> PgConnectOptions {
+        self.admin.clone().database(database)
+    }
+
+    /// A URL for `database`.
+    pub fn url(&self, database: &str) -> String {
+        match &self.cluster {
+            Some(cluster) => cluster.url(database),
+            None => replace_url_database(&self.admin_url, database),
+        }
+    }
+
+    fn next_name(&self, prefix: &str) -> String {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let thread = std::thread::current();
+        let test: String = thread
+            .name()
+            .unwrap_or("test")
+            .rsplit("::")
+            .next()
+            .unwrap_or("test")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+            .take(36)
+            .collect();
+        format!("{prefix}_{}_{test}_{n}", &self.run_id[20..])
+    }
+
+    /// Creates a database cloned from the migrated template.
+    pub async fn create_migrated_database(&self) -> String {
+        let name = self.next_name("t");
+        self.admin_exec(format!("CREATE DATABASE \"{name}\" TEMPLATE \"{}\"", self.template))
+            .await
+            .unwrap_or_else(|err| harness_failure(&format!("create database {name}"), err));
+        name
+    }
+
+    /// Creates an empty database with no migrations applied.
+    pub async fn create_empty_database(&self) -> String {
+        let name = self.next_name("e");
+        self.admin_exec(format!("CREATE DATABASE \"{name}\" TEMPLATE template0"))
+            .await
+            .unwrap_or_else(|err| harness_failure(&format!("create database {name}"), err));
+        name
+    }
+
+    /// Asks the supervisor to drop `database` when the process ends (used for passed tests).
+    fn forget(&self, database: &str) {
+        if let Ok(mut pipe) = self.supervisor.lock() {
+            let _ = writeln!(pipe, "drop {database}");
+        }
+    }
+}
+
+fn replace_url_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[scheme_end..].find('/').map_or(base.len(), |i| scheme_end + i);
+    let mut out = format!("{}/{}", &base[..path_start], database);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+/// A fresh migrated database for one test, and a pool on it.
+#[derive(Debug)]
+pub struct TestDb {
+    pub db: Db,
+    pub name: String,
+}
+
+impl TestDb {
+    /// A fresh database cloned from the migrated template, with a pool of the default configuration.
+    pub async fn new() -> TestDb {
+        let server = server();
+        let name = server.create_migrated_database().await;
+        let db = Db::connect_lazy_with(server.connect_options(&name), &test_db_config());
+        TestDb { db, name }
+    }
+
+    /// A fresh database with nothing in it: for migration tests.
+    pub async fn empty() -> TestDb {
+        let server = server();
+        let name = server.create_empty_database().await;
+        let db = Db::connect_lazy_with(server.connect_options(&name), &test_db_config());
+        TestDb { db, name }
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// Another pool on the same database, configured as given.
+    pub fn pool(&self, config: &DbConfig) -> Db {
+        Db::connect_lazy_with(self.connect_options(), config)
+    }
+
+    pub fn connect_options(&self) -> PgConnectOptions {
+        server().connect_options(&self.name)
+    }
+
+    pub fn url(&self) -> String {
+        server().url(&self.name)
+    }
+
+    /// The private cluster's folder, if the harness runs one.
+    pub fn cluster_root(&self) -> Option<PathBuf> {
+        server().cluster().map(|c| c.root().to_path_buf())
+    }
+}
+
+/// The pool configuration tests use: a small pool and a short statement timeout, so a test that hangs
+/// on a lock fails instead of stalling the run.
+pub fn test_db_config() -> DbConfig {
+    DbConfig {
+        max_connections: 10,
+        statement_timeout: std::time::Duration::from_secs(30),
+        acquire_timeout: std::time::Duration::from_secs(30),
+        application_name: Some("bc-test".to_owned()),
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let server = server();
+        if std::thread::panicking() {
+            let hint = match (&server.cluster, server.keep) {
+                (Some(_), false) => {
+                    format!(" (the private cluster is removed when the tests end; set {KEEP_VAR}=1 to keep it)")
+                }
+                _ => String::new(),
+            };
+            eprintln!("test database left behind: {} at {}{hint}", self.name, server.url(&self.name));
+        } else {
+            server.forget(&self.name);
+        }
+    }
+}
