@@ -2,7 +2,7 @@
 //! `better-compute dev`, the durable cluster of the benchmarks and the test harness's throwaway cluster.
 //!
 //! `initdb` and `postgres` refuse to run as root, so when the caller is root every PostgreSQL program runs as
-//! the `postgres` user (through `runuser`), in a folder that user owns. The cluster listens only on a Unix
+//! the `postgres` user (through `setpriv`), in a folder that user owns. The cluster listens only on a Unix
 //! socket inside its folder, so clusters never compete for a TCP port.
 
 use std::ffi::OsStr;
@@ -103,7 +103,7 @@ pub fn running_as_root() -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunAs {
     CurrentUser,
-    /// Another account, reached through `runuser` (the caller is root).
+    /// Another account, reached through `setpriv` (the caller is root).
     User {
         name: String,
         uid: u32,
@@ -136,13 +136,19 @@ impl RunAs {
         Ok(RunAs::User { name: SUPERUSER.to_owned(), uid: id("-u")?, gid: id("-g")? })
     }
 
-    /// A command that runs `program` as this account.
+    /// A command that runs `program` as this account. For another account it goes through `setpriv`, which
+    /// execs the program in place, so the process id is the program's own (and signals reach it directly).
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         match self {
             RunAs::CurrentUser => Command::new(program),
-            RunAs::User { name, .. } => {
-                let mut command = Command::new("runuser");
-                command.args(["-u", name, "--"]).arg(program);
+            RunAs::User { uid, gid, .. } => {
+                let mut command = Command::new("setpriv");
+                command
+                    .arg(format!("--reuid={uid}"))
+                    .arg(format!("--regid={gid}"))
+                    .arg("--init-groups")
+                    .arg("--")
+                    .arg(program);
                 command
             }
         }

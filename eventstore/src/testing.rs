@@ -30,30 +30,47 @@ pub const KEEP_VAR: &str = "BETTER_COMPUTE_TEST_KEEP";
 /// (its end of the pipe closes). Signals are ignored: a Ctrl-C on the test run must not skip the cleanup.
 const SUPERVISOR_SCRIPT: &str = r#"
 trap '' INT TERM HUP QUIT
-drop_list="$(mktemp)"
+lists="$(mktemp -d)"
 while IFS= read -r line; do
     case "$line" in
-        drop\ *) printf '%s\n' "${line#drop }" >>"$drop_list" ;;
+        drop\ *) printf '%s\n' "${line#drop }" >>"$lists/drop" ;;
+        stop\ *) printf '%s\n' "${line#stop }" >>"$lists/stop" ;;
+        kill\ *) printf '%s\n' "${line#kill }" >>"$lists/kill" ;;
     esac
 done
-if [ -n "$BC_PGDATA" ]; then
+pg_stop() {
     if [ -n "$BC_RUNAS" ]; then
-        runuser -u "$BC_RUNAS" -- "$BC_PG_CTL" stop -D "$BC_PGDATA" -m immediate -w >/dev/null 2>&1
+        runuser -u "$BC_RUNAS" -- "$BC_PG_CTL" stop -D "$1" -m immediate -w >/dev/null 2>&1
     else
-        "$BC_PG_CTL" stop -D "$BC_PGDATA" -m immediate -w >/dev/null 2>&1
+        "$BC_PG_CTL" stop -D "$1" -m immediate -w >/dev/null 2>&1
     fi
+}
+if [ -f "$lists/kill" ]; then
+    while IFS= read -r pid; do kill "$pid" 2>/dev/null; done <"$lists/kill"
+fi
+if [ -f "$lists/stop" ]; then
+    while IFS= read -r root; do
+        pg_stop "$root/pgdata"
+        [ -n "$BC_KEEP" ] || rm -rf "$root"
+    done <"$lists/stop"
+fi
+if [ -n "$BC_ROOT" ]; then
+    pg_stop "$BC_ROOT/pgdata"
     [ -n "$BC_KEEP" ] || rm -rf "$BC_ROOT"
 elif [ -z "$BC_KEEP" ]; then
-    printf '%s\n' "$BC_TEMPLATE" >>"$drop_list"
+    printf '%s\n' "$BC_TEMPLATE" >>"$lists/drop"
     while IFS= read -r db; do
         psql "$BC_ADMIN_URL" -X -q -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1
-    done <"$drop_list"
+    done <"$lists/drop"
 fi
-rm -f "$drop_list"
+rm -rf "$lists"
 "#;
 
 /// The server the tests of this process use.
 pub struct TestServer {
+    bins: Option<PgBinaries>,
+    run_as: Option<RunAs>,
+    scratch_count: AtomicU32,
     admin: PgConnectOptions,
     admin_url: String,
     template: String,
@@ -100,6 +117,15 @@ fn start_server() -> TestServer {
         supervisor.env("BC_KEEP", "1");
     }
 
+    // Scratch clusters (restore and PgBouncer tests) need the binaries even with an existing server.
+    let bins = PgBinaries::find().ok();
+    let run_as = RunAs::for_this_process().ok();
+    if let Some(bins) = &bins {
+        supervisor.env("BC_PG_CTL", bins.tool("pg_ctl"));
+    }
+    if let Some(RunAs::User { name, .. }) = &run_as {
+        supervisor.env("BC_RUNAS", name);
+    }
     let (admin, admin_url, cluster) = match std::env::var(TEST_DATABASE_URL_VAR) {
         Ok(url) if !url.is_empty() => {
             let admin: PgConnectOptions =
@@ -108,17 +134,18 @@ fn start_server() -> TestServer {
             (admin, url, None)
         }
         _ => {
-            let bins = PgBinaries::find().unwrap_or_else(|err| harness_failure("find PostgreSQL", err));
-            let run_as = RunAs::for_this_process().unwrap_or_else(|err| harness_failure("choose the account", err));
+            let bins = bins.clone().unwrap_or_else(|| {
+                harness_failure("find PostgreSQL", PgBinaries::find().err().map(|e| e.to_string()).unwrap_or_default())
+            });
+            let run_as = run_as.clone().unwrap_or_else(|| {
+                harness_failure(
+                    "choose the account",
+                    RunAs::for_this_process().err().map(|e| e.to_string()).unwrap_or_default(),
+                )
+            });
             let root = std::env::temp_dir().join(format!("bc-test-{}-{}", std::process::id(), &run_id[16..]));
-            let cluster = Cluster::new(bins, root, run_as.clone());
-            supervisor
-                .env("BC_ROOT", cluster.root())
-                .env("BC_PGDATA", cluster.pgdata())
-                .env("BC_PG_CTL", cluster.bins().tool("pg_ctl"));
-            if let RunAs::User { name, .. } = &run_as {
-                supervisor.env("BC_RUNAS", name);
-            }
+            let cluster = Cluster::new(bins, root, run_as);
+            supervisor.env("BC_ROOT", cluster.root());
             let admin = cluster.connect_options("postgres");
             let admin_url = cluster.url("postgres");
             (admin, admin_url, Some(cluster))
@@ -147,7 +174,18 @@ fn start_server() -> TestServer {
         cluster.start().unwrap_or_else(|err| harness_failure("start the cluster", err));
     }
 
-    let server = TestServer { admin, admin_url, template, cluster, run_id, supervisor: Mutex::new(stdin), keep };
+    let server = TestServer {
+        bins,
+        run_as,
+        scratch_count: AtomicU32::new(0),
+        admin,
+        admin_url,
+        template,
+        cluster,
+        run_id,
+        supervisor: Mutex::new(stdin),
+        keep,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -225,11 +263,39 @@ impl TestServer {
         name
     }
 
-    /// Asks the supervisor to drop `database` when the process ends (used for passed tests).
-    fn forget(&self, database: &str) {
+    /// Tells the supervisor what to clean up when the process ends: `drop <database>`, `stop <cluster root>`
+    /// or `kill <pid>`.
+    fn tell_supervisor(&self, line: &str) {
         if let Ok(mut pipe) = self.supervisor.lock() {
-            let _ = writeln!(pipe, "drop {database}");
+            let _ = writeln!(pipe, "{line}");
         }
+    }
+
+    /// The folder for a new scratch cluster (or other private files), owned by the PostgreSQL account:
+    /// inside the harness's cluster folder, or in the temp folder with an existing server.
+    pub fn scratch_dir(&self, what: &str) -> PathBuf {
+        let n = self.scratch_count.fetch_add(1, Ordering::Relaxed);
+        let dir = match &self.cluster {
+            Some(cluster) => cluster.root().join(format!("{what}-{n}")),
+            None => std::env::temp_dir().join(format!("bc-{what}-{}-{}-{n}", std::process::id(), &self.run_id[16..])),
+        };
+        self.run_as().make_private_dir(&dir).unwrap_or_else(|err| harness_failure("create a scratch folder", err));
+        dir
+    }
+
+    /// The PostgreSQL binaries on this machine.
+    pub fn bins(&self) -> &PgBinaries {
+        self.bins.as_ref().unwrap_or_else(|| harness_failure("find PostgreSQL", "no server binaries on this machine"))
+    }
+
+    /// The account PostgreSQL programs run as.
+    pub fn run_as(&self) -> &RunAs {
+        self.run_as.as_ref().unwrap_or_else(|| harness_failure("choose the account", "no postgres account"))
+    }
+
+    /// Makes the supervisor kill `pid` (a helper server such as PgBouncer) when the process ends.
+    pub fn kill_at_exit(&self, pid: u32) {
+        self.tell_supervisor(&format!("kill {pid}"));
     }
 }
 
@@ -318,7 +384,58 @@ impl Drop for TestDb {
             };
             eprintln!("test database left behind: {} at {}{hint}", self.name, server.url(&self.name));
         } else {
-            server.forget(&self.name);
+            server.tell_supervisor(&format!("drop {}", self.name));
+        }
+    }
+}
+
+/// A second private cluster for one test (a restore target, a server behind PgBouncer), started on creation and
+/// stopped and removed on drop, or by the supervisor if the process dies first.
+#[derive(Debug)]
+pub struct ScratchCluster {
+    pub cluster: Cluster,
+}
+
+impl ScratchCluster {
+    /// Creates and starts a throwaway cluster. Without `xid_epoch` its transaction ids start low, like a
+    /// freshly installed server's.
+    pub fn start(xid_epoch: Option<u32>) -> ScratchCluster {
+        let server = server();
+        let root = server.scratch_dir("cluster");
+        let cluster = Cluster::new(server.bins().clone(), root.clone(), server.run_as().clone());
+        server.tell_supervisor(&format!("stop {}", root.display()));
+        let options = InitOptions {
+            durability: Durability::Throwaway,
+            xid_epoch,
+            max_connections: 100,
+            settings: vec![("log_min_messages".into(), "warning".into())],
+        };
+        cluster.init(&options).unwrap_or_else(|err| harness_failure("initdb a scratch cluster", err));
+        cluster.start().unwrap_or_else(|err| harness_failure("start a scratch cluster", err));
+        ScratchCluster { cluster }
+    }
+
+    /// Creates an empty database in the scratch cluster.
+    pub async fn create_database(&self, name: &str) {
+        let mut conn = self
+            .cluster
+            .connect_options("postgres")
+            .connect()
+            .await
+            .unwrap_or_else(|err| harness_failure("connect to a scratch cluster", err));
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|err| harness_failure("create a database in a scratch cluster", err));
+        let _ = conn.close().await;
+    }
+}
+
+impl Drop for ScratchCluster {
+    fn drop(&mut self) {
+        let _ = self.cluster.stop(crate::cluster::StopMode::Immediate);
+        if !server().keep {
+            let _ = std::fs::remove_dir_all(self.cluster.root());
         }
     }
 }

@@ -1,17 +1,11 @@
-//! The event log: appends, conflicts, reads after a position.
+//! The event log: appends, conflicts, stream reads, decoding and upcasting.
 
-use bc_domain::event::EventMetadata;
+use bc_domain::event::{EventMetadata, Upcasters};
 use bc_eventstore::events::{self, AppendBatch, ExpectedVersion, NewEvent};
 use bc_eventstore::testing::TestDb;
 use bc_eventstore::{Error, Position, TxOptions};
 
-fn event(n: u32) -> NewEvent {
-    #[derive(serde::Serialize)]
-    struct Payload {
-        n: u32,
-    }
-    NewEvent::encode("test.happened", 1, &Payload { n }, &EventMetadata::default()).expect("encode")
-}
+use crate::support::{self, Counted, event};
 
 #[tokio::test]
 async fn append_then_read_back_in_order() {
@@ -32,33 +26,134 @@ async fn append_then_read_back_in_order() {
     tx.commit().await.expect("commit");
     assert_eq!((appended.first_version, appended.last_version), (1, 3));
     assert!(appended.position.txid > 1 << 32, "the harness runs with txids above 2^32: {}", appended.position);
+    assert_eq!(appended.position.epoch, 1);
 
-    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
-    let read = events::read_after(&mut tx, Position::START, 100).await.expect("read");
-    tx.commit().await.expect("commit");
+    let read = support::read_until(&t.db, Position::START, 3).await;
     assert_eq!(read.len(), 3);
     assert_eq!(read.iter().map(|e| e.stream_version).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert!(read.windows(2).all(|w| w[0].position < w[1].position));
     assert_eq!(read[2].position, appended.position);
     assert_eq!(read[0].tenant_id.as_deref(), Some("ten_a"));
+    let decoded: Counted = read[1].decode(&Upcasters::new()).expect("decode");
+    assert_eq!(decoded, Counted { n: 2 });
+
+    // Reading after a position returns only what follows it.
+    let rest = support::read_after(&t.db, read[0].position).await;
+    assert_eq!(rest.iter().map(|e| e.stream_version).collect::<Vec<_>>(), vec![2, 3]);
 }
 
 #[tokio::test]
 async fn a_wrong_expected_version_is_a_conflict_and_writes_nothing() {
     let t = TestDb::new().await;
-    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    support::append(&t.db, "s", ExpectedVersion::NO_STREAM, &[event(1)]).await.expect("first");
+    let err = support::append(&t.db, "s", ExpectedVersion::Exact(5), &[event(2)]).await.expect_err("conflict");
+    assert!(matches!(err, Error::Conflict { expected: 5, actual: Some(1), .. }), "{err}");
+    assert_eq!(err.code(), "CONFLICT");
+    let err = support::append(&t.db, "s", ExpectedVersion::NO_STREAM, &[event(2)]).await.expect_err("conflict");
+    assert!(matches!(err, Error::Conflict { expected: 0, actual: Some(1), .. }), "{err}");
+
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    assert_eq!(events::stream_version(&mut tx, "s").await.expect("version"), 1);
+    let all = events::read_stream(&mut tx, "s", 0, 100).await.expect("read");
+    tx.commit().await.expect("commit");
+    assert_eq!(all.len(), 1);
+}
+
+#[tokio::test]
+async fn two_appends_with_the_same_expected_version_one_commits_the_other_conflicts() {
+    let t = TestDb::new().await;
+    support::append(&t.db, "race", ExpectedVersion::NO_STREAM, &[event(0)]).await.expect("seed");
+
+    // The first transaction appends version 2 and stays open; the second appends version 2 too and waits
+    // on the unique key until the first commits, then fails.
+    let mut first = t.db.begin(TxOptions::COMMAND).await.expect("begin");
     let batch = [event(1)];
     events::append(
-        &mut tx,
-        AppendBatch { stream_id: "s", tenant_id: None, expected: ExpectedVersion::NO_STREAM, events: &batch },
+        &mut first,
+        AppendBatch { stream_id: "race", tenant_id: None, expected: ExpectedVersion::Exact(1), events: &batch },
     )
     .await
-    .expect("append");
-    let err = events::append(
-        &mut tx,
-        AppendBatch { stream_id: "s", tenant_id: None, expected: ExpectedVersion::Exact(5), events: &batch },
-    )
-    .await
-    .expect_err("conflict");
-    assert!(matches!(err, Error::Conflict { expected: 5, actual: Some(1), .. }), "{err}");
-    tx.commit().await.expect("the transaction is still usable");
+    .expect("first append");
+    let db = t.db.clone();
+    let second =
+        tokio::spawn(async move { support::append(&db, "race", ExpectedVersion::Exact(1), &[event(2)]).await });
+    first.commit().await.expect("first commit");
+    let err = second.await.expect("join").expect_err("the second must conflict");
+    assert!(matches!(err, Error::Conflict { expected: 1, .. }), "{err}");
+    assert!(err.is_retryable());
+
+    // Many at once: exactly one wins.
+    let mut handles = Vec::new();
+    for n in 0..8 {
+        let db = t.db.clone();
+        handles.push(tokio::spawn(async move {
+            support::append(&db, "race", ExpectedVersion::Exact(2), &[event(100 + n)]).await
+        }));
+    }
+    let mut won = 0;
+    for handle in handles {
+        match handle.await.expect("join") {
+            Ok(_) => won += 1,
+            Err(Error::Conflict { .. }) => {}
+            Err(other) => panic!("unexpected error: {other}"),
+        }
+    }
+    assert_eq!(won, 1);
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    assert_eq!(events::stream_version(&mut tx, "race").await.expect("version"), 3);
+    tx.commit().await.expect("commit");
+}
+
+#[tokio::test]
+async fn expected_any_appends_after_the_head() {
+    let t = TestDb::new().await;
+    support::append(&t.db, "any", ExpectedVersion::Any, &[event(1)]).await.expect("first");
+    let appended = support::append(&t.db, "any", ExpectedVersion::Any, &[event(2), event(3)]).await.expect("second");
+    assert_eq!((appended.first_version, appended.last_version), (2, 3));
+}
+
+#[tokio::test]
+async fn an_empty_batch_is_refused() {
+    let t = TestDb::new().await;
+    let err = support::append(&t.db, "s", ExpectedVersion::Any, &[]).await.expect_err("empty");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+}
+
+#[tokio::test]
+async fn an_old_schema_version_is_upcast_on_read() {
+    #[derive(serde::Serialize)]
+    struct PlacedV1 {
+        gpus: u32,
+    }
+    #[derive(serde::Deserialize, Debug, PartialEq)]
+    struct PlacedV2 {
+        count: u32,
+        unit: String,
+    }
+    fn v1_to_v2(value: rmpv::Value) -> Result<rmpv::Value, String> {
+        let map = value.as_map().ok_or("not a map")?;
+        let gpus = map.iter().find(|(k, _)| k.as_str() == Some("gpus")).and_then(|(_, v)| v.as_u64()).ok_or("gpus")?;
+        Ok(rmpv::Value::Map(vec![("count".into(), rmpv::Value::from(gpus)), ("unit".into(), rmpv::Value::from("gpu"))]))
+    }
+    let t = TestDb::new().await;
+    let old =
+        NewEvent::encode("reservation.placed", 1, &PlacedV1 { gpus: 8 }, &EventMetadata::default()).expect("encode");
+    support::append(&t.db, "rsv_1", ExpectedVersion::NO_STREAM, &[old]).await.expect("append");
+    let read = support::read_until(&t.db, Position::START, 1).await;
+    assert_eq!(read[0].schema_version, 1);
+    let upcasters = Upcasters::new().register("reservation.placed", 1, v1_to_v2);
+    let placed: PlacedV2 = read[0].decode(&upcasters).expect("upcast and decode");
+    assert_eq!(placed, PlacedV2 { count: 8, unit: "gpu".into() });
+}
+
+#[tokio::test]
+async fn metadata_travels_with_the_event() {
+    let t = TestDb::new().await;
+    let meta = EventMetadata { request_id: Some("req_42".into()), ..Default::default() };
+    let with_meta = NewEvent::encode("test.counted", 1, &Counted { n: 1 }, &meta).expect("encode");
+    support::append(&t.db, "m", ExpectedVersion::NO_STREAM, &[with_meta]).await.expect("append");
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let read = events::read_stream(&mut tx, "m", 0, 10).await.expect("read");
+    tx.commit().await.expect("commit");
+    assert_eq!(read[0].metadata().expect("metadata"), meta);
 }

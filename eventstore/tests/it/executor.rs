@@ -1,0 +1,203 @@
+//! The transaction executor: commit, rollback, a COMMIT turned ROLLBACK, savepoints, retries.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use bc_eventstore::testing::TestDb;
+use bc_eventstore::{Error, RetryPolicy, ScopedFutureExt as _, TxOptions, sql, sql_state};
+
+async fn count(t: &TestDb) -> i64 {
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let n: i64 = sql::query_scalar("SELECT count(*) FROM scratch").fetch_one(tx.conn()).await.expect("count");
+    tx.commit().await.expect("commit");
+    n
+}
+
+async fn with_scratch_table() -> TestDb {
+    let t = TestDb::new().await;
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query("CREATE TABLE scratch (id int PRIMARY KEY)").execute(tx.conn()).await.expect("create");
+    tx.commit().await.expect("commit");
+    t
+}
+
+#[tokio::test]
+async fn a_caught_statement_error_followed_by_commit_is_an_internal_error() {
+    let t = with_scratch_table().await;
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.expect("insert");
+    let caught = sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.expect_err("duplicate");
+    assert_eq!(sql_state(&caught).as_deref(), Some("23505"));
+    let err = tx.commit().await.expect_err("the commit must not report success");
+    assert!(matches!(err, Error::Internal(_)), "{err}");
+    assert_eq!(err.code(), "INTERNAL_ERROR");
+    assert_eq!(count(&t).await, 0, "nothing was committed");
+}
+
+#[tokio::test]
+async fn the_closure_form_commits_on_ok_and_rolls_back_on_err() {
+    let t = with_scratch_table().await;
+    let id = 7;
+    let value: i32 =
+        t.db.transaction(TxOptions::COMMAND, |tx| {
+            async move {
+                sql::query("INSERT INTO scratch VALUES ($1)").bind(id).execute(tx.conn()).await?;
+                Ok::<_, Error>(id)
+            }
+            .scope_boxed()
+        })
+        .await
+        .expect("commit");
+    assert_eq!(value, 7);
+    let err =
+        t.db.transaction(TxOptions::COMMAND, |tx| {
+            async move {
+                sql::query("INSERT INTO scratch VALUES (8)").execute(tx.conn()).await?;
+                Err::<(), _>(Error::InvalidArgument("changed my mind".into()))
+            }
+            .scope_boxed()
+        })
+        .await
+        .expect_err("rolled back");
+    assert!(matches!(err, Error::InvalidArgument(_)));
+    assert_eq!(count(&t).await, 1);
+}
+
+#[tokio::test]
+async fn a_failed_savepoint_leaves_the_outer_transaction_usable() {
+    let t = with_scratch_table().await;
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.expect("insert");
+    let err = tx
+        .savepoint(|tx| {
+            async move {
+                sql::query("INSERT INTO scratch VALUES (2)").execute(tx.conn()).await?;
+                sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await?;
+                Ok::<_, Error>(())
+            }
+            .scope_boxed()
+        })
+        .await
+        .expect_err("the savepoint fails");
+    assert_eq!(err.sql_state().as_deref(), Some("23505"));
+    // The outer transaction goes on and commits what it did outside the savepoint.
+    sql::query("INSERT INTO scratch VALUES (3)").execute(tx.conn()).await.expect("insert after the savepoint");
+    tx.savepoint(|tx| {
+        async move {
+            sql::query("INSERT INTO scratch VALUES (4)").execute(tx.conn()).await?;
+            Ok::<_, Error>(())
+        }
+        .scope_boxed()
+    })
+    .await
+    .expect("a nested savepoint that succeeds is kept");
+    tx.commit().await.expect("commit");
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let ids: Vec<i32> =
+        sql::query_scalar("SELECT id FROM scratch ORDER BY id").fetch_all(tx.conn()).await.expect("ids");
+    tx.commit().await.expect("commit");
+    assert_eq!(ids, vec![1, 3, 4]);
+}
+
+#[tokio::test]
+async fn a_dropped_transaction_is_rolled_back() {
+    let t = with_scratch_table().await;
+    {
+        let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+        sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.expect("insert");
+    }
+    assert_eq!(count(&t).await, 0);
+}
+
+#[tokio::test]
+async fn the_statement_timeout_is_set_per_transaction() {
+    let t = TestDb::new().await;
+    let db = t.pool(&bc_eventstore::DbConfig {
+        statement_timeout: std::time::Duration::from_millis(1234),
+        ..bc_eventstore::testing::test_db_config()
+    });
+    let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let timeout: String = sql::query_scalar("SHOW statement_timeout").fetch_one(tx.conn()).await.expect("show");
+    tx.commit().await.expect("commit");
+    assert_eq!(timeout, "1234ms");
+    let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let err = sql::query("SELECT pg_sleep(5)").execute(tx.conn()).await.expect_err("times out");
+    assert_eq!(sql_state(&err).as_deref(), Some("57014"));
+    tx.rollback().await;
+    // Outside a transaction the session keeps the server default: SET LOCAL left no session state.
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect_with(&t.connect_options()).await.expect("connect");
+    let session: String = sql::query_scalar("SHOW statement_timeout").fetch_one(&mut conn).await.expect("show");
+    assert_eq!(session, "0");
+}
+
+#[tokio::test]
+async fn isolation_and_access_modes_are_applied() {
+    let t = TestDb::new().await;
+    for (options, isolation, read_only) in [
+        (TxOptions::COMMAND, "repeatable read", "off"),
+        (TxOptions::READ_ONLY, "read committed", "on"),
+        (TxOptions::READ_COMMITTED, "read committed", "off"),
+    ] {
+        let mut tx = t.db.begin(options).await.expect("begin");
+        let level: String = sql::query_scalar("SHOW transaction_isolation").fetch_one(tx.conn()).await.expect("iso");
+        let ro: String = sql::query_scalar("SHOW transaction_read_only").fetch_one(tx.conn()).await.expect("ro");
+        tx.commit().await.expect("commit");
+        assert_eq!((level.as_str(), ro.as_str()), (isolation, read_only));
+    }
+}
+
+#[tokio::test]
+async fn retryable_failures_are_retried_and_others_are_not() {
+    let t = with_scratch_table().await;
+    let tries = AtomicU32::new(0);
+    let policy = RetryPolicy { max_attempts: 5, ..RetryPolicy::default() };
+    let result: Result<(), Error> =
+        t.db.transaction_with_retry(TxOptions::COMMAND, &policy, |tx| {
+            let attempt = tries.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if attempt < 2 {
+                    // A real serialization failure, raised by the server with its SQLSTATE.
+                    sql::query("DO $$ BEGIN RAISE EXCEPTION 'try again' USING ERRCODE = '40001'; END $$")
+                        .execute(tx.conn())
+                        .await?;
+                }
+                sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await?;
+                Ok(())
+            }
+            .scope_boxed()
+        })
+        .await;
+    result.expect("succeeds on the third try");
+    assert_eq!(tries.load(Ordering::SeqCst), 3);
+
+    let tries = AtomicU32::new(0);
+    let err =
+        t.db.transaction_with_retry(TxOptions::COMMAND, &policy, |tx| {
+            tries.fetch_add(1, Ordering::SeqCst);
+            async move {
+                sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await?;
+                Ok::<_, Error>(())
+            }
+            .scope_boxed()
+        })
+        .await
+        .expect_err("a unique violation is not retryable");
+    assert_eq!(err.sql_state().as_deref(), Some("23505"));
+    assert_eq!(tries.load(Ordering::SeqCst), 1);
+
+    let tries = AtomicU32::new(0);
+    let err =
+        t.db.transaction_with_retry(TxOptions::COMMAND, &policy, |tx| {
+            tries.fetch_add(1, Ordering::SeqCst);
+            async move {
+                sql::query("DO $$ BEGIN RAISE EXCEPTION 'overlap' USING ERRCODE = '23P01'; END $$")
+                    .execute(tx.conn())
+                    .await?;
+                Ok::<_, Error>(())
+            }
+            .scope_boxed()
+        })
+        .await
+        .expect_err("gives up");
+    assert_eq!(err.sql_state().as_deref(), Some("23P01"));
+    assert_eq!(tries.load(Ordering::SeqCst), 5, "bounded");
+}
