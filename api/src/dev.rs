@@ -100,8 +100,8 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
     if let Some(url) = &config.database_url {
         let db = Db::connect_lazy(url, &config.db)?;
         service::prepare(&db, config.migrate).await?;
-        println!("better-compute dev: serving http://{} on {url}", config.listen);
-        return service::serve(db, config.listen, service::shutdown_signal()).await;
+        let listener = service::bind(config.listen).await?;
+        return service::serve_on(db, listener, service::shutdown_signal()).await;
     }
 
     let data_dir = config.data_dir.clone();
@@ -112,12 +112,12 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
         let db = embedded.connect(&config.db).await?;
         service::prepare(&db, config.migrate).await?;
         println!(
-            "better-compute dev: serving http://{} (embedded database {}, psql: psql -h {} -U postgres {DEV_DATABASE})",
-            config.listen,
+            "better-compute dev: embedded database in {} (psql -h {} -U postgres {DEV_DATABASE})",
             embedded.cluster.root().display(),
             embedded.cluster.socket_dir().display(),
         );
-        let served = service::serve(db.clone(), config.listen, service::shutdown_signal()).await;
+        let listener = service::bind(config.listen).await?;
+        let served = service::serve_on(db.clone(), listener, service::shutdown_signal()).await;
         db.close().await;
         served
     }

@@ -32,6 +32,31 @@ enum Command {
     /// Run the service on an embedded database (a private PostgreSQL cluster in a data folder), or on
     /// BETTER_COMPUTE_DATABASE_URL when it is set.
     Dev(DevArgs),
+    /// Measure the service against PostgreSQL's own baselines.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Event log appends per second (1 and 8 writers, single events and 10-event batches) on a durable private
+    /// cluster, beside pgbench running the same SQL and pgbench's one-row INSERT, printed as ratios.
+    Append(BenchAppendArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchAppendArgs {
+    /// Seconds per run (there are twelve runs).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+
+    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+
+    /// Keep the cluster's folder afterwards.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Debug, Args)]
@@ -118,11 +143,20 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve(args) => {
             let db = Db::connect_lazy(args.database.required_url()?, &args.database.config())?;
             service::prepare(&db, migrate_on_start(args.no_migrate)).await?;
-            service::serve(db, args.listen, service::shutdown_signal()).await
+            let listener = service::bind(args.listen).await?;
+            service::serve_on(db, listener, service::shutdown_signal()).await
         }
         Command::Migrate(args) => {
             let db = Db::connect_lazy(args.required_url()?, &args.config())?;
             service::migrate(&db).await
+        }
+        Command::Bench(BenchCommand::Append(args)) => {
+            bc_api::bench::append(bc_api::bench::AppendBenchConfig {
+                run_for: Duration::from_secs(args.seconds.max(1)),
+                data_dir: args.data_dir,
+                keep: args.keep,
+            })
+            .await
         }
         Command::Dev(args) => {
             let data_dir = match args.data_dir {

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use bc_eventstore::migrate::Migrator;
-use bc_eventstore::{Db, DbConfig, events};
+use bc_eventstore::{Db, events};
 use tokio::net::TcpListener;
 
 use crate::http::{self, AppState};
@@ -16,14 +16,6 @@ use crate::http::{self, AppState};
 pub enum MigrateOnStart {
     Migrate,
     Skip,
-}
-
-/// What `serve` needs.
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    pub listen: SocketAddr,
-    pub migrate: MigrateOnStart,
-    pub db: DbConfig,
 }
 
 /// Applies the embedded migrations and reports what changed.
@@ -49,16 +41,14 @@ pub async fn prepare(db: &Db, migrate_on_start: MigrateOnStart) -> anyhow::Resul
     Ok(())
 }
 
-/// Binds `listen`, and serves the API until `shutdown` completes.
-pub async fn serve(
-    db: Db,
-    listen: SocketAddr,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+/// Binds `listen` (port 0 picks a free port) and says where the API is, on standard output, so that scripts
+/// and tests can find it.
+pub async fn bind(listen: SocketAddr) -> anyhow::Result<TcpListener> {
     let listener = TcpListener::bind(listen).await.with_context(|| format!("listen on {listen}"))?;
     let local = listener.local_addr().context("read the listening address")?;
     tracing::info!(address = %local, "serving the API");
-    serve_on(db, listener, shutdown).await
+    println!("better-compute: serving http://{local}");
+    Ok(listener)
 }
 
 /// Serves the API on a bound listener until `shutdown` completes; in-flight requests finish first.

@@ -82,6 +82,12 @@ pub struct Appended {
     pub position: Position,
 }
 
+/// The append statement, a call of the `append_events` function (`core/0002_events`): `$1` stream, `$2` tenant,
+/// `$3` expected version (NULL for any), `$4`..`$7` the events' types, schema versions, payloads and metadata
+/// as arrays. Public so that the benchmark runs the very same SQL through pgbench.
+pub const APPEND_SQL: &str = "SELECT head, log_epoch, txid, seq, stream_version
+     FROM append_events($1, $2, $3, $4::text[], $5::int2[], $6::bytea[], $7::bytea[])";
+
 /// Appends a batch to one stream in one statement. If the stream's head is not the expected version, nothing
 /// is written and the answer is [`Error::Conflict`]; so is losing a race with a concurrent appender of the
 /// same version (the unique `(stream_id, stream_version)` key refuses the second).
@@ -107,34 +113,17 @@ pub async fn append(tx: &mut Tx, batch: AppendBatch<'_>) -> Result<Appended> {
     let payloads: Vec<&[u8]> = batch.events.iter().map(|e| e.payload.as_slice()).collect();
     let metadata: Vec<&[u8]> = batch.events.iter().map(|e| e.metadata.as_slice()).collect();
 
-    let row = sql::query(
-        "WITH head AS (
-             SELECT coalesce(max(stream_version), 0) AS version FROM events WHERE stream_id = $1
-         ), appended AS (
-             INSERT INTO events (log_epoch, stream_id, stream_version, event_type, schema_version, tenant_id,
-                                 payload, metadata)
-             SELECT epoch.epoch, $1, (head.version + u.ord)::int4, u.event_type, u.schema_version, $2,
-                    u.payload, u.metadata
-             FROM head, event_log_epoch AS epoch,
-                  unnest($4::text[], $5::int2[], $6::bytea[], $7::bytea[])
-                      WITH ORDINALITY AS u(event_type, schema_version, payload, metadata, ord)
-             WHERE $3::int4 IS NULL OR head.version = $3::int4
-             ORDER BY u.ord
-             RETURNING log_epoch, txid, seq, stream_version
-         )
-         SELECT head.version AS head, last.log_epoch, last.txid::text AS txid, last.seq, last.stream_version
-         FROM head LEFT JOIN (SELECT * FROM appended ORDER BY seq DESC LIMIT 1) AS last ON true",
-    )
-    .bind(batch.stream_id)
-    .bind(batch.tenant_id)
-    .bind(expected)
-    .bind(&event_types)
-    .bind(&schema_versions)
-    .bind(&payloads)
-    .bind(&metadata)
-    .fetch_one(tx.conn())
-    .await
-    .map_err(|err| conflict_on_unique_violation(err, batch.stream_id, batch.expected))?;
+    let row = sql::query(APPEND_SQL)
+        .bind(batch.stream_id)
+        .bind(batch.tenant_id)
+        .bind(expected)
+        .bind(&event_types)
+        .bind(&schema_versions)
+        .bind(&payloads)
+        .bind(&metadata)
+        .fetch_one(tx.conn())
+        .await
+        .map_err(|err| conflict_on_unique_violation(err, batch.stream_id, batch.expected))?;
 
     let head: i32 = row.try_get("head")?;
     let Some(last_version) = row.try_get::<Option<i32>, _>("stream_version")? else {

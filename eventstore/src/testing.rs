@@ -293,6 +293,12 @@ impl TestServer {
         self.run_as.as_ref().unwrap_or_else(|| harness_failure("choose the account", "no postgres account"))
     }
 
+    /// Makes the supervisor stop the private cluster in `root` (a `Cluster` folder) when the process ends, for
+    /// clusters that programs under test create themselves.
+    pub fn stop_cluster_at_exit(&self, root: &std::path::Path) {
+        self.tell_supervisor(&format!("stop {}", root.display()));
+    }
+
     /// Makes the supervisor kill `pid` (a helper server such as PgBouncer) when the process ends.
     pub fn kill_at_exit(&self, pid: u32) {
         self.tell_supervisor(&format!("kill {pid}"));

@@ -26,3 +26,48 @@ CREATE TABLE events (
     PRIMARY KEY (log_epoch, txid, seq),
     CONSTRAINT events_stream_version_key UNIQUE (stream_id, stream_version)
 );
+
+-- Appends a batch of events to one stream when its head is at p_expected (any head when NULL). Returns the head
+-- it found, and the position and version of the batch's last event; those are NULL when the head did not
+-- match and nothing was written. A concurrent appender of the same version loses on the unique key. A
+-- function rather than a statement sent by the client, because PostgreSQL keeps a function's plans for the
+-- life of the session, which a client behind PgBouncer (unnamed statements only) cannot.
+CREATE FUNCTION append_events(
+    p_stream_id text,
+    p_tenant_id text,
+    p_expected integer,
+    p_event_types text[],
+    p_schema_versions smallint[],
+    p_payloads bytea[],
+    p_metadata bytea[],
+    OUT head integer,
+    OUT log_epoch integer,
+    OUT txid text,
+    OUT seq bigint,
+    OUT stream_version integer)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    SELECT coalesce(max(e.stream_version), 0) INTO head FROM events AS e WHERE e.stream_id = p_stream_id;
+    IF p_expected IS NOT NULL AND head <> p_expected THEN
+        RETURN;
+    END IF;
+    WITH appended AS (
+        INSERT INTO events (log_epoch, stream_id, stream_version, event_type, schema_version, tenant_id,
+                            payload, metadata)
+        SELECT cur.epoch, p_stream_id, head + u.ord::integer, u.event_type, u.schema_version, p_tenant_id,
+               u.payload, u.metadata
+        FROM event_log_epoch AS cur,
+             unnest(p_event_types, p_schema_versions, p_payloads, p_metadata)
+                 WITH ORDINALITY AS u(event_type, schema_version, payload, metadata, ord)
+        ORDER BY u.ord
+        RETURNING events.log_epoch, events.txid, events.seq, events.stream_version
+    )
+    SELECT a.log_epoch, a.txid::text, a.seq, a.stream_version
+    INTO log_epoch, txid, seq, stream_version
+    FROM appended AS a
+    ORDER BY a.seq DESC
+    LIMIT 1;
+END
+$$;

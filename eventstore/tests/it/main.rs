@@ -6,6 +6,7 @@ mod concurrency;
 mod connections;
 mod eventlog;
 mod executor;
+mod harness;
 mod leases;
 mod migrations;
 mod pgbouncer;

@@ -146,10 +146,13 @@ async fn the_migration_lock_is_a_transaction_lock() {
     Migrator::embedded().run(&t.db).await.expect("migrate");
     // After the run no advisory lock remains held by any session: nothing outlives a transaction.
     let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
-    let held: i64 = sql::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
-        .fetch_one(tx.conn())
-        .await
-        .expect("locks");
+    let held: i64 = sql::query_scalar(
+        "SELECT count(*) FROM pg_locks
+         WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(tx.conn())
+    .await
+    .expect("locks");
     tx.commit().await.expect("commit");
     assert_eq!(held, 0);
 }

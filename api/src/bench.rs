@@ -1,0 +1,279 @@
+//! `better-compute bench append`: the event log's append rate on a durable private cluster, beside pgbench
+//! running the same SQL on the same table (what the Rust path costs) and pgbench's one-row INSERT into a narrow
+//! table (what this PostgreSQL can commit at all), all in the same run, printed as ratios.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use bc_domain::event::EventMetadata;
+use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, RunAs, StopMode};
+use bc_eventstore::events::{self, APPEND_SQL, AppendBatch, ExpectedVersion, NewEvent};
+use bc_eventstore::migrate::Migrator;
+use bc_eventstore::{Db, DbConfig, TxOptions};
+use sqlx::{ConnectOptions as _, Connection as _};
+
+/// What `bench append` measures.
+#[derive(Debug, Clone)]
+pub struct AppendBenchConfig {
+    /// How long each run lasts.
+    pub run_for: Duration,
+    /// Where the durable cluster lives; a fresh temporary folder when `None`.
+    pub data_dir: Option<PathBuf>,
+    /// Keep the cluster's folder afterwards.
+    pub keep: bool,
+}
+
+/// A representative payload: a reservation placed on a few devices.
+#[derive(Debug, serde::Serialize)]
+struct BenchPayload<'a> {
+    reservation_id: &'a str,
+    pool_id: &'a str,
+    devices: [&'a str; 2],
+    start_ms: i64,
+    end_ms: i64,
+}
+
+fn bench_event() -> anyhow::Result<NewEvent> {
+    let payload = BenchPayload {
+        reservation_id: "rsv_4bq7x2m9k1c8d0e5f6g3h2j1k0m9n8p7q6r5s4t3v2w1x0y9z8a7",
+        pool_id: "pool_01jd8w2k3m4n5p6q7r8s9t0v1w",
+        devices: ["GPU-5b1d9c2e-8f3a-4b6c-9d0e-1f2a3b4c5d6e", "GPU-6c2e0d3f-9a4b-5c7d-0e1f-2a3b4c5d6e7f"],
+        start_ms: 1_893_456_000_000,
+        end_ms: 1_893_459_600_000,
+    };
+    let metadata = EventMetadata { request_id: Some("req_01jd8w2k3m4n5p6q7r8s9t0v1w".into()), ..Default::default() };
+    Ok(NewEvent::encode("reservation.placed", 1, &payload, &metadata)?)
+}
+
+/// One line of the result table.
+#[derive(Debug, Clone)]
+struct Run {
+    name: String,
+    writers: u32,
+    events_per_tx: u32,
+    tx_per_sec: f64,
+}
+
+impl Run {
+    fn events_per_sec(&self) -> f64 {
+        self.tx_per_sec * f64::from(self.events_per_tx)
+    }
+}
+
+/// Stops the benchmark's cluster (and removes its folder) however the benchmark ends.
+struct ClusterGuard {
+    cluster: Cluster,
+    remove: bool,
+}
+
+impl Drop for ClusterGuard {
+    fn drop(&mut self) {
+        if let Err(err) = self.cluster.stop(StopMode::Fast) {
+            tracing::warn!(error = %err, "could not stop the benchmark cluster");
+        }
+        if self.remove {
+            let _ = std::fs::remove_dir_all(self.cluster.root());
+        }
+    }
+}
+
+/// Runs the append benchmark and prints its table.
+pub async fn append(config: AppendBenchConfig) -> anyhow::Result<()> {
+    let bins = PgBinaries::find()?;
+    let run_as = RunAs::for_this_process()?;
+    let root = match &config.data_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("bc-bench-{}", std::process::id())),
+    };
+    if root.join("pgdata").exists() {
+        bail!("{} already holds a cluster; the benchmark needs a fresh folder", root.display());
+    }
+    let cluster = Cluster::new(bins.clone(), root.clone(), run_as);
+    let init = InitOptions {
+        settings: vec![("shared_buffers".into(), "256MB".into()), ("max_wal_size".into(), "4GB".into())],
+        ..InitOptions::default()
+    };
+    cluster.init(&init)?;
+    cluster.start()?;
+    let guard = ClusterGuard { cluster, remove: !config.keep };
+    let cluster = &guard.cluster;
+
+    let mut admin = cluster.connect_options("postgres").connect().await.context("connect to the bench cluster")?;
+    sqlx::raw_sql("CREATE DATABASE bench").execute(&mut admin).await.context("create the bench database")?;
+    let version: String = sqlx::query_scalar("SHOW server_version").persistent(false).fetch_one(&mut admin).await?;
+    admin.close().await.ok();
+
+    let db = Db::connect_lazy_with(
+        cluster.connect_options("bench"),
+        &DbConfig { max_connections: 16, ..DbConfig::default() },
+    );
+    Migrator::embedded().run(&db).await.context("migrate the bench database")?;
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    sqlx::raw_sql("CREATE TABLE bench_narrow (id bigint)").execute(tx.conn()).await?;
+    tx.commit().await?;
+
+    let event = bench_event()?;
+    let scripts = Scripts::write(&root, &event)?;
+    let seconds = config.run_for.as_secs().max(1);
+    println!(
+        "append benchmark: PostgreSQL {version}, durable cluster (fsync on, synchronous_commit on) in {}, \
+         {} CPUs, {seconds} s per run",
+        root.display(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    );
+
+    let mut groups = Vec::new();
+    for (writers, batch) in [(1, 1), (8, 1), (1, 10), (8, 10)] {
+        let rust = rust_appends(&db, &event, writers, batch, config.run_for).await?;
+        let same = pgbench(&bins, cluster, scripts.same_sql(batch), writers, seconds, "pgbench, same SQL")?;
+        let narrow = pgbench(&bins, cluster, &scripts.narrow, writers, seconds, "pgbench, 1-row INSERT")?;
+        let narrow = Run { events_per_tx: 1, ..narrow };
+        print_group(&rust, &same, &narrow);
+        groups.push((rust, same, narrow));
+    }
+    db.close().await;
+    drop(guard);
+    Ok(())
+}
+
+fn print_group(rust: &Run, same: &Run, narrow: &Run) {
+    let line = |run: &Run, ratio: &str| {
+        println!(
+            "  {:<24} {:>2} writers {:>2} events/tx {:>9.0} tx/s {:>9.0} events/s  {ratio}",
+            run.name,
+            run.writers,
+            run.events_per_tx,
+            run.tx_per_sec,
+            run.events_per_sec()
+        )
+    };
+    println!();
+    line(rust, "");
+    line(same, &format!("Rust path = {:.2} x pgbench same SQL (tx/s)", rust.tx_per_sec / same.tx_per_sec));
+    line(narrow, &format!("Rust path = {:.2} x 1-row INSERT (tx/s)", rust.tx_per_sec / narrow.tx_per_sec));
+}
+
+/// Appends `batch` events per transaction from `writers` tasks for `run_for`, each to its own stream.
+async fn rust_appends(db: &Db, event: &NewEvent, writers: u32, batch: u32, run_for: Duration) -> anyhow::Result<Run> {
+    let events: Vec<NewEvent> = (0..batch).map(|_| event.clone()).collect();
+    let deadline = Instant::now() + run_for;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for writer in 0..writers {
+        let db = db.clone();
+        let events = events.clone();
+        tasks.spawn(async move {
+            let stream = format!("bench-{writers}x{batch}-{writer}");
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                let mut tx = db.begin(TxOptions::COMMAND).await?;
+                let append = AppendBatch {
+                    stream_id: &stream,
+                    tenant_id: None,
+                    expected: ExpectedVersion::Any,
+                    events: &events,
+                };
+                events::append(&mut tx, append).await?;
+                tx.commit().await?;
+                done += 1;
+            }
+            anyhow::Ok(done)
+        });
+    }
+    let mut total = 0u64;
+    while let Some(done) = tasks.join_next().await {
+        total += done.context("join a writer")??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(Run { name: "Rust append".into(), writers, events_per_tx: batch, tx_per_sec: total as f64 / elapsed })
+}
+
+/// The pgbench scripts, written once into the benchmark's folder.
+struct Scripts {
+    same_1: PathBuf,
+    same_10: PathBuf,
+    narrow: PathBuf,
+}
+
+impl Scripts {
+    fn write(root: &Path, event: &NewEvent) -> anyhow::Result<Self> {
+        let dir = root.join("pgbench");
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let scripts = Scripts {
+            same_1: dir.join("append-1.sql"),
+            same_10: dir.join("append-10.sql"),
+            narrow: dir.join("narrow.sql"),
+        };
+        std::fs::write(&scripts.same_1, same_sql_script(event, 1))?;
+        std::fs::write(&scripts.same_10, same_sql_script(event, 10))?;
+        std::fs::write(&scripts.narrow, "INSERT INTO bench_narrow (id) VALUES (1);\n")?;
+        Ok(scripts)
+    }
+
+    fn same_sql(&self, batch: u32) -> &Path {
+        if batch == 1 { &self.same_1 } else { &self.same_10 }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
+/// The transaction the Rust path runs, as pgbench SQL: the same BEGIN, statement timeout, append statement
+/// (with the parameters written in as literals) and commit check.
+fn same_sql_script(event: &NewEvent, batch: u32) -> String {
+    let repeat = |item: String| vec![item; batch as usize].join(",");
+    let append = APPEND_SQL
+        .replace("$1", "('pgb-' || :client_id)")
+        .replace("$2", "NULL::text")
+        .replace("$3", "NULL")
+        .replace("$4", &format!("ARRAY[{}]", repeat(format!("'{}'", event.event_type))))
+        .replace("$5", &format!("ARRAY[{}]", repeat(event.schema_version.to_string())))
+        .replace("$6", &format!("ARRAY[{}]", repeat(format!("'\\x{}'::bytea", hex(&event.payload)))))
+        .replace("$7", &format!("ARRAY[{}]", repeat(format!("'\\x{}'::bytea", hex(&event.metadata)))));
+    let append: String = append.split_whitespace().collect::<Vec<_>>().join(" ");
+    format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ WRITE;\nSET LOCAL statement_timeout = 15000;\n{append};\n\
+         SELECT 1;\nCOMMIT;\n"
+    )
+}
+
+/// Runs pgbench with `clients` connections for `seconds` and reads its transaction rate.
+fn pgbench(
+    bins: &PgBinaries,
+    cluster: &Cluster,
+    script: &Path,
+    clients: u32,
+    seconds: u64,
+    name: &str,
+) -> anyhow::Result<Run> {
+    let output = Command::new(bins.tool("pgbench"))
+        .arg("-n")
+        .arg("-h")
+        .arg(cluster.socket_dir())
+        .args(["-p", "5432", "-U", "postgres"])
+        .args(["-c", &clients.to_string(), "-j", &clients.to_string(), "-T", &seconds.to_string()])
+        .arg("-f")
+        .arg(script)
+        .arg("bench")
+        .output()
+        .context("run pgbench")?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        bail!("pgbench failed: {}{}", text, String::from_utf8_lossy(&output.stderr));
+    }
+    let tps = text
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|number| number.parse::<f64>().ok())
+        .with_context(|| format!("read the tps from pgbench's output:\n{text}"))?;
+    let events_per_tx = if script.ends_with("append-10.sql") { 10 } else { 1 };
+    Ok(Run { name: name.to_owned(), writers: clients, events_per_tx, tx_per_sec: tps })
+}

@@ -1,0 +1,155 @@
+//! The `better-compute` binary as a real process: `migrate`, `serve` and `dev`, their health endpoint and their
+//! shutdown on a signal.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bc_eventstore::cluster::Cluster;
+use bc_eventstore::testing::{self, TestDb};
+use bc_eventstore::{TxOptions, sql};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_better-compute");
+const WAIT: Duration = Duration::from_secs(120);
+
+fn command(args: &[&str]) -> Command {
+    let mut command = Command::new(BINARY);
+    command.args(args).env_remove("BETTER_COMPUTE_DATABASE_URL").env("BETTER_COMPUTE_LOG", "warn");
+    command
+}
+
+/// A running server process, killed on drop if a test fails half-way.
+struct Server {
+    child: Child,
+    base_url: String,
+}
+
+impl Server {
+    /// Starts the process and waits for the line that says where it serves.
+    fn start(mut command: Command) -> Server {
+        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn");
+        let stdout = child.stdout.take().expect("stdout");
+        let (lines, received) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let line = received
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("the server never said where it serves: {:?}", child.try_wait()));
+            if let Some(url) = line.strip_prefix("better-compute: serving ") {
+                return Server { child, base_url: url.trim().to_owned() };
+            }
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status();
+        assert!(status.expect("kill").success());
+    }
+
+    fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the server did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn healthz(server: &Server) -> (u16, serde_json::Value) {
+    let response = reqwest::get(format!("{}/v1/healthz", server.base_url)).await.expect("request");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("json"))
+}
+
+#[test]
+fn help_lists_the_commands() {
+    let output = command(&["--help"]).output().expect("run");
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    for word in ["serve", "migrate", "dev"] {
+        assert!(text.contains(word), "{word} missing from --help:\n{text}");
+    }
+}
+
+#[test]
+fn serve_without_a_database_url_says_what_is_missing() {
+    let output = command(&["serve", "--listen", "127.0.0.1:0"]).output().expect("run");
+    assert!(!output.status.success());
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(text.contains("BETTER_COMPUTE_DATABASE_URL"), "{text}");
+}
+
+#[tokio::test]
+async fn migrate_then_serve_answers_healthz_and_stops_on_sigterm() {
+    let t = TestDb::empty().await;
+    let output = command(&["migrate"]).env("BETTER_COMPUTE_DATABASE_URL", t.url()).output().expect("migrate");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let applied: i64 =
+        sql::query_scalar("SELECT count(*) FROM compute_migrations").fetch_one(tx.conn()).await.expect("ledger");
+    tx.commit().await.expect("commit");
+    assert_eq!(applied as usize, bc_eventstore::migrate::EMBEDDED.len());
+
+    let mut server = Server::start({
+        let mut c = command(&["serve", "--no-migrate", "--listen", "127.0.0.1:0"]);
+        c.env("BETTER_COMPUTE_DATABASE_URL", t.url());
+        c
+    });
+    let (status, body) = healthz(&server).await;
+    assert_eq!(status, 200, "{body}");
+    server.signal("TERM");
+    assert!(server.wait().success(), "a clean exit on SIGTERM");
+}
+
+fn dev_cluster(data_dir: &Path) -> Cluster {
+    let server = testing::server();
+    Cluster::new(server.bins().clone(), data_dir.to_path_buf(), server.run_as().clone())
+}
+
+#[tokio::test]
+async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
+    let server = testing::server();
+    let data_dir = server.scratch_dir("dev");
+    server.stop_cluster_at_exit(&data_dir);
+    let dev = || {
+        let mut c = command(&["dev", "--listen", "127.0.0.1:0", "--data-dir"]);
+        c.arg(&data_dir);
+        c
+    };
+
+    let mut first = Server::start(dev());
+    let (status, body) = healthz(&first).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(dev_cluster(&data_dir).is_running());
+    first.signal("INT");
+    assert!(first.wait().success(), "a clean exit on Ctrl-C");
+    assert!(!dev_cluster(&data_dir).is_running(), "Ctrl-C stops the embedded cluster too");
+
+    // A second start reuses the cluster and its data.
+    let mut second = Server::start(dev());
+    let (status, _) = healthz(&second).await;
+    assert_eq!(status, 200);
+    second.signal("INT");
+    assert!(second.wait().success());
+    assert!(!dev_cluster(&data_dir).is_running());
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
