@@ -117,6 +117,7 @@ pub async fn append(config: AppendBenchConfig) -> anyhow::Result<()> {
 
     let event = bench_event()?;
     let scripts = Scripts::write(&root, &event)?;
+    let message_db = MessageDb::install(&bins, cluster, &root, &event);
     let seconds = config.run_for.as_secs().max(1);
     println!(
         "append benchmark: PostgreSQL {version}, durable cluster (fsync on, synchronous_commit on) in {}, \
@@ -124,23 +125,35 @@ pub async fn append(config: AppendBenchConfig) -> anyhow::Result<()> {
         root.display(),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     );
+    if let Err(reason) = &message_db {
+        println!("Message DB comparison skipped: {reason}");
+    }
 
-    let mut groups = Vec::new();
     for (writers, batch) in [(1, 1), (8, 1), (1, 10), (8, 10)] {
+        let pgbench = |script: &Path, database: &str, name: &str, env: &[(&str, &str)]| {
+            pgbench(&bins, cluster, PgbenchRun { script, database, clients: writers, seconds, name, env })
+                .map(|tx_per_sec| Run { name: name.to_owned(), writers, events_per_tx: batch, tx_per_sec })
+        };
         let rust = rust_appends(&db, &event, writers, batch, config.run_for).await?;
-        let same = pgbench(&bins, cluster, scripts.same_sql(batch), writers, seconds, "pgbench, same SQL")?;
-        let narrow = pgbench(&bins, cluster, &scripts.narrow, writers, seconds, "pgbench, 1-row INSERT")?;
-        let narrow = Run { events_per_tx: 1, ..narrow };
-        print_group(&rust, &same, &narrow);
-        groups.push((rust, same, narrow));
+        let mut baselines = vec![
+            pgbench(scripts.command(batch), "bench", "pgbench, same SQL", &[])?,
+            pgbench(scripts.alone(batch), "bench", "pgbench, append alone", &[])?,
+        ];
+        if let Ok(message_db) = &message_db {
+            let env = [("PGOPTIONS", "-c search_path=message_store,public")];
+            baselines.push(pgbench(message_db.script(batch), "message_store", "pgbench, Message DB", &env)?);
+        }
+        let narrow = pgbench(&scripts.narrow, "bench", "pgbench, 1-row INSERT", &[])?;
+        baselines.push(Run { events_per_tx: 1, ..narrow });
+        print_group(&rust, &baselines);
     }
     db.close().await;
     drop(guard);
     Ok(())
 }
 
-fn print_group(rust: &Run, same: &Run, narrow: &Run) {
-    let line = |run: &Run, ratio: &str| {
+fn print_group(rust: &Run, baselines: &[Run]) {
+    let line = |run: &Run, ratio: String| {
         println!(
             "  {:<24} {:>2} writers {:>2} events/tx {:>9.0} tx/s {:>9.0} events/s  {ratio}",
             run.name,
@@ -151,9 +164,11 @@ fn print_group(rust: &Run, same: &Run, narrow: &Run) {
         )
     };
     println!();
-    line(rust, "");
-    line(same, &format!("Rust path = {:.2} x pgbench same SQL (tx/s)", rust.tx_per_sec / same.tx_per_sec));
-    line(narrow, &format!("Rust path = {:.2} x 1-row INSERT (tx/s)", rust.tx_per_sec / narrow.tx_per_sec));
+    line(rust, String::new());
+    for baseline in baselines {
+        let ratio = rust.events_per_sec() / baseline.events_per_sec();
+        line(baseline, format!("Rust path = {ratio:.2} x this (events/s)"));
+    }
 }
 
 /// Appends `batch` events per transaction from `writers` tasks for `run_for`, each to its own stream.
@@ -193,8 +208,10 @@ async fn rust_appends(db: &Db, event: &NewEvent, writers: u32, batch: u32, run_f
 
 /// The pgbench scripts, written once into the benchmark's folder.
 struct Scripts {
-    same_1: PathBuf,
-    same_10: PathBuf,
+    command_1: PathBuf,
+    command_10: PathBuf,
+    alone_1: PathBuf,
+    alone_10: PathBuf,
     narrow: PathBuf,
 }
 
@@ -203,18 +220,26 @@ impl Scripts {
         let dir = root.join("pgbench");
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         let scripts = Scripts {
-            same_1: dir.join("append-1.sql"),
-            same_10: dir.join("append-10.sql"),
+            command_1: dir.join("command-1.sql"),
+            command_10: dir.join("command-10.sql"),
+            alone_1: dir.join("alone-1.sql"),
+            alone_10: dir.join("alone-10.sql"),
             narrow: dir.join("narrow.sql"),
         };
-        std::fs::write(&scripts.same_1, same_sql_script(event, 1))?;
-        std::fs::write(&scripts.same_10, same_sql_script(event, 10))?;
+        std::fs::write(&scripts.command_1, command_script(event, 1))?;
+        std::fs::write(&scripts.command_10, command_script(event, 10))?;
+        std::fs::write(&scripts.alone_1, format!("{};\n", append_statement(event, 1)))?;
+        std::fs::write(&scripts.alone_10, format!("{};\n", append_statement(event, 10)))?;
         std::fs::write(&scripts.narrow, "INSERT INTO bench_narrow (id) VALUES (1);\n")?;
         Ok(scripts)
     }
 
-    fn same_sql(&self, batch: u32) -> &Path {
-        if batch == 1 { &self.same_1 } else { &self.same_10 }
+    fn command(&self, batch: u32) -> &Path {
+        if batch == 1 { &self.command_1 } else { &self.command_10 }
+    }
+
+    fn alone(&self, batch: u32) -> &Path {
+        if batch == 1 { &self.alone_1 } else { &self.alone_10 }
     }
 }
 
@@ -225,9 +250,8 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-/// The transaction the Rust path runs, as pgbench SQL: the same BEGIN, statement timeout, append statement
-/// (with the parameters written in as literals) and commit check.
-fn same_sql_script(event: &NewEvent, batch: u32) -> String {
+/// The append statement with its parameters written in as literals, each pgbench client on its own stream.
+fn append_statement(event: &NewEvent, batch: u32) -> String {
     let repeat = |item: String| vec![item; batch as usize].join(",");
     let append = APPEND_SQL
         .replace("$1", "('pgb-' || :client_id)")
@@ -237,43 +261,118 @@ fn same_sql_script(event: &NewEvent, batch: u32) -> String {
         .replace("$5", &format!("ARRAY[{}]", repeat(event.schema_version.to_string())))
         .replace("$6", &format!("ARRAY[{}]", repeat(format!("'\\x{}'::bytea", hex(&event.payload)))))
         .replace("$7", &format!("ARRAY[{}]", repeat(format!("'\\x{}'::bytea", hex(&event.metadata)))));
-    let append: String = append.split_whitespace().collect::<Vec<_>>().join(" ");
+    append.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The transaction the Rust path runs, as pgbench SQL: the same BEGIN, statement timeout, append and commit
+/// check.
+fn command_script(event: &NewEvent, batch: u32) -> String {
     format!(
-        "BEGIN ISOLATION LEVEL REPEATABLE READ READ WRITE;\nSET LOCAL statement_timeout = 15000;\n{append};\n\
-         SELECT 1;\nCOMMIT;\n"
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ WRITE;\nSET LOCAL statement_timeout = 15000;\n{};\n\
+         SELECT 1;\nCOMMIT;\n",
+        append_statement(event, batch)
     )
 }
 
-/// Runs pgbench with `clients` connections for `seconds` and reads its transaction rate.
-fn pgbench(
-    bins: &PgBinaries,
-    cluster: &Cluster,
-    script: &Path,
+/// Message DB (`@eventide/message-db`, fetched from npm at benchmark time, never kept), installed into the
+/// benchmark's cluster for a comparison with its `write_message`.
+struct MessageDb {
+    script_1: PathBuf,
+    script_10: PathBuf,
+}
+
+impl MessageDb {
+    const PACKAGE: &'static str = "@eventide/message-db@1.3.1";
+
+    fn install(bins: &PgBinaries, cluster: &Cluster, root: &Path, event: &NewEvent) -> Result<Self, String> {
+        let dir = root.join("message-db");
+        std::fs::create_dir_all(&dir).map_err(|err| format!("create {}: {err}", dir.display()))?;
+        let packed = Command::new("npm")
+            .args(["pack", Self::PACKAGE, "--pack-destination"])
+            .arg(&dir)
+            .output()
+            .map_err(|err| format!("npm is not available ({err})"))?;
+        if !packed.status.success() {
+            return Err(format!(
+                "npm pack {} failed: {}",
+                Self::PACKAGE,
+                String::from_utf8_lossy(&packed.stderr).trim()
+            ));
+        }
+        let tarball = String::from_utf8_lossy(&packed.stdout).trim().lines().last().unwrap_or_default().to_owned();
+        let untar = Command::new("tar").arg("xzf").arg(dir.join(&tarball)).arg("-C").arg(&dir).status();
+        if !untar.is_ok_and(|status| status.success()) {
+            return Err(format!("could not unpack {tarball}"));
+        }
+        let path = format!("{}:{}", bins.bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+        let installed = Command::new("bash")
+            .arg(dir.join("package/database/install.sh"))
+            .env("PATH", path)
+            .env("PGHOST", cluster.socket_dir())
+            .env("PGPORT", "5432")
+            .env("PGUSER", "postgres")
+            .env("DATABASE_NAME", "message_store")
+            .output()
+            .map_err(|err| format!("run Message DB's install.sh: {err}"))?;
+        if !installed.status.success() {
+            return Err(format!(
+                "Message DB's install.sh failed: {}",
+                String::from_utf8_lossy(&installed.stderr).trim()
+            ));
+        }
+        // The same content as JSON, which is what Message DB stores.
+        let payload: serde_json::Value = rmp_serde::from_slice(&event.payload).map_err(|err| err.to_string())?;
+        let metadata: serde_json::Value = rmp_serde::from_slice(&event.metadata).map_err(|err| err.to_string())?;
+        // Message DB locks per category (the stream name before its first '-'), so each client gets its own.
+        let call = format!(
+            "SELECT write_message(gen_random_uuid()::varchar, 'bench' || :client_id || '-1', 'ReservationPlaced', \
+             '{payload}'::jsonb, '{metadata}'::jsonb);"
+        );
+        let script_1 = dir.join("write-1.sql");
+        let script_10 = dir.join("write-10.sql");
+        let batch = vec![call.as_str(); 10].join("\n");
+        std::fs::write(&script_1, format!("{call}\n")).map_err(|err| err.to_string())?;
+        std::fs::write(&script_10, format!("BEGIN;\n{batch}\nCOMMIT;\n")).map_err(|err| err.to_string())?;
+        Ok(Self { script_1, script_10 })
+    }
+
+    fn script(&self, batch: u32) -> &Path {
+        if batch == 1 { &self.script_1 } else { &self.script_10 }
+    }
+}
+
+/// One pgbench run.
+struct PgbenchRun<'a> {
+    script: &'a Path,
+    database: &'a str,
     clients: u32,
     seconds: u64,
-    name: &str,
-) -> anyhow::Result<Run> {
+    name: &'a str,
+    env: &'a [(&'a str, &'a str)],
+}
+
+/// Runs pgbench and reads its transaction rate.
+fn pgbench(bins: &PgBinaries, cluster: &Cluster, run: PgbenchRun<'_>) -> anyhow::Result<f64> {
+    let clients = run.clients.to_string();
     let output = Command::new(bins.tool("pgbench"))
         .arg("-n")
         .arg("-h")
         .arg(cluster.socket_dir())
         .args(["-p", "5432", "-U", "postgres"])
-        .args(["-c", &clients.to_string(), "-j", &clients.to_string(), "-T", &seconds.to_string()])
+        .args(["-c", &clients, "-j", &clients, "-T", &run.seconds.to_string()])
         .arg("-f")
-        .arg(script)
-        .arg("bench")
+        .arg(run.script)
+        .arg(run.database)
+        .envs(run.env.iter().copied())
         .output()
-        .context("run pgbench")?;
+        .with_context(|| format!("run pgbench ({})", run.name))?;
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     if !output.status.success() {
-        bail!("pgbench failed: {}{}", text, String::from_utf8_lossy(&output.stderr));
+        bail!("pgbench ({}) failed: {}{}", run.name, text, String::from_utf8_lossy(&output.stderr));
     }
-    let tps = text
-        .lines()
+    text.lines()
         .find_map(|line| line.trim().strip_prefix("tps = "))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|number| number.parse::<f64>().ok())
-        .with_context(|| format!("read the tps from pgbench's output:\n{text}"))?;
-    let events_per_tx = if script.ends_with("append-10.sql") { 10 } else { 1 };
-    Ok(Run { name: name.to_owned(), writers: clients, events_per_tx, tx_per_sec: tps })
+        .with_context(|| format!("read the tps from pgbench's output:\n{text}"))
 }
