@@ -330,7 +330,7 @@ impl MessageDb {
         );
         let script_1 = dir.join("write-1.sql");
         let script_10 = dir.join("write-10.sql");
-        let batch = vec![call.as_str(); 10].join("\n");
+        let batch = [call.as_str(); 10].join("\n");
         std::fs::write(&script_1, format!("{call}\n")).map_err(|err| err.to_string())?;
         std::fs::write(&script_10, format!("BEGIN;\n{batch}\nCOMMIT;\n")).map_err(|err| err.to_string())?;
         Ok(Self { script_1, script_10 })

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
+use bc_eventstore::clock::ClockAnchor;
 use bc_eventstore::migrate::Migrator;
 use bc_eventstore::{Db, events};
 use tokio::net::TcpListener;
@@ -38,6 +39,14 @@ pub async fn prepare(db: &Db, migrate_on_start: MigrateOnStart) -> anyhow::Resul
         migrate(db).await?;
     }
     events::check_epoch(db).await.context("check the event log epoch")?;
+    let anchor = ClockAnchor::sample(db).await.context("anchor the clock to the database")?;
+    if anchor.is_skewed() {
+        tracing::warn!(
+            skew_ms = anchor.skew_ms(),
+            "ClockSkew: this machine's clock differs from the database server's by more than a second"
+        );
+    }
+    tracing::info!(mode = %anchor.mode(), "anchored business time to the database");
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::clock::ClockAnchor;
 use crate::db::{Db, Tx, TxOptions};
 use crate::error::{Error, Result};
 use crate::sql;
@@ -130,4 +131,138 @@ pub async fn begin_fenced(db: &Db, lease: &Lease, options: TxOptions) -> Result<
 
 fn lost(lease: &Lease) -> Error {
     Error::LeaseLost { name: lease.name.clone(), epoch: lease.epoch }
+}
+
+/// What a [`LeaseKeeper`] holds right now.
+#[derive(Debug, Clone)]
+pub struct KeptLease {
+    /// The lease, while this process holds it.
+    pub lease: Option<Lease>,
+    /// Business time, re-anchored to the database at each successful renewal.
+    pub clock: Option<ClockAnchor>,
+}
+
+/// Keeps one lease: acquires it when it is free, renews it every `renew_every`, re-anchors the process's clock
+/// at each renewal, and gives it up at once on [`LeaseKeeper::stop`]. If renewals fail for longer than
+/// [`LeaseConfig::max_fenced_transaction`] (the database is unreachable, say), it stops claiming the lease
+/// before the lease can lapse; fencing keeps a late transaction from doing harm in any case.
+#[derive(Debug)]
+pub struct LeaseKeeper {
+    state: tokio::sync::watch::Receiver<KeptLease>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeaseKeeper {
+    /// Starts keeping `name` for `owner` (usually [`process_owner_id`]).
+    pub fn start(db: Db, name: String, owner: String, config: LeaseConfig) -> Self {
+        let (publish, state) = tokio::sync::watch::channel(KeptLease { lease: None, clock: None });
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(keep(db, name, owner, config, publish, stopped));
+        Self { state, stop: Some(stop), task }
+    }
+
+    /// The lease, if this process holds it now.
+    pub fn current(&self) -> Option<Lease> {
+        self.state.borrow().lease.clone()
+    }
+
+    /// The clock anchor from the last renewal.
+    pub fn clock(&self) -> Option<ClockAnchor> {
+        self.state.borrow().clock
+    }
+
+    /// Waits until the lease is held (or the keeper stopped, then `None`).
+    pub async fn held(&mut self) -> Option<Lease> {
+        let state = self.state.wait_for(|kept| kept.lease.is_some()).await.ok()?;
+        state.lease.clone()
+    }
+
+    /// Waits until the lease is not held.
+    pub async fn lost(&mut self) {
+        let _ = self.state.wait_for(|kept| kept.lease.is_none()).await;
+    }
+
+    /// Stops renewing and releases the lease, so another process can take it over at once.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        if self.stop.is_some() {
+            // Dropped without stop(): the lease is left to expire.
+            self.task.abort();
+        }
+    }
+}
+
+async fn keep(
+    db: Db,
+    name: String,
+    owner: String,
+    config: LeaseConfig,
+    publish: tokio::sync::watch::Sender<KeptLease>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut held: Option<(Lease, tokio::time::Instant)> = None;
+    loop {
+        let now = tokio::time::Instant::now();
+        held = match held {
+            None => match acquire(&db, &name, &owner, config.ttl).await {
+                Ok(Some(lease)) => {
+                    tracing::info!(lease = %name, epoch = lease.epoch, "acquired lease");
+                    Some((lease, now))
+                }
+                Ok(None) => None,
+                Err(err) => {
+                    tracing::warn!(lease = %name, error = %err, "could not try to acquire lease");
+                    None
+                }
+            },
+            Some((lease, renewed_at)) => match renew(&db, &lease).await {
+                Ok(()) => Some((lease, now)),
+                Err(Error::LeaseLost { .. }) => {
+                    tracing::warn!(lease = %name, epoch = lease.epoch, "lost lease to another owner");
+                    None
+                }
+                Err(err) if now.duration_since(renewed_at) >= config.max_fenced_transaction() => {
+                    tracing::warn!(lease = %name, error = %err, "could not renew lease in time; no longer claiming it");
+                    None
+                }
+                Err(err) => {
+                    tracing::warn!(lease = %name, error = %err, "could not renew lease; will retry");
+                    Some((lease, renewed_at))
+                }
+            },
+        };
+        let clock = match &held {
+            Some(_) => ClockAnchor::sample(&db).await.ok(),
+            None => None,
+        };
+        let lease = held.as_ref().map(|(lease, _)| lease.clone());
+        publish.send_if_modified(|kept| {
+            let changed = kept.lease != lease;
+            kept.lease = lease;
+            if clock.is_some() {
+                kept.clock = clock;
+            }
+            changed
+        });
+        tokio::select! {
+            _ = &mut stopped => break,
+            () = tokio::time::sleep(config.renew_every) => {}
+        }
+    }
+    if let Some((lease, _)) = held {
+        if let Err(err) = release(&db, &lease).await {
+            tracing::warn!(lease = %lease.name, error = %err, "could not release lease; it will expire");
+        }
+        tracing::info!(lease = %lease.name, epoch = lease.epoch, "released lease");
+    }
+    publish.send_modify(|kept| kept.lease = None);
 }

@@ -178,6 +178,7 @@ impl Migrator {
         let mut tx = self.locked_tx(db).await?;
         report.raised_epoch = events::raise_epoch_if_behind(&mut tx).await?;
         tx.commit().await?;
+        set_idle_in_transaction_timeout(db).await;
         Ok(report)
     }
 
@@ -252,6 +253,34 @@ impl Migrator {
             ));
         }
         problems
+    }
+}
+
+/// How long a session may sit idle inside an open transaction before PostgreSQL ends it. The horizon every log
+/// reader waits for is cluster-wide, so a forgotten transaction would hold back all of them.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "60s";
+
+/// Sets `idle_in_transaction_session_timeout` on the database itself (never as session state, which PgBouncer
+/// would leak between clients). It needs the database's owner; without that it is left as it is, with a warning.
+async fn set_idle_in_transaction_timeout(db: &Db) {
+    let result = async {
+        let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+        let statement = format!(
+            "DO $$ BEGIN
+                 EXECUTE format('ALTER DATABASE %I SET idle_in_transaction_session_timeout = %L',
+                                current_database(), '{IDLE_IN_TRANSACTION_TIMEOUT}');
+             END $$"
+        );
+        sqlx::raw_sql(AssertSqlSafe(statement)).execute(tx.conn()).await?;
+        tx.commit().await
+    }
+    .await;
+    if let Err(err) = result {
+        tracing::warn!(
+            error = %err,
+            "could not set idle_in_transaction_session_timeout on the database; set it as its owner: \
+             ALTER DATABASE <name> SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'"
+        );
     }
 }
 

@@ -98,3 +98,66 @@ async fn owner_ids_are_unique_per_process_and_defaults_match_the_design() {
     assert_eq!(LeaseConfig::SHARD.renew_every, Duration::from_secs(5));
     assert_eq!(LeaseConfig::SHARD.max_fenced_transaction(), Duration::from_secs(10));
 }
+
+#[tokio::test]
+async fn a_keeper_holds_renews_and_releases_its_lease() {
+    let t = TestDb::new().await;
+    let config = LeaseConfig { ttl: Duration::from_secs(2), renew_every: Duration::from_millis(50) };
+    let mut keeper = lease::LeaseKeeper::start(t.db.clone(), "singleton:test".into(), "prc_keeper".into(), config);
+    let held = tokio::time::timeout(Duration::from_secs(30), keeper.held()).await.expect("in time").expect("held");
+    assert_eq!(held.epoch, 1);
+    assert!(keeper.clock().is_some(), "the clock is anchored at renewal");
+
+    // Renewals keep pushing the expiry, so a competitor never gets it while the keeper runs.
+    let first_expiry = expiry_ms(&t.db, "singleton:test").await;
+    wait_until(|| async { expiry_ms(&t.db, "singleton:test").await > first_expiry }).await;
+    assert_eq!(lease::acquire(&t.db, "singleton:test", "prc_other", config.ttl).await.expect("acquire"), None);
+
+    keeper.stop().await;
+    let other = lease::acquire(&t.db, "singleton:test", "prc_other", config.ttl).await.expect("acquire");
+    assert_eq!(other.map(|l| l.epoch), Some(2), "released at once, taken over with a higher epoch");
+}
+
+#[tokio::test]
+async fn a_keeper_notices_a_takeover_and_stops_claiming_the_lease() {
+    let t = TestDb::new().await;
+    clock::use_sim_clock(&t.db, T0).await.expect("sim");
+    let config = LeaseConfig { ttl: Duration::from_secs(10), renew_every: Duration::from_millis(50) };
+    let mut keeper = lease::LeaseKeeper::start(t.db.clone(), "shard:7".into(), "prc_keeper".into(), config);
+    tokio::time::timeout(Duration::from_secs(30), keeper.held()).await.expect("in time").expect("held");
+
+    // Another process takes the lease over behind the keeper's back (as after a long pause).
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query("UPDATE leases SET owner = 'prc_other', epoch = epoch + 1 WHERE name = 'shard:7'")
+        .execute(tx.conn())
+        .await
+        .expect("take over");
+    tx.commit().await.expect("commit");
+    tokio::time::timeout(Duration::from_secs(30), keeper.lost()).await.expect("the keeper notices");
+    assert_eq!(keeper.current(), None);
+    keeper.stop().await;
+}
+
+async fn expiry_ms(db: &Db, name: &str) -> i64 {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let ms: i64 =
+        sql::query_scalar("SELECT floor(extract(epoch FROM expires_at) * 1000)::int8 FROM leases WHERE name = $1")
+            .bind(name)
+            .fetch_one(tx.conn())
+            .await
+            .expect("lease row");
+    tx.commit().await.expect("commit");
+    ms
+}
+
+async fn wait_until<F, Fut>(mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !condition().await {
+        assert!(tokio::time::Instant::now() < deadline, "condition not reached in time");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

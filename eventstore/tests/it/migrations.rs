@@ -156,3 +156,21 @@ async fn the_migration_lock_is_a_transaction_lock() {
     tx.commit().await.expect("commit");
     assert_eq!(held, 0);
 }
+
+#[tokio::test]
+async fn migrate_sets_the_idle_in_transaction_timeout_on_the_database() {
+    let t = TestDb::empty().await;
+    Migrator::embedded().run(&t.db).await.expect("migrate");
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let settings: Vec<String> = sql::query_scalar(
+        "SELECT unnest(setconfig) FROM pg_db_role_setting
+         WHERE setrole = 0 AND setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_all(tx.conn())
+    .await
+    .expect("settings");
+    tx.commit().await.expect("commit");
+    let expected =
+        format!("idle_in_transaction_session_timeout={}", bc_eventstore::migrate::IDLE_IN_TRANSACTION_TIMEOUT);
+    assert!(settings.contains(&expected), "{settings:?}");
+}
