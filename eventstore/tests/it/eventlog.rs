@@ -157,3 +157,17 @@ async fn metadata_travels_with_the_event() {
     tx.commit().await.expect("commit");
     assert_eq!(read[0].metadata().expect("metadata"), meta);
 }
+
+#[tokio::test]
+async fn the_horizon_head_is_the_last_event_a_reader_can_see() {
+    let t = TestDb::new().await;
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    assert_eq!(events::horizon_head(&mut tx).await.expect("head"), Position::START);
+    tx.commit().await.expect("commit");
+    support::append(&t.db, "a", ExpectedVersion::NO_STREAM, &[event(1)]).await.expect("append");
+    let last = support::append(&t.db, "b", ExpectedVersion::NO_STREAM, &[event(2), event(3)]).await.expect("append");
+    support::read_until(&t.db, Position::START, 3).await;
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    assert_eq!(events::horizon_head(&mut tx).await.expect("head"), last.position);
+    tx.commit().await.expect("commit");
+}

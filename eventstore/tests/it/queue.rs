@@ -139,3 +139,23 @@ fn shards_are_stable_and_in_range() {
     assert_eq!(shards.len(), 16);
     assert!(shards.iter().all(|s| (0..16).contains(s)));
 }
+
+#[tokio::test]
+async fn depth_counts_queued_and_due_keys_of_the_given_shards() {
+    let t = TestDb::new().await;
+    clock::use_sim_clock(&t.db, T0).await.expect("sim");
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    queue::enqueue(
+        &mut tx,
+        &[
+            Enqueue { key: "due", shard: 1, not_before_ms: Some(T0) },
+            Enqueue { key: "later", shard: 1, not_before_ms: Some(T0 + 60_000) },
+            Enqueue { key: "elsewhere", shard: 2, not_before_ms: Some(T0) },
+        ],
+    )
+    .await
+    .expect("enqueue");
+    assert_eq!(queue::depth(&mut tx, &[1]).await.expect("depth"), (2, 1));
+    assert_eq!(queue::depth(&mut tx, &[1, 2]).await.expect("depth"), (3, 2));
+    tx.commit().await.expect("commit");
+}
