@@ -177,9 +177,8 @@ impl Db {
     /// ```
     pub async fn transaction<'a, T, E, F>(&self, options: TxOptions, f: F) -> Result<T, E>
     where
-        F: for<'t> FnOnce(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>> + Send + 'a,
-        T: Send + 'a,
-        E: From<Error> + Send + 'a,
+        F: for<'t> FnOnce(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>>,
+        E: From<Error>,
     {
         let mut tx = self.begin(options).await?;
         match f(&mut tx).await {
@@ -204,28 +203,13 @@ impl Db {
         mut f: F,
     ) -> Result<T, E>
     where
-        F: for<'t> FnMut(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>> + Send + 'a,
-        T: Send + 'a,
-        E: From<Error> + Retryable + Send + 'a,
+        F: for<'t> FnMut(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>>,
+        E: From<Error> + Retryable,
     {
         let mut tries = 1;
         loop {
-            let result = async {
-                let mut tx = self.begin(options).await?;
-                match f(&mut tx).await {
-                    Ok(value) => {
-                        tx.commit().await?;
-                        Ok(value)
-                    }
-                    Err(err) => {
-                        tx.rollback().await;
-                        Err(err)
-                    }
-                }
-            }
-            .await;
-            match result {
-                Err(err) if err.is_retryable() && tries < policy.max_attempts => {
+            match self.transaction(options, &mut f).await {
+                Err(err) if policy.allows_another(tries, &err) => {
                     tokio::time::sleep(policy.backoff(tries)).await;
                     tries += 1;
                 }
@@ -288,9 +272,8 @@ impl Tx {
     /// usable; success releases it.
     pub async fn savepoint<'a, T, E, F>(&mut self, f: F) -> Result<T, E>
     where
-        F: for<'t> FnOnce(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>> + Send + 'a,
-        T: Send + 'a,
-        E: From<Error> + Send + 'a,
+        F: for<'t> FnOnce(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>>,
+        E: From<Error>,
     {
         self.savepoints += 1;
         let name = format!("bc_sp_{}", self.savepoints);
@@ -301,7 +284,7 @@ impl Tx {
 
     async fn run_in_savepoint<'a, T, E, F>(&mut self, name: &str, f: F) -> Result<T, E>
     where
-        F: for<'t> FnOnce(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>> + Send + 'a,
+        F: for<'t> FnOnce(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>>,
         E: From<Error>,
     {
         sqlx::raw_sql(AssertSqlSafe(format!("SAVEPOINT {name}"))).execute(self.conn()).await.map_err(Error::from)?;
@@ -370,6 +353,11 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// Whether `err`, after `tries` tries, is worth another.
+    pub fn allows_another<E: Retryable>(&self, tries: u32, err: &E) -> bool {
+        err.is_retryable() && tries < self.max_attempts
+    }
+
     /// The jittered delay before try number `attempt + 1` (`attempt` counts from 1).
     pub fn backoff(&self, attempt: u32) -> Duration {
         let exp = self.base_delay.saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
@@ -389,7 +377,7 @@ where
     let mut tries = 1;
     loop {
         match attempt().await {
-            Err(err) if err.is_retryable() && tries < policy.max_attempts => {
+            Err(err) if policy.allows_another(tries, &err) => {
                 tokio::time::sleep(policy.backoff(tries)).await;
                 tries += 1;
             }
