@@ -32,6 +32,8 @@ pub enum DecodeError {
     FromTheFuture { event_type: String, found: i16, known: i16 },
     #[error("cannot decode event metadata: {0}")]
     Metadata(String),
+    #[error("{event_type} is not an event type of this aggregate")]
+    UnknownType { event_type: String },
 }
 
 /// Encodes a value as a MessagePack map keyed by field name.
@@ -50,6 +52,78 @@ pub fn decode_payload<T: DeserializeOwned>(
         schema_version,
         reason: err.to_string(),
     })
+}
+
+/// A family of events (one aggregate's), each variant a payload type with its own `event_type` name.
+/// Implemented by [`crate::domain_events!`].
+pub trait DomainEvent: Sized {
+    /// `<aggregate>.<past tense>` of this value.
+    fn event_type(&self) -> &'static str;
+    /// The schema version this build writes for this value's type.
+    fn schema_version(&self) -> i16;
+    /// The variant's payload as a MessagePack map (the event type travels beside it, not inside).
+    fn encode_payload(&self) -> Result<Vec<u8>, EncodeError>;
+    /// Reads a stored payload (already upcast to the current schema version).
+    fn decode(event_type: &str, schema_version: i16, payload: &[u8]) -> Result<Self, DecodeError>;
+    /// Every event type of the family.
+    fn event_types() -> &'static [&'static str];
+}
+
+/// Declares an enum of events, one variant per payload type, and implements [`DomainEvent`] for it:
+///
+/// ```text
+/// domain_events! {
+///     pub enum SiteEvent {
+///         Created(SiteCreated) = "site.created",
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! domain_events {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $( $(#[$vmeta:meta])* $variant:ident($payload:ty) = $type_name:literal ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        pub enum $name {
+            $( $(#[$vmeta])* $variant($payload) ),+
+        }
+
+        impl $crate::event::DomainEvent for $name {
+            fn event_type(&self) -> &'static str {
+                match self {
+                    $( Self::$variant(_) => $type_name ),+
+                }
+            }
+
+            fn schema_version(&self) -> i16 {
+                1
+            }
+
+            fn encode_payload(&self) -> Result<Vec<u8>, $crate::event::EncodeError> {
+                match self {
+                    $( Self::$variant(body) => $crate::event::encode("event payload", body) ),+
+                }
+            }
+
+            fn decode(
+                event_type: &str,
+                schema_version: i16,
+                payload: &[u8],
+            ) -> Result<Self, $crate::event::DecodeError> {
+                match event_type {
+                    $( $type_name => Ok(Self::$variant($crate::event::decode_payload(event_type, schema_version, payload)?)), )+
+                    other => Err($crate::event::DecodeError::UnknownType { event_type: other.to_owned() }),
+                }
+            }
+
+            fn event_types() -> &'static [&'static str] {
+                &[ $( $type_name ),+ ]
+            }
+        }
+    };
 }
 
 /// The decision context of the caller whose command appended an event. Later issues fill it from the

@@ -1,12 +1,20 @@
-//! Generated ids: `<prefix>_<ulid>` in lower-case Crockford base32, monotonic within a process.
+//! Ids: generated ones are `<prefix>_<ulid>` in lower-case Crockford base32, monotonic within a process;
+//! reservation ids are derived from the request; tenants, identities and devices carry ids made elsewhere.
 
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Mutex;
 
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use ulid::{Generator, Ulid};
 
 /// The process-wide ULID generator. ULIDs made in the same millisecond still sort in creation order,
 /// because the generator increments the random part instead of drawing a new one.
 static GENERATOR: Mutex<Option<Generator>> = Mutex::new(None);
+
+/// The lower-case Crockford base32 alphabet (no i, l, o, u).
+const CROCKFORD: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";
 
 /// A new ULID, greater than every ULID this process made before.
 pub fn new_ulid() -> Ulid {
@@ -31,6 +39,273 @@ pub fn new_id(prefix: &str) -> String {
     id
 }
 
+/// Lower-case Crockford base32 of `bytes`, most significant bits first, without padding.
+pub fn crockford_base32(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 8 / 5 + 1);
+    let mut buffer: u32 = 0;
+    let mut bits = 0;
+    for &byte in bytes {
+        buffer = (buffer << 8) | u32::from(byte);
+        bits += 8;
+        while bits >= 5 {
+            bits -= 5;
+            out.push(CROCKFORD[((buffer >> bits) & 31) as usize] as char);
+        }
+    }
+    if bits > 0 {
+        out.push(CROCKFORD[((buffer << (5 - bits)) & 31) as usize] as char);
+    }
+    out
+}
+
+fn is_crockford(body: &str) -> bool {
+    body.bytes().all(|b| CROCKFORD.contains(&b))
+}
+
+/// A text that is not an id of the expected kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {kind} {input:?}: {expected}")]
+pub struct IdError {
+    pub kind: &'static str,
+    pub input: String,
+    pub expected: String,
+}
+
+impl IdError {
+    fn new(kind: &'static str, input: &str, expected: String) -> Self {
+        Self { kind, input: input.chars().take(80).collect(), expected }
+    }
+}
+
+/// Declares a generated id: `<prefix>_` and 26 lower-case Crockford base32 characters.
+macro_rules! generated_id {
+    ($(#[$meta:meta])* $name:ident, $prefix:literal, $kind:literal) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            pub const PREFIX: &'static str = $prefix;
+
+            /// A new id, later than every id this process made before.
+            pub fn generate() -> Self {
+                Self(new_id($prefix))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = IdError;
+
+            fn from_str(input: &str) -> Result<Self, Self::Err> {
+                let body = input.strip_prefix(concat!($prefix, "_"));
+                match body {
+                    Some(body) if body.len() == 26 && is_crockford(body) => Ok(Self(input.to_owned())),
+                    _ => Err(IdError::new(
+                        $kind,
+                        input,
+                        format!("expected {}_ followed by 26 lower-case Crockford base32 characters", $prefix),
+                    )),
+                }
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = IdError;
+
+            fn try_from(value: String) -> Result<Self, Self::Error> {
+                value.parse()
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+generated_id!(
+    /// A site: a boot and failure domain.
+    SiteId, "site", "site id"
+);
+generated_id!(
+    /// A pool: a scheduling and policy domain in one site.
+    PoolId, "pool", "pool id"
+);
+generated_id!(
+    /// A node: a machine running `bcd`.
+    NodeId, "node", "node id"
+);
+generated_id!(
+    /// A project: an application-owned grouping inside a tenant.
+    ProjectId, "prj", "project id"
+);
+generated_id!(
+    /// An allocation: a reservation's placement on one node.
+    AllocationId, "alloc", "allocation id"
+);
+
+/// A reservation: `rsv_` and the 52-character lower-case Crockford base32 of SHA-256 over the tenant, the
+/// caller's identity and the idempotency key, so a retry finds the same reservation.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ReservationId(String);
+
+impl ReservationId {
+    pub const PREFIX: &'static str = "rsv";
+
+    /// The id a reservation request gets: the same three inputs always give the same id.
+    pub fn derive(tenant: &TenantId, identity: &Identity, idempotency_key: &str) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(tenant.as_str().as_bytes());
+        hasher.update([0]);
+        hasher.update(identity.as_str().as_bytes());
+        hasher.update([0]);
+        hasher.update(idempotency_key.as_bytes());
+        Self(format!("rsv_{}", crockford_base32(&hasher.finalize())))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for ReservationId {
+    type Err = IdError;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        match input.strip_prefix("rsv_") {
+            Some(body) if body.len() == 52 && is_crockford(body) => Ok(Self(input.to_owned())),
+            _ => Err(IdError::new(
+                "reservation id",
+                input,
+                "expected rsv_ followed by 52 lower-case Crockford base32 characters".to_owned(),
+            )),
+        }
+    }
+}
+
+impl TryFrom<String> for ReservationId {
+    type Error = IdError;
+
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        value.parse()
+    }
+}
+
+impl From<ReservationId> for String {
+    fn from(id: ReservationId) -> String {
+        id.0
+    }
+}
+
+impl fmt::Display for ReservationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Declares an id made elsewhere (by Better IAM, by the hardware): checked for length and characters only.
+macro_rules! external_id {
+    ($(#[$meta:meta])* $name:ident, $kind:literal, $max:literal, $allowed:expr, $allowed_text:literal) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = IdError;
+
+            fn from_str(input: &str) -> Result<Self, Self::Err> {
+                let allowed: fn(char) -> bool = $allowed;
+                if input.is_empty() || input.chars().count() > $max || !input.chars().all(allowed) {
+                    return Err(IdError::new(
+                        $kind,
+                        input,
+                        format!("expected 1 to {} characters of {}", $max, $allowed_text),
+                    ));
+                }
+                Ok(Self(input.to_owned()))
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = IdError;
+
+            fn try_from(value: String) -> Result<Self, Self::Error> {
+                value.parse()
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+fn is_token_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')
+}
+
+fn is_printable(c: char) -> bool {
+    !c.is_control()
+}
+
+fn is_device_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '/')
+}
+
+external_id!(
+    /// A Better IAM tenant. The root tenant is the platform; organizations are customers.
+    TenantId, "tenant id", 128, is_token_char, "letters, digits, '_', '-', '.' and ':'"
+);
+external_id!(
+    /// The authenticated caller, as the authorizer names it.
+    Identity, "identity", 256, is_printable, "printable characters"
+);
+external_id!(
+    /// A device: stable across restarts (GPU UUID, `<uuid>/gi<g>/ci<c>`, `<uuid>/s<k>`, disk WWN, MAC).
+    DeviceId, "device id", 200, is_device_char, "letters, digits, '_', '-', '.', ':' and '/'"
+);
+
+impl DeviceId {
+    /// The MIG instance `<gpu>/gi<g>/ci<c>`.
+    pub fn mig(gpu: &DeviceId, gpu_instance: u32, compute_instance: u32) -> DeviceId {
+        DeviceId(format!("{}/gi{gpu_instance}/ci{compute_instance}", gpu.0))
+    }
+
+    /// The time-slice or MPS slot `<gpu>/s<k>`.
+    pub fn slot(gpu: &DeviceId, slot: u32) -> DeviceId {
+        DeviceId(format!("{}/s{slot}", gpu.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,6 +317,7 @@ mod tests {
         assert_eq!(body.len(), 26);
         assert!(body.chars().all(|c| c.is_ascii_digit() || c.is_ascii_lowercase()));
         assert!(!body.contains(['i', 'l', 'o', 'u']));
+        assert_eq!(SiteId::generate().as_str().len(), 31);
     }
 
     #[test]
@@ -50,5 +326,63 @@ mod tests {
         let mut sorted = ids.clone();
         sorted.sort();
         assert_eq!(ids, sorted);
+        let pools: Vec<PoolId> = (0..100).map(|_| PoolId::generate()).collect();
+        assert!(pools.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn generated_ids_parse_back_and_refuse_other_kinds() {
+        let pool = PoolId::generate();
+        assert_eq!(pool.as_str().parse::<PoolId>().expect("parse"), pool);
+        let err = pool.as_str().parse::<NodeId>().expect_err("a pool id is not a node id");
+        assert_eq!(err.kind, "node id");
+        assert!(err.to_string().contains("node_"), "{err}");
+        for bad in [
+            "pool_",
+            "pool_01JD8W2K3M4N5P6Q7R8S9T0V1W",
+            "pool_01jd8w2k3m4n5p6q7r8s9t0v1",
+            "pool_01jd8w2k3m4n5p6q7r8s9t0v1i",
+        ] {
+            assert!(bad.parse::<PoolId>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn reservation_ids_derive_from_tenant_identity_and_key() {
+        let tenant: TenantId = "acme".parse().expect("tenant");
+        let other: TenantId = "globex".parse().expect("tenant");
+        let alice: Identity = "alice@acme".parse().expect("identity");
+        let a = ReservationId::derive(&tenant, &alice, "key-1");
+        assert_eq!(a, ReservationId::derive(&tenant, &alice, "key-1"), "same inputs, same id");
+        assert_ne!(a, ReservationId::derive(&other, &alice, "key-1"), "another tenant, another id");
+        assert_ne!(a, ReservationId::derive(&tenant, &alice, "key-2"));
+        assert_eq!(a.as_str().len(), 4 + 52);
+        assert_eq!(a.as_str().parse::<ReservationId>().expect("parse"), a);
+        // The separator keeps ("ab", "c") apart from ("a", "bc").
+        let ab: TenantId = "ab".parse().expect("tenant");
+        let a_only: TenantId = "a".parse().expect("tenant");
+        let c: Identity = "c".parse().expect("identity");
+        let bc: Identity = "bc".parse().expect("identity");
+        assert_ne!(ReservationId::derive(&ab, &c, "k"), ReservationId::derive(&a_only, &bc, "k"));
+    }
+
+    #[test]
+    fn crockford_base32_matches_known_values() {
+        assert_eq!(crockford_base32(&[]), "");
+        assert_eq!(crockford_base32(&[0xff]), "zw");
+        assert_eq!(crockford_base32(&[0, 0, 0, 0, 0]), "00000000");
+        assert_eq!(crockford_base32(&[0x08, 0x42, 0x10, 0x84, 0x21]), "11111111");
+    }
+
+    #[test]
+    fn external_ids_check_length_and_characters() {
+        assert!("root".parse::<TenantId>().is_ok());
+        assert!("".parse::<TenantId>().is_err());
+        assert!("has space".parse::<TenantId>().is_err());
+        assert!("x".repeat(129).parse::<TenantId>().is_err());
+        assert!("GPU-5b1d9c2e-8f3a-4b6c-9d0e-1f2a3b4c5d6e/gi1/ci0".parse::<DeviceId>().is_ok());
+        let gpu: DeviceId = "GPU-1".parse().expect("device");
+        assert_eq!(DeviceId::mig(&gpu, 2, 0).as_str(), "GPU-1/gi2/ci0");
+        assert_eq!(DeviceId::slot(&gpu, 3).as_str(), "GPU-1/s3");
     }
 }

@@ -1,7 +1,19 @@
-//! Better Compute's pure domain model: ids, event encoding and metadata. No IO, no async.
+//! Better Compute's pure domain model: ids, sites, pools and offerings, nodes and their schedulability,
+//! devices and atoms, reservations (`decide`/`evolve`) and placement. No IO, no async.
 //!
-//! Later issues add the aggregates (`decide`/`evolve`), placement and the agent protocol here; the crate
-//! stays free of tokio, sqlx and axum so that the `bcd` agent can link it alone.
+//! The crate stays free of tokio, sqlx and axum so that the `bcd` agent can link it alone.
 
+pub mod device;
 pub mod event;
+pub mod gpu;
+pub mod hardware;
 pub mod id;
+pub mod node;
+pub mod placement;
+pub mod pool;
+pub mod region;
+pub mod rejection;
+pub mod reservation;
+pub mod site;
+
+pub use rejection::Rejection;

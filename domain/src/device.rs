@@ -1,0 +1,268 @@
+//! Devices and atoms. A device is a unit with typed attributes; atoms are the bookable devices, which depend on
+//! the pool's sharing mode: a `gpu` per GPU, a `gpu.mig` per MIG instance (`<uuid>/gi<g>/ci<c>`), or
+//! `sharing.replicas` `gpu.slot`s per GPU (`<uuid>/s<k>`). A partitioned GPU is never bookable itself.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu;
+use crate::id::DeviceId;
+use crate::pool::Sharing;
+
+/// A device's class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum DeviceClass {
+    #[serde(rename = "gpu")]
+    Gpu,
+    #[serde(rename = "gpu.mig")]
+    GpuMig,
+    #[serde(rename = "gpu.slot")]
+    GpuSlot,
+    #[serde(rename = "nic.vf")]
+    NicVf,
+    #[serde(rename = "disk")]
+    Disk,
+    #[serde(rename = "node")]
+    Node,
+}
+
+impl DeviceClass {
+    pub const ALL: [DeviceClass; 6] = [
+        DeviceClass::Gpu,
+        DeviceClass::GpuMig,
+        DeviceClass::GpuSlot,
+        DeviceClass::NicVf,
+        DeviceClass::Disk,
+        DeviceClass::Node,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceClass::Gpu => "gpu",
+            DeviceClass::GpuMig => "gpu.mig",
+            DeviceClass::GpuSlot => "gpu.slot",
+            DeviceClass::NicVf => "nic.vf",
+            DeviceClass::Disk => "disk",
+            DeviceClass::Node => "node",
+        }
+    }
+}
+
+impl fmt::Display for DeviceClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DeviceClass {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DeviceClass::ALL
+            .into_iter()
+            .find(|class| class.as_str() == s)
+            .ok_or_else(|| format!("{s:?} is not a device class (gpu, gpu.mig, gpu.slot, nic.vf, disk, node)"))
+    }
+}
+
+/// A typed attribute value, for selectors.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum AttrValue {
+    Bool(bool),
+    Int(i64),
+    String(String),
+}
+
+/// A MIG instance a GPU reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigInstance {
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+    /// The profile, such as `1g.10gb`.
+    pub profile: String,
+    #[serde(default)]
+    pub memory_mib: u64,
+}
+
+/// A GPU as a node's inventory reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInfo {
+    /// The GPU UUID, such as `GPU-5b1d9c2e-...`: the device id.
+    pub uuid: DeviceId,
+    /// The NVML name, such as `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    #[serde(default)]
+    pub memory_mib: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    /// MIG instances, when MIG mode is on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_instances: Vec<MigInstance>,
+}
+
+/// A device of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    pub id: DeviceId,
+    pub class: DeviceClass,
+    /// The GPU a MIG instance or slot belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<DeviceId>,
+    /// Whether it is an atom: only atoms are ever booked.
+    pub bookable: bool,
+    pub gpu_model: String,
+    pub gpu_product: String,
+    #[serde(default)]
+    pub attributes: BTreeMap<String, AttrValue>,
+}
+
+/// The devices of a node's GPUs under a pool's sharing mode, and the NVML names this build does not know
+/// (their GPUs get `gpuModel: other`, and the node the `GpuModelUnknown` condition).
+pub fn devices_for(gpus: &[GpuInfo], sharing: Sharing, replicas: u32) -> (Vec<Device>, Vec<String>) {
+    let mut devices = Vec::new();
+    let mut unknown = Vec::new();
+    for info in gpus {
+        let name = gpu::classify(&info.name);
+        if !name.known && !unknown.contains(&info.name) {
+            unknown.push(info.name.clone());
+        }
+        let mut attributes = BTreeMap::from([("memoryMiB".to_owned(), AttrValue::Int(info.memory_mib as i64))]);
+        if let Some(bus) = &info.pci_bus_id {
+            attributes.insert("pciBusId".to_owned(), AttrValue::String(bus.clone()));
+        }
+        let partitioned = !info.mig_instances.is_empty();
+        let whole_gpu_is_atom = sharing == Sharing::Exclusive && !partitioned;
+        devices.push(Device {
+            id: info.uuid.clone(),
+            class: DeviceClass::Gpu,
+            parent: None,
+            bookable: whole_gpu_is_atom,
+            gpu_model: name.gpu_model.clone(),
+            gpu_product: name.gpu_product.clone(),
+            attributes: attributes.clone(),
+        });
+        match sharing {
+            Sharing::Exclusive => {}
+            Sharing::Mig => {
+                for instance in &info.mig_instances {
+                    let mut attributes = attributes.clone();
+                    attributes.insert("migProfile".to_owned(), AttrValue::String(instance.profile.clone()));
+                    attributes.insert("memoryMiB".to_owned(), AttrValue::Int(instance.memory_mib as i64));
+                    devices.push(Device {
+                        id: DeviceId::mig(&info.uuid, instance.gpu_instance, instance.compute_instance),
+                        class: DeviceClass::GpuMig,
+                        parent: Some(info.uuid.clone()),
+                        bookable: true,
+                        gpu_model: name.gpu_model.clone(),
+                        gpu_product: name.gpu_product.clone(),
+                        attributes,
+                    });
+                }
+            }
+            Sharing::Timeslice | Sharing::Mps => {
+                for slot in 0..replicas.max(1) {
+                    devices.push(Device {
+                        id: DeviceId::slot(&info.uuid, slot),
+                        class: DeviceClass::GpuSlot,
+                        parent: Some(info.uuid.clone()),
+                        bookable: !partitioned,
+                        gpu_model: name.gpu_model.clone(),
+                        gpu_product: name.gpu_product.clone(),
+                        attributes: attributes.clone(),
+                    });
+                }
+            }
+        }
+    }
+    (devices, unknown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h100(uuid: &str, mig: &[(u32, u32)]) -> GpuInfo {
+        GpuInfo {
+            uuid: uuid.parse().expect("uuid"),
+            name: "NVIDIA H100 80GB HBM3".to_owned(),
+            memory_mib: 81_559,
+            pci_bus_id: Some("00000000:18:00.0".to_owned()),
+            mig_instances: mig
+                .iter()
+                .map(|&(g, c)| MigInstance {
+                    gpu_instance: g,
+                    compute_instance: c,
+                    profile: "1g.10gb".to_owned(),
+                    memory_mib: 9_856,
+                })
+                .collect(),
+        }
+    }
+
+    fn atoms(devices: &[Device]) -> Vec<(&str, DeviceClass)> {
+        devices.iter().filter(|d| d.bookable).map(|d| (d.id.as_str(), d.class)).collect()
+    }
+
+    #[test]
+    fn exclusive_pools_book_whole_gpus() {
+        let (devices, unknown) = devices_for(&[h100("GPU-a", &[]), h100("GPU-b", &[])], Sharing::Exclusive, 1);
+        assert!(unknown.is_empty());
+        assert_eq!(atoms(&devices), vec![("GPU-a", DeviceClass::Gpu), ("GPU-b", DeviceClass::Gpu)]);
+        assert_eq!(devices[0].gpu_model, "H100");
+        assert_eq!(devices[0].gpu_product, "H100-SXM5-80GB");
+    }
+
+    #[test]
+    fn mig_pools_book_instances_and_never_the_partitioned_gpu() {
+        let (devices, _) = devices_for(&[h100("GPU-a", &[(1, 0), (2, 0)])], Sharing::Mig, 1);
+        assert_eq!(
+            atoms(&devices),
+            vec![("GPU-a/gi1/ci0", DeviceClass::GpuMig), ("GPU-a/gi2/ci0", DeviceClass::GpuMig)]
+        );
+        let parent = devices.iter().find(|d| d.id.as_str() == "GPU-a").expect("parent");
+        assert!(!parent.bookable);
+        assert_eq!(devices[1].parent.as_ref().map(DeviceId::as_str), Some("GPU-a"));
+        // A partitioned GPU in an exclusive pool is not bookable either.
+        let (devices, _) = devices_for(&[h100("GPU-a", &[(1, 0)])], Sharing::Exclusive, 1);
+        assert!(atoms(&devices).is_empty());
+    }
+
+    #[test]
+    fn sharing_pools_book_replicas_slots_per_gpu() {
+        let (devices, _) = devices_for(&[h100("GPU-a", &[])], Sharing::Timeslice, 3);
+        assert_eq!(
+            atoms(&devices),
+            vec![
+                ("GPU-a/s0", DeviceClass::GpuSlot),
+                ("GPU-a/s1", DeviceClass::GpuSlot),
+                ("GPU-a/s2", DeviceClass::GpuSlot)
+            ]
+        );
+        assert!(!devices[0].bookable, "the GPU itself is the slots' parent");
+    }
+
+    #[test]
+    fn unknown_gpu_names_are_reported_once() {
+        let mut odd = h100("GPU-x", &[]);
+        odd.name = "NVIDIA Imaginary 9000".to_owned();
+        let mut odd2 = odd.clone();
+        odd2.uuid = "GPU-y".parse().expect("uuid");
+        let (devices, unknown) = devices_for(&[odd, odd2], Sharing::Exclusive, 1);
+        assert_eq!(unknown, vec!["NVIDIA Imaginary 9000".to_owned()]);
+        assert_eq!(devices[0].gpu_model, "other");
+    }
+
+    #[test]
+    fn classes_use_the_seed_spellings() {
+        assert_eq!(serde_json::to_string(&DeviceClass::GpuMig).expect("json"), "\"gpu.mig\"");
+        assert_eq!("gpu.slot".parse::<DeviceClass>(), Ok(DeviceClass::GpuSlot));
+        assert!("gpus".parse::<DeviceClass>().is_err());
+    }
+}

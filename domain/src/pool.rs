@@ -1,0 +1,374 @@
+//! Pools (scheduling and policy domains in one site, owned by one tenant), their policy, and offerings (a pool
+//! made visible to another tenant with a quota per resource), with their events.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Rejection;
+use crate::device::DeviceClass;
+use crate::domain_events;
+use crate::id::{PoolId, SiteId, TenantId};
+
+/// What kind of machines a pool holds and how tenants get them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PoolClass {
+    MetalHost,
+    MetalDedicated,
+    VpsHost,
+    Provider,
+}
+
+/// How a pool shares its GPUs, and so which atoms it books.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharing {
+    /// One `gpu` atom per GPU.
+    #[default]
+    Exclusive,
+    /// One `gpu.mig` atom per MIG instance; the partitioned GPU itself is never bookable.
+    Mig,
+    /// `sharing.replicas` `gpu.slot` atoms per GPU.
+    Timeslice,
+    /// `sharing.replicas` `gpu.slot` atoms per GPU, shared through MPS.
+    Mps,
+}
+
+impl Sharing {
+    /// The class of the atoms this sharing mode books.
+    pub fn atom_class(self) -> DeviceClass {
+        match self {
+            Sharing::Exclusive => DeviceClass::Gpu,
+            Sharing::Mig => DeviceClass::GpuMig,
+            Sharing::Timeslice | Sharing::Mps => DeviceClass::GpuSlot,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sharing::Exclusive => "exclusive",
+            Sharing::Mig => "mig",
+            Sharing::Timeslice => "timeslice",
+            Sharing::Mps => "mps",
+        }
+    }
+}
+
+/// How the control plane reaches a pool's machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PoolAgent {
+    /// The machines run `bcd`.
+    #[default]
+    Bcd,
+    /// Reached only through a provider's API.
+    None,
+}
+
+/// `policy.admission`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdmissionPolicy {
+    #[serde(default)]
+    pub budget_check: bool,
+}
+
+/// `policy.sharing`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SharingPolicy {
+    /// Slots per GPU in `timeslice` and `mps` pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+}
+
+/// A pool's policy. Keys and defaults as the domain model names them; `disruptionBudget` defaults to 0.05.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolPolicy {
+    /// Checks a node must pass to be adopted into the pool.
+    #[serde(default)]
+    pub acceptance: Vec<String>,
+    /// Overcommit ratios for scalar resources (at least 1).
+    #[serde(default)]
+    pub overcommit: BTreeMap<String, f64>,
+    /// Seconds without a heartbeat after which a node is `lost`.
+    #[serde(default = "default_lost_after")]
+    pub lost_after: u64,
+    /// The share of the pool's nodes that may be draining or in maintenance at once.
+    #[serde(default = "default_disruption_budget")]
+    pub disruption_budget: f64,
+    #[serde(default)]
+    pub admission: AdmissionPolicy,
+    /// How many reservations may wait in `pending` at once.
+    #[serde(default = "default_max_pending")]
+    pub max_pending: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware_profile: Option<String>,
+    #[serde(default)]
+    pub sharing: SharingPolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_layout: Option<String>,
+    #[serde(default)]
+    pub tenant_root: bool,
+}
+
+fn default_lost_after() -> u64 {
+    600
+}
+
+fn default_disruption_budget() -> f64 {
+    0.05
+}
+
+fn default_max_pending() -> u32 {
+    1000
+}
+
+impl Default for PoolPolicy {
+    fn default() -> Self {
+        Self {
+            acceptance: Vec::new(),
+            overcommit: BTreeMap::new(),
+            lost_after: default_lost_after(),
+            disruption_budget: default_disruption_budget(),
+            admission: AdmissionPolicy::default(),
+            max_pending: default_max_pending(),
+            hardware_profile: None,
+            sharing: SharingPolicy::default(),
+            mig_layout: None,
+            tenant_root: false,
+        }
+    }
+}
+
+// PoolPolicy holds f64s, which have no Eq; the values are validated finite, so equality is total.
+impl Eq for PoolPolicy {}
+
+impl PoolPolicy {
+    /// Slots per GPU in a sharing pool (1 for the others).
+    pub fn replicas(&self) -> u32 {
+        self.sharing.replicas.unwrap_or(1)
+    }
+
+    fn check(&self, sharing: Sharing) -> Result<(), Rejection> {
+        if !(self.disruption_budget.is_finite() && self.disruption_budget > 0.0 && self.disruption_budget <= 1.0) {
+            return Err(Rejection::invalid("policy.disruptionBudget", "must be above 0 and at most 1"));
+        }
+        if self.lost_after == 0 {
+            return Err(Rejection::invalid("policy.lostAfter", "must be at least 1 second"));
+        }
+        for (resource, ratio) in &self.overcommit {
+            if !(ratio.is_finite() && *ratio >= 1.0) {
+                return Err(Rejection::invalid(
+                    format!("policy.overcommit.{resource}"),
+                    "must be a ratio of at least 1",
+                ));
+            }
+        }
+        match (sharing, self.sharing.replicas) {
+            (Sharing::Timeslice | Sharing::Mps, None) => {
+                Err(Rejection::invalid("policy.sharing.replicas", "is required for timeslice and mps pools"))
+            }
+            (Sharing::Timeslice | Sharing::Mps, Some(replicas)) if !(1..=64).contains(&replicas) => {
+                Err(Rejection::invalid("policy.sharing.replicas", "must be from 1 to 64"))
+            }
+            (Sharing::Exclusive | Sharing::Mig, Some(_)) => {
+                Err(Rejection::invalid("policy.sharing.replicas", "applies only to timeslice and mps pools"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The resources a quota can name.
+pub const QUOTA_RESOURCES: &[&str] = &["gpu", "gpu.mig", "gpu.slot", "vcpu", "memoryGiB", "nic.vf", "disk"];
+
+/// Atoms per resource that a tenant may hold in a pool at any instant. A resource missing from it grants zero.
+pub type Quota = BTreeMap<String, u32>;
+
+/// Checks a quota's resource names and amounts.
+pub fn check_quota(field: &str, quota: &Quota) -> Result<(), Rejection> {
+    for (resource, amount) in quota {
+        if !QUOTA_RESOURCES.contains(&resource.as_str()) {
+            return Err(Rejection::invalid(
+                format!("{field}.{resource}"),
+                format!("is not a resource; quotas name {}", QUOTA_RESOURCES.join(", ")),
+            ));
+        }
+        if *amount > 1_000_000 {
+            return Err(Rejection::invalid(format!("{field}.{resource}"), "must be at most 1000000"));
+        }
+    }
+    Ok(())
+}
+
+/// A pool as created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolCreated {
+    pub pool_id: PoolId,
+    pub site_id: SiteId,
+    pub owner_tenant_id: TenantId,
+    pub name: String,
+    pub class: PoolClass,
+    /// Exactly one GPU model family per pool, such as `H100`.
+    pub gpu_model: String,
+    pub sharing: Sharing,
+    pub agent: PoolAgent,
+    pub policy: PoolPolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_account_id: Option<String>,
+    pub at_ms: i64,
+}
+
+impl PoolCreated {
+    /// Checks the pool's own fields (the site's existence is the handler's business).
+    pub fn check(&self) -> Result<(), Rejection> {
+        crate::site::check_name("name", &self.name)?;
+        if self.gpu_model.is_empty()
+            || self.gpu_model.len() > 64
+            || !self.gpu_model.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Err(Rejection::invalid("gpuModel", "must be a GPU model family such as H100"));
+        }
+        match (self.class, &self.provider_account_id) {
+            (PoolClass::Provider, None) => {
+                return Err(Rejection::invalid("providerAccountId", "is required for provider pools"));
+            }
+            (PoolClass::Provider, Some(_)) => {}
+            (_, Some(_)) => {
+                return Err(Rejection::invalid("providerAccountId", "applies only to provider pools"));
+            }
+            (_, None) => {}
+        }
+        if self.agent == PoolAgent::None && self.class != PoolClass::Provider {
+            return Err(Rejection::invalid("agent", "none is only for provider pools, reached through their API"));
+        }
+        self.policy.check(self.sharing)
+    }
+}
+
+/// An offering: the pool made visible to another tenant, with a quota per resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolOffered {
+    pub pool_id: PoolId,
+    pub tenant_id: TenantId,
+    pub quota: Quota,
+    /// Pending reservations are retried by offering priority, higher first.
+    pub priority: i32,
+    /// The offer extends to the tenant's descendants in the tenant tree.
+    pub include_descendants: bool,
+    pub at_ms: i64,
+}
+
+/// An offering's quota replaced. Lowering it keeps existing reservations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolQuotaSet {
+    pub pool_id: PoolId,
+    pub tenant_id: TenantId,
+    pub quota: Quota,
+    pub at_ms: i64,
+}
+
+domain_events! {
+    /// Events of a pool's stream.
+    #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+    pub enum PoolEvent {
+        Created(PoolCreated) = "pool.created",
+        Offered(PoolOffered) = "pool.offered",
+        QuotaSet(PoolQuotaSet) = "pool.quota_set",
+    }
+}
+
+/// Which offering governs a tenant in a pool: a direct offer wins over one inherited through an ancestor's
+/// `includeDescendants`; among inherited ones the nearest ancestor wins. `ancestors` runs from the parent up.
+pub fn governing_offer<'a>(
+    offers: &'a [PoolOffered],
+    tenant: &TenantId,
+    ancestors: &[TenantId],
+) -> Option<&'a PoolOffered> {
+    offers.iter().find(|offer| &offer.tenant_id == tenant).or_else(|| {
+        ancestors
+            .iter()
+            .find_map(|ancestor| offers.iter().find(|offer| &offer.tenant_id == ancestor && offer.include_descendants))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(name: &str) -> TenantId {
+        name.parse().expect("tenant")
+    }
+
+    fn offer(tenant_id: &str, gpus: u32, include_descendants: bool) -> PoolOffered {
+        PoolOffered {
+            pool_id: "pool_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("pool"),
+            tenant_id: tenant(tenant_id),
+            quota: [("gpu".to_owned(), gpus)].into(),
+            priority: 0,
+            include_descendants,
+            at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn policy_defaults_and_wire_spelling() {
+        let policy: PoolPolicy = serde_json::from_str("{}").expect("defaults");
+        assert_eq!(policy.disruption_budget, 0.05);
+        let json = serde_json::to_value(&policy).expect("json");
+        assert!(
+            json.get("disruptionBudget").is_some()
+                && json.get("lostAfter").is_some()
+                && json.get("maxPending").is_some()
+        );
+        let policy: PoolPolicy = serde_json::from_str(
+            r#"{"sharing": {"replicas": 4}, "admission": {"budgetCheck": true}, "tenantRoot": true}"#,
+        )
+        .expect("parse");
+        assert_eq!(policy.replicas(), 4);
+        assert!(policy.admission.budget_check && policy.tenant_root);
+        assert!(serde_json::from_str::<PoolPolicy>(r#"{"lostAftr": 5}"#).is_err(), "unknown keys are refused");
+        assert_eq!(serde_json::to_string(&Sharing::Timeslice).expect("json"), "\"timeslice\"");
+        assert_eq!(serde_json::to_string(&PoolClass::MetalDedicated).expect("json"), "\"metal-dedicated\"");
+    }
+
+    #[test]
+    fn policy_checks_name_the_field() {
+        let mut policy = PoolPolicy { disruption_budget: 0.0, ..PoolPolicy::default() };
+        assert!(
+            matches!(policy.check(Sharing::Exclusive), Err(Rejection::InvalidArgument { field, .. }) if field == "policy.disruptionBudget")
+        );
+        policy.disruption_budget = 0.05;
+        assert!(
+            matches!(policy.check(Sharing::Timeslice), Err(Rejection::InvalidArgument { field, .. }) if field == "policy.sharing.replicas")
+        );
+        policy.sharing.replicas = Some(4);
+        assert!(policy.check(Sharing::Timeslice).is_ok());
+        assert!(policy.check(Sharing::Exclusive).is_err());
+    }
+
+    #[test]
+    fn quota_names_known_resources_only() {
+        assert!(check_quota("quota", &[("gpu".to_owned(), 8)].into()).is_ok());
+        let err = check_quota("quota", &[("gpus".to_owned(), 8)].into()).expect_err("unknown");
+        assert!(matches!(err, Rejection::InvalidArgument { field, .. } if field == "quota.gpus"));
+    }
+
+    #[test]
+    fn a_direct_offer_wins_over_an_inherited_one() {
+        let offers = vec![offer("org", 16, true), offer("team", 4, false)];
+        let team = tenant("team");
+        let org = tenant("org");
+        assert_eq!(governing_offer(&offers, &team, std::slice::from_ref(&org)).map(|o| o.quota["gpu"]), Some(4));
+        let other = tenant("other-team");
+        assert_eq!(governing_offer(&offers, &other, std::slice::from_ref(&org)).map(|o| o.quota["gpu"]), Some(16));
+        let offers = vec![offer("org", 16, false)];
+        assert!(governing_offer(&offers, &other, &[org]).is_none(), "without includeDescendants nothing is inherited");
+    }
+}

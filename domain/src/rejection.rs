@@ -1,0 +1,54 @@
+//! Rejections: the business answers a command can get instead of events. Each maps to an API error code.
+
+use crate::reservation::ReservationState;
+
+/// Why a command was refused. Not a failure of the system: the caller can act on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// A field of the request is wrong. `INVALID_ARGUMENT`.
+    #[error("{field}: {message}")]
+    InvalidArgument { field: String, message: String },
+
+    /// The thing named does not exist, or is not visible to the caller. `NOT_FOUND`.
+    #[error("{kind} {id} was not found")]
+    NotFound { kind: &'static str, id: String },
+
+    /// The reservation is in a state where this verb does not apply. `CONFLICT`, naming the state.
+    #[error("cannot {verb} a reservation that is {state}")]
+    WrongState { verb: &'static str, state: ReservationState },
+
+    /// Another conflict with the current state (a name taken, a lease already lapsed). `CONFLICT`.
+    #[error("{0}")]
+    Conflict(String),
+
+    /// The same idempotency key was used with a different request. `IDEMPOTENCY_KEY_REUSED`.
+    #[error("the idempotency key was already used for a different request (reservation {reservation_id})")]
+    IdempotencyKeyReused { reservation_id: String },
+
+    /// The tenant's quota can never admit this request. `QUOTA_EXCEEDED`.
+    #[error("{0}")]
+    QuotaExceeded(String),
+
+    /// The request can never fit the pool, or the pool's pending queue is full, or the caller asked not to
+    /// wait. `CAPACITY_UNAVAILABLE`.
+    #[error("{0}")]
+    CapacityUnavailable(String),
+}
+
+impl Rejection {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Rejection::InvalidArgument { field: field.into(), message: message.into() }
+    }
+
+    /// The API error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::InvalidArgument { .. } => "INVALID_ARGUMENT",
+            Rejection::NotFound { .. } => "NOT_FOUND",
+            Rejection::WrongState { .. } | Rejection::Conflict(_) => "CONFLICT",
+            Rejection::IdempotencyKeyReused { .. } => "IDEMPOTENCY_KEY_REUSED",
+            Rejection::QuotaExceeded(_) => "QUOTA_EXCEEDED",
+            Rejection::CapacityUnavailable(_) => "CAPACITY_UNAVAILABLE",
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! The reservation aggregate without IO: given events, when a command, then events or a rejection.
+
+use super::*;
+use crate::event::DomainEvent;
+
+const T0: i64 = 1_893_456_000_000;
+const HOUR_MS: i64 = 3_600_000;
+
+fn tenant() -> TenantId {
+    "acme".parse().expect("tenant")
+}
+
+fn identity() -> Identity {
+    "alice@acme".parse().expect("identity")
+}
+
+fn pool() -> PoolId {
+    "pool_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("pool")
+}
+
+fn request_with(start_ms: Option<i64>, lease_seconds: Option<u64>) -> ReservationRequest {
+    ReservationRequest {
+        pool_id: pool(),
+        devices: DeviceRequest {
+            class: DeviceClass::Gpu,
+            count: 2,
+            selector: Selector::default(),
+            topology: Topology::SameNode,
+        },
+        start_ms,
+        duration_s: 3600,
+        binding: Binding::Hold,
+        lease_seconds,
+        project_id: None,
+        deadline_ms: None,
+        wait: true,
+    }
+}
+
+fn allocation(devices: &[&str]) -> Allocation {
+    Allocation {
+        allocation_id: "alloc_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("alloc"),
+        node_id: "node_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("node"),
+        devices: devices.iter().map(|d| d.parse().expect("device")).collect(),
+    }
+}
+
+/// Given these commands from an empty stream, the events they caused (each decided on the state so far).
+fn given(request: ReservationRequest, commands: &[Command]) -> (Reservation, Vec<ReservationEvent>) {
+    let new = NewRequest {
+        reservation_id: ReservationId::derive(&tenant(), &identity(), "k"),
+        tenant_id: tenant(),
+        identity: identity(),
+        request,
+        priority: 0,
+        now_ms: T0,
+    };
+    let mut events = super::request(None, new).expect("request");
+    let mut state = fold(&events).expect("state");
+    for command in commands {
+        let more = decide(&state, command).unwrap_or_else(|err| panic!("given {command:?}: {err}"));
+        for event in &more {
+            state = evolve(Some(state), event).expect("evolve");
+        }
+        events.extend(more);
+    }
+    (state, events)
+}
+
+fn place(now_ms: i64) -> Command {
+    Command::Place { allocations: vec![allocation(&["GPU-a", "GPU-b"])], now_ms }
+}
+
+/// A reservation in `state` whose every time condition lets the legal commands through: placed at T0 for
+/// [T0 + 10 s, T0 + 10 s + 1 h) with a 10-minute lease.
+fn in_state(state: ReservationState) -> Reservation {
+    let (mut r, _) = given(request_with(Some(T0 + 10_000), Some(600)), &[place(T0)]);
+    r.state = state;
+    if state == ReservationState::Releasing {
+        r.release_requested_at_ms = Some(T0 + 20_000);
+    }
+    r
+}
+
+/// Every command, with times at which its conditions hold for `in_state`.
+fn every_command() -> Vec<Command> {
+    let start = T0 + 10_000;
+    vec![
+        place(T0),
+        Command::StartBinding { now_ms: start },
+        Command::Activate { now_ms: start },
+        Command::Cancel { now_ms: T0 + 1_000, reason: None },
+        Command::Release { now_ms: start + 5_000 },
+        Command::CompleteRelease { now_ms: start + 6_000 },
+        Command::Expire { cause: ExpiryCause::LeaseLapsed, now_ms: T0 + 600_001 },
+        Command::Expire { cause: ExpiryCause::WindowEnded, now_ms: start + HOUR_MS },
+        Command::Fail { reason: FailureReason::DeadlinePassed, now_ms: start },
+        Command::Fail { reason: FailureReason::MaxPending, now_ms: T0 },
+        Command::Fail { reason: FailureReason::NodeLost, now_ms: T0 + 5_000 },
+        Command::Fail { reason: FailureReason::BindingTimedOut, now_ms: start + 60_000 },
+        Command::Renew { now_ms: T0 + 300_000 },
+        Command::Extend { end_ms: start + 2 * HOUR_MS, now_ms: T0 + 300_000 },
+    ]
+}
+
+/// The legal transitions of DESIGN section 10, as (state, command) pairs.
+fn is_legal(state: ReservationState, command: &Command) -> bool {
+    use ReservationState as S;
+    match command {
+        Command::Place { .. } => state == S::Pending,
+        Command::StartBinding { .. } => state == S::Placed,
+        Command::Activate { .. } => state == S::Binding,
+        Command::Cancel { .. } => matches!(state, S::Pending | S::Placed | S::AwaitingConfirmation),
+        Command::Release { .. } => matches!(state, S::Binding | S::Active),
+        Command::CompleteRelease { .. } => state == S::Releasing,
+        Command::Expire { cause: ExpiryCause::LeaseLapsed, .. } => matches!(state, S::Placed | S::Active),
+        Command::Expire { cause: ExpiryCause::WindowEnded, .. } => state == S::Active,
+        Command::Fail { reason: FailureReason::DeadlinePassed | FailureReason::MaxPending, .. } => state == S::Pending,
+        Command::Fail { reason: FailureReason::NodeLost, .. } => state == S::Placed,
+        Command::Fail { reason: FailureReason::BindingTimedOut, .. } => state == S::Binding,
+        Command::Renew { .. } | Command::Extend { .. } => matches!(state, S::Placed | S::Binding | S::Active),
+    }
+}
+
+fn resulting_state(state: ReservationState, events: &[ReservationEvent]) -> ReservationState {
+    let mut r = Some(in_state(state));
+    for event in events {
+        r = evolve(r, event);
+    }
+    r.expect("state").state
+}
+
+#[test]
+fn every_transition_legal_and_illegal() {
+    for state in ReservationState::ALL {
+        for command in every_command() {
+            let result = decide(&in_state(state), &command);
+            if is_legal(state, &command) {
+                let events = result.unwrap_or_else(|err| panic!("{state} + {command:?} must be legal: {err}"));
+                assert_eq!(events.len(), 1, "{state} + {command:?}");
+                let after = resulting_state(state, &events);
+                let expected = match &command {
+                    Command::Place { .. } => ReservationState::Placed,
+                    Command::StartBinding { .. } => ReservationState::Binding,
+                    Command::Activate { .. } => ReservationState::Active,
+                    Command::Cancel { .. } => ReservationState::Cancelled,
+                    Command::Release { .. } => ReservationState::Releasing,
+                    Command::CompleteRelease { .. } => ReservationState::Released,
+                    Command::Expire { .. } => ReservationState::Expired,
+                    Command::Fail { .. } => ReservationState::Failed,
+                    Command::Renew { .. } | Command::Extend { .. } => state,
+                };
+                assert_eq!(after, expected, "{state} + {command:?}");
+            } else {
+                match result {
+                    Err(Rejection::WrongState { state: named, verb }) => {
+                        assert_eq!(named, state, "the rejection names the current state");
+                        assert_eq!(verb, command.verb());
+                    }
+                    other => panic!("{state} + {command:?} must be refused with the state named, got {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn terminal_states_accept_nothing() {
+    for state in ReservationState::ALL.into_iter().filter(|s| s.is_terminal()) {
+        for command in every_command() {
+            assert!(decide(&in_state(state), &command).is_err(), "{state} + {command:?}");
+        }
+    }
+}
+
+#[test]
+fn a_request_is_checked_field_by_field() {
+    let base = request_with(None, None);
+    let cases: Vec<(&str, ReservationRequest)> = vec![
+        (
+            "devices.class",
+            ReservationRequest {
+                devices: DeviceRequest { class: DeviceClass::Disk, ..base.devices.clone() },
+                ..base.clone()
+            },
+        ),
+        (
+            "devices.count",
+            ReservationRequest { devices: DeviceRequest { count: 0, ..base.devices.clone() }, ..base.clone() },
+        ),
+        (
+            "devices.topology.nodes",
+            ReservationRequest {
+                devices: DeviceRequest { count: 3, topology: Topology::Gang { nodes: 2 }, ..base.devices.clone() },
+                ..base.clone()
+            },
+        ),
+        (
+            "devices.topology.nodes",
+            ReservationRequest {
+                devices: DeviceRequest { topology: Topology::Gang { nodes: 1 }, ..base.devices.clone() },
+                ..base.clone()
+            },
+        ),
+        ("binding", ReservationRequest { binding: Binding::Instance, ..base.clone() }),
+        ("binding", ReservationRequest { binding: Binding::Node, ..base.clone() }),
+        ("duration", ReservationRequest { duration_s: 0, ..base.clone() }),
+        ("duration", ReservationRequest { duration_s: 367 * 86_400, ..base.clone() }),
+        ("start", ReservationRequest { start_ms: Some(T0 + 1_500), ..base.clone() }),
+        ("start", ReservationRequest { start_ms: Some(T0 - 60_000), ..base.clone() }),
+        ("start", ReservationRequest { start_ms: Some(T0 + MAX_AHEAD_MS + 1_000), ..base.clone() }),
+        ("leaseSeconds", ReservationRequest { lease_seconds: Some(0), ..base.clone() }),
+        ("deadline", ReservationRequest { deadline_ms: Some(T0 - 1), ..base.clone() }),
+        (
+            "deadline",
+            ReservationRequest { start_ms: Some(T0 + 10_000), deadline_ms: Some(T0 + 20_000), ..base.clone() },
+        ),
+    ];
+    for (field, request) in cases {
+        match request.check(T0) {
+            Err(Rejection::InvalidArgument { field: named, .. }) => assert_eq!(named, field, "{request:?}"),
+            other => panic!("expected {field} to be refused, got {other:?}"),
+        }
+    }
+    assert!(base.check(T0).is_ok());
+    let gang = ReservationRequest {
+        devices: DeviceRequest { count: 16, topology: Topology::Gang { nodes: 2 }, ..base.devices.clone() },
+        ..base.clone()
+    };
+    assert!(gang.check(T0).is_ok());
+    assert_eq!(gang.devices.per_node(), 8);
+}
+
+#[test]
+fn the_same_key_and_body_is_a_retry_and_another_body_is_a_reuse() {
+    let (existing, _) = given(request_with(None, None), &[]);
+    let retry = NewRequest {
+        reservation_id: existing.id.clone(),
+        tenant_id: tenant(),
+        identity: identity(),
+        request: request_with(None, None),
+        priority: 0,
+        now_ms: T0 + 5_000,
+    };
+    assert_eq!(request(Some(&existing), retry.clone()), Ok(vec![]), "a retry records nothing new");
+    let reuse = NewRequest { request: request_with(None, Some(60)), ..retry };
+    assert_eq!(
+        request(Some(&existing), reuse),
+        Err(Rejection::IdempotencyKeyReused { reservation_id: existing.id.to_string() })
+    );
+}
+
+#[test]
+fn placing_without_a_start_starts_at_the_next_whole_second_and_keeps_the_duration() {
+    let (r, events) = given(request_with(None, Some(60)), &[place(T0 + 1_234)]);
+    assert_eq!(r.state, ReservationState::Placed);
+    assert_eq!(r.start_ms, Some(T0 + 2_000));
+    assert_eq!(r.end_ms, Some(T0 + 2_000 + HOUR_MS));
+    assert_eq!(r.lease_deadline_ms, Some(T0 + 1_234 + 60_000));
+    assert_eq!(events.len(), 2);
+    let (r, _) = given(request_with(None, None), &[place(T0)]);
+    assert_eq!(r.start_ms, Some(T0), "a whole second stays");
+    let (r, _) = given(request_with(Some(T0 + 3_600_000), None), &[place(T0)]);
+    assert_eq!(r.start_ms, Some(T0 + 3_600_000), "a requested start is kept");
+}
+
+#[test]
+fn a_placement_must_match_the_request() {
+    let (r, _) = given(request_with(None, None), &[]);
+    let short = Command::Place { allocations: vec![allocation(&["GPU-a"])], now_ms: T0 };
+    assert!(matches!(decide(&r, &short), Err(Rejection::InvalidArgument { .. })));
+}
+
+#[test]
+fn the_full_life_of_a_reservation_and_when_its_bookings_end() {
+    let start = T0 + 10_000;
+    let (r, events) = given(
+        request_with(Some(start), None),
+        &[
+            place(T0),
+            Command::StartBinding { now_ms: start },
+            Command::Activate { now_ms: start + 100 },
+            Command::Release { now_ms: start + 60_000 },
+            Command::CompleteRelease { now_ms: start + 90_000 },
+        ],
+    );
+    assert_eq!(r.state, ReservationState::Released);
+    let types: Vec<&str> = events.iter().map(DomainEvent::event_type).collect();
+    assert_eq!(
+        types,
+        vec![
+            "reservation.requested",
+            "reservation.placed",
+            "reservation.binding_started",
+            "reservation.activated",
+            "reservation.release_requested",
+            "reservation.released"
+        ]
+    );
+    assert_eq!(r.ended_at_ms, Some(start + 60_000), "bookings end when the tenant released, not when it completed");
+    assert_eq!(events.last().and_then(ReservationEvent::ends_bookings_at), Some(start + 60_000));
+}
+
+#[test]
+fn the_window_end_and_a_lapsed_lease_expire_at_their_recorded_times() {
+    let start = T0 + 10_000;
+    let (r, _) = given(
+        request_with(Some(start), None),
+        &[
+            place(T0),
+            Command::StartBinding { now_ms: start },
+            Command::Activate { now_ms: start },
+            Command::Expire { cause: ExpiryCause::WindowEnded, now_ms: start + HOUR_MS + 42_000 },
+        ],
+    );
+    assert_eq!((r.state, r.ended_at_ms), (ReservationState::Expired, Some(start + HOUR_MS)));
+
+    let (r, _) = given(
+        request_with(Some(T0 + HOUR_MS), Some(60)),
+        &[place(T0), Command::Expire { cause: ExpiryCause::LeaseLapsed, now_ms: T0 + 300_000 }],
+    );
+    assert_eq!((r.state, r.ended_at_ms), (ReservationState::Expired, Some(T0 + 60_000)), "lapsed before its start");
+    let (r, _) = given(request_with(None, Some(60)), &[place(T0)]);
+    let early = Command::Expire { cause: ExpiryCause::LeaseLapsed, now_ms: T0 + 60_000 };
+    assert!(matches!(decide(&r, &early), Err(Rejection::Conflict(_))), "not lapsed at the deadline itself");
+}
+
+#[test]
+fn renewing_pushes_the_deadline_and_a_renew_after_it_is_refused() {
+    let (r, _) = given(request_with(None, Some(60)), &[place(T0), Command::Renew { now_ms: T0 + 50_000 }]);
+    assert_eq!(r.lease_deadline_ms, Some(T0 + 110_000));
+    assert!(decide(&r, &Command::Renew { now_ms: T0 + 110_000 }).is_ok(), "at the deadline itself is in time");
+    let late = decide(&r, &Command::Renew { now_ms: T0 + 110_001 });
+    assert!(matches!(&late, Err(Rejection::Conflict(message)) if message.contains("lapsed")), "{late:?}");
+    let (unleased, _) = given(request_with(None, None), &[place(T0)]);
+    assert!(matches!(decide(&unleased, &Command::Renew { now_ms: T0 }), Err(Rejection::Conflict(_))));
+}
+
+#[test]
+fn extending_moves_the_end_later_only() {
+    let (r, _) = given(request_with(None, None), &[place(T0)]);
+    let end = r.end_ms.expect("end");
+    let (r2, events) =
+        given(request_with(None, None), &[place(T0), Command::Extend { end_ms: end + HOUR_MS, now_ms: T0 }]);
+    assert_eq!(r2.end_ms, Some(end + HOUR_MS));
+    assert!(matches!(&events[2], ReservationEvent::Extended(e) if e.previous_end_ms == end));
+    for bad in [end, end - 1_000, end + 1_500] {
+        assert!(
+            matches!(decide(&r, &Command::Extend { end_ms: bad, now_ms: T0 }), Err(Rejection::InvalidArgument { .. })),
+            "{bad}"
+        );
+    }
+    assert!(
+        decide(&r, &Command::Extend { end_ms: r.start_ms.unwrap_or_default() + MAX_AHEAD_MS + 1_000, now_ms: T0 })
+            .is_err()
+    );
+}
+
+#[test]
+fn failing_a_pending_reservation_at_its_deadline_records_the_deadline() {
+    let (r, _) = given(request_with(Some(T0 + 60_000), None), &[]);
+    assert_eq!(r.pending_deadline_ms, T0 + 60_000, "without a deadline, the start is the deadline");
+    assert_eq!(due(&r, T0 + 30_000), Due::TryPlace { wake_at_ms: T0 + 60_000 });
+    let Due::Apply(command) = due(&r, T0 + 61_000) else { panic!("due to fail") };
+    let events = decide(&r, &command).expect("fail");
+    assert_eq!(
+        events,
+        vec![ReservationEvent::Failed(Failed { at_ms: T0 + 60_000, reason: FailureReason::DeadlinePassed })]
+    );
+    let (open_ended, _) = given(request_with(None, None), &[]);
+    assert_eq!(open_ended.pending_deadline_ms, T0 + DEFAULT_PENDING_WAIT_MS);
+}
+
+#[test]
+fn due_work_follows_the_recorded_times() {
+    let start = T0 + 60_000;
+    let (placed, _) = given(request_with(Some(start), None), &[place(T0)]);
+    assert_eq!(due(&placed, T0 + 1_000), Due::WakeAt(start));
+    assert_eq!(due(&placed, start), Due::Apply(Command::StartBinding { now_ms: start }));
+    let (leased, _) = given(request_with(Some(start), Some(30)), &[place(T0)]);
+    assert_eq!(due(&leased, T0 + 1_000), Due::WakeAt(T0 + 30_001));
+    assert_eq!(
+        due(&leased, T0 + 30_001),
+        Due::Apply(Command::Expire { cause: ExpiryCause::LeaseLapsed, now_ms: T0 + 30_001 })
+    );
+    let (active, _) = given(
+        request_with(Some(start), None),
+        &[place(T0), Command::StartBinding { now_ms: start }, Command::Activate { now_ms: start }],
+    );
+    assert_eq!(due(&active, start + 5), Due::WakeAt(start + HOUR_MS));
+    assert_eq!(
+        due(&active, start + HOUR_MS),
+        Due::Apply(Command::Expire { cause: ExpiryCause::WindowEnded, now_ms: start + HOUR_MS })
+    );
+    let (binding, _) = given(request_with(Some(start), None), &[place(T0), Command::StartBinding { now_ms: start }]);
+    assert_eq!(due(&binding, start), Due::Apply(Command::Activate { now_ms: start }));
+    let (cancelled, _) = given(request_with(None, None), &[Command::Cancel { now_ms: T0, reason: None }]);
+    assert_eq!(due(&cancelled, T0), Due::Done);
+}
+
+#[test]
+fn events_round_trip_through_their_encoding() {
+    let (_, events) = given(
+        request_with(None, Some(60)),
+        &[
+            place(T0),
+            Command::Renew { now_ms: T0 + 1_000 },
+            Command::Cancel { now_ms: T0 + 2_000, reason: Some("changed plans".into()) },
+        ],
+    );
+    for event in &events {
+        let bytes = event.encode_payload().expect("encode");
+        let back = ReservationEvent::decode(event.event_type(), event.schema_version(), &bytes).expect("decode");
+        assert_eq!(&back, event);
+    }
+    assert!(ReservationEvent::event_types().contains(&"reservation.denied"));
+    assert!(matches!(
+        ReservationEvent::decode("node.cordoned", 1, &[0x80]),
+        Err(crate::event::DecodeError::UnknownType { .. })
+    ));
+}
+
+#[test]
+fn wire_spellings_are_the_seeds() {
+    assert_eq!(
+        serde_json::to_string(&ReservationState::AwaitingConfirmation).expect("json"),
+        "\"awaiting-confirmation\""
+    );
+    assert_eq!(
+        serde_json::to_value(Topology::Gang { nodes: 2 }).expect("json"),
+        serde_json::json!({"kind": "gang", "nodes": 2})
+    );
+    assert_eq!(serde_json::to_value(Topology::SameNode).expect("json"), serde_json::json!({"kind": "same-node"}));
+    assert_eq!(ReservationState::ALL.iter().filter(|s| s.is_terminal()).count(), 5);
+}
+
+#[test]
+fn denied_is_recorded_with_no_booking() {
+    let denied = ReservationEvent::Denied(Denied {
+        reservation_id: ReservationId::derive(&tenant(), &identity(), "d"),
+        tenant_id: tenant(),
+        identity: identity(),
+        request: request_with(None, None),
+        request_hash: request_with(None, None).hash(),
+        reason: "users of this pool may reserve up to 1 H100".into(),
+        at_ms: T0,
+    });
+    let r = fold([&denied]).expect("state");
+    assert_eq!(r.state, ReservationState::Denied);
+    assert!(r.allocations.is_empty());
+    assert!(r.state.is_terminal() && !r.state.holds_atoms());
+}
