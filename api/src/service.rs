@@ -10,6 +10,8 @@ use bc_eventstore::migrate::Migrator;
 use bc_eventstore::{Db, events};
 use tokio::net::TcpListener;
 
+use crate::app::App;
+use crate::app::worker::{Worker, WorkerConfig};
 use crate::http::{self, AppState};
 
 /// Whether `serve` and `dev` apply migrations on start.
@@ -60,15 +62,20 @@ pub async fn bind(listen: SocketAddr) -> anyhow::Result<TcpListener> {
     Ok(listener)
 }
 
-/// Serves the API on a bound listener until `shutdown` completes; in-flight requests finish first.
+/// Serves the API on a bound listener, and runs the work-queue worker beside it, until `shutdown` completes;
+/// in-flight requests and the worker's current round finish first.
 pub async fn serve_on(
     db: Db,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = http::router(AppState { db });
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serve HTTP")?;
-    Ok(())
+    let (stop_worker, stopped) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(Worker::new(App::new(db.clone()), WorkerConfig::default()).run(stopped));
+    let router = http::router(AppState { db });
+    let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await.context("serve HTTP");
+    let _ = stop_worker.send(true);
+    worker.await.context("stop the worker")?;
+    served
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

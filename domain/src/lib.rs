@@ -15,5 +15,6 @@ pub mod region;
 pub mod rejection;
 pub mod reservation;
 pub mod site;
+pub mod stream;
 
 pub use rejection::Rejection;

@@ -325,6 +325,11 @@ pub struct Requested {
     pub request_hash: String,
     /// The governing offering's priority (pending reservations are retried by it, then first come).
     pub priority: i32,
+    /// The tenant whose offering's quota the reservation is charged against (the caller's own offer, or an
+    /// ancestor's with `includeDescendants`); `None` for the pool's owner, who is not quota-limited. Later
+    /// placements read that offering's quota as it is then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_holder: Option<TenantId>,
     pub pending_deadline_ms: i64,
     pub at_ms: i64,
 }
@@ -453,6 +458,7 @@ pub struct Reservation {
     pub request_hash: String,
     pub state: ReservationState,
     pub priority: i32,
+    pub quota_holder: Option<TenantId>,
     pub requested_at_ms: i64,
     pub pending_deadline_ms: i64,
     pub allocations: Vec<Allocation>,
@@ -481,6 +487,7 @@ pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Re
                 request_hash: e.request_hash.clone(),
                 state: ReservationState::Pending,
                 priority: e.priority,
+                quota_holder: e.quota_holder.clone(),
                 requested_at_ms: e.at_ms,
                 pending_deadline_ms: e.pending_deadline_ms,
                 allocations: Vec::new(),
@@ -504,6 +511,7 @@ pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Re
                 request_hash: e.request_hash.clone(),
                 state: ReservationState::Denied,
                 priority: 0,
+                quota_holder: None,
                 requested_at_ms: e.at_ms,
                 pending_deadline_ms: e.at_ms,
                 allocations: Vec::new(),
@@ -574,6 +582,7 @@ pub struct NewRequest {
     pub identity: Identity,
     pub request: ReservationRequest,
     pub priority: i32,
+    pub quota_holder: Option<TenantId>,
     pub now_ms: i64,
 }
 
@@ -596,6 +605,7 @@ pub fn request(existing: Option<&Reservation>, new: NewRequest) -> Result<Vec<Re
         request_hash: hash,
         request: new.request,
         priority: new.priority,
+        quota_holder: new.quota_holder,
         at_ms: new.now_ms,
     })])
 }

@@ -128,6 +128,28 @@ pub async fn complete(tx: &mut Tx, item: &WorkItem) -> Result<bool> {
     Ok(false)
 }
 
+/// Puts a claimed key back to sleep until `not_before_ms`, if it was not enqueued again meanwhile (then it stays
+/// due, so the new reason to look at it is not lost). Returns whether it was rescheduled.
+pub async fn reschedule(tx: &mut Tx, item: &WorkItem, not_before_ms: i64) -> Result<bool> {
+    let updated = sql::query(
+        "UPDATE work_queue
+            SET not_before = timestamptz 'epoch' + $3::int8 * interval '1 millisecond',
+                claimed_until = NULL, attempts = 0, last_error = NULL
+          WHERE key = $1 AND gen = $2",
+    )
+    .bind(&item.key)
+    .bind(item.generation)
+    .bind(not_before_ms)
+    .execute(tx.conn())
+    .await?
+    .rows_affected();
+    if updated == 1 {
+        return Ok(true);
+    }
+    sql::query("UPDATE work_queue SET claimed_until = NULL WHERE key = $1").bind(&item.key).execute(tx.conn()).await?;
+    Ok(false)
+}
+
 /// How long a failed key waits before its next try: doubling from `base` up to `max`, with jitter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {

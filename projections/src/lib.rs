@@ -1,7 +1,9 @@
-//! The read side: projections of the event log into read models (pools, capacity rollups, audit,
-//! reservations, nodes), their inline and asynchronous runners, checkpoints and rebuilds.
+//! The read side: projections of the event log into read models.
 //!
-//! The projection framework arrives with its own issue; this crate holds the place in the dependency
-//! chain `domain ← eventstore ← projections ← api`.
+//! `inline` holds the projections that run inside the command's own transaction (bookings, quota holders,
+//! device and node state used by placement, reservations) and can be rebuilt from the log into a scratch
+//! schema and compared with the live tables. The asynchronous projection framework arrives with its issue.
+
+pub mod inline;
 
 pub use bc_eventstore::Position;

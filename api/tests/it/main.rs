@@ -1,5 +1,8 @@
-//! Integration tests of the application against real PostgreSQL: the router in process, and the
-//! `better-compute` binary as a real process.
+//! Integration tests of the application against real PostgreSQL: the command handlers, the router in
+//! process, and the `better-compute` binary as a real process.
 
+mod fleet;
 mod health;
 mod process;
+mod reservations;
+mod support;

@@ -53,6 +53,7 @@ fn given(request: ReservationRequest, commands: &[Command]) -> (Reservation, Vec
         identity: identity(),
         request,
         priority: 0,
+        quota_holder: None,
         now_ms: T0,
     };
     let mut events = super::request(None, new).expect("request");
@@ -240,6 +241,7 @@ fn the_same_key_and_body_is_a_retry_and_another_body_is_a_reuse() {
         identity: identity(),
         request: request_with(None, None),
         priority: 0,
+        quota_holder: None,
         now_ms: T0 + 5_000,
     };
     assert_eq!(request(Some(&existing), retry.clone()), Ok(vec![]), "a retry records nothing new");

@@ -62,24 +62,24 @@ async fn a_fresh_database_gets_every_migration_once_and_a_second_run_skips_them(
 #[tokio::test]
 async fn a_later_migration_of_a_known_owner_is_refused() {
     let t = TestDb::empty().await;
-    let newer = core_and(&[("capacity", 1, "device_links", "SELECT 1"), ("capacity", 2, "holds", "SELECT 1")]);
+    let newer = core_and(&[("extra", 1, "device_links", "SELECT 1"), ("extra", 2, "holds", "SELECT 1")]);
     newer.run(&t.db).await.expect("the newer release migrates");
-    let older = core_and(&[("capacity", 1, "device_links", "SELECT 1")]);
+    let older = core_and(&[("extra", 1, "device_links", "SELECT 1")]);
     let err = older.run(&t.db).await.expect_err("the older release refuses");
     assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
     assert_eq!(err.code(), "INVALID_CONFIG");
-    assert!(err.to_string().contains("capacity/0002_holds"), "{err}");
+    assert!(err.to_string().contains("extra/0002_holds"), "{err}");
 }
 
 #[tokio::test]
 async fn an_unknown_name_at_or_below_an_owners_last_number_is_refused() {
     let t = TestDb::empty().await;
-    core_and(&[("capacity", 1, "device_links", "SELECT 1")]).run(&t.db).await.expect("first release");
-    let renamed = core_and(&[("capacity", 1, "links", "SELECT 1"), ("capacity", 2, "holds", "SELECT 1")]);
+    core_and(&[("extra", 1, "device_links", "SELECT 1")]).run(&t.db).await.expect("first release");
+    let renamed = core_and(&[("extra", 1, "links", "SELECT 1"), ("extra", 2, "holds", "SELECT 1")]);
     let err = renamed.run(&t.db).await.expect_err("refused");
     assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
-    assert!(err.to_string().contains("capacity/0001_device_links"), "{err}");
-    assert!(!ledger(&t.db).await.contains(&"capacity/0002_holds".to_owned()), "nothing applied after a refusal");
+    assert!(err.to_string().contains("extra/0001_device_links"), "{err}");
+    assert!(!ledger(&t.db).await.contains(&"extra/0002_holds".to_owned()), "nothing applied after a refusal");
 }
 
 #[tokio::test]
@@ -104,8 +104,8 @@ async fn ledger_entries_of_unknown_owners_are_ignored() {
 async fn two_migrators_at_once_apply_each_migration_once() {
     let t = TestDb::empty().await;
     let migrator = core_and(&[
-        ("capacity", 1, "counter", "CREATE TABLE applied (n int); INSERT INTO applied VALUES (1)"),
-        ("capacity", 2, "count_again", "INSERT INTO applied VALUES (2)"),
+        ("extra", 1, "counter", "CREATE TABLE applied (n int); INSERT INTO applied VALUES (1)"),
+        ("extra", 2, "count_again", "INSERT INTO applied VALUES (2)"),
     ]);
     let other = t.pool(&bc_eventstore::testing::test_db_config());
     let (a, b) = tokio::join!(migrator.run(&t.db), migrator.run(&other));
@@ -126,18 +126,18 @@ async fn two_migrators_at_once_apply_each_migration_once() {
 async fn a_failing_migration_leaves_neither_its_changes_nor_its_ledger_row() {
     let t = TestDb::empty().await;
     let migrator = core_and(&[
-        ("capacity", 1, "fine", "CREATE TABLE fine (id int)"),
-        ("capacity", 2, "broken", "CREATE TABLE half_done (id int); SELECT 1 / 0"),
-        ("capacity", 3, "after", "CREATE TABLE after_broken (id int)"),
+        ("extra", 1, "fine", "CREATE TABLE fine (id int)"),
+        ("extra", 2, "broken", "CREATE TABLE half_done (id int); SELECT 1 / 0"),
+        ("extra", 3, "after", "CREATE TABLE after_broken (id int)"),
     ]);
     let err = migrator.run(&t.db).await.expect_err("fails");
-    assert!(matches!(&err, Error::Migration { name, .. } if name == "capacity/0002_broken"), "{err}");
+    assert!(matches!(&err, Error::Migration { name, .. } if name == "extra/0002_broken"), "{err}");
     assert!(table_exists(&t.db, "fine").await);
     assert!(!table_exists(&t.db, "half_done").await, "the failed migration's changes are rolled back");
     assert!(!table_exists(&t.db, "after_broken").await, "nothing after it ran");
     let names = ledger(&t.db).await;
-    assert!(names.contains(&"capacity/0001_fine".to_owned()));
-    assert!(!names.contains(&"capacity/0002_broken".to_owned()), "no ledger row for the failed migration");
+    assert!(names.contains(&"extra/0001_fine".to_owned()));
+    assert!(!names.contains(&"extra/0002_broken".to_owned()), "no ledger row for the failed migration");
 }
 
 #[tokio::test]

@@ -1,0 +1,138 @@
+//! The availability query: when a request could start, and what is free in a pool over a window. Advance
+//! reservations need it: a tenant plans with the answer, then reserves with it.
+
+use bc_domain::Rejection;
+use bc_domain::id::{DeviceId, NodeId, PoolId};
+use bc_domain::placement;
+use bc_domain::pool::governing_offer;
+use bc_domain::reservation::{DeviceRequest, MAX_AHEAD_MS};
+use bc_eventstore::{TxOptions, clock, sql};
+
+use super::store::{self, PoolRow};
+use super::{App, AppResult, Caller};
+
+/// How many candidate start times the earliest-start search tries before giving up.
+const MAX_CANDIDATE_STARTS: i64 = 2_000;
+
+/// A question about a pool: when could this request start?
+#[derive(Debug, Clone)]
+pub struct EarliestStart {
+    pub pool_id: PoolId,
+    pub devices: DeviceRequest,
+    pub duration_s: u64,
+    /// Not before this time (epoch milliseconds); now when absent.
+    pub not_before_ms: Option<i64>,
+}
+
+/// Atoms of one node free over a whole window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreeAtoms {
+    pub node_id: NodeId,
+    pub atoms: Vec<DeviceId>,
+}
+
+fn round_up_to_second(ms: i64) -> i64 {
+    (ms + 999).div_euclid(1000) * 1000
+}
+
+impl App {
+    /// The pool, if the caller may see it: its owner, or a tenant it is offered to. Also the quota that limits
+    /// the caller there (`None` for the owner).
+    async fn visible_pool(
+        &self,
+        tx: &mut bc_eventstore::Tx,
+        caller: &Caller,
+        pool_id: &PoolId,
+        resource: &str,
+    ) -> AppResult<(PoolRow, Option<u32>)> {
+        let not_found = || Rejection::NotFound { kind: "pool", id: pool_id.to_string() };
+        let pool = store::pool(tx, pool_id).await?.ok_or_else(not_found)?;
+        if pool.owner_tenant_id == caller.tenant_id {
+            return Ok((pool, None));
+        }
+        let offers = store::offers(tx, pool_id).await?;
+        let offer = governing_offer(&offers, &caller.tenant_id, &caller.ancestors).ok_or_else(not_found)?;
+        let quota = offer.quota.get(resource).copied().unwrap_or(0);
+        Ok((pool, Some(quota)))
+    }
+
+    /// The earliest start at or after `not_before` (or now) at which the request fits the pool for its whole
+    /// duration, within the caller's quota; `None` when it fits nowhere in the next 366 days. Capacity only
+    /// frees when a booking ends, so the candidates are the first possible second and every booking end after it.
+    pub async fn earliest_start(&self, caller: &Caller, query: &EarliestStart) -> AppResult<Option<i64>> {
+        if query.devices.count == 0 || query.duration_s == 0 {
+            return Err(
+                Rejection::invalid("devices.count", "the request asks for at least one atom for a second").into()
+            );
+        }
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let resource = query.devices.class.as_str();
+        let (pool, quota) = self.visible_pool(&mut tx, caller, &query.pool_id, resource).await?;
+        if quota.is_some_and(|quota| query.devices.count > quota) {
+            tx.commit().await?;
+            return Ok(None);
+        }
+        let now_ms = clock::compute_now_ms(&mut tx).await?;
+        let first = round_up_to_second(query.not_before_ms.unwrap_or(now_ms).max(now_ms));
+        let horizon = now_ms + MAX_AHEAD_MS;
+        let ends: Vec<i64> = sql::query_scalar(
+            "SELECT DISTINCT ((ts_ms(upper(during)) + 999) / 1000) * 1000 AS at
+             FROM device_bookings
+             WHERE pool_id = $1 AND upper(during) > ms_ts($2) AND upper(during) <= ms_ts($3) AND NOT isempty(during)
+             ORDER BY at
+             LIMIT $4",
+        )
+        .bind(pool.id.as_str())
+        .bind(first)
+        .bind(horizon)
+        .bind(MAX_CANDIDATE_STARTS)
+        .fetch_all(tx.conn())
+        .await?;
+        let probe = bc_domain::id::ReservationId::derive(&caller.tenant_id, &caller.identity, "availability");
+        let duration_ms = query.duration_s as i64 * 1000;
+        for start in std::iter::once(first).chain(ends) {
+            let candidates = store::candidates(&mut tx, &pool.id, &query.devices, start, start + duration_ms).await?;
+            if placement::plan(&probe, &query.devices, &candidates).is_none() {
+                continue;
+            }
+            if let Some(quota) = quota {
+                let peak =
+                    store::peak_usage(&mut tx, &caller.tenant_id, &pool.id, resource, start, start + duration_ms)
+                        .await?;
+                if peak + i64::from(query.devices.count) > i64::from(quota) {
+                    continue;
+                }
+            }
+            tx.commit().await?;
+            return Ok(Some(start));
+        }
+        tx.commit().await?;
+        Ok(None)
+    }
+
+    /// The atoms of the pool that are free over the whole of `[start, end)` on schedulable nodes.
+    pub async fn free_atoms(
+        &self,
+        caller: &Caller,
+        pool_id: &PoolId,
+        start_ms: i64,
+        end_ms: i64,
+    ) -> AppResult<Vec<FreeAtoms>> {
+        if end_ms <= start_ms {
+            return Err(Rejection::invalid("end", "must be after start").into());
+        }
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let pool = store::pool(&mut tx, pool_id).await?;
+        let class = pool.as_ref().map(|p| p.sharing.atom_class()).unwrap_or(bc_domain::device::DeviceClass::Gpu);
+        let (pool, _) = self.visible_pool(&mut tx, caller, pool_id, class.as_str()).await?;
+        let everything = DeviceRequest {
+            class,
+            count: 1,
+            selector: bc_domain::reservation::Selector::default(),
+            topology: bc_domain::reservation::Topology::SameNode,
+        };
+        let candidates = store::candidates(&mut tx, &pool.id, &everything, start_ms, end_ms).await?;
+        tx.commit().await?;
+        Ok(candidates.into_iter().map(|c| FreeAtoms { node_id: c.node_id, atoms: c.free_atoms }).collect())
+    }
+}

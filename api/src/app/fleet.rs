@@ -1,0 +1,264 @@
+//! Commands on the fleet's structure: sites, pools, projects, offerings and quotas.
+
+use bc_domain::Rejection;
+use bc_domain::id::{PoolId, ProjectId, SiteId, TenantId};
+use bc_domain::pool::{
+    PoolAgent, PoolClass, PoolCreated, PoolEvent, PoolOffered, PoolPolicy, PoolQuotaSet, Quota, Sharing, check_quota,
+};
+use bc_domain::region::IamRegion;
+use bc_domain::site::{ProjectCreated, ProjectEvent, SiteCreated, SiteEvent, SiteKind, check_name};
+use bc_eventstore::events::{self, ExpectedVersion};
+use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
+
+use super::store::{self, NamedTable};
+use super::{App, AppError, AppResult, Caller, Committed, record, wake};
+
+/// `sites.create`.
+#[derive(Debug, Clone)]
+pub struct CreateSite {
+    pub name: String,
+    pub iam_region: String,
+    pub kind: SiteKind,
+}
+
+/// `pools.create`.
+#[derive(Debug, Clone)]
+pub struct CreatePool {
+    pub site_id: SiteId,
+    pub name: String,
+    pub class: PoolClass,
+    pub gpu_model: String,
+    pub sharing: Sharing,
+    pub agent: PoolAgent,
+    pub policy: PoolPolicy,
+    pub provider_account_id: Option<String>,
+}
+
+/// `pools.offer`: make the pool visible to a tenant with a quota per resource.
+#[derive(Debug, Clone)]
+pub struct OfferPool {
+    pub tenant_id: TenantId,
+    pub quota: Quota,
+    pub priority: i32,
+    pub include_descendants: bool,
+}
+
+/// A unique violation on a name is someone else creating the same name at the same moment.
+fn name_race(err: AppError, what: &str, name: &str) -> AppError {
+    match &err {
+        AppError::Store(store) if store.sql_state().as_deref() == Some(bc_eventstore::error::UNIQUE_VIOLATION) => {
+            AppError::Rejected(Rejection::Conflict(format!("a {what} named {name:?} already exists")))
+        }
+        _ => err,
+    }
+}
+
+impl App {
+    /// Creates a site owned by the caller's tenant.
+    pub async fn create_site(&self, caller: &Caller, input: CreateSite) -> AppResult<Committed<SiteId>> {
+        check_name("name", &input.name)?;
+        let iam_region: IamRegion = input
+            .iam_region
+            .parse()
+            .map_err(|err: bc_domain::region::InvalidRegion| Rejection::invalid("iamRegion", err.to_string()))?;
+        let site_id = SiteId::generate();
+        let result = self
+            .db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let (input, iam_region, site_id) = (&input, &iam_region, &site_id);
+                async move {
+                    if store::name_taken(tx, NamedTable::Sites, caller.tenant_id.as_str(), &input.name).await? {
+                        return Err(Rejection::Conflict(format!("a site named {:?} already exists", input.name)).into());
+                    }
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let event = SiteEvent::Created(SiteCreated {
+                        site_id: site_id.clone(),
+                        owner_tenant_id: caller.tenant_id.clone(),
+                        name: input.name.clone(),
+                        iam_region: iam_region.clone(),
+                        kind: input.kind,
+                        at_ms,
+                    });
+                    let stream = site_id.as_str();
+                    let position =
+                        record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, vec![event]).await?;
+                    Ok(Committed { value: site_id.clone(), position })
+                }
+                .scope_boxed()
+            })
+            .await;
+        result.map_err(|err| name_race(err, "site", &input.name))
+    }
+
+    /// Creates a pool in one of the caller's sites.
+    pub async fn create_pool(&self, caller: &Caller, input: CreatePool) -> AppResult<Committed<PoolId>> {
+        let pool_id = PoolId::generate();
+        let result = self
+            .db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let (input, pool_id) = (&input, &pool_id);
+                async move {
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let created = PoolCreated {
+                        pool_id: pool_id.clone(),
+                        site_id: input.site_id.clone(),
+                        owner_tenant_id: caller.tenant_id.clone(),
+                        name: input.name.clone(),
+                        class: input.class,
+                        gpu_model: input.gpu_model.clone(),
+                        sharing: input.sharing,
+                        agent: input.agent,
+                        policy: input.policy.clone(),
+                        provider_account_id: input.provider_account_id.clone(),
+                        at_ms,
+                    };
+                    created.check()?;
+                    match store::site_owner(tx, input.site_id.as_str()).await? {
+                        Some(owner) if owner == caller.tenant_id.as_str() => {}
+                        _ => return Err(Rejection::NotFound { kind: "site", id: input.site_id.to_string() }.into()),
+                    }
+                    if store::name_taken(tx, NamedTable::Pools, caller.tenant_id.as_str(), &input.name).await? {
+                        return Err(Rejection::Conflict(format!("a pool named {:?} already exists", input.name)).into());
+                    }
+                    let stream = pool_id.as_str();
+                    let events = vec![PoolEvent::Created(created)];
+                    let position =
+                        record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
+                    Ok(Committed { value: pool_id.clone(), position })
+                }
+                .scope_boxed()
+            })
+            .await;
+        result.map_err(|err| name_race(err, "pool", &input.name))
+    }
+
+    /// Creates a project in the caller's tenant.
+    pub async fn create_project(&self, caller: &Caller, name: String) -> AppResult<Committed<ProjectId>> {
+        check_name("name", &name)?;
+        let project_id = ProjectId::generate();
+        let result = self
+            .db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let (name, project_id) = (&name, &project_id);
+                async move {
+                    if store::name_taken(tx, NamedTable::Projects, caller.tenant_id.as_str(), name).await? {
+                        return Err(Rejection::Conflict(format!("a project named {name:?} already exists")).into());
+                    }
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let event = ProjectEvent::Created(ProjectCreated {
+                        project_id: project_id.clone(),
+                        tenant_id: caller.tenant_id.clone(),
+                        name: name.clone(),
+                        at_ms,
+                    });
+                    let stream = project_id.as_str();
+                    let position =
+                        record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, vec![event]).await?;
+                    Ok(Committed { value: project_id.clone(), position })
+                }
+                .scope_boxed()
+            })
+            .await;
+        result.map_err(|err| name_race(err, "project", &name))
+    }
+
+    /// Offers a pool the caller owns to another tenant (or replaces the offer), with a quota per resource.
+    pub async fn offer_pool(&self, caller: &Caller, pool_id: &PoolId, offer: OfferPool) -> AppResult<Committed<()>> {
+        check_quota("quota", &offer.quota)?;
+        if offer.tenant_id == caller.tenant_id {
+            return Err(Rejection::invalid("tenantId", "the pool's owner needs no offer").into());
+        }
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let offer = &offer;
+                async move {
+                    let pool = owned_pool(tx, caller, pool_id).await?;
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let version = events::stream_version(tx, pool_id.as_str()).await?;
+                    let event = PoolEvent::Offered(PoolOffered {
+                        pool_id: pool_id.clone(),
+                        tenant_id: offer.tenant_id.clone(),
+                        quota: offer.quota.clone(),
+                        priority: offer.priority,
+                        include_descendants: offer.include_descendants,
+                        at_ms,
+                    });
+                    let position = record(
+                        tx,
+                        caller,
+                        pool_id.as_str(),
+                        &pool.owner_tenant_id,
+                        ExpectedVersion::Exact(version),
+                        vec![event],
+                    )
+                    .await?;
+                    // A raised quota may let pending reservations through.
+                    wake(tx, &pending_key(pool_id), None).await?;
+                    Ok(Committed { value: (), position })
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
+    /// Replaces the quota of an existing offering. Lowering it keeps existing reservations.
+    pub async fn set_quota(
+        &self,
+        caller: &Caller,
+        pool_id: &PoolId,
+        tenant_id: &TenantId,
+        quota: Quota,
+    ) -> AppResult<Committed<()>> {
+        check_quota("quota", &quota)?;
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let quota = &quota;
+                async move {
+                    let pool = owned_pool(tx, caller, pool_id).await?;
+                    if !store::offers(tx, pool_id).await?.iter().any(|offer| &offer.tenant_id == tenant_id) {
+                        return Err(
+                            Rejection::NotFound { kind: "offering", id: format!("{pool_id}/{tenant_id}") }.into()
+                        );
+                    }
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let version = events::stream_version(tx, pool_id.as_str()).await?;
+                    let event = PoolEvent::QuotaSet(PoolQuotaSet {
+                        pool_id: pool_id.clone(),
+                        tenant_id: tenant_id.clone(),
+                        quota: quota.clone(),
+                        at_ms,
+                    });
+                    let position = record(
+                        tx,
+                        caller,
+                        pool_id.as_str(),
+                        &pool.owner_tenant_id,
+                        ExpectedVersion::Exact(version),
+                        vec![event],
+                    )
+                    .await?;
+                    wake(tx, &pending_key(pool_id), None).await?;
+                    Ok(Committed { value: (), position })
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+}
+
+/// The pool, if the caller's tenant owns it; `NOT_FOUND` otherwise, revealing nothing about other tenants' pools.
+pub(crate) async fn owned_pool(
+    tx: &mut bc_eventstore::Tx,
+    caller: &Caller,
+    pool_id: &PoolId,
+) -> AppResult<store::PoolRow> {
+    match store::pool(tx, pool_id).await? {
+        Some(pool) if pool.owner_tenant_id == caller.tenant_id => Ok(pool),
+        _ => Err(Rejection::NotFound { kind: "pool", id: pool_id.to_string() }.into()),
+    }
+}
+
+/// The work-queue key of a pool's pending reservations.
+pub fn pending_key(pool_id: &PoolId) -> String {
+    format!("pool:{pool_id}:pending")
+}

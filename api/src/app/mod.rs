@@ -1,0 +1,174 @@
+//! The application layer: command handlers callable without HTTP. Each command runs in one repeatable-read
+//! transaction: read `compute_now()` once, load what it decides on, decide (pure, in `domain`), append the
+//! events with the expected stream version, apply the inline projections, enqueue follow-up work, commit; the
+//! whole transaction is retried on serialization failures, deadlocks, booking races and version conflicts.
+
+pub mod availability;
+pub mod fleet;
+pub mod nodes;
+pub mod reservations;
+mod store;
+pub mod worker;
+
+use bc_domain::Rejection;
+use bc_domain::event::{AdmissionContext, DomainEvent, EventMetadata};
+use bc_domain::id::{Identity, TenantId};
+use bc_domain::stream::AnyEvent;
+use bc_eventstore::events::{self, AppendBatch, ExpectedVersion, NewEvent};
+use bc_eventstore::queue::{self, Enqueue};
+use bc_eventstore::{Db, Position, RetryPolicy, Retryable, Tx};
+
+/// The number of work-queue shards keys are spread over.
+pub const SHARDS: u32 = 16;
+
+/// Who is calling, as the authorizer admitted them. Asynchronous work acts on the recorded copy of this
+/// (in each event's metadata), never on a stored token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub tenant_id: TenantId,
+    pub identity: Identity,
+    /// `user`, `service`, `agent`, `system` ...
+    pub session_kind: String,
+    pub request_id: Option<String>,
+    /// The tenant's ancestors in the tenant tree, parent first (for offers with `includeDescendants`).
+    pub ancestors: Vec<TenantId>,
+}
+
+impl Caller {
+    /// The platform's own workers, acting on recorded decisions.
+    pub fn system() -> Caller {
+        Caller {
+            tenant_id: "root".parse().expect("a valid tenant id"),
+            identity: "system:worker".parse().expect("a valid identity"),
+            session_kind: "system".to_owned(),
+            request_id: None,
+            ancestors: Vec::new(),
+        }
+    }
+
+    fn metadata(&self) -> EventMetadata {
+        EventMetadata {
+            admission: Some(AdmissionContext {
+                identity: self.identity.to_string(),
+                session_kind: self.session_kind.clone(),
+                agent: None,
+                delegation: None,
+                request_id: self.request_id.clone(),
+                tenant_id: self.tenant_id.to_string(),
+            }),
+            request_id: self.request_id.clone(),
+            ..EventMetadata::default()
+        }
+    }
+}
+
+/// What a command can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// A business answer: the caller can act on it.
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// The store failed (or a retry budget ran out).
+    #[error(transparent)]
+    Store(#[from] bc_eventstore::Error),
+}
+
+impl AppError {
+    /// The API error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AppError::Rejected(rejection) => rejection.code(),
+            AppError::Store(err) => err.code(),
+        }
+    }
+}
+
+impl From<bc_domain::event::EncodeError> for AppError {
+    fn from(err: bc_domain::event::EncodeError) -> Self {
+        AppError::Store(err.into())
+    }
+}
+
+impl From<bc_domain::event::DecodeError> for AppError {
+    fn from(err: bc_domain::event::DecodeError) -> Self {
+        AppError::Store(err.into())
+    }
+}
+
+impl From<sqlx::Error> for AppError {
+    fn from(err: sqlx::Error) -> Self {
+        AppError::Store(err.into())
+    }
+}
+
+impl Retryable for AppError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, AppError::Store(err) if err.is_retryable())
+    }
+}
+
+pub type AppResult<T> = Result<T, AppError>;
+
+/// The result of a command: its value and the position of its last event, the consistency token reads can
+/// wait for (a command that appended nothing returns the stream's head).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed<T> {
+    pub value: T,
+    pub position: Option<Position>,
+}
+
+/// The application: the database and its settings.
+#[derive(Debug, Clone)]
+pub struct App {
+    pub db: Db,
+    pub retry: RetryPolicy,
+}
+
+impl App {
+    pub fn new(db: Db) -> Self {
+        Self { db, retry: RetryPolicy { max_attempts: 12, ..RetryPolicy::default() } }
+    }
+}
+
+/// Appends `events` to `stream_id` (owned by `tenant`) and applies the inline projections, in the caller's
+/// transaction. Returns the position of the last event.
+pub(crate) async fn record<E>(
+    tx: &mut Tx,
+    caller: &Caller,
+    stream_id: &str,
+    tenant: &TenantId,
+    expected: ExpectedVersion,
+    events: Vec<E>,
+) -> AppResult<Option<Position>>
+where
+    E: DomainEvent + Into<AnyEvent>,
+{
+    if events.is_empty() {
+        return Ok(None);
+    }
+    let metadata = caller.metadata().encode()?;
+    let new_events = events
+        .iter()
+        .map(|event| {
+            Ok(NewEvent {
+                event_type: event.event_type().to_owned(),
+                schema_version: event.schema_version(),
+                payload: event.encode_payload()?,
+                metadata: metadata.clone(),
+            })
+        })
+        .collect::<AppResult<Vec<_>>>()?;
+    let appended =
+        events::append(tx, AppendBatch { stream_id, tenant_id: Some(tenant.as_str()), expected, events: &new_events })
+            .await?;
+    for event in events {
+        bc_projections::inline::apply(tx, stream_id, &event.into()).await?;
+    }
+    Ok(Some(appended.position))
+}
+
+/// Asks the worker to look at `key` at `at_ms` (or at once), in the caller's transaction.
+pub(crate) async fn wake(tx: &mut Tx, key: &str, at_ms: Option<i64>) -> AppResult<()> {
+    queue::enqueue(tx, &[Enqueue { key, shard: queue::shard_for(key, SHARDS), not_before_ms: at_ms }]).await?;
+    Ok(())
+}

@@ -1,0 +1,425 @@
+//! Reservations: reserve (placement, quota at every instant, bookings through the exclusion constraint),
+//! read, cancel, release, renew and extend.
+
+use bc_domain::Rejection;
+use bc_domain::id::{ReservationId, TenantId};
+use bc_domain::placement;
+use bc_domain::pool::governing_offer;
+use bc_domain::reservation::{
+    self, Allocation, Command, Due, NewRequest, Reservation, ReservationEvent, ReservationRequest, placed_start,
+};
+use bc_eventstore::events::{self, ExpectedVersion};
+use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock};
+
+use super::fleet::pending_key;
+use super::store::{self, PoolRow};
+use super::{App, AppError, AppResult, Caller, Committed, record, wake};
+
+/// `reservations.create`.
+#[derive(Debug, Clone)]
+pub struct Reserve {
+    /// The `Idempotency-Key`: with the tenant and the caller's identity, it names the reservation.
+    pub idempotency_key: String,
+    pub request: ReservationRequest,
+}
+
+/// What `reserve` answers: the reservation (`placed` or `pending` when new) and whether this call created it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserved {
+    pub reservation: Reservation,
+    pub created: bool,
+}
+
+/// Whether a reserve attempt may place, or must record the request as pending (after its conflict retries
+/// ran out, a request is left pending rather than failed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    Try,
+    Skip,
+}
+
+/// The work-queue key of a reservation.
+pub fn reservation_key(id: &ReservationId) -> String {
+    format!("rsv:{id}")
+}
+
+/// When the work queue should look at a reservation next, if ever.
+pub(crate) fn next_wake(r: &Reservation, now_ms: i64) -> Option<Option<i64>> {
+    match reservation::due(r, now_ms) {
+        Due::Done => None,
+        Due::Apply(_) => Some(None),
+        Due::WakeAt(at) | Due::TryPlace { wake_at_ms: at } => Some(Some(at)),
+    }
+}
+
+fn check_idempotency_key(key: &str) -> Result<(), Rejection> {
+    if key.is_empty() || key.len() > 255 || key.chars().any(char::is_control) {
+        return Err(Rejection::invalid("Idempotency-Key", "must be 1 to 255 printable characters"));
+    }
+    Ok(())
+}
+
+/// The quota that limits `holder` in the pool for `resource`, or `None` when the holder is the pool's owner.
+async fn quota_limit(tx: &mut Tx, pool: &PoolRow, holder: Option<&TenantId>, resource: &str) -> AppResult<Option<u32>> {
+    let Some(holder) = holder else { return Ok(None) };
+    let offers = store::offers(tx, &pool.id).await?;
+    let quota = offers
+        .iter()
+        .find(|offer| &offer.tenant_id == holder)
+        .map(|offer| offer.quota.get(resource).copied().unwrap_or(0));
+    Ok(Some(quota.unwrap_or(0)))
+}
+
+/// Tries to place a pending reservation now: chooses atoms free over its whole window on schedulable nodes and
+/// checks the tenant's quota at every instant of the window. Takes its locks in the lock order. `None` when it
+/// does not fit now.
+pub(crate) async fn try_place(
+    tx: &mut Tx,
+    r: &Reservation,
+    pool: &PoolRow,
+    now_ms: i64,
+) -> AppResult<Option<Vec<Allocation>>> {
+    let request = &r.request;
+    let resource = request.resource();
+    let start_ms = placed_start(request, now_ms);
+    let end_ms = start_ms + request.duration_s as i64 * 1000;
+    let quota = quota_limit(tx, pool, r.quota_holder.as_ref(), resource).await?;
+    if quota.is_some() {
+        store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
+    }
+    store::lock_pool(tx, &pool.id).await?;
+    let candidates = store::candidates(tx, &pool.id, &request.devices, start_ms, end_ms).await?;
+    let Some(plan) = placement::plan(&r.id, &request.devices, &candidates) else {
+        return Ok(None);
+    };
+    let nodes: Vec<&str> = plan.iter().map(|a| a.node_id.as_str()).collect();
+    if !store::lock_chosen_nodes(tx, &nodes).await? {
+        return Ok(None);
+    }
+    if let Some(quota) = quota {
+        let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, start_ms, end_ms).await?;
+        if peak + i64::from(request.devices.count) > i64::from(quota) {
+            return Ok(None);
+        }
+    }
+    Ok(Some(
+        plan.into_iter()
+            .map(|planned| Allocation {
+                allocation_id: bc_domain::id::AllocationId::generate(),
+                node_id: planned.node_id,
+                devices: planned.devices,
+            })
+            .collect(),
+    ))
+}
+
+/// The position of a stream's last event: what a command that appended nothing answers.
+async fn stream_head(tx: &mut Tx, stream_id: &str) -> AppResult<Option<Position>> {
+    let version = events::stream_version(tx, stream_id).await?;
+    if version == 0 {
+        return Ok(None);
+    }
+    let last = events::read_stream(tx, stream_id, version - 1, 1).await?;
+    Ok(last.first().map(|event| event.position))
+}
+
+impl App {
+    /// Reserves GPUs in a pool. A new reservation is `placed` when it fits now, or `pending` until capacity
+    /// frees; `CAPACITY_UNAVAILABLE` only when it can never fit the pool, the pool's pending queue is full, or
+    /// the request asked not to wait. A retry with the same key and body answers the same reservation.
+    pub async fn reserve(&self, caller: &Caller, input: Reserve) -> AppResult<Committed<Reserved>> {
+        check_idempotency_key(&input.idempotency_key)?;
+        let id = ReservationId::derive(&caller.tenant_id, &caller.identity, &input.idempotency_key);
+        let mut tries = 1;
+        loop {
+            let placement = if tries <= self.retry.max_attempts { Placement::Try } else { Placement::Skip };
+            let attempt = self
+                .db
+                .transaction(TxOptions::COMMAND, |tx| {
+                    let (id, request) = (&id, &input.request);
+                    async move { reserve_once(tx, caller, id, request, placement).await }.scope_boxed()
+                })
+                .await;
+            match attempt {
+                Err(err) if err.is_retryable() && tries < self.retry.max_attempts + 3 => {
+                    tokio::time::sleep(self.retry.backoff(tries)).await;
+                    tries += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// A reservation of the caller's tenant, read from its stream (so a created one is never answered 404).
+    pub async fn reservation(&self, caller: &Caller, id: &ReservationId) -> AppResult<Committed<Reservation>> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let found = store::reservation(&mut tx, id).await?;
+        let position = stream_head(&mut tx, id.as_str()).await?;
+        tx.commit().await?;
+        match found {
+            Some(r) if r.tenant_id == caller.tenant_id => Ok(Committed { value: r, position }),
+            _ => Err(Rejection::NotFound { kind: "reservation", id: id.to_string() }.into()),
+        }
+    }
+
+    /// Cancels a reservation before its start (`pending`, `placed`, `awaiting-confirmation`).
+    pub async fn cancel_reservation(
+        &self,
+        caller: &Caller,
+        id: &ReservationId,
+        reason: Option<String>,
+    ) -> AppResult<Committed<Reservation>> {
+        self.reservation_command(caller, id, |now_ms| Command::Cancel { now_ms, reason: reason.clone() }).await
+    }
+
+    /// Releases a reservation after its start (`binding`, `active`).
+    pub async fn release_reservation(&self, caller: &Caller, id: &ReservationId) -> AppResult<Committed<Reservation>> {
+        self.reservation_command(caller, id, |now_ms| Command::Release { now_ms }).await
+    }
+
+    /// Renews a reservation's allocation lease (`reservations.renew`); after the deadline it is refused.
+    pub async fn renew_reservation(&self, caller: &Caller, id: &ReservationId) -> AppResult<Committed<Reservation>> {
+        self.reservation_command(caller, id, |now_ms| Command::Renew { now_ms }).await
+    }
+
+    /// Lengthens a live reservation's window to `end_ms` on the same atoms. Refused with `CONFLICT` when another
+    /// booking holds one of its atoms after the current end, and with `QUOTA_EXCEEDED` when the tenant's quota
+    /// does not admit the extra time.
+    pub async fn extend_reservation(
+        &self,
+        caller: &Caller,
+        id: &ReservationId,
+        end_ms: i64,
+    ) -> AppResult<Committed<Reservation>> {
+        let mut tries = 1;
+        loop {
+            let attempt = self
+                .db
+                .transaction(TxOptions::COMMAND, |tx| {
+                    async move { extend_once(tx, caller, id, end_ms).await }.scope_boxed()
+                })
+                .await;
+            match attempt {
+                // An exclusion violation here is a lasting answer about someone else's booking, not a race.
+                Err(AppError::Store(err))
+                    if err.sql_state().as_deref() == Some(bc_eventstore::error::EXCLUSION_VIOLATION) =>
+                {
+                    return Err(Rejection::Conflict(format!(
+                        "cannot extend {id}: another reservation holds some of its atoms after the current end"
+                    ))
+                    .into());
+                }
+                Err(err) if err.is_retryable() && tries < self.retry.max_attempts => {
+                    tokio::time::sleep(self.retry.backoff(tries)).await;
+                    tries += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn reservation_command(
+        &self,
+        caller: &Caller,
+        id: &ReservationId,
+        command: impl Fn(i64) -> Command + Send + Sync,
+    ) -> AppResult<Committed<Reservation>> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let command = &command;
+                async move {
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let r = owned_reservation(tx, caller, id).await?;
+                    let events = reservation::decide(&r, &command(now_ms))?;
+                    apply_and_schedule(tx, caller, r, events, now_ms).await
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+}
+
+async fn owned_reservation(tx: &mut Tx, caller: &Caller, id: &ReservationId) -> AppResult<Reservation> {
+    match store::reservation(tx, id).await? {
+        Some(r) if r.tenant_id == caller.tenant_id => Ok(r),
+        _ => Err(Rejection::NotFound { kind: "reservation", id: id.to_string() }.into()),
+    }
+}
+
+/// Records decided events on a reservation and wakes the pool's pending reservations when they freed capacity.
+/// Returns the new state and the position of the last event.
+pub(crate) async fn record_reservation(
+    tx: &mut Tx,
+    caller: &Caller,
+    r: Reservation,
+    events: Vec<ReservationEvent>,
+) -> AppResult<(Reservation, Option<Position>)> {
+    let frees_capacity = events.iter().any(|e| e.ends_bookings_at().is_some());
+    let state = events.iter().fold(Some(r.clone()), reservation::evolve).unwrap_or_else(|| r.clone());
+    let position = record(tx, caller, r.id.as_str(), &r.tenant_id, ExpectedVersion::Exact(r.version), events).await?;
+    if frees_capacity {
+        wake(tx, &pending_key(&state.request.pool_id), None).await?;
+    }
+    Ok((state, position))
+}
+
+/// Records decided events on a reservation (see [`record_reservation`]) and schedules its next look.
+pub(crate) async fn apply_and_schedule(
+    tx: &mut Tx,
+    caller: &Caller,
+    r: Reservation,
+    events: Vec<ReservationEvent>,
+    now_ms: i64,
+) -> AppResult<Committed<Reservation>> {
+    let (state, position) = record_reservation(tx, caller, r, events).await?;
+    if let Some(at) = next_wake(&state, now_ms) {
+        wake(tx, &reservation_key(&state.id), at).await?;
+    }
+    Ok(Committed { value: state, position })
+}
+
+async fn reserve_once(
+    tx: &mut Tx,
+    caller: &Caller,
+    id: &ReservationId,
+    request: &ReservationRequest,
+    placement: Placement,
+) -> AppResult<Committed<Reserved>> {
+    let now_ms = clock::compute_now_ms(tx).await?;
+    let new = |priority, quota_holder| NewRequest {
+        reservation_id: id.clone(),
+        tenant_id: caller.tenant_id.clone(),
+        identity: caller.identity.clone(),
+        request: request.clone(),
+        priority,
+        quota_holder,
+        now_ms,
+    };
+    if let Some(existing) = store::reservation(tx, id).await? {
+        reservation::request(Some(&existing), new(0, None))?;
+        let position = stream_head(tx, id.as_str()).await?;
+        return Ok(Committed { value: Reserved { reservation: existing, created: false }, position });
+    }
+
+    let not_found = || Rejection::NotFound { kind: "pool", id: request.pool_id.to_string() };
+    let pool = store::pool(tx, &request.pool_id).await?.ok_or_else(not_found)?;
+    let (priority, quota_holder) = if pool.owner_tenant_id == caller.tenant_id {
+        (0, None)
+    } else {
+        let offers = store::offers(tx, &pool.id).await?;
+        let offer = governing_offer(&offers, &caller.tenant_id, &caller.ancestors).ok_or_else(not_found)?;
+        let quota = offer.quota.get(request.resource()).copied().unwrap_or(0);
+        if request.devices.count > quota {
+            return Err(Rejection::QuotaExceeded(format!(
+                "the quota for {} in pool {} is {quota}; the request asks for {}",
+                request.resource(),
+                pool.id,
+                request.devices.count
+            ))
+            .into());
+        }
+        (offer.priority, Some(offer.tenant_id.clone()))
+    };
+    let mut events = reservation::request(None, new(priority, quota_holder))?;
+    if let Some(project) = &request.project_id
+        && !store::project_in_tenant(tx, project.as_str(), &caller.tenant_id).await?
+    {
+        return Err(Rejection::invalid(
+            "projectId",
+            format!("{project} is not a project of tenant {}", caller.tenant_id),
+        )
+        .into());
+    }
+    let atom_class = pool.sharing.atom_class();
+    if request.devices.class != atom_class {
+        return Err(Rejection::CapacityUnavailable(format!(
+            "pool {} shares its GPUs as {}, so it books {atom_class} atoms, not {}",
+            pool.id,
+            pool.sharing.as_str(),
+            request.devices.class
+        ))
+        .into());
+    }
+    if request.devices.selector.gpu_model.as_ref().is_some_and(|model| model != &pool.gpu_model) {
+        return Err(
+            Rejection::CapacityUnavailable(format!("pool {} holds {} GPUs only", pool.id, pool.gpu_model)).into()
+        );
+    }
+    let holders = store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?;
+    if holders < i64::from(request.devices.nodes()) {
+        return Err(Rejection::CapacityUnavailable(format!(
+            "the request can never fit pool {}: it needs {} node(s) with {} matching {} atoms, and the pool has {holders}",
+            pool.id,
+            request.devices.nodes(),
+            request.devices.per_node(),
+            request.devices.class
+        ))
+        .into());
+    }
+
+    let mut state = reservation::fold(&events)
+        .ok_or_else(|| AppError::Store(bc_eventstore::Error::Internal("no state after a request".into())))?;
+    let placed = match placement {
+        Placement::Try => try_place(tx, &state, &pool, now_ms).await?,
+        Placement::Skip => None,
+    };
+    match placed {
+        Some(allocations) => {
+            let more = reservation::decide(&state, &Command::Place { allocations, now_ms })?;
+            for event in &more {
+                state = reservation::evolve(Some(state), event).unwrap_or_else(|| unreachable!("evolve keeps a state"));
+            }
+            events.extend(more);
+        }
+        None => {
+            if !request.wait {
+                return Err(Rejection::CapacityUnavailable(format!(
+                    "pool {} has no room for the request now, and it asked not to wait",
+                    pool.id
+                ))
+                .into());
+            }
+            if store::pending_count(tx, &pool.id).await? >= i64::from(pool.policy.max_pending) {
+                return Err(Rejection::CapacityUnavailable(format!(
+                    "pool {}'s pending queue is full (maxPending {})",
+                    pool.id, pool.policy.max_pending
+                ))
+                .into());
+            }
+        }
+    }
+    let position = record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
+    if let Some(at) = next_wake(&state, now_ms) {
+        wake(tx, &reservation_key(id), at).await?;
+    }
+    Ok(Committed { value: Reserved { reservation: state, created: true }, position })
+}
+
+async fn extend_once(
+    tx: &mut Tx,
+    caller: &Caller,
+    id: &ReservationId,
+    end_ms: i64,
+) -> AppResult<Committed<Reservation>> {
+    let now_ms = clock::compute_now_ms(tx).await?;
+    let r = owned_reservation(tx, caller, id).await?;
+    let events = reservation::decide(&r, &Command::Extend { end_ms, now_ms })?;
+    let pool = store::pool(tx, &r.request.pool_id)
+        .await?
+        .ok_or_else(|| Rejection::NotFound { kind: "pool", id: r.request.pool_id.to_string() })?;
+    let resource = r.request.resource();
+    if let (Some(quota), Some(current_end)) =
+        (quota_limit(tx, &pool, r.quota_holder.as_ref(), resource).await?, r.end_ms)
+    {
+        store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
+        let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, current_end, end_ms).await?;
+        if peak + i64::from(r.request.devices.count) > i64::from(quota) {
+            return Err(Rejection::QuotaExceeded(format!(
+                "extending to {end_ms} would hold more than the quota of {quota} {resource} in pool {}",
+                pool.id
+            ))
+            .into());
+        }
+    }
+    apply_and_schedule(tx, caller, r, events, now_ms).await
+}

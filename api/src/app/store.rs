@@ -1,0 +1,321 @@
+//! The command handlers' reads: lookups of the inline tables, the placement query, the quota sweep and the
+//! locks, each in the lock order quota_usage → pools → nodes → devices → device_bookings.
+
+use bc_domain::event::DomainEvent;
+use bc_domain::id::{NodeId, PoolId, ReservationId, TenantId};
+use bc_domain::placement::NodeCandidate;
+use bc_domain::pool::{PoolOffered, PoolPolicy, Sharing};
+use bc_domain::reservation::{self, DeviceRequest, Reservation, ReservationEvent};
+use bc_eventstore::{Error, Tx, events, sql};
+use sqlx::Row as _;
+
+use super::{AppError, AppResult};
+
+fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
+    AppError::Store(Error::Internal(format!("{what}: {err}")))
+}
+
+/// What handlers need of a pool.
+#[derive(Debug, Clone)]
+pub struct PoolRow {
+    pub id: PoolId,
+    pub owner_tenant_id: TenantId,
+    pub gpu_model: String,
+    pub sharing: Sharing,
+    pub policy: PoolPolicy,
+}
+
+pub async fn pool(tx: &mut Tx, pool_id: &PoolId) -> AppResult<Option<PoolRow>> {
+    let row = sql::query("SELECT owner_tenant_id, gpu_model, sharing, policy::text AS policy FROM pools WHERE id = $1")
+        .bind(pool_id.as_str())
+        .fetch_optional(tx.conn())
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let owner: String = row.try_get("owner_tenant_id")?;
+    let sharing: String = row.try_get("sharing")?;
+    let policy: String = row.try_get("policy")?;
+    Ok(Some(PoolRow {
+        id: pool_id.clone(),
+        owner_tenant_id: owner.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))?,
+        gpu_model: row.try_get("gpu_model")?,
+        sharing: serde_json::from_value(serde_json::Value::String(sharing))
+            .map_err(|err| corrupt("pools.sharing", err))?,
+        policy: serde_json::from_str(&policy).map_err(|err| corrupt("pools.policy", err))?,
+    }))
+}
+
+/// The site a pool is in.
+pub async fn pool_site(tx: &mut Tx, pool_id: &PoolId) -> AppResult<bc_domain::id::SiteId> {
+    let site: String = sql::query_scalar("SELECT site_id FROM pools WHERE id = $1")
+        .bind(pool_id.as_str())
+        .fetch_one(tx.conn())
+        .await?;
+    site.parse().map_err(|err| corrupt("pools.site_id", err))
+}
+
+/// Locks a pool's row in share mode (second in the lock order), so a concurrent change to the pool waits.
+pub async fn lock_pool(tx: &mut Tx, pool_id: &PoolId) -> AppResult<()> {
+    sql::query("SELECT 1 FROM pools WHERE id = $1 FOR SHARE").bind(pool_id.as_str()).execute(tx.conn()).await?;
+    Ok(())
+}
+
+pub async fn offers(tx: &mut Tx, pool_id: &PoolId) -> AppResult<Vec<PoolOffered>> {
+    let rows = sql::query(
+        "SELECT tenant_id, quota::text AS quota, priority, include_descendants, ts_ms(updated_at) AS at_ms
+         FROM pool_offers WHERE pool_id = $1 ORDER BY tenant_id",
+    )
+    .bind(pool_id.as_str())
+    .fetch_all(tx.conn())
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let tenant: String = row.try_get("tenant_id")?;
+            let quota: String = row.try_get("quota")?;
+            Ok(PoolOffered {
+                pool_id: pool_id.clone(),
+                tenant_id: tenant.parse().map_err(|err| corrupt("pool_offers.tenant_id", err))?,
+                quota: serde_json::from_str(&quota).map_err(|err| corrupt("pool_offers.quota", err))?,
+                priority: row.try_get("priority")?,
+                include_descendants: row.try_get("include_descendants")?,
+                at_ms: row.try_get("at_ms")?,
+            })
+        })
+        .collect()
+}
+
+pub async fn site_owner(tx: &mut Tx, site_id: &str) -> AppResult<Option<String>> {
+    Ok(sql::query_scalar("SELECT owner_tenant_id FROM sites WHERE id = $1")
+        .bind(site_id)
+        .fetch_optional(tx.conn())
+        .await?)
+}
+
+pub async fn project_in_tenant(tx: &mut Tx, project_id: &str, tenant: &TenantId) -> AppResult<bool> {
+    Ok(sql::query_scalar("SELECT EXISTS (SELECT 1 FROM projects WHERE id = $1 AND tenant_id = $2)")
+        .bind(project_id)
+        .bind(tenant.as_str())
+        .fetch_one(tx.conn())
+        .await?)
+}
+
+pub async fn name_taken(tx: &mut Tx, table: NamedTable, owner: &str, name: &str) -> AppResult<bool> {
+    let query = match table {
+        NamedTable::Sites => "SELECT EXISTS (SELECT 1 FROM sites WHERE owner_tenant_id = $1 AND name = $2)",
+        NamedTable::Pools => "SELECT EXISTS (SELECT 1 FROM pools WHERE owner_tenant_id = $1 AND name = $2)",
+        NamedTable::Projects => "SELECT EXISTS (SELECT 1 FROM projects WHERE tenant_id = $1 AND name = $2)",
+        NamedTable::Nodes => "SELECT EXISTS (SELECT 1 FROM nodes WHERE pool_id = $1 AND name = $2)",
+    };
+    Ok(sql::query_scalar(query).bind(owner).bind(name).fetch_one(tx.conn()).await?)
+}
+
+/// Tables whose rows have a name unique within an owner.
+#[derive(Debug, Clone, Copy)]
+pub enum NamedTable {
+    Sites,
+    Pools,
+    Projects,
+    Nodes,
+}
+
+/// What handlers need of a node.
+#[derive(Debug, Clone)]
+pub struct NodeRow {
+    pub pool_id: PoolId,
+    pub cordoned: bool,
+    pub maintenance: bool,
+}
+
+pub async fn node(tx: &mut Tx, node_id: &NodeId) -> AppResult<Option<NodeRow>> {
+    let row = sql::query("SELECT pool_id, cordoned, maintenance FROM nodes WHERE id = $1")
+        .bind(node_id.as_str())
+        .fetch_optional(tx.conn())
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let pool: String = row.try_get("pool_id")?;
+    Ok(Some(NodeRow {
+        pool_id: pool.parse().map_err(|err| corrupt("nodes.pool_id", err))?,
+        cordoned: row.try_get("cordoned")?,
+        maintenance: row.try_get("maintenance")?,
+    }))
+}
+
+pub async fn devices_taken(tx: &mut Tx, ids: &[&str]) -> AppResult<Vec<String>> {
+    Ok(sql::query_scalar("SELECT id FROM devices WHERE id = ANY($1) ORDER BY id")
+        .bind(ids)
+        .fetch_all(tx.conn())
+        .await?)
+}
+
+/// A reservation's state, folded from its stream, and the stream's version.
+pub async fn reservation(tx: &mut Tx, id: &ReservationId) -> AppResult<Option<Reservation>> {
+    let recorded = events::read_stream(tx, id.as_str(), 0, 10_000).await?;
+    let mut decoded = Vec::with_capacity(recorded.len());
+    for event in &recorded {
+        decoded.push(ReservationEvent::decode(&event.event_type, event.schema_version, &event.payload)?);
+    }
+    Ok(reservation::fold(&decoded))
+}
+
+/// The selector's SQL parameters: gpuModel, gpuProduct, and the attributes as a JSON object.
+fn selector_params(request: &DeviceRequest) -> AppResult<(Option<&str>, Option<&str>, String)> {
+    let attributes = serde_json::to_string(&request.selector.attributes).map_err(|err| corrupt("selector", err))?;
+    Ok((request.selector.gpu_model.as_deref(), request.selector.gpu_product.as_deref(), attributes))
+}
+
+/// Schedulable nodes of the pool with the atoms that match the request and are free over `[start, end)`.
+pub async fn candidates(
+    tx: &mut Tx,
+    pool_id: &PoolId,
+    request: &DeviceRequest,
+    start_ms: i64,
+    end_ms: i64,
+) -> AppResult<Vec<NodeCandidate>> {
+    let (model, product, attributes) = selector_params(request)?;
+    let rows = sql::query(
+        "SELECT d.node_id, array_agg(d.id ORDER BY d.id) AS free
+         FROM devices AS d JOIN nodes AS n ON n.id = d.node_id
+         WHERE d.pool_id = $1 AND d.bookable AND d.class = $2 AND n.schedulable
+           AND ($3::text IS NULL OR d.gpu_model = $3)
+           AND ($4::text IS NULL OR d.gpu_product = $4)
+           AND d.attributes @> $5::jsonb
+           AND NOT EXISTS (SELECT 1 FROM device_bookings AS b
+                           WHERE b.device_id = d.id AND b.during && tstzrange(ms_ts($6), ms_ts($7)))
+         GROUP BY d.node_id
+         ORDER BY d.node_id",
+    )
+    .bind(pool_id.as_str())
+    .bind(request.class.as_str())
+    .bind(model)
+    .bind(product)
+    .bind(&attributes)
+    .bind(start_ms)
+    .bind(end_ms)
+    .fetch_all(tx.conn())
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let node: String = row.try_get("node_id")?;
+            let free: Vec<String> = row.try_get("free")?;
+            Ok(NodeCandidate {
+                node_id: node.parse().map_err(|err| corrupt("devices.node_id", err))?,
+                free_atoms: free
+                    .into_iter()
+                    .map(|id| id.parse().map_err(|err| corrupt("devices.id", err)))
+                    .collect::<AppResult<_>>()?,
+            })
+        })
+        .collect()
+}
+
+/// How many nodes of the pool (schedulable now or not) have enough matching atoms to ever hold one node's
+/// share of the request.
+pub async fn nodes_that_could_hold(tx: &mut Tx, pool_id: &PoolId, request: &DeviceRequest) -> AppResult<i64> {
+    let (model, product, attributes) = selector_params(request)?;
+    Ok(sql::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT d.node_id FROM devices AS d
+             WHERE d.pool_id = $1 AND d.bookable AND d.class = $2
+               AND ($3::text IS NULL OR d.gpu_model = $3)
+               AND ($4::text IS NULL OR d.gpu_product = $4)
+               AND d.attributes @> $5::jsonb
+             GROUP BY d.node_id
+             HAVING count(*) >= $6
+         ) AS holders",
+    )
+    .bind(pool_id.as_str())
+    .bind(request.class.as_str())
+    .bind(model)
+    .bind(product)
+    .bind(&attributes)
+    .bind(i64::from(request.per_node()))
+    .fetch_one(tx.conn())
+    .await?)
+}
+
+/// Re-reads the chosen nodes `FOR SHARE`, so a concurrent cordon or delete cannot slip between the choice and
+/// the booking. Returns whether all of them are still schedulable.
+pub async fn lock_chosen_nodes(tx: &mut Tx, nodes: &[&str]) -> AppResult<bool> {
+    let schedulable: i64 = sql::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM nodes WHERE id = ANY($1) AND schedulable ORDER BY id FOR SHARE) AS n",
+    )
+    .bind(nodes)
+    .fetch_one(tx.conn())
+    .await?;
+    Ok(schedulable == nodes.len() as i64)
+}
+
+/// Creates the tenant's quota row for (pool, resource) if needed and locks it `FOR UPDATE`: first in the lock
+/// order, it serializes quota checks of one tenant in one pool.
+pub async fn lock_quota(tx: &mut Tx, tenant: &TenantId, pool_id: &PoolId, resource: &str) -> AppResult<()> {
+    sql::query(
+        "INSERT INTO quota_usage (tenant_id, pool_id, resource) VALUES ($1, $2, $3)
+         ON CONFLICT (tenant_id, pool_id, resource) DO NOTHING",
+    )
+    .bind(tenant.as_str())
+    .bind(pool_id.as_str())
+    .bind(resource)
+    .execute(tx.conn())
+    .await?;
+    sql::query("SELECT 1 FROM quota_usage WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3 FOR UPDATE")
+        .bind(tenant.as_str())
+        .bind(pool_id.as_str())
+        .bind(resource)
+        .execute(tx.conn())
+        .await?;
+    Ok(())
+}
+
+/// The most atoms of `resource` the tenant holds in the pool at any instant of `[start, end)`: a sweep over
+/// its bookings (each row is one atom), where a booking ending at an instant does not overlap one starting at it.
+pub async fn peak_usage(
+    tx: &mut Tx,
+    tenant: &TenantId,
+    pool_id: &PoolId,
+    resource: &str,
+    start_ms: i64,
+    end_ms: i64,
+) -> AppResult<i64> {
+    Ok(sql::query_scalar(
+        "WITH held AS (
+             SELECT greatest(lower(b.during), ms_ts($4)) AS from_at, least(upper(b.during), ms_ts($5)) AS to_at
+             FROM device_bookings AS b
+             WHERE b.tenant_id = $1 AND b.pool_id = $2 AND b.resource = $3
+               AND b.during && tstzrange(ms_ts($4), ms_ts($5))
+         ), steps AS (
+             SELECT from_at AS at, 1 AS delta FROM held
+             UNION ALL
+             SELECT to_at AS at, -1 AS delta FROM held
+         )
+         SELECT coalesce(max(running), 0)::int8 FROM (
+             SELECT sum(delta) OVER (ORDER BY at, delta ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS running
+             FROM steps
+         ) AS sweep",
+    )
+    .bind(tenant.as_str())
+    .bind(pool_id.as_str())
+    .bind(resource)
+    .bind(start_ms)
+    .bind(end_ms)
+    .fetch_one(tx.conn())
+    .await?)
+}
+
+pub async fn pending_count(tx: &mut Tx, pool_id: &PoolId) -> AppResult<i64> {
+    Ok(sql::query_scalar("SELECT count(*) FROM reservations WHERE pool_id = $1 AND state = 'pending'")
+        .bind(pool_id.as_str())
+        .fetch_one(tx.conn())
+        .await?)
+}
+
+/// The pool's pending reservations in the order they are retried: offering priority, then first come.
+pub async fn pending_in_order(tx: &mut Tx, pool_id: &PoolId, limit: i64) -> AppResult<Vec<ReservationId>> {
+    let ids: Vec<String> = sql::query_scalar(
+        "SELECT id FROM reservations WHERE pool_id = $1 AND state = 'pending'
+         ORDER BY priority DESC, requested_at, id LIMIT $2",
+    )
+    .bind(pool_id.as_str())
+    .bind(limit)
+    .fetch_all(tx.conn())
+    .await?;
+    ids.into_iter().map(|id| id.parse().map_err(|err| corrupt("reservations.id", err))).collect()
+}

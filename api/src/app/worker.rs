@@ -1,0 +1,205 @@
+//! The worker: runs the work queue. A reservation's key (`rsv:<id>`) makes it look at the reservation at its
+//! recorded times (start, end, lease deadline, pending deadline) and apply what is due; a pool's key
+//! (`pool:<id>:pending`) retries its pending reservations, by offering priority and then first come, whenever
+//! capacity may have freed.
+
+use std::time::Duration;
+
+use bc_domain::id::{PoolId, ReservationId};
+use bc_domain::reservation::{self, Command, Due, ReservationState};
+use bc_eventstore::queue::{self, Backoff, WorkItem};
+use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
+
+use super::reservations::{apply_and_schedule, record_reservation, try_place};
+use super::{App, AppError, AppResult, Caller, SHARDS, store};
+
+/// How a worker claims and paces its work.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The shards this worker serves.
+    pub shards: Vec<i32>,
+    /// Keys claimed per round.
+    pub batch: u32,
+    /// How long a claim lasts before another worker may take the key.
+    pub claim_for: Duration,
+    /// The pause when nothing was due.
+    pub idle_poll: Duration,
+    pub backoff: Backoff,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS as i32).collect(),
+            batch: 32,
+            claim_for: Duration::from_secs(30),
+            idle_poll: Duration::from_millis(200),
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// A worker over the app's database.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    app: App,
+    config: WorkerConfig,
+    caller: Caller,
+}
+
+impl Worker {
+    pub fn new(app: App, config: WorkerConfig) -> Self {
+        Self { app, config, caller: Caller::system() }
+    }
+
+    /// Claims one batch of due keys and processes them. Returns how many it claimed.
+    pub async fn run_once(&self) -> AppResult<usize> {
+        let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
+        let items = queue::claim(&mut tx, &self.config.shards, self.config.batch, self.config.claim_for).await?;
+        tx.commit().await?;
+        for item in &items {
+            if let Err(err) = self.process(item).await {
+                tracing::warn!(key = %item.key, attempts = item.attempts, error = %err, "work item failed; backing off");
+                let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
+                queue::fail(&mut tx, item, &err.to_string(), &self.config.backoff).await?;
+                tx.commit().await?;
+            }
+        }
+        Ok(items.len())
+    }
+
+    /// Processes due keys until none is left (for tests and the simulator).
+    pub async fn run_until_idle(&self) -> AppResult<usize> {
+        let mut total = 0;
+        loop {
+            let claimed = self.run_once().await?;
+            if claimed == 0 {
+                return Ok(total);
+            }
+            total += claimed;
+        }
+    }
+
+    /// Runs until `shutdown` resolves. Not cancel-safe inside a round: it finishes the round first.
+    pub async fn run(self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            let claimed = match self.run_once().await {
+                Ok(claimed) => claimed,
+                Err(err) => {
+                    tracing::warn!(error = %err, "worker round failed");
+                    0
+                }
+            };
+            if claimed == 0 {
+                tokio::select! {
+                    _ = shutdown.changed() => {}
+                    () = tokio::time::sleep(self.config.idle_poll) => {}
+                }
+            }
+        }
+    }
+
+    async fn process(&self, item: &WorkItem) -> AppResult<()> {
+        if let Some(id) = item.key.strip_prefix("rsv:") {
+            let id: ReservationId = id.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
+            return self.reconcile_reservation(item, &id).await;
+        }
+        if let Some(pool) = item.key.strip_prefix("pool:").and_then(|rest| rest.strip_suffix(":pending")) {
+            let pool: PoolId = pool.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
+            return self.retry_pending(item, &pool).await;
+        }
+        tracing::warn!(key = %item.key, "unknown work item; dropping it");
+        let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
+        queue::complete(&mut tx, item).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Applies whatever is due for one reservation, in one transaction with the completion of its work item.
+    async fn reconcile_reservation(&self, item: &WorkItem, id: &ReservationId) -> AppResult<()> {
+        let caller = &self.caller;
+        self.app
+            .db
+            .transaction_with_retry(TxOptions::COMMAND, &self.app.retry, |tx| {
+                async move {
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let Some(mut r) = store::reservation(tx, id).await? else {
+                        queue::complete(tx, item).await?;
+                        return Ok(());
+                    };
+                    // A few steps at most: placed → binding → active happen together at the start.
+                    for _ in 0..4 {
+                        let command = match reservation::due(&r, now_ms) {
+                            Due::Done => {
+                                queue::complete(tx, item).await?;
+                                return Ok(());
+                            }
+                            Due::WakeAt(at) => {
+                                queue::reschedule(tx, item, at).await?;
+                                return Ok(());
+                            }
+                            Due::TryPlace { wake_at_ms } => {
+                                let pool = store::pool(tx, &r.request.pool_id).await?;
+                                let placed = match &pool {
+                                    Some(pool) => try_place(tx, &r, pool, now_ms).await?,
+                                    None => None,
+                                };
+                                match placed {
+                                    Some(allocations) => Command::Place { allocations, now_ms },
+                                    None => {
+                                        queue::reschedule(tx, item, wake_at_ms).await?;
+                                        return Ok(());
+                                    }
+                                }
+                            }
+                            Due::Apply(command) => command,
+                        };
+                        let events = reservation::decide(&r, &command)?;
+                        // The worker holds this reservation's key and reschedules it itself, so it records without waking it.
+                        r = record_reservation(tx, caller, r, events).await?.0;
+                    }
+                    // Still due after the steps: leave the key due, so the next round goes on.
+                    queue::reschedule(tx, item, now_ms).await?;
+                    Ok(())
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
+    /// Retries the pool's pending reservations in order, each in its own transaction.
+    async fn retry_pending(&self, item: &WorkItem, pool_id: &PoolId) -> AppResult<()> {
+        let mut tx = self.app.db.begin(TxOptions::READ_ONLY).await?;
+        let pending = store::pending_in_order(&mut tx, pool_id, 200).await?;
+        tx.commit().await?;
+        let caller = &self.caller;
+        for id in &pending {
+            self.app
+                .db
+                .transaction_with_retry(TxOptions::COMMAND, &self.app.retry, |tx| {
+                    async move {
+                        let now_ms = clock::compute_now_ms(tx).await?;
+                        let Some(r) = store::reservation(tx, id).await? else { return Ok(()) };
+                        if r.state != ReservationState::Pending || now_ms >= r.pending_deadline_ms {
+                            return Ok(());
+                        }
+                        let Some(pool) = store::pool(tx, pool_id).await? else { return Ok(()) };
+                        if let Some(allocations) = try_place(tx, &r, &pool, now_ms).await? {
+                            let events = reservation::decide(&r, &Command::Place { allocations, now_ms })?;
+                            apply_and_schedule(tx, caller, r, events, now_ms).await?;
+                        }
+                        Ok::<_, AppError>(())
+                    }
+                    .scope_boxed()
+                })
+                .await?;
+        }
+        let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
+        queue::complete(&mut tx, item).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}

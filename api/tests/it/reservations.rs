@@ -1,0 +1,320 @@
+//! Reservations through the command handlers and the worker, on real PostgreSQL with the simulated clock.
+
+use bc_api::app::availability::EarliestStart;
+use bc_domain::device::DeviceClass;
+use bc_domain::pool::{PoolPolicy, Sharing};
+use bc_domain::reservation::{Binding, ExpiryCause, ReservationState, Topology};
+
+use crate::support::{Fleet, HOUR, T0, caller, request};
+
+#[tokio::test]
+async fn a_reservation_that_fits_is_placed_and_booked_for_its_window() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 8, 0).await;
+    let reserved = fleet.reserve(&fleet.owner, "k1", request(&pool, DeviceClass::Gpu, 4)).await.expect("reserve");
+    assert!(reserved.created);
+    let r = reserved.reservation;
+    assert_eq!(r.state, ReservationState::Placed);
+    assert_eq!((r.start_ms, r.end_ms), (Some(T0), Some(T0 + HOUR)));
+    let bookings = fleet.bookings(r.id.as_str()).await;
+    assert_eq!(bookings.len(), 4);
+    assert!(bookings.iter().all(|(_, start, end)| (*start, *end) == (T0, T0 + HOUR)));
+}
+
+#[tokio::test]
+async fn the_same_key_and_body_returns_the_same_reservation_even_when_racing() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 8, 0).await;
+    let body = request(&pool, DeviceClass::Gpu, 1);
+    let (a, b) = tokio::join!(
+        fleet.reserve(&fleet.owner, "same", body.clone()),
+        fleet.reserve(&fleet.owner, "same", body.clone())
+    );
+    let (a, b) = (a.expect("first"), b.expect("second"));
+    assert_eq!(a.reservation.id, b.reservation.id);
+    assert_eq!([a.created, b.created].iter().filter(|c| **c).count(), 1, "exactly one created it");
+    let again = fleet.reserve(&fleet.owner, "same", body.clone()).await.expect("retry");
+    assert_eq!((again.reservation.id.clone(), again.created), (a.reservation.id.clone(), false));
+    assert_eq!(fleet.bookings(a.reservation.id.as_str()).await.len(), 1, "booked once");
+
+    let other_body = request(&pool, DeviceClass::Gpu, 2);
+    let err = fleet.reserve(&fleet.owner, "same", other_body).await.expect_err("reuse");
+    assert_eq!(err.code(), "IDEMPOTENCY_KEY_REUSED");
+
+    let acme = caller("acme", "operator@platform");
+    fleet.offer(&pool, "acme", 8).await;
+    let theirs = fleet.reserve(&acme, "same", body).await.expect("another tenant");
+    assert_ne!(theirs.reservation.id, a.reservation.id, "another tenant with the same key gets another id");
+}
+
+#[tokio::test]
+async fn without_room_a_reservation_waits_and_is_placed_when_capacity_frees() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    let first =
+        fleet.reserve(&fleet.owner, "first", request(&pool, DeviceClass::Gpu, 2)).await.expect("first").reservation;
+    let second =
+        fleet.reserve(&fleet.owner, "second", request(&pool, DeviceClass::Gpu, 2)).await.expect("second").reservation;
+    assert_eq!(second.state, ReservationState::Pending);
+    assert!(fleet.bookings(second.id.as_str()).await.is_empty(), "nothing booked or charged while pending");
+
+    fleet.app.cancel_reservation(&fleet.owner, &first.id, Some("not needed".into())).await.expect("cancel");
+    fleet.worker().run_until_idle().await.expect("worker");
+    let second = fleet.app.reservation(&fleet.owner, &second.id).await.expect("read").value;
+    assert_eq!(second.state, ReservationState::Active, "placed, and its window starts at once");
+    assert_eq!(fleet.bookings(second.id.as_str()).await.len(), 2);
+    assert!(
+        fleet.bookings(first.id.as_str()).await.is_empty(),
+        "a cancelled reservation's bookings end when cancelled"
+    );
+}
+
+#[tokio::test]
+async fn capacity_unavailable_only_when_it_can_never_fit_or_must_not_wait_or_the_queue_is_full() {
+    let fleet = Fleet::new().await;
+    let policy = PoolPolicy { max_pending: 1, ..PoolPolicy::default() };
+    let pool = fleet.pool_with("small", Sharing::Exclusive, policy).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    fleet.node(&pool, "b", 2, 0).await;
+
+    let too_big =
+        fleet.reserve(&fleet.owner, "big", request(&pool, DeviceClass::Gpu, 3)).await.expect_err("never fits one node");
+    assert_eq!(too_big.code(), "CAPACITY_UNAVAILABLE");
+    let mut gang = request(&pool, DeviceClass::Gpu, 6);
+    gang.devices.topology = Topology::Gang { nodes: 3 };
+    assert_eq!(
+        fleet.reserve(&fleet.owner, "gang", gang).await.expect_err("three nodes").code(),
+        "CAPACITY_UNAVAILABLE"
+    );
+    let mut wrong_class = request(&pool, DeviceClass::GpuMig, 1);
+    wrong_class.devices.count = 1;
+    assert_eq!(
+        fleet.reserve(&fleet.owner, "mig", wrong_class).await.expect_err("no mig").code(),
+        "CAPACITY_UNAVAILABLE"
+    );
+
+    let mut gang = request(&pool, DeviceClass::Gpu, 4);
+    gang.devices.topology = Topology::Gang { nodes: 2 };
+    let placed = fleet.reserve(&fleet.owner, "gang-ok", gang).await.expect("a gang over both nodes").reservation;
+    assert_eq!(placed.allocations.len(), 2, "one allocation per node");
+
+    let mut impatient = request(&pool, DeviceClass::Gpu, 1);
+    impatient.wait = false;
+    assert_eq!(
+        fleet.reserve(&fleet.owner, "now", impatient).await.expect_err("full now").code(),
+        "CAPACITY_UNAVAILABLE"
+    );
+    let waiting = fleet.reserve(&fleet.owner, "wait", request(&pool, DeviceClass::Gpu, 1)).await.expect("waits");
+    assert_eq!(waiting.reservation.state, ReservationState::Pending);
+    let queue_full =
+        fleet.reserve(&fleet.owner, "wait-2", request(&pool, DeviceClass::Gpu, 1)).await.expect_err("maxPending 1");
+    assert_eq!(queue_full.code(), "CAPACITY_UNAVAILABLE");
+}
+
+#[tokio::test]
+async fn quota_is_a_limit_at_every_instant_of_the_window() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 8, 0).await;
+    fleet.offer(&pool, "acme", 2).await;
+    let acme = caller("acme", "alice@acme");
+
+    assert_eq!(
+        fleet.reserve(&acme, "three", request(&pool, DeviceClass::Gpu, 3)).await.expect_err("over").code(),
+        "QUOTA_EXCEEDED"
+    );
+    let now = fleet.reserve(&acme, "now", request(&pool, DeviceClass::Gpu, 2)).await.expect("now").reservation;
+    assert_eq!(now.state, ReservationState::Placed);
+    // The next hour is free of acme's atoms, so two more fit there; an overlapping window waits.
+    let mut later = request(&pool, DeviceClass::Gpu, 2);
+    later.start_ms = Some(T0 + HOUR);
+    assert_eq!(fleet.reserve(&acme, "later", later).await.expect("later").reservation.state, ReservationState::Placed);
+    let mut overlapping = request(&pool, DeviceClass::Gpu, 1);
+    overlapping.start_ms = Some(T0 + HOUR / 2);
+    let waiting = fleet.reserve(&acme, "overlap", overlapping).await.expect("waits for quota").reservation;
+    assert_eq!(waiting.state, ReservationState::Pending);
+
+    // A pool nobody offered is invisible.
+    let other = fleet.pool("private", Sharing::Exclusive, None).await;
+    assert_eq!(
+        fleet.reserve(&acme, "x", request(&other, DeviceClass::Gpu, 1)).await.expect_err("invisible").code(),
+        "NOT_FOUND"
+    );
+    // The owner is not quota-limited.
+    assert_eq!(
+        fleet.reserve(&fleet.owner, "own", request(&pool, DeviceClass::Gpu, 4)).await.expect("owner").reservation.state,
+        ReservationState::Placed
+    );
+}
+
+#[tokio::test]
+async fn the_worker_starts_activates_and_expires_at_the_recorded_times() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    let mut req = request(&pool, DeviceClass::Gpu, 1);
+    req.start_ms = Some(T0 + 60_000);
+    let r = fleet.reserve(&fleet.owner, "k", req).await.expect("reserve").reservation;
+    fleet.advance_to(T0 + 30_000).await;
+    assert_eq!(fleet.app.reservation(&fleet.owner, &r.id).await.expect("read").value.state, ReservationState::Placed);
+    fleet.advance_to(T0 + 60_000).await;
+    assert_eq!(fleet.app.reservation(&fleet.owner, &r.id).await.expect("read").value.state, ReservationState::Active);
+    // The worker runs late; the reservation still ends at its recorded end.
+    fleet.advance_to(T0 + 60_000 + HOUR + 45_000).await;
+    let ended = fleet.app.reservation(&fleet.owner, &r.id).await.expect("read").value;
+    assert_eq!((ended.state, ended.expiry_cause), (ReservationState::Expired, Some(ExpiryCause::WindowEnded)));
+    let bookings = fleet.bookings(r.id.as_str()).await;
+    assert_eq!(bookings.len(), 1);
+    assert_eq!((bookings[0].1, bookings[0].2), (T0 + 60_000, T0 + 60_000 + HOUR), "ended at the window's end");
+}
+
+#[tokio::test]
+async fn an_allocation_lease_lapses_unless_renewed() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    let mut req = request(&pool, DeviceClass::Gpu, 1);
+    req.lease_seconds = Some(60);
+    let r = fleet.reserve(&fleet.owner, "leased", req).await.expect("reserve").reservation;
+    fleet.advance_to(T0 + 50_000).await;
+    let renewed = fleet.app.renew_reservation(&fleet.owner, &r.id).await.expect("renew").value;
+    assert_eq!(renewed.lease_deadline_ms, Some(T0 + 110_000));
+    fleet.advance_to(T0 + 100_000).await;
+    assert_eq!(fleet.app.reservation(&fleet.owner, &r.id).await.expect("read").value.state, ReservationState::Active);
+    fleet.advance_to(T0 + 111_000).await;
+    let lapsed = fleet.app.reservation(&fleet.owner, &r.id).await.expect("read").value;
+    assert_eq!((lapsed.state, lapsed.expiry_cause), (ReservationState::Expired, Some(ExpiryCause::LeaseLapsed)));
+    assert_eq!(fleet.bookings(r.id.as_str()).await[0].2, T0 + 110_000, "ended at the lease deadline");
+    let late = fleet.app.renew_reservation(&fleet.owner, &r.id).await.expect_err("too late");
+    assert_eq!(late.code(), "CONFLICT");
+}
+
+#[tokio::test]
+async fn a_pending_reservation_fails_at_its_deadline() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 1, 0).await;
+    fleet.reserve(&fleet.owner, "hog", request(&pool, DeviceClass::Gpu, 1)).await.expect("hog");
+    let mut req = request(&pool, DeviceClass::Gpu, 1);
+    req.deadline_ms = Some(T0 + 120_000);
+    let waiting = fleet.reserve(&fleet.owner, "waiting", req).await.expect("pending").reservation;
+    fleet.advance_to(T0 + 121_000).await;
+    let failed = fleet.app.reservation(&fleet.owner, &waiting.id).await.expect("read").value;
+    assert_eq!(failed.state, ReservationState::Failed);
+    assert_eq!(failed.ended_at_ms, Some(T0 + 120_000));
+}
+
+#[tokio::test]
+async fn the_wrong_verb_is_a_conflict_naming_the_state_and_release_ends_the_bookings() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    let r = fleet.reserve(&fleet.owner, "k", request(&pool, DeviceClass::Gpu, 1)).await.expect("reserve").reservation;
+    let err = fleet.app.release_reservation(&fleet.owner, &r.id).await.expect_err("not started");
+    assert_eq!(err.code(), "CONFLICT");
+    assert!(err.to_string().contains("placed"), "{err}");
+    fleet.advance_to(T0 + 1_000).await;
+    fleet.advance_to(T0 + 600_000).await;
+    let err = fleet.app.cancel_reservation(&fleet.owner, &r.id, None).await.expect_err("started");
+    assert!(err.to_string().contains("active"), "{err}");
+    fleet.app.release_reservation(&fleet.owner, &r.id).await.expect("release");
+    fleet.advance_to(T0 + 700_000).await;
+    let released = fleet.app.reservation(&fleet.owner, &r.id).await.expect("read").value;
+    assert_eq!(released.state, ReservationState::Released);
+    assert_eq!(fleet.bookings(r.id.as_str()).await[0].2, T0 + 600_000, "ends when the tenant released");
+    let stranger = caller("acme", "eve@acme");
+    assert_eq!(fleet.app.reservation(&stranger, &r.id).await.expect_err("not theirs").code(), "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn extend_keeps_the_atoms_and_is_refused_onto_someone_elses_time() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 1, 0).await;
+    let r = fleet.reserve(&fleet.owner, "first", request(&pool, DeviceClass::Gpu, 1)).await.expect("first").reservation;
+    let extended = fleet.app.extend_reservation(&fleet.owner, &r.id, T0 + 2 * HOUR).await.expect("extend").value;
+    assert_eq!(extended.end_ms, Some(T0 + 2 * HOUR));
+    assert_eq!(fleet.bookings(r.id.as_str()).await[0].2, T0 + 2 * HOUR);
+    let mut next = request(&pool, DeviceClass::Gpu, 1);
+    next.start_ms = Some(T0 + 2 * HOUR);
+    fleet.reserve(&fleet.owner, "next", next).await.expect("the following window");
+    let err = fleet.app.extend_reservation(&fleet.owner, &r.id, T0 + 3 * HOUR).await.expect_err("taken");
+    assert_eq!(err.code(), "CONFLICT");
+    assert_eq!(fleet.bookings(r.id.as_str()).await[0].2, T0 + 2 * HOUR, "unchanged");
+}
+
+#[tokio::test]
+async fn out_of_scope_fields_and_unknown_projects_are_refused_by_name() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 1, 0).await;
+    let mut instance = request(&pool, DeviceClass::Gpu, 1);
+    instance.binding = Binding::Instance;
+    assert!(fleet.reserve(&fleet.owner, "i", instance).await.expect_err("binding").to_string().starts_with("binding:"));
+    let mut project = request(&pool, DeviceClass::Gpu, 1);
+    project.project_id = Some(bc_domain::id::ProjectId::generate());
+    assert!(
+        fleet
+            .reserve(&fleet.owner, "p", project.clone())
+            .await
+            .expect_err("project")
+            .to_string()
+            .starts_with("projectId:")
+    );
+    let created = fleet.app.create_project(&fleet.owner, "research".into()).await.expect("project").value;
+    project.project_id = Some(created);
+    fleet.reserve(&fleet.owner, "p2", project).await.expect("a project of the tenant");
+    assert!(fleet.reserve(&fleet.owner, "", request(&pool, DeviceClass::Gpu, 1)).await.is_err(), "an empty key");
+}
+
+#[tokio::test]
+async fn mig_and_timeslice_pools_book_their_own_atoms() {
+    let fleet = Fleet::new().await;
+    let mig = fleet.pool("mig", Sharing::Mig, None).await;
+    let slots = fleet.pool("slots", Sharing::Timeslice, Some(4)).await;
+    fleet.node(&mig, "m", 1, 7).await;
+    fleet.node(&slots, "s", 1, 0).await;
+    let r = fleet.reserve(&fleet.owner, "mig", request(&mig, DeviceClass::GpuMig, 3)).await.expect("mig").reservation;
+    assert!(fleet.bookings(r.id.as_str()).await.iter().all(|(d, _, _)| d.contains("/gi")));
+    let r =
+        fleet.reserve(&fleet.owner, "slot", request(&slots, DeviceClass::GpuSlot, 4)).await.expect("slots").reservation;
+    assert!(fleet.bookings(r.id.as_str()).await.iter().all(|(d, _, _)| d.contains("/s")));
+    let full = fleet
+        .reserve(&fleet.owner, "slot-2", request(&slots, DeviceClass::GpuSlot, 1))
+        .await
+        .expect("waits")
+        .reservation;
+    assert_eq!(full.state, ReservationState::Pending);
+}
+
+#[tokio::test]
+async fn availability_answers_the_earliest_start_and_the_free_atoms() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    fleet.reserve(&fleet.owner, "busy", request(&pool, DeviceClass::Gpu, 2)).await.expect("busy");
+    let mut later = request(&pool, DeviceClass::Gpu, 1);
+    later.start_ms = Some(T0 + 2 * HOUR);
+    fleet.reserve(&fleet.owner, "later", later).await.expect("later");
+
+    let one_hour = EarliestStart {
+        pool_id: pool.clone(),
+        devices: request(&pool, DeviceClass::Gpu, 2).devices,
+        duration_s: 3600,
+        not_before_ms: None,
+    };
+    assert_eq!(fleet.app.earliest_start(&fleet.owner, &one_hour).await.expect("query"), Some(T0 + HOUR));
+    let two_hours = EarliestStart { duration_s: 7200, ..one_hour.clone() };
+    assert_eq!(
+        fleet.app.earliest_start(&fleet.owner, &two_hours).await.expect("query"),
+        Some(T0 + 3 * HOUR),
+        "the later booking is in the way"
+    );
+    let free = fleet.app.free_atoms(&fleet.owner, &pool, T0 + HOUR, T0 + 2 * HOUR).await.expect("free");
+    assert_eq!(free.iter().map(|f| f.atoms.len()).sum::<usize>(), 2);
+    let free = fleet.app.free_atoms(&fleet.owner, &pool, T0, T0 + HOUR).await.expect("free");
+    assert!(free.is_empty());
+}

@@ -1,0 +1,173 @@
+//! A small fleet for the capacity tests: a site, pools of each sharing mode, nodes with simulated GPUs, an
+//! owner and a customer tenant, and the simulated clock.
+
+use bc_api::app::fleet::{CreatePool, CreateSite, OfferPool};
+use bc_api::app::nodes::RegisterNode;
+use bc_api::app::reservations::{Reserve, Reserved};
+use bc_api::app::worker::{Worker, WorkerConfig};
+use bc_api::app::{App, AppResult, Caller};
+use bc_domain::device::{DeviceClass, GpuInfo, MigInstance};
+use bc_domain::id::{NodeId, PoolId, SiteId};
+use bc_domain::node::{Role, Trust};
+use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing, SharingPolicy};
+use bc_domain::reservation::{Binding, DeviceRequest, ReservationRequest, Selector, Topology};
+use bc_domain::site::SiteKind;
+use bc_eventstore::testing::TestDb;
+use bc_eventstore::{TxOptions, clock, sql};
+
+/// 2030-01-01T00:00:00Z.
+pub const T0: i64 = 1_893_456_000_000;
+pub const HOUR: i64 = 3_600_000;
+
+pub fn caller(tenant: &str, identity: &str) -> Caller {
+    Caller {
+        tenant_id: tenant.parse().expect("tenant"),
+        identity: identity.parse().expect("identity"),
+        session_kind: "user".to_owned(),
+        request_id: None,
+        ancestors: Vec::new(),
+    }
+}
+
+pub struct Fleet {
+    pub t: TestDb,
+    pub app: App,
+    pub owner: Caller,
+    pub site: SiteId,
+}
+
+impl Fleet {
+    /// A fresh database with the simulated clock at T0 and one site owned by the platform.
+    pub async fn new() -> Fleet {
+        let t = TestDb::new().await;
+        clock::use_sim_clock(&t.db, T0).await.expect("sim clock");
+        let app = App::new(t.db.clone());
+        let owner = caller("root", "operator@platform");
+        let site = app
+            .create_site(
+                &owner,
+                CreateSite { name: "fra1".into(), iam_region: "eu-central-1".into(), kind: SiteKind::Shared },
+            )
+            .await
+            .expect("site")
+            .value;
+        Fleet { t, app, owner, site }
+    }
+
+    pub fn worker(&self) -> Worker {
+        Worker::new(self.app.clone(), WorkerConfig::default())
+    }
+
+    /// Moves the simulated clock and runs the worker until nothing is due.
+    pub async fn advance_to(&self, at_ms: i64) {
+        clock::set_sim_clock(&self.t.db, at_ms).await.expect("move the clock");
+        self.worker().run_until_idle().await.expect("worker");
+    }
+
+    pub async fn pool(&self, name: &str, sharing: Sharing, replicas: Option<u32>) -> PoolId {
+        let policy = PoolPolicy { sharing: SharingPolicy { replicas }, ..PoolPolicy::default() };
+        self.pool_with(name, sharing, policy).await
+    }
+
+    pub async fn pool_with(&self, name: &str, sharing: Sharing, policy: PoolPolicy) -> PoolId {
+        self.app
+            .create_pool(
+                &self.owner,
+                CreatePool {
+                    site_id: self.site.clone(),
+                    name: name.into(),
+                    class: PoolClass::MetalHost,
+                    gpu_model: "H100".into(),
+                    sharing,
+                    agent: PoolAgent::Bcd,
+                    policy,
+                    provider_account_id: None,
+                },
+            )
+            .await
+            .expect("pool")
+            .value
+    }
+
+    pub async fn offer(&self, pool: &PoolId, tenant: &str, gpus: u32) {
+        let quota = [("gpu".to_owned(), gpus), ("gpu.mig".to_owned(), gpus), ("gpu.slot".to_owned(), gpus)].into();
+        self.app
+            .offer_pool(
+                &self.owner,
+                pool,
+                OfferPool {
+                    tenant_id: tenant.parse().expect("tenant"),
+                    quota,
+                    priority: 0,
+                    include_descendants: false,
+                },
+            )
+            .await
+            .expect("offer");
+    }
+
+    /// Registers a node with `gpus` simulated H100s (with `mig` instances each, if any).
+    pub async fn node(&self, pool: &PoolId, name: &str, gpus: usize, mig: u32) -> NodeId {
+        let gpus = (0..gpus).map(|g| gpu(&format!("{name}-{g}"), mig)).collect();
+        self.app
+            .register_node(
+                &self.owner,
+                RegisterNode {
+                    pool_id: pool.clone(),
+                    name: name.into(),
+                    role: Role::Host,
+                    trust: Trust::Platform,
+                    owner_tenant_id: None,
+                    gpus,
+                },
+            )
+            .await
+            .expect("node")
+            .value
+    }
+
+    pub async fn reserve(&self, who: &Caller, key: &str, request: ReservationRequest) -> AppResult<Reserved> {
+        Ok(self.app.reserve(who, Reserve { idempotency_key: key.into(), request }).await?.value)
+    }
+
+    /// Live bookings of a reservation as (device, start, end) in epoch ms, empty ranges left out.
+    pub async fn bookings(&self, reservation: &str) -> Vec<(String, i64, i64)> {
+        let mut tx = self.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+        let rows: Vec<(String, i64, i64)> = sql::query_as(
+            "SELECT device_id, ts_ms(lower(during)), ts_ms(upper(during)) FROM device_bookings
+             WHERE reservation_id = $1 AND NOT isempty(during) ORDER BY device_id",
+        )
+        .bind(reservation)
+        .fetch_all(tx.conn())
+        .await
+        .expect("bookings");
+        tx.commit().await.expect("commit");
+        rows
+    }
+}
+
+pub fn gpu(uuid_suffix: &str, mig: u32) -> GpuInfo {
+    GpuInfo {
+        uuid: format!("GPU-{uuid_suffix}").parse().expect("uuid"),
+        name: "NVIDIA H100 80GB HBM3".into(),
+        memory_mib: 81_559,
+        pci_bus_id: None,
+        mig_instances: (1..=mig)
+            .map(|g| MigInstance { gpu_instance: g, compute_instance: 0, profile: "1g.10gb".into(), memory_mib: 9_856 })
+            .collect(),
+    }
+}
+
+pub fn request(pool: &PoolId, class: DeviceClass, count: u32) -> ReservationRequest {
+    ReservationRequest {
+        pool_id: pool.clone(),
+        devices: DeviceRequest { class, count, selector: Selector::default(), topology: Topology::SameNode },
+        start_ms: None,
+        duration_s: 3600,
+        binding: Binding::Hold,
+        lease_seconds: None,
+        project_id: None,
+        deadline_ms: None,
+        wait: true,
+    }
+}

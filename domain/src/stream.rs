@@ -1,0 +1,75 @@
+//! Every event family of the capacity model under one type, for code that handles events of all
+//! aggregates: the inline projections, rebuilds and replays.
+
+use crate::event::{DecodeError, DomainEvent, EncodeError};
+use crate::node::NodeEvent;
+use crate::pool::PoolEvent;
+use crate::reservation::ReservationEvent;
+use crate::site::{ProjectEvent, SiteEvent};
+
+/// An event of any aggregate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnyEvent {
+    Site(SiteEvent),
+    Project(ProjectEvent),
+    Pool(PoolEvent),
+    Node(NodeEvent),
+    Reservation(ReservationEvent),
+}
+
+impl AnyEvent {
+    /// Decodes a stored event. `None` for event types of families this enum does not hold.
+    pub fn decode(event_type: &str, schema_version: i16, payload: &[u8]) -> Result<Option<Self>, DecodeError> {
+        let family = event_type.split_once('.').map_or(event_type, |(family, _)| family);
+        Ok(Some(match family {
+            "site" => AnyEvent::Site(SiteEvent::decode(event_type, schema_version, payload)?),
+            "project" => AnyEvent::Project(ProjectEvent::decode(event_type, schema_version, payload)?),
+            "pool" => AnyEvent::Pool(PoolEvent::decode(event_type, schema_version, payload)?),
+            "node" => AnyEvent::Node(NodeEvent::decode(event_type, schema_version, payload)?),
+            "reservation" => AnyEvent::Reservation(ReservationEvent::decode(event_type, schema_version, payload)?),
+            _ => return Ok(None),
+        }))
+    }
+
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            AnyEvent::Site(e) => e.event_type(),
+            AnyEvent::Project(e) => e.event_type(),
+            AnyEvent::Pool(e) => e.event_type(),
+            AnyEvent::Node(e) => e.event_type(),
+            AnyEvent::Reservation(e) => e.event_type(),
+        }
+    }
+
+    pub fn schema_version(&self) -> i16 {
+        match self {
+            AnyEvent::Site(e) => e.schema_version(),
+            AnyEvent::Project(e) => e.schema_version(),
+            AnyEvent::Pool(e) => e.schema_version(),
+            AnyEvent::Node(e) => e.schema_version(),
+            AnyEvent::Reservation(e) => e.schema_version(),
+        }
+    }
+
+    pub fn encode_payload(&self) -> Result<Vec<u8>, EncodeError> {
+        match self {
+            AnyEvent::Site(e) => e.encode_payload(),
+            AnyEvent::Project(e) => e.encode_payload(),
+            AnyEvent::Pool(e) => e.encode_payload(),
+            AnyEvent::Node(e) => e.encode_payload(),
+            AnyEvent::Reservation(e) => e.encode_payload(),
+        }
+    }
+}
+
+macro_rules! into_any {
+    ($($family:ty => $variant:ident),+) => {
+        $(impl From<$family> for AnyEvent {
+            fn from(event: $family) -> Self {
+                AnyEvent::$variant(event)
+            }
+        })+
+    };
+}
+
+into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation);

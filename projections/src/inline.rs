@@ -1,0 +1,546 @@
+//! Inline projections: the capacity tables, updated from each event in the transaction that appends it.
+//!
+//! `apply` is a pure function of the events: it never reads the clock; every time it writes comes from a
+//! payload. Statements name tables without a schema, so a rebuild can run the same code against a scratch
+//! schema by putting it first on the `search_path`.
+
+use bc_domain::event::DomainEvent;
+use bc_domain::node::{NodeEvent, SchedulingView, schedulability};
+use bc_domain::pool::PoolEvent;
+use bc_domain::reservation::{ReservationEvent, ReservationState};
+use bc_domain::site::{ProjectEvent, SiteEvent};
+use bc_domain::stream::AnyEvent;
+use bc_eventstore::{Error, Result, Tx, sql};
+use sqlx::Row as _;
+
+/// The tables the inline projections own, in the order a rebuild creates and compares them.
+pub const TABLES: &[&str] = &[
+    "sites",
+    "projects",
+    "pools",
+    "pool_offers",
+    "nodes",
+    "devices",
+    "reservations",
+    "allocations",
+    "device_bookings",
+];
+
+fn json(value: &impl serde::Serialize) -> Result<String> {
+    serde_json::to_string(value).map_err(|err| Error::Internal(format!("encode a projection column: {err}")))
+}
+
+fn text<T: serde::Serialize>(value: &T) -> Result<String> {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => Ok(s),
+        other => Err(Error::Internal(format!("expected a string enum, got {other:?}"))),
+    }
+}
+
+/// Applies one event of stream `stream_id` to the inline tables.
+pub async fn apply(tx: &mut Tx, stream_id: &str, event: &AnyEvent) -> Result<()> {
+    match event {
+        AnyEvent::Site(e) => apply_site(tx, e).await,
+        AnyEvent::Project(e) => apply_project(tx, e).await,
+        AnyEvent::Pool(e) => apply_pool(tx, e).await,
+        AnyEvent::Node(e) => apply_node(tx, e).await,
+        AnyEvent::Reservation(e) => apply_reservation(tx, stream_id, e).await,
+    }
+}
+
+async fn apply_site(tx: &mut Tx, event: &SiteEvent) -> Result<()> {
+    match event {
+        SiteEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO sites (id, owner_tenant_id, name, iam_region, kind, created_at)
+                 VALUES ($1, $2, $3, $4, $5, ms_ts($6))",
+            )
+            .bind(e.site_id.as_str())
+            .bind(e.owner_tenant_id.as_str())
+            .bind(&e.name)
+            .bind(e.iam_region.as_str())
+            .bind(e.kind.as_str())
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn apply_project(tx: &mut Tx, event: &ProjectEvent) -> Result<()> {
+    match event {
+        ProjectEvent::Created(e) => {
+            sql::query("INSERT INTO projects (id, tenant_id, name, created_at) VALUES ($1, $2, $3, ms_ts($4))")
+                .bind(e.project_id.as_str())
+                .bind(e.tenant_id.as_str())
+                .bind(&e.name)
+                .bind(e.at_ms)
+                .execute(tx.conn())
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn apply_pool(tx: &mut Tx, event: &PoolEvent) -> Result<()> {
+    match event {
+        PoolEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO pools (id, site_id, owner_tenant_id, name, class, gpu_model, sharing, agent, policy,
+                                    provider_account_id, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, ms_ts($11))",
+            )
+            .bind(e.pool_id.as_str())
+            .bind(e.site_id.as_str())
+            .bind(e.owner_tenant_id.as_str())
+            .bind(&e.name)
+            .bind(text(&e.class)?)
+            .bind(&e.gpu_model)
+            .bind(e.sharing.as_str())
+            .bind(text(&e.agent)?)
+            .bind(json(&e.policy)?)
+            .bind(e.provider_account_id.as_deref())
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        PoolEvent::Offered(e) => {
+            sql::query(
+                "INSERT INTO pool_offers (pool_id, tenant_id, quota, priority, include_descendants, updated_at)
+                 VALUES ($1, $2, $3::jsonb, $4, $5, ms_ts($6))
+                 ON CONFLICT (pool_id, tenant_id) DO UPDATE
+                     SET quota = excluded.quota, priority = excluded.priority,
+                         include_descendants = excluded.include_descendants, updated_at = excluded.updated_at",
+            )
+            .bind(e.pool_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(json(&e.quota)?)
+            .bind(e.priority)
+            .bind(e.include_descendants)
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        PoolEvent::QuotaSet(e) => {
+            sql::query(
+                "UPDATE pool_offers SET quota = $3::jsonb, updated_at = ms_ts($4) WHERE pool_id = $1 AND tenant_id = $2",
+            )
+            .bind(e.pool_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(json(&e.quota)?)
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
+    let node_id = match event {
+        NodeEvent::Registered(e) => {
+            let reasons = bc_domain::node::no_schedule_reasons(&e.conditions);
+            sql::query(
+                "INSERT INTO nodes (id, pool_id, site_id, owner_tenant_id, name, role, trust, adapter, provision_state,
+                                    connectivity, conditions, no_schedule_reasons, generation, observed_generation,
+                                    schedulable, registered_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13, $14, false, ms_ts($15))",
+            )
+            .bind(e.node_id.as_str())
+            .bind(e.pool_id.as_str())
+            .bind(e.site_id.as_str())
+            .bind(e.owner_tenant_id.as_ref().map(|t| t.as_str()))
+            .bind(&e.name)
+            .bind(text(&e.role)?)
+            .bind(text(&e.trust)?)
+            .bind(text(&e.adapter)?)
+            .bind(text(&e.provision_state)?)
+            .bind(text(&e.connectivity)?)
+            .bind(json(&e.conditions)?)
+            .bind(&reasons)
+            .bind(e.generation as i64)
+            .bind(e.observed_generation as i64)
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+            let mut ids = Vec::with_capacity(e.devices.len());
+            let mut classes = Vec::with_capacity(e.devices.len());
+            let mut parents = Vec::with_capacity(e.devices.len());
+            let mut bookable = Vec::with_capacity(e.devices.len());
+            let mut models = Vec::with_capacity(e.devices.len());
+            let mut products = Vec::with_capacity(e.devices.len());
+            let mut attributes = Vec::with_capacity(e.devices.len());
+            for device in &e.devices {
+                ids.push(device.id.as_str());
+                classes.push(device.class.as_str());
+                parents.push(device.parent.as_ref().map(|p| p.as_str()));
+                bookable.push(device.bookable);
+                models.push(device.gpu_model.as_str());
+                products.push(device.gpu_product.as_str());
+                attributes.push(json(&device.attributes)?);
+            }
+            sql::query(
+                "INSERT INTO devices (id, node_id, pool_id, class, parent_id, bookable, gpu_model, gpu_product, attributes)
+                 SELECT u.id, $1, $2, u.class, u.parent_id, u.bookable, u.gpu_model, u.gpu_product, u.attributes::jsonb
+                 FROM unnest($3::text[], $4::text[], $5::text[], $6::bool[], $7::text[], $8::text[], $9::text[])
+                      AS u(id, class, parent_id, bookable, gpu_model, gpu_product, attributes)
+                 ORDER BY u.id",
+            )
+            .bind(e.node_id.as_str())
+            .bind(e.pool_id.as_str())
+            .bind(&ids)
+            .bind(&classes)
+            .bind(&parents)
+            .bind(&bookable)
+            .bind(&models)
+            .bind(&products)
+            .bind(&attributes)
+            .execute(tx.conn())
+            .await?;
+            &e.node_id
+        }
+        NodeEvent::Cordoned(e) | NodeEvent::Uncordoned(e) => {
+            sql::query("UPDATE nodes SET cordoned = $2 WHERE id = $1")
+                .bind(e.node_id.as_str())
+                .bind(matches!(event, NodeEvent::Cordoned(_)))
+                .execute(tx.conn())
+                .await?;
+            &e.node_id
+        }
+        NodeEvent::MaintenanceStarted(e) | NodeEvent::MaintenanceEnded(e) => {
+            sql::query("UPDATE nodes SET maintenance = $2 WHERE id = $1")
+                .bind(e.node_id.as_str())
+                .bind(matches!(event, NodeEvent::MaintenanceStarted(_)))
+                .execute(tx.conn())
+                .await?;
+            &e.node_id
+        }
+    };
+    recompute_schedulable(tx, node_id.as_str()).await
+}
+
+fn parse_enum<T: serde::de::DeserializeOwned>(column: &str, value: String) -> Result<T> {
+    serde_json::from_value(serde_json::Value::String(value))
+        .map_err(|err| Error::Internal(format!("nodes.{column} holds an unknown value: {err}")))
+}
+
+/// Re-evaluates the schedulability rule for a node after any of its axes changed.
+async fn recompute_schedulable(tx: &mut Tx, node_id: &str) -> Result<()> {
+    let row = sql::query(
+        "SELECT n.provision_state, n.role, n.maintenance, n.cordoned, n.connectivity, n.no_schedule_reasons,
+                n.observed_generation, n.trust, n.owner_tenant_id, p.owner_tenant_id AS pool_owner
+         FROM nodes AS n JOIN pools AS p ON p.id = n.pool_id
+         WHERE n.id = $1",
+    )
+    .bind(node_id)
+    .fetch_one(tx.conn())
+    .await?;
+    let reasons: Vec<String> = row.try_get("no_schedule_reasons")?;
+    let owner: Option<String> = row.try_get("owner_tenant_id")?;
+    let pool_owner: String = row.try_get("pool_owner")?;
+    let owner = owner.map(|o| o.parse()).transpose().map_err(|err| Error::Internal(format!("{err}")))?;
+    let pool_owner = pool_owner.parse().map_err(|err| Error::Internal(format!("{err}")))?;
+    let view = SchedulingView {
+        provision_state: parse_enum("provision_state", row.try_get("provision_state")?)?,
+        role: parse_enum("role", row.try_get("role")?)?,
+        maintenance: row.try_get("maintenance")?,
+        cordoned: row.try_get("cordoned")?,
+        connectivity: parse_enum("connectivity", row.try_get("connectivity")?)?,
+        no_schedule_reasons: &reasons,
+        observed_generation: row.try_get::<i64, _>("observed_generation")?.max(0) as u64,
+        trust: parse_enum("trust", row.try_get("trust")?)?,
+        owner_tenant_id: owner.as_ref(),
+        pool_owner_tenant_id: &pool_owner,
+    };
+    let schedulable = schedulability(&view).is_empty();
+    sql::query("UPDATE nodes SET schedulable = $2 WHERE id = $1 AND schedulable IS DISTINCT FROM $2")
+        .bind(node_id)
+        .bind(schedulable)
+        .execute(tx.conn())
+        .await?;
+    Ok(())
+}
+
+async fn set_state(tx: &mut Tx, reservation_id: &str, state: ReservationState) -> Result<()> {
+    sql::query("UPDATE reservations SET state = $2, version = version + 1 WHERE id = $1")
+        .bind(reservation_id)
+        .bind(state.as_str())
+        .execute(tx.conn())
+        .await?;
+    Ok(())
+}
+
+/// Ends a reservation: its state, its end time, and its bookings truncated at that time.
+async fn end(
+    tx: &mut Tx,
+    reservation_id: &str,
+    state: ReservationState,
+    at_ms: i64,
+    outcome: Option<String>,
+) -> Result<()> {
+    sql::query(
+        "UPDATE reservations SET state = $2, ended_at = ms_ts($3), outcome = $4, version = version + 1 WHERE id = $1",
+    )
+    .bind(reservation_id)
+    .bind(state.as_str())
+    .bind(at_ms)
+    .bind(outcome)
+    .execute(tx.conn())
+    .await?;
+    sql::query(
+        "UPDATE device_bookings
+            SET during = tstzrange(lower(during), greatest(lower(during), ms_ts($2)))
+          WHERE reservation_id = $1 AND upper(during) > ms_ts($2)",
+    )
+    .bind(reservation_id)
+    .bind(at_ms)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> Result<()> {
+    match event {
+        ReservationEvent::Requested(e) => {
+            insert_reservation(
+                tx,
+                id,
+                e.tenant_id.as_str(),
+                e.identity.as_str(),
+                &e.request,
+                &e.request_hash,
+                e.priority,
+            )
+            .await?;
+            sql::query(
+                "UPDATE reservations SET state = 'pending', requested_at = ms_ts($2), pending_deadline = ms_ts($3)
+                 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(e.at_ms)
+            .bind(e.pending_deadline_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        ReservationEvent::Denied(e) => {
+            insert_reservation(tx, id, e.tenant_id.as_str(), e.identity.as_str(), &e.request, &e.request_hash, 0)
+                .await?;
+            sql::query(
+                "UPDATE reservations SET state = 'denied', requested_at = ms_ts($2), pending_deadline = ms_ts($2),
+                                         ended_at = ms_ts($2), outcome = $3
+                 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(e.at_ms)
+            .bind(&e.reason)
+            .execute(tx.conn())
+            .await?;
+        }
+        ReservationEvent::Placed(e) => {
+            let row = sql::query(
+                "UPDATE reservations
+                    SET state = 'placed', start_at = ms_ts($2), end_at = ms_ts($3), lease_deadline = ms_ts($4),
+                        version = version + 1
+                  WHERE id = $1
+                 RETURNING tenant_id, pool_id, resource",
+            )
+            .bind(id)
+            .bind(e.start_ms)
+            .bind(e.end_ms)
+            .bind(e.lease_deadline_ms)
+            .fetch_one(tx.conn())
+            .await?;
+            let tenant: String = row.try_get("tenant_id")?;
+            let pool: String = row.try_get("pool_id")?;
+            let resource: String = row.try_get("resource")?;
+            let mut allocation_ids = Vec::new();
+            let mut node_ids = Vec::new();
+            let mut device_lists = Vec::new();
+            let mut booking_devices: Vec<(&str, &str)> = Vec::new();
+            for allocation in &e.allocations {
+                allocation_ids.push(allocation.allocation_id.as_str());
+                node_ids.push(allocation.node_id.as_str());
+                device_lists.push(json(&allocation.devices)?);
+                for device in &allocation.devices {
+                    booking_devices.push((device.as_str(), allocation.allocation_id.as_str()));
+                }
+            }
+            sql::query(
+                "INSERT INTO allocations (id, reservation_id, node_id, devices)
+                 SELECT u.id, $1, u.node_id, ARRAY(SELECT jsonb_array_elements_text(u.devices::jsonb))
+                 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(id, node_id, devices)",
+            )
+            .bind(id)
+            .bind(&allocation_ids)
+            .bind(&node_ids)
+            .bind(&device_lists)
+            .execute(tx.conn())
+            .await?;
+            // Bookings go in device id order, the order every transaction takes them in.
+            booking_devices.sort();
+            let (devices, allocations): (Vec<&str>, Vec<&str>) = booking_devices.into_iter().unzip();
+            sql::query(
+                "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
+                 SELECT u.device_id, u.allocation_id, $1, $2, $3, $4, tstzrange(ms_ts($5), ms_ts($6))
+                 FROM unnest($7::text[], $8::text[]) WITH ORDINALITY AS u(device_id, allocation_id, ord)
+                 ORDER BY u.ord",
+            )
+            .bind(id)
+            .bind(&tenant)
+            .bind(&pool)
+            .bind(&resource)
+            .bind(e.start_ms)
+            .bind(e.end_ms)
+            .bind(&devices)
+            .bind(&allocations)
+            .execute(tx.conn())
+            .await?;
+        }
+        ReservationEvent::BindingStarted(_) => set_state(tx, id, ReservationState::Binding).await?,
+        ReservationEvent::Activated(_) => set_state(tx, id, ReservationState::Active).await?,
+        ReservationEvent::ReleaseRequested(e) => {
+            sql::query(
+                "UPDATE reservations SET state = 'releasing', release_requested_at = ms_ts($2), version = version + 1
+                 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        ReservationEvent::Renewed(e) => {
+            sql::query("UPDATE reservations SET lease_deadline = ms_ts($2), version = version + 1 WHERE id = $1")
+                .bind(id)
+                .bind(e.lease_deadline_ms)
+                .execute(tx.conn())
+                .await?;
+        }
+        ReservationEvent::Extended(e) => {
+            sql::query("UPDATE reservations SET end_at = ms_ts($2), version = version + 1 WHERE id = $1")
+                .bind(id)
+                .bind(e.end_ms)
+                .execute(tx.conn())
+                .await?;
+            // The exclusion constraint refuses the longer ranges if another booking holds an atom after the
+            // current end: one extend at a time, and never onto someone else's time.
+            sql::query(
+                "UPDATE device_bookings SET during = tstzrange(lower(during), ms_ts($2))
+                 WHERE reservation_id = $1 AND upper(during) = ms_ts($3)",
+            )
+            .bind(id)
+            .bind(e.end_ms)
+            .bind(e.previous_end_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        ReservationEvent::Cancelled(e) => end(tx, id, ReservationState::Cancelled, e.at_ms, e.reason.clone()).await?,
+        ReservationEvent::Released(e) => end(tx, id, ReservationState::Released, e.at_ms, None).await?,
+        ReservationEvent::Expired(e) => end(tx, id, ReservationState::Expired, e.at_ms, Some(text(&e.cause)?)).await?,
+        ReservationEvent::Failed(e) => end(tx, id, ReservationState::Failed, e.at_ms, Some(text(&e.reason)?)).await?,
+    }
+    Ok(())
+}
+
+async fn insert_reservation(
+    tx: &mut Tx,
+    id: &str,
+    tenant: &str,
+    identity: &str,
+    request: &bc_domain::reservation::ReservationRequest,
+    request_hash: &str,
+    priority: i32,
+) -> Result<()> {
+    sql::query(
+        "INSERT INTO reservations (id, tenant_id, identity, pool_id, project_id, state, resource, count, request,
+                                   request_hash, priority, requested_at, pending_deadline, version)
+         VALUES ($1, $2, $3, $4, $5, 'draft', $6, $7, $8::jsonb, $9, $10, ms_ts(0), ms_ts(0), 1)",
+    )
+    .bind(id)
+    .bind(tenant)
+    .bind(identity)
+    .bind(request.pool_id.as_str())
+    .bind(request.project_id.as_ref().map(|p| p.as_str()))
+    .bind(request.resource())
+    .bind(request.devices.count as i32)
+    .bind(json(request)?)
+    .bind(request_hash)
+    .bind(priority)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// Rebuilds every inline table from the log into `schema` (created here, inside the caller's transaction,
+/// with the live tables' constraints, the exclusion constraint included), in log order. Returns the number of
+/// events applied. Afterwards the transaction's `search_path` points at `schema` first.
+pub async fn rebuild_into(tx: &mut Tx, schema: &str) -> Result<u64> {
+    if schema.is_empty() || !schema.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+        return Err(Error::InvalidArgument(format!(
+            "schema name {schema:?} must be lower-case letters, digits and '_'"
+        )));
+    }
+    let mut ddl = format!("CREATE SCHEMA {schema};");
+    for table in TABLES {
+        ddl.push_str(&format!(" CREATE TABLE {schema}.{table} (LIKE public.{table} INCLUDING ALL);"));
+    }
+    ddl.push_str(&format!(" SET LOCAL search_path = {schema}, public;"));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(tx.conn()).await?;
+
+    let mut applied = 0;
+    let mut after: (i32, String, i64) = (0, "0".to_owned(), 0);
+    loop {
+        let rows = sql::query(
+            "SELECT log_epoch, txid::text AS txid, seq, stream_id, event_type, schema_version, payload
+             FROM public.events
+             WHERE (log_epoch, txid, seq) > ($1, $2::text::xid8, $3)
+             ORDER BY log_epoch, txid, seq
+             LIMIT 1000",
+        )
+        .bind(after.0)
+        .bind(&after.1)
+        .bind(after.2)
+        .fetch_all(tx.conn())
+        .await?;
+        if rows.is_empty() {
+            break;
+        }
+        for row in &rows {
+            after = (row.try_get("log_epoch")?, row.try_get("txid")?, row.try_get("seq")?);
+            let stream_id: String = row.try_get("stream_id")?;
+            let event_type: String = row.try_get("event_type")?;
+            let payload: Vec<u8> = row.try_get("payload")?;
+            if let Some(event) = AnyEvent::decode(&event_type, row.try_get("schema_version")?, &payload)? {
+                apply(tx, &stream_id, &event).await?;
+                applied += 1;
+            }
+        }
+    }
+    Ok(applied)
+}
+
+/// Rows that differ between the live table and the same table in `schema`, both ways.
+pub async fn differences(tx: &mut Tx, schema: &str, table: &str) -> Result<i64> {
+    if !TABLES.contains(&table) {
+        return Err(Error::InvalidArgument(format!("{table} is not an inline table")));
+    }
+    let query = format!(
+        "SELECT count(*) FROM ((TABLE public.{table} EXCEPT ALL TABLE {schema}.{table})
+                               UNION ALL (TABLE {schema}.{table} EXCEPT ALL TABLE public.{table})) AS d"
+    );
+    let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(query)).persistent(false).fetch_one(tx.conn()).await?;
+    Ok(count)
+}
+
+/// Whether `event_type` is handled by the inline projections.
+pub fn handles(event_type: &str) -> bool {
+    [
+        SiteEvent::event_types(),
+        ProjectEvent::event_types(),
+        PoolEvent::event_types(),
+        NodeEvent::event_types(),
+        ReservationEvent::event_types(),
+    ]
+    .iter()
+    .any(|types| types.contains(&event_type))
+}
