@@ -88,7 +88,12 @@ CREATE TABLE devices (
     bookable boolean NOT NULL,
     gpu_model text NOT NULL,
     gpu_product text NOT NULL,
-    attributes jsonb NOT NULL DEFAULT '{}'
+    attributes jsonb NOT NULL DEFAULT '{}',
+    -- Bumped by every change to the device's bookings, before the bookings themselves. Two repeatable-read
+    -- transactions that change bookings of one device then conflict on this row, and the later one is refused
+    -- (40001, retried) unless its snapshot saw the earlier one: so a booking never depends on a change its
+    -- transaction could not see, and replaying the log in order never trips the exclusion constraint.
+    booking_changes bigint NOT NULL DEFAULT 0
 );
 CREATE INDEX devices_atoms ON devices (pool_id, class, node_id) WHERE bookable;
 
@@ -109,12 +114,15 @@ CREATE INDEX device_bookings_reservation ON device_bookings (reservation_id);
 CREATE INDEX device_bookings_tenant ON device_bookings USING gist (tenant_id, pool_id, resource, during);
 CREATE INDEX device_bookings_pool ON device_bookings USING gist (pool_id, during);
 
--- One row per (tenant, pool, resource), locked FOR UPDATE to serialize quota checks. First in the lock order:
--- quota_usage, pools, nodes, devices, device_bookings, node_resources.
+-- One row per (tenant, pool, resource) that serializes the tenant's quota checks in the pool. First in the lock
+-- order: quota_usage, pools, nodes, devices, device_bookings, node_resources. Every check updates the row, not
+-- only locks it: a repeatable-read command took its snapshot before it waited for the lock, and only an update
+-- makes PostgreSQL refuse (40001, retried) a command whose snapshot missed the bookings of the one before it.
 CREATE TABLE quota_usage (
     tenant_id text NOT NULL,
     pool_id text NOT NULL,
     resource text NOT NULL,
+    checks bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant_id, pool_id, resource)
 );
 

@@ -271,6 +271,35 @@ async fn set_state(tx: &mut Tx, reservation_id: &str, state: ReservationState) -
     Ok(())
 }
 
+/// Bumps `booking_changes` of the devices whose bookings this transaction is about to change, in device id
+/// order (devices come before device_bookings in the lock order).
+async fn touch_devices(tx: &mut Tx, devices: &[&str]) -> Result<()> {
+    if devices.is_empty() {
+        return Ok(());
+    }
+    sql::query(
+        "WITH locked AS (SELECT id FROM devices WHERE id = ANY($1) ORDER BY id FOR UPDATE)
+         UPDATE devices AS d SET booking_changes = d.booking_changes + 1 FROM locked WHERE d.id = locked.id",
+    )
+    .bind(devices)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// Bumps the devices of a reservation's bookings that still reach past `at_ms`.
+async fn touch_reservation_devices(tx: &mut Tx, reservation_id: &str, at_ms: i64) -> Result<()> {
+    let devices: Vec<String> = sql::query_scalar(
+        "SELECT device_id FROM device_bookings WHERE reservation_id = $1 AND upper(during) > ms_ts($2) ORDER BY device_id",
+    )
+    .bind(reservation_id)
+    .bind(at_ms)
+    .fetch_all(tx.conn())
+    .await?;
+    let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
+    touch_devices(tx, &devices).await
+}
+
 /// Ends a reservation: its state, its end time, and its bookings truncated at that time.
 async fn end(
     tx: &mut Tx,
@@ -279,6 +308,7 @@ async fn end(
     at_ms: i64,
     outcome: Option<String>,
 ) -> Result<()> {
+    touch_reservation_devices(tx, reservation_id, at_ms).await?;
     sql::query(
         "UPDATE reservations SET state = $2, ended_at = ms_ts($3), outcome = $4, version = version + 1 WHERE id = $1",
     )
@@ -380,6 +410,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             // Bookings go in device id order, the order every transaction takes them in.
             booking_devices.sort();
             let (devices, allocations): (Vec<&str>, Vec<&str>) = booking_devices.into_iter().unzip();
+            touch_devices(tx, &devices).await?;
             sql::query(
                 "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
                  SELECT u.device_id, u.allocation_id, $1, $2, $3, $4, tstzrange(ms_ts($5), ms_ts($6))
@@ -417,6 +448,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
                 .await?;
         }
         ReservationEvent::Extended(e) => {
+            touch_reservation_devices(tx, id, e.previous_end_ms - 1).await?;
             sql::query("UPDATE reservations SET end_at = ms_ts($2), version = version + 1 WHERE id = $1")
                 .bind(id)
                 .bind(e.end_ms)

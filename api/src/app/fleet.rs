@@ -258,7 +258,15 @@ pub(crate) async fn owned_pool(
     }
 }
 
-/// The work-queue key of a pool's pending reservations.
+/// A new work-queue key that makes the worker retry a pool's pending reservations. Each wake gets a key of its
+/// own (`pool:<id>:pending@<ulid>`): a single shared key would be a row every command that frees capacity
+/// updates, and repeatable-read commands that update the same row abort each other. The worker coalesces the
+/// wakes instead, when it runs them.
 pub fn pending_key(pool_id: &PoolId) -> String {
-    format!("pool:{pool_id}:pending")
+    format!("pool:{pool_id}:pending@{}", bc_domain::id::new_ulid().to_string().to_ascii_lowercase())
+}
+
+/// The pool a pending-wake key names.
+pub fn pool_of_pending_key(key: &str) -> Option<&str> {
+    key.strip_prefix("pool:").and_then(|rest| rest.split_once(":pending@")).map(|(pool, _)| pool)
 }

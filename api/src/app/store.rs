@@ -244,8 +244,11 @@ pub async fn lock_chosen_nodes(tx: &mut Tx, nodes: &[&str]) -> AppResult<bool> {
     Ok(schedulable == nodes.len() as i64)
 }
 
-/// Creates the tenant's quota row for (pool, resource) if needed and locks it `FOR UPDATE`: first in the lock
-/// order, it serializes quota checks of one tenant in one pool.
+/// Creates the tenant's quota row for (pool, resource) if needed and updates it: first in the lock order, it
+/// serializes quota checks of one tenant in one pool. An update rather than `FOR UPDATE`, because this
+/// repeatable-read transaction's snapshot predates the lock: after waiting for a concurrent check that
+/// committed, only an updated row makes PostgreSQL refuse the stale snapshot (40001, and the command is retried
+/// with a fresh one that sees the other check's bookings).
 pub async fn lock_quota(tx: &mut Tx, tenant: &TenantId, pool_id: &PoolId, resource: &str) -> AppResult<()> {
     sql::query(
         "INSERT INTO quota_usage (tenant_id, pool_id, resource) VALUES ($1, $2, $3)
@@ -256,7 +259,7 @@ pub async fn lock_quota(tx: &mut Tx, tenant: &TenantId, pool_id: &PoolId, resour
     .bind(resource)
     .execute(tx.conn())
     .await?;
-    sql::query("SELECT 1 FROM quota_usage WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3 FOR UPDATE")
+    sql::query("UPDATE quota_usage SET checks = checks + 1 WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3")
         .bind(tenant.as_str())
         .bind(pool_id.as_str())
         .bind(resource)
@@ -318,4 +321,26 @@ pub async fn pending_in_order(tx: &mut Tx, pool_id: &PoolId, limit: i64) -> AppR
     .fetch_all(tx.conn())
     .await?;
     ids.into_iter().map(|id| id.parse().map_err(|err| corrupt("reservations.id", err))).collect()
+}
+
+/// The other pending-wake keys of a pool queued now (committed before this read).
+pub async fn queued_pending_wakes(tx: &mut Tx, pool_id: &PoolId, except: &str) -> AppResult<Vec<String>> {
+    let prefix = format!("pool:{pool_id}:pending@");
+    Ok(sql::query_scalar("SELECT key FROM work_queue WHERE starts_with(key, $1) AND key <> $2 ORDER BY key LIMIT 1000")
+        .bind(prefix)
+        .bind(except)
+        .fetch_all(tx.conn())
+        .await?)
+}
+
+/// Removes wakes a finished pass covered, unless another worker claimed one meanwhile.
+pub async fn drop_unclaimed_wakes(tx: &mut Tx, keys: &[String]) -> AppResult<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    sql::query("DELETE FROM work_queue WHERE key = ANY($1) AND claimed_until IS NULL")
+        .bind(keys)
+        .execute(tx.conn())
+        .await?;
+    Ok(())
 }

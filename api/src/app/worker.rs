@@ -11,6 +11,8 @@ use bc_eventstore::queue::{self, Backoff, WorkItem};
 use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
 
 use super::reservations::{apply_and_schedule, record_reservation, try_place};
+use bc_eventstore::Retryable as _;
+
 use super::{App, AppError, AppResult, Caller, SHARDS, store};
 
 /// How a worker claims and paces its work.
@@ -45,11 +47,25 @@ pub struct Worker {
     app: App,
     config: WorkerConfig,
     caller: Caller,
+    failures: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    last_failure: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Worker {
     pub fn new(app: App, config: WorkerConfig) -> Self {
-        Self { app, config, caller: Caller::system() }
+        Self { app, config, caller: Caller::system(), failures: Default::default(), last_failure: Default::default() }
+    }
+
+    /// Work items that failed with an error a retry would not cure (and were put back with a backoff) since this
+    /// worker was made, clones included. Items that lost races until their retries ran out are not counted:
+    /// they run again after the backoff, as designed.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The key and error of the last failed work item.
+    pub fn last_failure(&self) -> Option<String> {
+        self.last_failure.lock().ok().and_then(|last| last.clone())
     }
 
     /// Claims one batch of due keys and processes them. Returns how many it claimed.
@@ -59,6 +75,12 @@ impl Worker {
         tx.commit().await?;
         for item in &items {
             if let Err(err) = self.process(item).await {
+                if !err.is_retryable() {
+                    self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if let Ok(mut last) = self.last_failure.lock() {
+                        *last = Some(format!("{}: {err}", item.key));
+                    }
+                }
                 tracing::warn!(key = %item.key, attempts = item.attempts, error = %err, "work item failed; backing off");
                 let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
                 queue::fail(&mut tx, item, &err.to_string(), &self.config.backoff).await?;
@@ -107,7 +129,7 @@ impl Worker {
             let id: ReservationId = id.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
             return self.reconcile_reservation(item, &id).await;
         }
-        if let Some(pool) = item.key.strip_prefix("pool:").and_then(|rest| rest.strip_suffix(":pending")) {
+        if let Some(pool) = super::fleet::pool_of_pending_key(&item.key) {
             let pool: PoolId = pool.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
             return self.retry_pending(item, &pool).await;
         }
@@ -170,14 +192,18 @@ impl Worker {
             .await
     }
 
-    /// Retries the pool's pending reservations in order, each in its own transaction.
+    /// Retries the pool's pending reservations in order, each in its own transaction. Other wakes of the same
+    /// pool that were already queued when the pass began are covered by it, and are removed with its own.
     async fn retry_pending(&self, item: &WorkItem, pool_id: &PoolId) -> AppResult<()> {
         let mut tx = self.app.db.begin(TxOptions::READ_ONLY).await?;
+        let covered = store::queued_pending_wakes(&mut tx, pool_id, &item.key).await?;
         let pending = store::pending_in_order(&mut tx, pool_id, 200).await?;
         tx.commit().await?;
         let caller = &self.caller;
+        let mut raced = false;
         for id in &pending {
-            self.app
+            let placed = self
+                .app
                 .db
                 .transaction_with_retry(TxOptions::COMMAND, &self.app.retry, |tx| {
                     async move {
@@ -195,10 +221,19 @@ impl Worker {
                     }
                     .scope_boxed()
                 })
-                .await?;
+                .await;
+            match placed {
+                // Lost races until the retries ran out: go on with the others, and wake the pool again.
+                Err(err) if err.is_retryable() => raced = true,
+                other => other?,
+            }
         }
         let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
         queue::complete(&mut tx, item).await?;
+        store::drop_unclaimed_wakes(&mut tx, &covered).await?;
+        if raced {
+            super::wake(&mut tx, &super::fleet::pending_key(pool_id), None).await?;
+        }
         tx.commit().await?;
         Ok(())
     }

@@ -6,3 +6,4 @@ mod health;
 mod process;
 mod reservations;
 mod support;
+mod torture;
