@@ -42,6 +42,28 @@ enum BenchCommand {
     /// Event log appends per second (1 and 8 writers, single events and 10-event batches) on a durable private
     /// cluster, beside pgbench running the same SQL and pgbench's one-row INSERT, printed as ratios.
     Append(BenchAppendArgs),
+    /// Reserve-then-release cycles per second with 1, 4 and 16 clients beside pgbench's one-row INSERT, and the
+    /// placement latency of an 8-GPU request in a pool of 1,000 nodes, half booked.
+    Reserve(BenchReserveArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchReserveArgs {
+    /// Seconds per throughput run (there are three, plus three pgbench runs).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+
+    /// Placements the latency percentiles are taken over.
+    #[arg(long, default_value_t = 200)]
+    samples: usize,
+
+    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+
+    /// Keep the cluster's folder afterwards.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Debug, Args)]
@@ -153,6 +175,15 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Append(args)) => {
             bc_api::bench::append(bc_api::bench::AppendBenchConfig {
                 run_for: Duration::from_secs(args.seconds.max(1)),
+                data_dir: args.data_dir,
+                keep: args.keep,
+            })
+            .await
+        }
+        Command::Bench(BenchCommand::Reserve(args)) => {
+            bc_api::bench::reserve(bc_api::bench::ReserveBenchConfig {
+                run_for: Duration::from_secs(args.seconds.max(1)),
+                samples: args.samples.max(1),
                 data_dir: args.data_dir,
                 keep: args.keep,
             })

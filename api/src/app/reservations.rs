@@ -345,18 +345,6 @@ async fn reserve_once(
             Rejection::CapacityUnavailable(format!("pool {} holds {} GPUs only", pool.id, pool.gpu_model)).into()
         );
     }
-    let holders = store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?;
-    if holders < i64::from(request.devices.nodes()) {
-        return Err(Rejection::CapacityUnavailable(format!(
-            "the request can never fit pool {}: it needs {} node(s) with {} matching {} atoms, and the pool has {holders}",
-            pool.id,
-            request.devices.nodes(),
-            request.devices.per_node(),
-            request.devices.class
-        ))
-        .into());
-    }
-
     let mut state = reservation::fold(&events)
         .ok_or_else(|| AppError::Store(bc_eventstore::Error::Internal("no state after a request".into())))?;
     let placed = match placement {
@@ -372,6 +360,19 @@ async fn reserve_once(
             events.extend(more);
         }
         None => {
+            // Whether it could ever fit is only worth asking when it does not fit now.
+            let holders = store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?;
+            if holders < i64::from(request.devices.nodes()) {
+                return Err(Rejection::CapacityUnavailable(format!(
+                    "the request can never fit pool {}: it needs {} node(s) with {} matching {} atoms, and the pool \
+                     has {holders}",
+                    pool.id,
+                    request.devices.nodes(),
+                    request.devices.per_node(),
+                    request.devices.class
+                ))
+                .into());
+            }
             if !request.wait {
                 return Err(Rejection::CapacityUnavailable(format!(
                     "pool {} has no room for the request now, and it asked not to wait",

@@ -162,7 +162,13 @@ fn selector_params(request: &DeviceRequest) -> AppResult<(Option<&str>, Option<&
     Ok((request.selector.gpu_model.as_deref(), request.selector.gpu_product.as_deref(), attributes))
 }
 
-/// Schedulable nodes of the pool with the atoms that match the request and are free over `[start, end)`.
+/// How many fitting nodes the placement query returns at most: placement ranks them best fit first, so the
+/// ones it would never reach are not worth reading.
+const CANDIDATE_LIMIT: i64 = 64;
+
+/// Schedulable nodes of the pool with at least one node's share of atoms that match the request and are free
+/// over `[start, end)`, best fit first (the fewest free atoms), at most [`CANDIDATE_LIMIT`] of them (or four per
+/// node of a gang).
 pub async fn candidates(
     tx: &mut Tx,
     pool_id: &PoolId,
@@ -171,17 +177,20 @@ pub async fn candidates(
     end_ms: i64,
 ) -> AppResult<Vec<NodeCandidate>> {
     let (model, product, attributes) = selector_params(request)?;
+    let limit = CANDIDATE_LIMIT.max(i64::from(request.nodes()) * 4);
     let rows = sql::query(
         "SELECT d.node_id, array_agg(d.id ORDER BY d.id) AS free
          FROM devices AS d JOIN nodes AS n ON n.id = d.node_id
          WHERE d.pool_id = $1 AND d.bookable AND d.class = $2 AND n.schedulable
            AND ($3::text IS NULL OR d.gpu_model = $3)
            AND ($4::text IS NULL OR d.gpu_product = $4)
-           AND d.attributes @> $5::jsonb
+           AND ($5::jsonb = '{}'::jsonb OR d.attributes @> $5::jsonb)
            AND NOT EXISTS (SELECT 1 FROM device_bookings AS b
                            WHERE b.device_id = d.id AND b.during && tstzrange(ms_ts($6), ms_ts($7)))
          GROUP BY d.node_id
-         ORDER BY d.node_id",
+         HAVING count(*) >= $8
+         ORDER BY count(*), d.node_id
+         LIMIT $9",
     )
     .bind(pool_id.as_str())
     .bind(request.class.as_str())
@@ -190,6 +199,8 @@ pub async fn candidates(
     .bind(&attributes)
     .bind(start_ms)
     .bind(end_ms)
+    .bind(i64::from(request.per_node()))
+    .bind(limit)
     .fetch_all(tx.conn())
     .await?;
     rows.iter()
@@ -217,7 +228,7 @@ pub async fn nodes_that_could_hold(tx: &mut Tx, pool_id: &PoolId, request: &Devi
              WHERE d.pool_id = $1 AND d.bookable AND d.class = $2
                AND ($3::text IS NULL OR d.gpu_model = $3)
                AND ($4::text IS NULL OR d.gpu_product = $4)
-               AND d.attributes @> $5::jsonb
+               AND ($5::jsonb = '{}'::jsonb OR d.attributes @> $5::jsonb)
              GROUP BY d.node_id
              HAVING count(*) >= $6
          ) AS holders",

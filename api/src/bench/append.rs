@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use bc_domain::event::EventMetadata;
-use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, RunAs, StopMode};
+use bc_eventstore::cluster::{Cluster, PgBinaries};
 use bc_eventstore::events::{self, APPEND_SQL, AppendBatch, ExpectedVersion, NewEvent};
-use bc_eventstore::migrate::Migrator;
-use bc_eventstore::{Db, DbConfig, TxOptions};
-use sqlx::{ConnectOptions as _, Connection as _};
+use bc_eventstore::{Db, TxOptions};
+
+use super::{BenchCluster, PgbenchRun, pgbench};
 
 /// What `bench append` measures.
 #[derive(Debug, Clone)]
@@ -63,61 +63,18 @@ impl Run {
     }
 }
 
-/// Stops the benchmark's cluster (and removes its folder) however the benchmark ends.
-struct ClusterGuard {
-    cluster: Cluster,
-    remove: bool,
-}
-
-impl Drop for ClusterGuard {
-    fn drop(&mut self) {
-        if let Err(err) = self.cluster.stop(StopMode::Fast) {
-            tracing::warn!(error = %err, "could not stop the benchmark cluster");
-        }
-        if self.remove {
-            let _ = std::fs::remove_dir_all(self.cluster.root());
-        }
-    }
-}
-
 /// Runs the append benchmark and prints its table.
 pub async fn append(config: AppendBenchConfig) -> anyhow::Result<()> {
-    let bins = PgBinaries::find()?;
-    let run_as = RunAs::for_this_process()?;
-    let root = match &config.data_dir {
-        Some(dir) => dir.clone(),
-        None => std::env::temp_dir().join(format!("bc-bench-{}", std::process::id())),
-    };
-    if root.join("pgdata").exists() {
-        bail!("{} already holds a cluster; the benchmark needs a fresh folder", root.display());
-    }
-    let cluster = Cluster::new(bins.clone(), root.clone(), run_as);
-    let init = InitOptions {
-        settings: vec![("shared_buffers".into(), "256MB".into()), ("max_wal_size".into(), "4GB".into())],
-        ..InitOptions::default()
-    };
-    cluster.init(&init)?;
-    cluster.start()?;
-    let guard = ClusterGuard { cluster, remove: !config.keep };
-    let cluster = &guard.cluster;
-
-    let mut admin = cluster.connect_options("postgres").connect().await.context("connect to the bench cluster")?;
-    sqlx::raw_sql("CREATE DATABASE bench").execute(&mut admin).await.context("create the bench database")?;
-    let version: String = sqlx::query_scalar("SHOW server_version").persistent(false).fetch_one(&mut admin).await?;
-    admin.close().await.ok();
-
-    let db = Db::connect_lazy_with(
-        cluster.connect_options("bench"),
-        &DbConfig { max_connections: 16, ..DbConfig::default() },
-    );
-    Migrator::embedded().run(&db).await.context("migrate the bench database")?;
+    let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep).await?;
+    let (bins, cluster, root, version) = (&bench.bins, &bench.guard.cluster, bench.root.clone(), bench.version.clone());
+    let db = bench.db.clone();
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
     sqlx::raw_sql("CREATE TABLE bench_narrow (id bigint)").execute(tx.conn()).await?;
     tx.commit().await?;
 
     let event = bench_event()?;
     let scripts = Scripts::write(&root, &event)?;
-    let message_db = MessageDb::install(&bins, cluster, &root, &event);
+    let message_db = MessageDb::install(bins, cluster, &root, &event);
     let seconds = config.run_for.as_secs().max(1);
     println!(
         "append benchmark: PostgreSQL {version}, durable cluster (fsync on, synchronous_commit on) in {}, \
@@ -131,7 +88,7 @@ pub async fn append(config: AppendBenchConfig) -> anyhow::Result<()> {
 
     for (writers, batch) in [(1, 1), (8, 1), (1, 10), (8, 10)] {
         let pgbench = |script: &Path, database: &str, name: &str, env: &[(&str, &str)]| {
-            pgbench(&bins, cluster, PgbenchRun { script, database, clients: writers, seconds, name, env })
+            pgbench(bins, cluster, PgbenchRun { script, database, clients: writers, seconds, name, env })
                 .map(|tx_per_sec| Run { name: name.to_owned(), writers, events_per_tx: batch, tx_per_sec })
         };
         let rust = rust_appends(&db, &event, writers, batch, config.run_for).await?;
@@ -148,7 +105,7 @@ pub async fn append(config: AppendBenchConfig) -> anyhow::Result<()> {
         print_group(&rust, &baselines);
     }
     db.close().await;
-    drop(guard);
+    drop(bench);
     Ok(())
 }
 
@@ -339,40 +296,4 @@ impl MessageDb {
     fn script(&self, batch: u32) -> &Path {
         if batch == 1 { &self.script_1 } else { &self.script_10 }
     }
-}
-
-/// One pgbench run.
-struct PgbenchRun<'a> {
-    script: &'a Path,
-    database: &'a str,
-    clients: u32,
-    seconds: u64,
-    name: &'a str,
-    env: &'a [(&'a str, &'a str)],
-}
-
-/// Runs pgbench and reads its transaction rate.
-fn pgbench(bins: &PgBinaries, cluster: &Cluster, run: PgbenchRun<'_>) -> anyhow::Result<f64> {
-    let clients = run.clients.to_string();
-    let output = Command::new(bins.tool("pgbench"))
-        .arg("-n")
-        .arg("-h")
-        .arg(cluster.socket_dir())
-        .args(["-p", "5432", "-U", "postgres"])
-        .args(["-c", &clients, "-j", &clients, "-T", &run.seconds.to_string()])
-        .arg("-f")
-        .arg(run.script)
-        .arg(run.database)
-        .envs(run.env.iter().copied())
-        .output()
-        .with_context(|| format!("run pgbench ({})", run.name))?;
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    if !output.status.success() {
-        bail!("pgbench ({}) failed: {}{}", run.name, text, String::from_utf8_lossy(&output.stderr));
-    }
-    text.lines()
-        .find_map(|line| line.trim().strip_prefix("tps = "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|number| number.parse::<f64>().ok())
-        .with_context(|| format!("read the tps from pgbench's output:\n{text}"))
 }

@@ -1,0 +1,115 @@
+//! Benchmarks, each on a durable private cluster of its own, printing ratios against baselines measured in the
+//! same run on the same cluster (the machine is shared and noisy, so raw rates mean little).
+
+pub mod append;
+pub mod reserve;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, RunAs, StopMode};
+use bc_eventstore::migrate::Migrator;
+use bc_eventstore::{Db, DbConfig};
+use sqlx::{ConnectOptions as _, Connection as _};
+
+pub use append::{AppendBenchConfig, append};
+pub use reserve::{ReserveBenchConfig, reserve};
+
+/// Stops the benchmark's cluster (and removes its folder) however the benchmark ends.
+pub(crate) struct ClusterGuard {
+    pub cluster: Cluster,
+    remove: bool,
+}
+
+impl Drop for ClusterGuard {
+    fn drop(&mut self) {
+        if let Err(err) = self.cluster.stop(StopMode::Fast) {
+            tracing::warn!(error = %err, "could not stop the benchmark cluster");
+        }
+        if self.remove {
+            let _ = std::fs::remove_dir_all(self.cluster.root());
+        }
+    }
+}
+
+/// A durable private cluster with a migrated `bench` database.
+pub(crate) struct BenchCluster {
+    pub bins: PgBinaries,
+    pub root: PathBuf,
+    pub version: String,
+    pub db: Db,
+    // Dropped last: stops the cluster after the pool is gone.
+    pub guard: ClusterGuard,
+}
+
+impl BenchCluster {
+    /// Creates and starts the cluster in `data_dir` (a fresh temporary folder when `None`), creates and
+    /// migrates the `bench` database.
+    pub async fn start(data_dir: Option<&Path>, keep: bool) -> anyhow::Result<Self> {
+        let bins = PgBinaries::find()?;
+        let run_as = RunAs::for_this_process()?;
+        let root = match data_dir {
+            Some(dir) => dir.to_path_buf(),
+            None => std::env::temp_dir().join(format!("bc-bench-{}", std::process::id())),
+        };
+        if root.join("pgdata").exists() {
+            bail!("{} already holds a cluster; the benchmark needs a fresh folder", root.display());
+        }
+        let cluster = Cluster::new(bins.clone(), root.clone(), run_as);
+        let init = InitOptions {
+            settings: vec![("shared_buffers".into(), "256MB".into()), ("max_wal_size".into(), "4GB".into())],
+            ..InitOptions::default()
+        };
+        cluster.init(&init)?;
+        cluster.start()?;
+        let guard = ClusterGuard { cluster, remove: !keep };
+        let cluster = &guard.cluster;
+        let mut admin = cluster.connect_options("postgres").connect().await.context("connect to the bench cluster")?;
+        sqlx::raw_sql("CREATE DATABASE bench").execute(&mut admin).await.context("create the bench database")?;
+        let version: String = sqlx::query_scalar("SHOW server_version").persistent(false).fetch_one(&mut admin).await?;
+        admin.close().await.ok();
+        let db = Db::connect_lazy_with(
+            cluster.connect_options("bench"),
+            &DbConfig { max_connections: 40, ..DbConfig::default() },
+        );
+        Migrator::embedded().run(&db).await.context("migrate the bench database")?;
+        Ok(Self { bins, root, version, db, guard })
+    }
+}
+
+/// One pgbench run.
+struct PgbenchRun<'a> {
+    script: &'a Path,
+    database: &'a str,
+    clients: u32,
+    seconds: u64,
+    name: &'a str,
+    env: &'a [(&'a str, &'a str)],
+}
+
+/// Runs pgbench and reads its transaction rate.
+fn pgbench(bins: &PgBinaries, cluster: &Cluster, run: PgbenchRun<'_>) -> anyhow::Result<f64> {
+    let clients = run.clients.to_string();
+    let output = Command::new(bins.tool("pgbench"))
+        .arg("-n")
+        .arg("-h")
+        .arg(cluster.socket_dir())
+        .args(["-p", "5432", "-U", "postgres"])
+        .args(["-c", &clients, "-j", &clients, "-T", &run.seconds.to_string()])
+        .arg("-f")
+        .arg(run.script)
+        .arg(run.database)
+        .envs(run.env.iter().copied())
+        .output()
+        .with_context(|| format!("run pgbench ({})", run.name))?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        bail!("pgbench ({}) failed: {}{}", run.name, text, String::from_utf8_lossy(&output.stderr));
+    }
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|number| number.parse::<f64>().ok())
+        .with_context(|| format!("read the tps from pgbench's output:\n{text}"))
+}

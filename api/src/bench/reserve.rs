@@ -1,0 +1,229 @@
+//! `better-compute bench reserve`: reserve-then-release cycles per second with 1, 4 and 16 clients, beside
+//! pgbench's one-row INSERT on the same cluster in the same run; and the latency of placing one 8-GPU request in
+//! a pool of 1,000 nodes with 8 GPUs each, half of them booked (the fleet generated with bulk SQL, not commands).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bc_domain::device::DeviceClass;
+use bc_domain::id::{PoolId, SiteId};
+use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
+use bc_domain::reservation::{Binding, DeviceRequest, ReservationRequest, Selector, Topology};
+use bc_domain::site::SiteKind;
+use bc_eventstore::{Db, TxOptions, sql};
+
+use super::{BenchCluster, PgbenchRun, pgbench};
+use crate::app::fleet::{CreatePool, CreateSite};
+use crate::app::reservations::Reserve;
+use crate::app::{App, Caller};
+
+/// What `bench reserve` measures.
+#[derive(Debug, Clone)]
+pub struct ReserveBenchConfig {
+    /// How long each throughput run lasts.
+    pub run_for: Duration,
+    /// How many placements the latency figures are taken over.
+    pub samples: usize,
+    pub data_dir: Option<PathBuf>,
+    pub keep: bool,
+}
+
+fn bench_caller(identity: &str) -> anyhow::Result<Caller> {
+    Ok(Caller {
+        tenant_id: "root".parse()?,
+        identity: identity.parse()?,
+        session_kind: "bench".to_owned(),
+        request_id: None,
+        ancestors: Vec::new(),
+    })
+}
+
+fn gpu_request(pool: &PoolId, count: u32) -> ReservationRequest {
+    ReservationRequest {
+        pool_id: pool.clone(),
+        devices: DeviceRequest {
+            class: DeviceClass::Gpu,
+            count,
+            selector: Selector::default(),
+            topology: Topology::SameNode,
+        },
+        start_ms: None,
+        duration_s: 3600,
+        binding: Binding::Hold,
+        lease_seconds: None,
+        project_id: None,
+        deadline_ms: None,
+        wait: true,
+    }
+}
+
+/// Inserts `nodes` schedulable nodes with `gpus` H100s each straight into the inline tables, and books every GPU of
+/// the first `booked` nodes for the next 30 days. Node and device ids start after `offset`.
+async fn bulk_fleet(
+    db: &Db,
+    pool: &PoolId,
+    site: &SiteId,
+    offset: i64,
+    nodes: i64,
+    gpus: i64,
+    booked: i64,
+) -> anyhow::Result<()> {
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    sql::query(
+        "INSERT INTO nodes (id, pool_id, site_id, name, role, trust, adapter, provision_state, connectivity,
+                            generation, observed_generation, schedulable, registered_at)
+         SELECT 'node_' || lpad(($3 + n)::text, 26, '0'), $1, $2, 'bench-' || ($3 + n), 'host', 'platform', 'bcd/v1',
+                'adopted', 'connected', 1, 1, true, compute_now()
+         FROM generate_series(1, $4::int8) AS n",
+    )
+    .bind(pool.as_str())
+    .bind(site.as_str())
+    .bind(offset)
+    .bind(nodes)
+    .execute(tx.conn())
+    .await?;
+    sql::query(
+        "INSERT INTO devices (id, node_id, pool_id, class, bookable, gpu_model, gpu_product)
+         SELECT 'GPU-' || ($2 + n) || '-' || g, 'node_' || lpad(($2 + n)::text, 26, '0'), $1, 'gpu', true, 'H100',
+                'H100-SXM5-80GB'
+         FROM generate_series(1, $3::int8) AS n, generate_series(0, $4::int8 - 1) AS g",
+    )
+    .bind(pool.as_str())
+    .bind(offset)
+    .bind(nodes)
+    .bind(gpus)
+    .execute(tx.conn())
+    .await?;
+    sql::query(
+        "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
+         SELECT 'GPU-' || ($2 + n) || '-' || g, 'alloc_bench_' || ($2 + n), 'rsv_bench_' || ($2 + n), 'root', $1, 'gpu',
+                tstzrange(compute_now() - interval '1 hour', compute_now() + interval '30 days')
+         FROM generate_series(1, $3::int8) AS n, generate_series(0, $4::int8 - 1) AS g",
+    )
+    .bind(pool.as_str())
+    .bind(offset)
+    .bind(booked)
+    .bind(gpus)
+    .execute(tx.conn())
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Reserve-then-release cycles (a reservation that has not started is released by `cancel`) from `clients`
+/// tasks for `run_for`. Returns cycles per second.
+async fn cycles(app: &App, pool: &PoolId, clients: usize, run_for: Duration) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let deadline = started + run_for;
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in 0..clients {
+        let (app, pool) = (app.clone(), pool.clone());
+        tasks.spawn(async move {
+            let who = bench_caller(&format!("cycle-{clients}-{client}"))?;
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                let key = format!("c{done}");
+                let reserved =
+                    app.reserve(&who, Reserve { idempotency_key: key, request: gpu_request(&pool, 1) }).await?;
+                app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
+                done += 1;
+            }
+            anyhow::Ok(done)
+        });
+    }
+    let mut total = 0;
+    while let Some(done) = tasks.join_next().await {
+        total += done.context("join a client")??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(index).copied().unwrap_or_default()
+}
+
+/// Runs the reservation benchmark and prints its figures.
+pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
+    let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep).await?;
+    let db = bench.db.clone();
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    sqlx::raw_sql("CREATE TABLE bench_narrow (id bigint)").execute(tx.conn()).await?;
+    tx.commit().await?;
+    let narrow = bench.root.join("narrow.sql");
+    std::fs::write(&narrow, "INSERT INTO bench_narrow (id) VALUES (1);\n")?;
+
+    let app = App::new(db.clone());
+    let owner = bench_caller("operator@bench")?;
+    let site = app
+        .create_site(&owner, CreateSite { name: "bench".into(), iam_region: "local-1".into(), kind: SiteKind::Shared })
+        .await?
+        .value;
+    let new_pool = |name: &str| CreatePool {
+        site_id: site.clone(),
+        name: name.into(),
+        class: PoolClass::MetalHost,
+        gpu_model: "H100".into(),
+        sharing: Sharing::Exclusive,
+        agent: PoolAgent::Bcd,
+        policy: PoolPolicy::default(),
+        provider_account_id: None,
+    };
+    let cycle_pool = app.create_pool(&owner, new_pool("cycles")).await?.value;
+    let fleet_pool = app.create_pool(&owner, new_pool("fleet")).await?.value;
+    bulk_fleet(&db, &cycle_pool, &site, 0, 64, 8, 0).await?;
+    bulk_fleet(&db, &fleet_pool, &site, 100_000, 1_000, 8, 500).await?;
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    sqlx::raw_sql("ANALYZE").execute(tx.conn()).await?;
+    tx.commit().await?;
+
+    let seconds = config.run_for.as_secs().max(1);
+    println!(
+        "reserve benchmark: PostgreSQL {}, durable cluster in {}, {} CPUs, {seconds} s per run",
+        bench.version,
+        bench.root.display(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    );
+    println!();
+    for clients in [1usize, 4, 16] {
+        let rust = cycles(&app, &cycle_pool, clients, config.run_for).await?;
+        let run = PgbenchRun {
+            script: &narrow,
+            database: "bench",
+            clients: clients as u32,
+            seconds,
+            name: "1-row INSERT",
+            env: &[],
+        };
+        let inserts = pgbench(&bench.bins, &bench.guard.cluster, run)?;
+        println!(
+            "  {clients:>2} clients: {rust:>7.1} reserve-then-release cycles/s   pgbench 1-row INSERT {inserts:>8.0} tx/s   ratio {:.4}",
+            rust / inserts
+        );
+    }
+
+    let who = bench_caller("latency@bench")?;
+    let mut latencies = Vec::with_capacity(config.samples);
+    for n in 0..config.samples {
+        let started = Instant::now();
+        let reserved = app
+            .reserve(&who, Reserve { idempotency_key: format!("l{n}"), request: gpu_request(&fleet_pool, 8) })
+            .await?;
+        latencies.push(started.elapsed());
+        anyhow::ensure!(reserved.value.reservation.allocations.len() == 1, "the 8-GPU request was not placed");
+        app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
+    }
+    latencies.sort();
+    println!();
+    println!(
+        "  placement of one 8-GPU request among 1,000 nodes x 8 GPUs, half booked ({} samples, the whole reserve \
+         command): p50 {:.1} ms, p99 {:.1} ms",
+        latencies.len(),
+        percentile(&latencies, 0.5).as_secs_f64() * 1000.0,
+        percentile(&latencies, 0.99).as_secs_f64() * 1000.0,
+    );
+    db.close().await;
+    drop(bench);
+    Ok(())
+}
