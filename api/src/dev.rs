@@ -1,6 +1,6 @@
 //! `better-compute dev`: the service on an embedded database. With no database URL it starts (or reuses) a
-//! persistent private PostgreSQL cluster in a data folder, creates the `better_compute` database, migrates and
-//! serves; Ctrl-C stops the service and then the cluster it started.
+//! persistent private PostgreSQL cluster in a data folder, creates the `better_compute` database, migrates,
+//! seeds a demo fleet of simulated nodes into an empty database, and serves; Ctrl-C stops the service and then the cluster it started.
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +9,14 @@ use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, RunAs, StopMode, 
 use bc_eventstore::{Db, DbConfig};
 use sqlx::{ConnectOptions as _, Connection as _};
 
+use bc_domain::device::GpuInfo;
+use bc_domain::node::{Role, Trust};
+use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
+use bc_domain::site::SiteKind;
+
+use crate::app::fleet::{CreatePool, CreateSite};
+use crate::app::nodes::RegisterNode;
+use crate::app::{App, Caller};
 use crate::service::{self, MigrateOnStart};
 
 /// The database `dev` creates in its cluster.
@@ -84,6 +92,72 @@ impl EmbeddedDatabase {
     }
 }
 
+/// Seeds a small demo fleet into an empty database: a site, an exclusive H100 pool and two nodes of eight
+/// simulated GPUs each, owned by the platform (tenant `root`). A database that has any site is left alone.
+pub async fn seed_demo_fleet(db: &Db) -> anyhow::Result<()> {
+    let mut tx = db.begin(bc_eventstore::TxOptions::READ_ONLY).await?;
+    let sites: i64 = bc_eventstore::sql::query_scalar("SELECT count(*) FROM sites").fetch_one(tx.conn()).await?;
+    tx.commit().await?;
+    if sites > 0 {
+        return Ok(());
+    }
+    let app = App::new(db.clone());
+    let operator = Caller {
+        tenant_id: "root".parse()?,
+        identity: "operator@dev".parse()?,
+        session_kind: "system".to_owned(),
+        request_id: None,
+        ancestors: Vec::new(),
+    };
+    let site = app
+        .create_site(
+            &operator,
+            CreateSite { name: "demo".into(), iam_region: "local-1".into(), kind: SiteKind::Shared },
+        )
+        .await?
+        .value;
+    let pool = app
+        .create_pool(
+            &operator,
+            CreatePool {
+                site_id: site,
+                name: "h100".into(),
+                class: PoolClass::MetalHost,
+                gpu_model: "H100".into(),
+                sharing: Sharing::Exclusive,
+                agent: PoolAgent::Bcd,
+                policy: PoolPolicy::default(),
+                provider_account_id: None,
+            },
+        )
+        .await?
+        .value;
+    for n in 0..2 {
+        let gpus = (0..8)
+            .map(|g| {
+                Ok(GpuInfo {
+                    uuid: format!("GPU-demo{n}-{g:04}").parse()?,
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    memory_mib: 81_559,
+                    pci_bus_id: None,
+                    mig_instances: Vec::new(),
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let node = RegisterNode {
+            pool_id: pool.clone(),
+            name: format!("demo-{n}"),
+            role: Role::Host,
+            trust: Trust::Platform,
+            owner_tenant_id: None,
+            gpus,
+        };
+        app.register_node(&operator, node).await?;
+    }
+    tracing::info!("seeded a demo fleet: site demo, pool h100, two nodes of eight simulated H100s");
+    Ok(())
+}
+
 /// What `dev` needs.
 #[derive(Debug, Clone)]
 pub struct DevConfig {
@@ -111,6 +185,7 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
     let result = async {
         let db = embedded.connect(&config.db).await?;
         service::prepare(&db, config.migrate).await?;
+        seed_demo_fleet(&db).await.context("seed the demo fleet")?;
         println!(
             "better-compute dev: embedded database in {} (psql -h {} -U postgres {DEV_DATABASE})",
             embedded.cluster.root().display(),

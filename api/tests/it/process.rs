@@ -140,6 +140,16 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     let (status, body) = healthz(&first).await;
     assert_eq!(status, 200, "{body}");
     assert!(dev_cluster(&data_dir).is_running());
+    let demo = bc_eventstore::Db::connect_lazy_with(
+        dev_cluster(&data_dir).connect_options(bc_api::dev::DEV_DATABASE),
+        &testing::test_db_config(),
+    );
+    let mut tx = demo.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let atoms: i64 =
+        sql::query_scalar("SELECT count(*) FROM devices WHERE bookable").fetch_one(tx.conn()).await.expect("atoms");
+    tx.commit().await.expect("commit");
+    demo.close().await;
+    assert_eq!(atoms, 16, "dev seeds a demo fleet of two nodes with eight simulated GPUs each");
     first.signal("INT");
     assert!(first.wait().success(), "a clean exit on Ctrl-C");
     assert!(!dev_cluster(&data_dir).is_running(), "Ctrl-C stops the embedded cluster too");

@@ -318,3 +318,27 @@ async fn availability_answers_the_earliest_start_and_the_free_atoms() {
     let free = fleet.app.free_atoms(&fleet.owner, &pool, T0, T0 + HOUR).await.expect("free");
     assert!(free.is_empty());
 }
+
+#[tokio::test]
+async fn when_conflict_retries_run_out_the_reservation_is_left_pending_not_failed() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    // No tries left for placement at all: the request is recorded as pending, and the worker places it.
+    let mut app = fleet.app.clone();
+    app.retry.max_attempts = 0;
+    let committed = app
+        .reserve(
+            &fleet.owner,
+            bc_api::app::reservations::Reserve {
+                idempotency_key: "k".into(),
+                request: request(&pool, DeviceClass::Gpu, 1),
+            },
+        )
+        .await
+        .expect("recorded");
+    assert_eq!(committed.value.reservation.state, ReservationState::Pending);
+    fleet.worker().run_until_idle().await.expect("worker");
+    let placed = fleet.app.reservation(&fleet.owner, &committed.value.reservation.id).await.expect("read").value;
+    assert!(placed.state.holds_atoms(), "{}", placed.state);
+}
