@@ -342,3 +342,71 @@ async fn when_conflict_retries_run_out_the_reservation_is_left_pending_not_faile
     let placed = fleet.app.reservation(&fleet.owner, &committed.value.reservation.id).await.expect("read").value;
     assert!(placed.state.holds_atoms(), "{}", placed.state);
 }
+
+#[tokio::test]
+async fn pending_reservations_are_placed_by_offering_priority_then_first_come() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 1, 0).await;
+    for (tenant, priority) in [("low", 0), ("high", 10)] {
+        let offer = bc_api::app::fleet::OfferPool {
+            tenant_id: tenant.parse().expect("tenant"),
+            quota: [("gpu".to_owned(), 4)].into(),
+            priority,
+            include_descendants: false,
+        };
+        fleet.app.offer_pool(&fleet.owner, &pool, offer).await.expect("offer");
+    }
+    let hog = fleet.reserve(&fleet.owner, "hog", request(&pool, DeviceClass::Gpu, 1)).await.expect("hog").reservation;
+    let low_first = fleet
+        .reserve(&caller("low", "l@low"), "l1", request(&pool, DeviceClass::Gpu, 1))
+        .await
+        .expect("low")
+        .reservation;
+    let low_second = fleet
+        .reserve(&caller("low", "l@low"), "l2", request(&pool, DeviceClass::Gpu, 1))
+        .await
+        .expect("low")
+        .reservation;
+    let high = fleet
+        .reserve(&caller("high", "h@high"), "h1", request(&pool, DeviceClass::Gpu, 1))
+        .await
+        .expect("high")
+        .reservation;
+    assert!([&low_first, &low_second, &high].iter().all(|r| r.state == ReservationState::Pending));
+
+    let state = |who: &'static str, id| {
+        let app = fleet.app.clone();
+        async move {
+            app.reservation(&caller(who, if who == "low" { "l@low" } else { "h@high" }), id)
+                .await
+                .expect("read")
+                .value
+                .state
+        }
+    };
+    fleet.app.cancel_reservation(&fleet.owner, &hog.id, None).await.expect("free the GPU");
+    fleet.worker().run_until_idle().await.expect("worker");
+    assert!(state("high", &high.id).await.holds_atoms(), "the higher-priority offering goes first");
+    assert_eq!(state("low", &low_first.id).await, ReservationState::Pending);
+
+    fleet.app.release_reservation(&caller("high", "h@high"), &high.id).await.expect("release");
+    fleet.worker().run_until_idle().await.expect("worker");
+    assert!(state("low", &low_first.id).await.holds_atoms(), "then first come, first served");
+    assert_eq!(state("low", &low_second.id).await, ReservationState::Pending);
+}
+
+#[tokio::test]
+async fn placement_uses_schedulable_nodes_only() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let node = fleet.node(&pool, "a", 2, 0).await;
+    fleet.app.node_verb(&fleet.owner, &node, bc_api::app::nodes::NodeVerb::Cordon, None).await.expect("cordon");
+    let waiting =
+        fleet.reserve(&fleet.owner, "k", request(&pool, DeviceClass::Gpu, 1)).await.expect("reserve").reservation;
+    assert_eq!(waiting.state, ReservationState::Pending, "a cordoned node takes no new bookings");
+    fleet.app.node_verb(&fleet.owner, &node, bc_api::app::nodes::NodeVerb::Uncordon, None).await.expect("uncordon");
+    fleet.worker().run_until_idle().await.expect("worker");
+    let placed = fleet.app.reservation(&fleet.owner, &waiting.id).await.expect("read").value;
+    assert!(placed.state.holds_atoms(), "uncordoning wakes the pool's pending reservations");
+}
