@@ -65,12 +65,14 @@ impl Client {
         }
     }
 
+    /// A window starting now, or one to four hours ahead. The simulated clock runs about ten minutes per real
+    /// second here, so a start closer than an hour could pass while a contended request retries.
     fn window(&mut self) -> (Option<i64>, u64) {
         let start = if self.rng.bool() {
             None
         } else {
             let now = self.now.load(Ordering::SeqCst);
-            Some((now / 1000) * 1000 + self.rng.i64(5..=180) * MINUTE)
+            Some((now / 1000) * 1000 + self.rng.i64(60..=240) * MINUTE)
         };
         (start, self.rng.u64(10..=120) * 60)
     }
