@@ -77,6 +77,8 @@ impl Error {
             Error::InvalidConfig(_) => "INVALID_CONFIG",
             Error::InvalidArgument(_) => "INVALID_ARGUMENT",
             Error::Database(err) if is_unavailable(err) => "UNAVAILABLE",
+            // A race that outlasted its retries is a conflict the caller may retry, not an internal fault.
+            Error::Database(_) if self.is_retryable() => "CONFLICT",
             Error::Internal(_) | Error::Migration { .. } | Error::Encode(_) | Error::Decode(_) | Error::Database(_) => {
                 "INTERNAL_ERROR"
             }

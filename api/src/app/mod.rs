@@ -126,7 +126,7 @@ pub struct App {
 
 impl App {
     pub fn new(db: Db) -> Self {
-        Self { db, retry: RetryPolicy { max_attempts: 12, ..RetryPolicy::default() } }
+        Self { db, retry: RetryPolicy { max_attempts: 16, ..RetryPolicy::default() } }
     }
 }
 

@@ -200,4 +200,5 @@ async fn retryable_failures_are_retried_and_others_are_not() {
         .expect_err("gives up");
     assert_eq!(err.sql_state().as_deref(), Some("23P01"));
     assert_eq!(tries.load(Ordering::SeqCst), 5, "bounded");
+    assert_eq!(err.code(), "CONFLICT", "a race that outlasted its retries is a conflict, not an internal error");
 }
