@@ -77,6 +77,31 @@ impl IdError {
     }
 }
 
+/// The conversions every string id shares: from a `String` (parsing it), into a `String`, and `Display`.
+macro_rules! string_id_conversions {
+    ($name:ident) => {
+        impl TryFrom<String> for $name {
+            type Error = IdError;
+
+            fn try_from(value: String) -> Result<Self, Self::Error> {
+                value.parse()
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
 /// Declares a generated id: `<prefix>_` and 26 lower-case Crockford base32 characters.
 macro_rules! generated_id {
     ($(#[$meta:meta])* $name:ident, $prefix:literal, $kind:literal) => {
@@ -114,25 +139,8 @@ macro_rules! generated_id {
             }
         }
 
-        impl TryFrom<String> for $name {
-            type Error = IdError;
 
-            fn try_from(value: String) -> Result<Self, Self::Error> {
-                value.parse()
-            }
-        }
-
-        impl From<$name> for String {
-            fn from(id: $name) -> String {
-                id.0
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
+        string_id_conversions!($name);
     };
 }
 
@@ -197,25 +205,7 @@ impl FromStr for ReservationId {
     }
 }
 
-impl TryFrom<String> for ReservationId {
-    type Error = IdError;
-
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        value.parse()
-    }
-}
-
-impl From<ReservationId> for String {
-    fn from(id: ReservationId) -> String {
-        id.0
-    }
-}
-
-impl fmt::Display for ReservationId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+string_id_conversions!(ReservationId);
 
 /// Declares an id made elsewhere (by Better IAM, by the hardware): checked for length and characters only.
 macro_rules! external_id {
@@ -247,25 +237,8 @@ macro_rules! external_id {
             }
         }
 
-        impl TryFrom<String> for $name {
-            type Error = IdError;
 
-            fn try_from(value: String) -> Result<Self, Self::Error> {
-                value.parse()
-            }
-        }
-
-        impl From<$name> for String {
-            fn from(id: $name) -> String {
-                id.0
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
+        string_id_conversions!($name);
     };
 }
 

@@ -475,56 +475,72 @@ pub struct Reservation {
     pub version: u32,
 }
 
+impl Reservation {
+    /// The state a stream's first event starts from: a draft as requested at `at_ms`.
+    fn recorded(
+        id: &ReservationId,
+        tenant_id: &TenantId,
+        identity: &Identity,
+        request: &ReservationRequest,
+        request_hash: &str,
+        at_ms: i64,
+    ) -> Self {
+        Reservation {
+            id: id.clone(),
+            tenant_id: tenant_id.clone(),
+            identity: identity.clone(),
+            request: request.clone(),
+            request_hash: request_hash.to_owned(),
+            state: ReservationState::Draft,
+            priority: 0,
+            quota_holder: None,
+            requested_at_ms: at_ms,
+            pending_deadline_ms: at_ms,
+            allocations: Vec::new(),
+            start_ms: None,
+            end_ms: None,
+            lease_deadline_ms: None,
+            release_requested_at_ms: None,
+            ended_at_ms: None,
+            expiry_cause: None,
+            failure_reason: None,
+            denial_reason: None,
+            version: 1,
+        }
+    }
+}
+
 /// Applies one event. No decisions here: `decide` made them; this only records them.
 pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Reservation> {
     let mut r = match (state, event) {
         (None, ReservationEvent::Requested(e)) => {
-            return Some(Reservation {
-                id: e.reservation_id.clone(),
-                tenant_id: e.tenant_id.clone(),
-                identity: e.identity.clone(),
-                request: e.request.clone(),
-                request_hash: e.request_hash.clone(),
-                state: ReservationState::Pending,
-                priority: e.priority,
-                quota_holder: e.quota_holder.clone(),
-                requested_at_ms: e.at_ms,
-                pending_deadline_ms: e.pending_deadline_ms,
-                allocations: Vec::new(),
-                start_ms: None,
-                end_ms: None,
-                lease_deadline_ms: None,
-                release_requested_at_ms: None,
-                ended_at_ms: None,
-                expiry_cause: None,
-                failure_reason: None,
-                denial_reason: None,
-                version: 1,
-            });
+            let mut r = Reservation::recorded(
+                &e.reservation_id,
+                &e.tenant_id,
+                &e.identity,
+                &e.request,
+                &e.request_hash,
+                e.at_ms,
+            );
+            r.state = ReservationState::Pending;
+            r.priority = e.priority;
+            r.quota_holder = e.quota_holder.clone();
+            r.pending_deadline_ms = e.pending_deadline_ms;
+            return Some(r);
         }
         (None, ReservationEvent::Denied(e)) => {
-            return Some(Reservation {
-                id: e.reservation_id.clone(),
-                tenant_id: e.tenant_id.clone(),
-                identity: e.identity.clone(),
-                request: e.request.clone(),
-                request_hash: e.request_hash.clone(),
-                state: ReservationState::Denied,
-                priority: 0,
-                quota_holder: None,
-                requested_at_ms: e.at_ms,
-                pending_deadline_ms: e.at_ms,
-                allocations: Vec::new(),
-                start_ms: None,
-                end_ms: None,
-                lease_deadline_ms: None,
-                release_requested_at_ms: None,
-                ended_at_ms: Some(e.at_ms),
-                expiry_cause: None,
-                failure_reason: None,
-                denial_reason: Some(e.reason.clone()),
-                version: 1,
-            });
+            let mut r = Reservation::recorded(
+                &e.reservation_id,
+                &e.tenant_id,
+                &e.identity,
+                &e.request,
+                &e.request_hash,
+                e.at_ms,
+            );
+            r.state = ReservationState::Denied;
+            r.ended_at_ms = Some(e.at_ms);
+            r.denial_reason = Some(e.reason.clone());
+            return Some(r);
         }
         (None, _) => return None,
         (Some(r), _) => r,

@@ -174,7 +174,6 @@ impl App {
                 async move {
                     let pool = owned_pool(tx, caller, pool_id).await?;
                     let at_ms = clock::compute_now_ms(tx).await?;
-                    let version = events::stream_version(tx, pool_id.as_str()).await?;
                     let event = PoolEvent::Offered(PoolOffered {
                         pool_id: pool_id.clone(),
                         tenant_id: offer.tenant_id.clone(),
@@ -183,18 +182,7 @@ impl App {
                         include_descendants: offer.include_descendants,
                         at_ms,
                     });
-                    let position = record(
-                        tx,
-                        caller,
-                        pool_id.as_str(),
-                        &pool.owner_tenant_id,
-                        ExpectedVersion::Exact(version),
-                        vec![event],
-                    )
-                    .await?;
-                    // A raised quota may let pending reservations through.
-                    wake(tx, &pending_key(pool_id), None).await?;
-                    Ok(Committed { value: (), position })
+                    record_quota_change(tx, caller, &pool, event).await
                 }
                 .scope_boxed()
             })
@@ -221,29 +209,33 @@ impl App {
                         );
                     }
                     let at_ms = clock::compute_now_ms(tx).await?;
-                    let version = events::stream_version(tx, pool_id.as_str()).await?;
                     let event = PoolEvent::QuotaSet(PoolQuotaSet {
                         pool_id: pool_id.clone(),
                         tenant_id: tenant_id.clone(),
                         quota: quota.clone(),
                         at_ms,
                     });
-                    let position = record(
-                        tx,
-                        caller,
-                        pool_id.as_str(),
-                        &pool.owner_tenant_id,
-                        ExpectedVersion::Exact(version),
-                        vec![event],
-                    )
-                    .await?;
-                    wake(tx, &pending_key(pool_id), None).await?;
-                    Ok(Committed { value: (), position })
+                    record_quota_change(tx, caller, &pool, event).await
                 }
                 .scope_boxed()
             })
             .await
     }
+}
+
+/// Records an offering or quota change on the pool's stream, and wakes the pool's pending reservations, which a
+/// raised quota may let through.
+async fn record_quota_change(
+    tx: &mut bc_eventstore::Tx,
+    caller: &Caller,
+    pool: &store::PoolRow,
+    event: PoolEvent,
+) -> AppResult<Committed<()>> {
+    let version = events::stream_version(tx, pool.id.as_str()).await?;
+    let expected = ExpectedVersion::Exact(version);
+    let position = record(tx, caller, pool.id.as_str(), &pool.owner_tenant_id, expected, vec![event]).await?;
+    wake(tx, &pending_key(&pool.id), None).await?;
+    Ok(Committed { value: (), position })
 }
 
 /// The pool, if the caller's tenant owns it; `NOT_FOUND` otherwise, revealing nothing about other tenants' pools.
