@@ -249,6 +249,33 @@ pub async fn read_after(tx: &mut Tx, after: Position, limit: u32) -> Result<Vec<
     rows.iter().map(RecordedEvent::from_row).collect()
 }
 
+/// Reads up to `limit` events after `after` and up to `until` (inclusive), in log order. No horizon: meant for
+/// a range a checkpoint already reached, where nothing can still commit.
+pub async fn read_range(tx: &mut Tx, after: Position, until: Position, limit: u32) -> Result<Vec<RecordedEvent>> {
+    let (epoch, txid, seq) = after.binds();
+    let (until_epoch, until_txid, until_seq) = until.binds();
+    let rows = sql::query(
+        "SELECT e.log_epoch, e.txid::text AS txid, e.seq, e.stream_id, e.stream_version, e.event_type,
+                e.schema_version, e.tenant_id, e.payload, e.metadata,
+                floor(extract(epoch FROM e.recorded_at) * 1000)::int8 AS recorded_at_ms
+         FROM events AS e
+         WHERE (e.log_epoch, e.txid, e.seq) > ($1, $2::text::xid8, $3)
+           AND (e.log_epoch, e.txid, e.seq) <= ($4, $5::text::xid8, $6)
+         ORDER BY e.log_epoch, e.txid, e.seq
+         LIMIT $7",
+    )
+    .bind(epoch)
+    .bind(txid)
+    .bind(seq)
+    .bind(until_epoch)
+    .bind(until_txid)
+    .bind(until_seq)
+    .bind(i64::from(limit))
+    .fetch_all(tx.conn())
+    .await?;
+    rows.iter().map(RecordedEvent::from_row).collect()
+}
+
 /// The position of the last event a reader can see now (below the horizon), or [`Position::START`].
 pub async fn horizon_head(tx: &mut Tx) -> Result<Position> {
     let row = sql::query(

@@ -2,8 +2,12 @@
 //!
 //! `inline` holds the projections that run inside the command's own transaction (bookings, quota holders,
 //! device and node state used by placement, reservations) and can be rebuilt from the log into a scratch
-//! schema and compared with the live tables. The asynchronous projection framework arrives with its issue.
+//! schema and compared with the live tables. `framework` runs the asynchronous projections (the read models in
+//! `models`) in a daemon, with versions, checkpoints, fenced leases and switches.
 
+pub mod framework;
 pub mod inline;
+pub mod models;
+pub mod rebuild;
 
 pub use bc_eventstore::Position;

@@ -1,0 +1,342 @@
+//! The projection framework. A projection has a name, a version, the event types it handles, its tables and a
+//! pure `apply`. Asynchronous projections run in the daemon: one owner per projection version, through a
+//! fenced lease (`singleton:projection:<name>:v<N>`); each batch and its checkpoint commit in one transaction,
+//! so every event takes effect exactly once whatever crashes. A batch without any of the projection's event
+//! types still moves the checkpoint, so a quiet projection is never behind.
+//!
+//! Versions: each has its own tables and checkpoint. A version newer than the active one builds from `0-0-0`
+//! while the active one serves, and once it has caught up, one short transaction makes it the active version
+//! and retires the old one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bc_domain::event::EventMetadata;
+use bc_domain::stream::AnyEvent;
+use bc_eventstore::events::{self, RecordedEvent};
+use bc_eventstore::lease::{self, Lease, LeaseConfig, LeaseKeeper};
+use bc_eventstore::{Db, Error, Position, Result, Tx, TxOptions, sql};
+use futures_util::future::BoxFuture;
+use sqlx::Row as _;
+
+/// An event as projections see it: as stored, decoded (when it is of a known family) and its metadata.
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    pub recorded: RecordedEvent,
+    pub event: Option<AnyEvent>,
+    pub metadata: EventMetadata,
+}
+
+impl Envelope {
+    pub fn decode(recorded: RecordedEvent) -> Result<Self> {
+        let event = AnyEvent::decode(&recorded.event_type, recorded.schema_version, &recorded.payload)?;
+        let metadata = recorded.metadata()?;
+        Ok(Self { recorded, event, metadata })
+    }
+}
+
+/// A projection of the log into read-model tables.
+pub trait Projection: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn version(&self) -> u32;
+    /// The event types it handles; empty means every event.
+    fn event_types(&self) -> &'static [&'static str];
+    /// Its tables (named `<something>_v<version>`), for rebuilds.
+    fn tables(&self) -> &'static [&'static str];
+    /// Applies a batch of events, in log order, inside the caller's transaction. Pure: everything it writes
+    /// comes from the events (never the clock).
+    fn apply<'a>(&'a self, tx: &'a mut Tx, events: &'a [Envelope]) -> BoxFuture<'a, Result<()>>;
+
+    fn handles(&self, event_type: &str) -> bool {
+        let types = self.event_types();
+        types.is_empty() || types.contains(&event_type)
+    }
+
+    fn lease_name(&self) -> String {
+        format!("singleton:projection:{}:v{}", self.name(), self.version())
+    }
+}
+
+/// A projection version's progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub position: Position,
+    pub events_applied: i64,
+    pub events_passed: i64,
+    pub state: VersionState,
+    pub last_event_at_ms: Option<i64>,
+}
+
+/// Where a projection version is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionState {
+    /// Catching up from `0-0-0`; not read yet.
+    Building,
+    /// The version reads use.
+    Live,
+    /// Replaced by a newer version; no longer applied.
+    Retired,
+}
+
+impl VersionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VersionState::Building => "building",
+            VersionState::Live => "live",
+            VersionState::Retired => "retired",
+        }
+    }
+
+    fn parse(text: &str) -> Result<Self> {
+        match text {
+            "building" => Ok(VersionState::Building),
+            "live" => Ok(VersionState::Live),
+            "retired" => Ok(VersionState::Retired),
+            other => Err(Error::Internal(format!("unknown projection state {other:?}"))),
+        }
+    }
+}
+
+/// Creates the checkpoint row if needed and locks it for the rest of the transaction: the daemon's batches and a
+/// forced rebuild's switch take it, so they never interleave.
+pub async fn lock_checkpoint(tx: &mut Tx, name: &str, version: u32) -> Result<Checkpoint> {
+    sql::query("INSERT INTO projection_checkpoints (name, version) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+        .bind(name)
+        .bind(version as i32)
+        .execute(tx.conn())
+        .await?;
+    let row = sql::query(
+        "SELECT log_epoch, txid::text AS txid, seq, events_applied, events_passed, state,
+                floor(extract(epoch FROM last_event_at) * 1000)::int8 AS last_event_at_ms
+         FROM projection_checkpoints WHERE name = $1 AND version = $2 FOR UPDATE",
+    )
+    .bind(name)
+    .bind(version as i32)
+    .fetch_one(tx.conn())
+    .await?;
+    checkpoint_from_row(&row)
+}
+
+fn checkpoint_from_row(row: &sqlx::postgres::PgRow) -> Result<Checkpoint> {
+    let epoch: i32 = row.try_get("log_epoch")?;
+    let txid: String = row.try_get("txid")?;
+    let seq: i64 = row.try_get("seq")?;
+    let position = format!("{epoch}-{txid}-{seq}")
+        .parse()
+        .map_err(|err: bc_eventstore::PositionError| Error::Internal(err.to_string()))?;
+    Ok(Checkpoint {
+        position,
+        events_applied: row.try_get("events_applied")?,
+        events_passed: row.try_get("events_passed")?,
+        state: VersionState::parse(&row.try_get::<String, _>("state")?)?,
+        last_event_at_ms: row.try_get("last_event_at_ms")?,
+    })
+}
+
+async fn save_checkpoint(
+    tx: &mut Tx,
+    name: &str,
+    version: u32,
+    last: &RecordedEvent,
+    applied: i64,
+    passed: i64,
+) -> Result<()> {
+    sql::query(
+        "UPDATE projection_checkpoints
+            SET log_epoch = $3, txid = $4::text::xid8, seq = $5, events_applied = events_applied + $6,
+                events_passed = events_passed + $7,
+                last_event_at = timestamptz 'epoch' + $8::int8 * interval '1 millisecond',
+                updated_at = compute_now()
+          WHERE name = $1 AND version = $2",
+    )
+    .bind(name)
+    .bind(version as i32)
+    .bind(last.position.epoch as i32)
+    .bind(last.position.txid.to_string())
+    .bind(last.position.seq as i64)
+    .bind(applied)
+    .bind(passed)
+    .bind(last.recorded_at_ms)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// The version reads of `name` use, if any is active yet.
+pub async fn active_version(tx: &mut Tx, name: &str) -> Result<Option<u32>> {
+    let version: Option<i32> = sql::query_scalar("SELECT version FROM projection_active WHERE name = $1")
+        .bind(name)
+        .fetch_optional(tx.conn())
+        .await?;
+    Ok(version.map(|v| v as u32))
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Step {
+    /// Events read (of any type).
+    pub passed: usize,
+    /// Events of the projection's types applied.
+    pub applied: usize,
+    /// The batch came back short: the projection has reached the horizon.
+    pub caught_up: bool,
+    /// This version is retired; its daemon should stop.
+    pub retired: bool,
+    /// This step made the version the active one.
+    pub switched: bool,
+}
+
+/// Applies one batch of up to `batch` events after the version's checkpoint, in a transaction fenced by `lease`,
+/// together with the checkpoint update. Once caught up, makes the version active if it is newer than the
+/// active one.
+pub async fn step(db: &Db, projection: &dyn Projection, lease: &Lease, batch: u32) -> Result<Step> {
+    let mut tx = lease::begin_fenced(db, lease, TxOptions::READ_COMMITTED).await?;
+    let name = projection.name();
+    let version = projection.version();
+    let checkpoint = lock_checkpoint(&mut tx, name, version).await?;
+    if checkpoint.state == VersionState::Retired {
+        tx.rollback().await;
+        return Ok(Step { retired: true, ..Step::default() });
+    }
+    let recorded = events::read_after(&mut tx, checkpoint.position, batch).await?;
+    let mut outcome = Step { passed: recorded.len(), caught_up: recorded.len() < batch as usize, ..Step::default() };
+    if let Some(last) = recorded.last().cloned() {
+        let mut envelopes = Vec::new();
+        for event in recorded {
+            if projection.handles(&event.event_type) {
+                envelopes.push(Envelope::decode(event)?);
+            }
+        }
+        projection.apply(&mut tx, &envelopes).await?;
+        outcome.applied = envelopes.len();
+        save_checkpoint(&mut tx, name, version, &last, envelopes.len() as i64, outcome.passed as i64).await?;
+    }
+    if outcome.caught_up {
+        outcome.switched = switch_if_newer(&mut tx, name, version).await?;
+        if !outcome.switched && active_version(&mut tx, name).await?.is_some_and(|active| active > version) {
+            retire(&mut tx, name, version).await?;
+            outcome.retired = true;
+        }
+    }
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+async fn retire(tx: &mut Tx, name: &str, version: u32) -> Result<()> {
+    sql::query("UPDATE projection_checkpoints SET state = 'retired' WHERE name = $1 AND version = $2")
+        .bind(name)
+        .bind(version as i32)
+        .execute(tx.conn())
+        .await?;
+    Ok(())
+}
+
+/// Makes `version` the active one if it is newer than the active one (or none is), and marks it live. The old
+/// version retires itself at its own next caught-up batch: a switch touches no other version's checkpoint, so
+/// two versions' batches never wait on each other's rows. Returns whether it switched.
+async fn switch_if_newer(tx: &mut Tx, name: &str, version: u32) -> Result<bool> {
+    let switched = sql::query(
+        "INSERT INTO projection_active (name, version) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE SET version = excluded.version, switched_at = compute_now()
+             WHERE projection_active.version < excluded.version",
+    )
+    .bind(name)
+    .bind(version as i32)
+    .execute(tx.conn())
+    .await?
+    .rows_affected()
+        == 1;
+    if switched {
+        sql::query("UPDATE projection_checkpoints SET state = 'live' WHERE name = $1 AND version = $2")
+            .bind(name)
+            .bind(version as i32)
+            .execute(tx.conn())
+            .await?;
+        tracing::info!(projection = name, version, "switched reads to the new projection version");
+    }
+    Ok(switched)
+}
+
+/// How the daemon runs.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Events per batch.
+    pub batch: u32,
+    /// The pause after a batch that came back short.
+    pub poll: Duration,
+    pub lease: LeaseConfig,
+    /// The lease owner (the process's, by default).
+    pub owner: String,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        Self {
+            batch: 500,
+            poll: Duration::from_millis(100),
+            lease: LeaseConfig::SHARD,
+            owner: lease::process_owner_id().to_owned(),
+        }
+    }
+}
+
+/// Runs every projection version until `shutdown` flips to true: each under its own lease, so several processes
+/// may run daemons and each version has one owner at a time. Not cancel-safe inside a batch; it finishes it.
+pub async fn run_daemon(
+    db: Db,
+    projections: Vec<Arc<dyn Projection>>,
+    config: DaemonConfig,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for projection in projections {
+        tasks.spawn(run_one(db.clone(), projection, config.clone(), shutdown.clone()));
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn run_one(
+    db: Db,
+    projection: Arc<dyn Projection>,
+    config: DaemonConfig,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut keeper = LeaseKeeper::start(db.clone(), projection.lease_name(), config.owner.clone(), config.lease);
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let Some(lease) = keeper.current() else {
+            tokio::select! {
+                _ = shutdown.changed() => {}
+                _ = keeper.held() => {}
+            }
+            continue;
+        };
+        match step(&db, projection.as_ref(), &lease, config.batch).await {
+            Ok(done) if done.retired => {
+                tracing::info!(
+                    projection = projection.name(),
+                    version = projection.version(),
+                    "version retired; stopping"
+                );
+                break;
+            }
+            Ok(done) if !done.caught_up => continue,
+            Ok(_) => {}
+            Err(Error::LeaseLost { .. }) => {
+                tracing::warn!(projection = projection.name(), "lost the projection lease; waiting to take it again");
+                keeper.lost().await;
+                continue;
+            }
+            Err(err) => {
+                tracing::warn!(projection = projection.name(), error = %err, "projection batch failed; retrying")
+            }
+        }
+        tokio::select! {
+            _ = shutdown.changed() => {}
+            () = tokio::time::sleep(config.poll) => {}
+        }
+    }
+    keeper.stop().await;
+}

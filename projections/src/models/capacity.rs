@@ -1,0 +1,224 @@
+//! `pool_capacity_rollup`: per pool and resource, allocatable (atoms on schedulable nodes), allocated (atoms of
+//! reservations binding, active or releasing), reserved (atoms of placed reservations not yet started) and
+//! available (allocatable - allocated). Defined by state, not by the clock: starts and ends are events, so the
+//! rollup changes only through events. What is free for a given window is a query on the bookings instead.
+
+use std::collections::BTreeSet;
+
+use bc_domain::node::NodeEvent;
+use bc_domain::reservation::{ReservationEvent, ReservationState};
+use bc_domain::stream::AnyEvent;
+use bc_eventstore::{Result, Tx, sql};
+use futures_util::future::BoxFuture;
+use sqlx::Row as _;
+
+use super::nodes::{Axes, flag_change, registered_axes, schedulable};
+use crate::framework::{Envelope, Projection};
+
+/// Version 1 of the capacity rollup.
+#[derive(Debug, Clone, Copy)]
+pub struct CapacityRollupV1;
+
+const EVENT_TYPES: &[&str] = &[
+    "node.registered",
+    "node.cordoned",
+    "node.uncordoned",
+    "node.maintenance_started",
+    "node.maintenance_ended",
+    "reservation.requested",
+    "reservation.placed",
+    "reservation.binding_started",
+    "reservation.activated",
+    "reservation.release_requested",
+    "reservation.released",
+    "reservation.cancelled",
+    "reservation.expired",
+    "reservation.failed",
+];
+
+impl Projection for CapacityRollupV1 {
+    fn name(&self) -> &'static str {
+        "pool_capacity_rollup"
+    }
+
+    fn version(&self) -> u32 {
+        1
+    }
+
+    fn event_types(&self) -> &'static [&'static str] {
+        EVENT_TYPES
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &["pool_capacity_rollup_v1", "pool_capacity_nodes_v1", "pool_capacity_holds_v1"]
+    }
+
+    fn apply<'a>(&'a self, tx: &'a mut Tx, events: &'a [Envelope]) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let mut touched: BTreeSet<(String, String)> = BTreeSet::new();
+            for envelope in events {
+                if let Some(key) = apply_one(tx, envelope).await? {
+                    touched.insert(key);
+                }
+            }
+            refresh(tx, &touched).await
+        })
+    }
+}
+
+/// Applies one event to the rollup's own state; returns the (pool, resource) it touched.
+async fn apply_one(tx: &mut Tx, envelope: &Envelope) -> Result<Option<(String, String)>> {
+    match &envelope.event {
+        Some(AnyEvent::Node(NodeEvent::Registered(e))) => {
+            let atoms: Vec<_> = e.devices.iter().filter(|d| d.bookable).collect();
+            let Some(resource) = atoms.first().map(|d| d.class.as_str().to_owned()) else { return Ok(None) };
+            let pool_owner = envelope.recorded.tenant_id.clone().unwrap_or_default();
+            let axes = registered_axes(e, &pool_owner)?;
+            sql::query(
+                "INSERT INTO pool_capacity_nodes_v1 (node_id, pool_id, pool_owner_tenant_id, resource, atoms, role, trust,
+                                                     owner_tenant_id, provision_state, connectivity, no_schedule_reasons,
+                                                     observed_generation, maintenance, cordoned, schedulable)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, false, false, $13)",
+            )
+            .bind(e.node_id.as_str())
+            .bind(e.pool_id.as_str())
+            .bind(&pool_owner)
+            .bind(&resource)
+            .bind(atoms.len() as i32)
+            .bind(&axes.role)
+            .bind(&axes.trust)
+            .bind(&axes.owner_tenant_id)
+            .bind(&axes.provision_state)
+            .bind(&axes.connectivity)
+            .bind(&axes.no_schedule_reasons)
+            .bind(axes.observed_generation)
+            .bind(schedulable(&axes)?)
+            .execute(tx.conn())
+            .await?;
+            Ok(Some((e.pool_id.to_string(), resource)))
+        }
+        Some(AnyEvent::Node(event)) => {
+            let Some((column, value)) = flag_change(event) else { return Ok(None) };
+            let node_id = match event {
+                NodeEvent::Cordoned(e)
+                | NodeEvent::Uncordoned(e)
+                | NodeEvent::MaintenanceStarted(e)
+                | NodeEvent::MaintenanceEnded(e) => &e.node_id,
+                NodeEvent::Registered(e) => &e.node_id,
+            };
+            let row = sql::query(
+                "SELECT pool_id, resource, role, trust, owner_tenant_id, pool_owner_tenant_id, provision_state, connectivity,
+                        no_schedule_reasons, observed_generation, maintenance, cordoned
+                 FROM pool_capacity_nodes_v1 WHERE node_id = $1",
+            )
+            .bind(node_id.as_str())
+            .fetch_optional(tx.conn())
+            .await?;
+            let Some(row) = row else { return Ok(None) };
+            let mut axes = Axes {
+                role: row.try_get("role")?,
+                trust: row.try_get("trust")?,
+                owner_tenant_id: row.try_get("owner_tenant_id")?,
+                pool_owner_tenant_id: row.try_get("pool_owner_tenant_id")?,
+                provision_state: row.try_get("provision_state")?,
+                connectivity: row.try_get("connectivity")?,
+                no_schedule_reasons: row.try_get("no_schedule_reasons")?,
+                observed_generation: row.try_get("observed_generation")?,
+                maintenance: row.try_get("maintenance")?,
+                cordoned: row.try_get("cordoned")?,
+            };
+            if column == "cordoned" {
+                axes.cordoned = value;
+            } else {
+                axes.maintenance = value;
+            }
+            sql::query(
+                "UPDATE pool_capacity_nodes_v1 SET cordoned = $2, maintenance = $3, schedulable = $4 WHERE node_id = $1",
+            )
+            .bind(node_id.as_str())
+            .bind(axes.cordoned)
+            .bind(axes.maintenance)
+            .bind(schedulable(&axes)?)
+            .execute(tx.conn())
+            .await?;
+            Ok(Some((row.try_get("pool_id")?, row.try_get("resource")?)))
+        }
+        Some(AnyEvent::Reservation(event)) => {
+            let id = envelope.recorded.stream_id.as_str();
+            if let ReservationEvent::Requested(e) = event {
+                sql::query(
+                    "INSERT INTO pool_capacity_holds_v1 (reservation_id, pool_id, resource, count, state)
+                     VALUES ($1, $2, $3, $4, 'pending')",
+                )
+                .bind(id)
+                .bind(e.request.pool_id.as_str())
+                .bind(e.request.resource())
+                .bind(e.request.devices.count as i32)
+                .execute(tx.conn())
+                .await?;
+                return Ok(Some((e.request.pool_id.to_string(), e.request.resource().to_owned())));
+            }
+            let state = match event {
+                ReservationEvent::Placed(_) => ReservationState::Placed,
+                ReservationEvent::BindingStarted(_) => ReservationState::Binding,
+                ReservationEvent::Activated(_) => ReservationState::Active,
+                ReservationEvent::ReleaseRequested(_) => ReservationState::Releasing,
+                ReservationEvent::Released(_) => ReservationState::Released,
+                ReservationEvent::Cancelled(_) => ReservationState::Cancelled,
+                ReservationEvent::Expired(_) => ReservationState::Expired,
+                ReservationEvent::Failed(_) => ReservationState::Failed,
+                _ => return Ok(None),
+            };
+            let row = sql::query(
+                "UPDATE pool_capacity_holds_v1 SET state = $2 WHERE reservation_id = $1 RETURNING pool_id, resource",
+            )
+            .bind(id)
+            .bind(state.as_str())
+            .fetch_optional(tx.conn())
+            .await?;
+            match row {
+                Some(row) => Ok(Some((row.try_get("pool_id")?, row.try_get("resource")?))),
+                None => Ok(None),
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Recomputes the rollup rows of the touched (pool, resource) pairs from the rollup's own state.
+async fn refresh(tx: &mut Tx, touched: &BTreeSet<(String, String)>) -> Result<()> {
+    if touched.is_empty() {
+        return Ok(());
+    }
+    let (pools, resources): (Vec<String>, Vec<String>) = touched.iter().cloned().unzip();
+    sql::query(
+        "INSERT INTO pool_capacity_rollup_v1 (pool_id, resource, allocatable, allocated, reserved, available)
+         SELECT t.pool_id, t.resource, c.allocatable, c.allocated, c.reserved, c.allocatable - c.allocated
+         FROM unnest($1::text[], $2::text[]) AS t(pool_id, resource)
+         CROSS JOIN LATERAL (
+             SELECT coalesce((SELECT sum(n.atoms) FROM pool_capacity_nodes_v1 AS n
+                              WHERE n.pool_id = t.pool_id AND n.resource = t.resource AND n.schedulable), 0)::int
+                        AS allocatable,
+                    coalesce((SELECT sum(h.count) FROM pool_capacity_holds_v1 AS h
+                              WHERE h.pool_id = t.pool_id AND h.resource = t.resource
+                                AND h.state IN ('binding', 'active', 'releasing')), 0)::int AS allocated,
+                    coalesce((SELECT sum(h.count) FROM pool_capacity_holds_v1 AS h
+                              WHERE h.pool_id = t.pool_id AND h.resource = t.resource AND h.state = 'placed'), 0)::int
+                        AS reserved
+         ) AS c
+         ON CONFLICT (pool_id, resource) DO UPDATE
+             SET allocatable = excluded.allocatable, allocated = excluded.allocated, reserved = excluded.reserved,
+                 available = excluded.available",
+    )
+    .bind(&pools)
+    .bind(&resources)
+    .execute(tx.conn())
+    .await?;
+    // Holds of ended reservations no longer count; drop them once the rollup is refreshed.
+    sql::query(
+        "DELETE FROM pool_capacity_holds_v1 WHERE state IN ('released', 'cancelled', 'expired', 'failed', 'denied')",
+    )
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,36 @@
+//! The read models, each an asynchronous projection with versioned tables.
+
+pub mod audit;
+pub mod capacity;
+pub mod nodes;
+pub mod pools;
+pub mod reservations;
+
+use std::sync::Arc;
+
+use bc_eventstore::{Error, Result};
+
+use crate::framework::Projection;
+
+/// Every read model this build serves, at the versions it builds.
+pub fn read_models() -> Vec<Arc<dyn Projection>> {
+    vec![
+        Arc::new(pools::PoolsV1),
+        Arc::new(nodes::NodesV1),
+        Arc::new(reservations::ReservationsV1),
+        Arc::new(capacity::CapacityRollupV1),
+        Arc::new(audit::AuditV1),
+    ]
+}
+
+pub(crate) fn json(value: &impl serde::Serialize) -> Result<String> {
+    serde_json::to_string(value).map_err(|err| Error::Internal(format!("encode a read-model column: {err}")))
+}
+
+/// The wire spelling of a string enum.
+pub(crate) fn text<T: serde::Serialize>(value: &T) -> Result<String> {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => Ok(s),
+        other => Err(Error::Internal(format!("expected a string enum, got {other:?}"))),
+    }
+}
