@@ -10,6 +10,9 @@ use bc_eventstore::migrate::Migrator;
 use bc_eventstore::{Db, events};
 use tokio::net::TcpListener;
 
+use bc_projections::framework::{self, DaemonConfig};
+use bc_projections::models;
+
 use crate::app::App;
 use crate::app::worker::{Worker, WorkerConfig};
 use crate::http::{self, AppState};
@@ -62,19 +65,22 @@ pub async fn bind(listen: SocketAddr) -> anyhow::Result<TcpListener> {
     Ok(listener)
 }
 
-/// Serves the API on a bound listener, and runs the work-queue worker beside it, until `shutdown` completes;
-/// in-flight requests and the worker's current round finish first.
+/// Serves the API on a bound listener, with the work-queue worker and the projection daemon beside it, until
+/// `shutdown` completes; in-flight requests, the worker's current round and the daemon's batches finish first.
 pub async fn serve_on(
     db: Db,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let (stop_worker, stopped) = tokio::sync::watch::channel(false);
-    let worker = tokio::spawn(Worker::new(App::new(db.clone()), WorkerConfig::default()).run(stopped));
+    let (stop_background, stopped) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(Worker::new(App::new(db.clone()), WorkerConfig::default()).run(stopped.clone()));
+    let daemon =
+        tokio::spawn(framework::run_daemon(db.clone(), models::read_models(), DaemonConfig::default(), stopped));
     let router = http::router(AppState { db });
     let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await.context("serve HTTP");
-    let _ = stop_worker.send(true);
+    let _ = stop_background.send(true);
     worker.await.context("stop the worker")?;
+    daemon.await.context("stop the projection daemon")?;
     served
 }
 

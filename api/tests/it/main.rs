@@ -4,6 +4,7 @@
 mod fleet;
 mod health;
 mod process;
+mod read_models;
 mod reservations;
 mod support;
 mod torture;

@@ -1,0 +1,177 @@
+//! The read models after real commands: their contents, and each equal to its rebuild from the log after a
+//! random command sequence.
+
+use std::time::Duration;
+
+use bc_domain::device::DeviceClass;
+use bc_domain::pool::Sharing;
+use bc_eventstore::lease;
+use bc_eventstore::{Db, TxOptions, sql};
+use bc_projections::framework;
+use bc_projections::{models, rebuild};
+
+use crate::support::{Fleet, T0, caller, request};
+
+/// Runs every read model until it has passed every event in the log.
+pub async fn catch_up(db: &Db) {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let total: i64 = sql::query_scalar("SELECT count(*) FROM events").fetch_one(tx.conn()).await.expect("count");
+    tx.commit().await.expect("commit");
+    for projection in models::read_models() {
+        let held = lease::acquire(db, &projection.lease_name(), "prc_test", Duration::from_secs(60))
+            .await
+            .expect("acquire")
+            .expect("free");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            framework::step(db, projection.as_ref(), &held, 200).await.expect("step");
+            let mut tx = db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+            let checkpoint =
+                framework::lock_checkpoint(&mut tx, projection.name(), projection.version()).await.expect("checkpoint");
+            tx.commit().await.expect("commit");
+            if checkpoint.events_passed >= total {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{} never caught up", projection.name());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        lease::release(db, &held).await.expect("release");
+    }
+}
+
+async fn assert_equal_to_rebuilds(db: &Db) {
+    for projection in models::read_models() {
+        let differences = rebuild::verify(db, projection.as_ref()).await.expect("verify");
+        for (table, count) in differences {
+            assert_eq!(count, 0, "{table} differs from its rebuild from the log");
+        }
+    }
+}
+
+#[tokio::test]
+async fn read_models_show_pools_nodes_reservations_capacity_and_the_audit_trail() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let node = fleet.node(&pool, "a", 8, 0).await;
+    fleet.node(&pool, "b", 8, 0).await;
+    fleet.offer(&pool, "acme", 4).await;
+    let acme = caller("acme", "alice@acme");
+    let mut later = request(&pool, DeviceClass::Gpu, 2);
+    later.start_ms = Some(T0 + 3_600_000);
+    let placed = fleet.reserve(&acme, "later", later).await.expect("placed").reservation;
+    let now = fleet.reserve(&fleet.owner, "now", request(&pool, DeviceClass::Gpu, 3)).await.expect("now").reservation;
+    fleet.advance_to(T0 + 1_000).await;
+    fleet.app.node_verb(&fleet.owner, &node, bc_api::app::nodes::NodeVerb::Cordon, None).await.expect("cordon");
+    catch_up(&fleet.t.db).await;
+
+    let mut tx = fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let (node_count, offers): (i32, String) =
+        sql::query_as("SELECT node_count, offers::text FROM pools_v1 WHERE pool_id = $1")
+            .bind(pool.as_str())
+            .fetch_one(tx.conn())
+            .await
+            .expect("pool");
+    assert_eq!(node_count, 2);
+    let offers: serde_json::Value = serde_json::from_str(&offers).expect("json");
+    assert_eq!(offers[0]["tenantId"], "acme");
+    assert_eq!(offers[0]["quota"]["gpu"], 4);
+
+    let schedulable: Vec<(String, bool)> = sql::query_as("SELECT name, schedulable FROM nodes_v1 ORDER BY name")
+        .fetch_all(tx.conn())
+        .await
+        .expect("nodes");
+    assert_eq!(schedulable, vec![("a".to_owned(), false), ("b".to_owned(), true)]);
+
+    let states: Vec<(String, String)> =
+        sql::query_as("SELECT reservation_id, state FROM reservations_v1 ORDER BY requested_at, reservation_id")
+            .fetch_all(tx.conn())
+            .await
+            .expect("reservations");
+    assert!(states.contains(&(placed.id.to_string(), "placed".to_owned())));
+    assert!(states.contains(&(now.id.to_string(), "active".to_owned())));
+
+    let rollup: (i32, i32, i32, i32) = sql::query_as(
+        "SELECT allocatable, allocated, reserved, available FROM pool_capacity_rollup_v1 WHERE pool_id = $1 AND resource = 'gpu'",
+    )
+    .bind(pool.as_str())
+    .fetch_one(tx.conn())
+    .await
+    .expect("rollup");
+    assert_eq!(rollup, (8, 3, 2, 5), "one node cordoned; 3 atoms active, 2 placed ahead");
+
+    let audit: Vec<(String, Option<String>, Option<String>)> = sql::query_as(
+        "SELECT event_type, identity, session_kind FROM audit_events_v1 WHERE stream_id = $1 ORDER BY log_epoch, txid, seq",
+    )
+    .bind(placed.id.as_str())
+    .fetch_all(tx.conn())
+    .await
+    .expect("audit");
+    tx.commit().await.expect("commit");
+    assert_eq!(audit[0], ("reservation.requested".to_owned(), Some("alice@acme".to_owned()), Some("user".to_owned())));
+    assert_eq!(audit[1].0, "reservation.placed");
+
+    assert_equal_to_rebuilds(&fleet.t.db).await;
+}
+
+#[tokio::test]
+async fn every_read_model_equals_its_rebuild_after_a_random_command_sequence() {
+    let seed = fastrand::u64(..);
+    println!("read model seed: {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let fleet = Fleet::new().await;
+    let pools = [
+        (fleet.pool("whole", Sharing::Exclusive, None).await, DeviceClass::Gpu),
+        (fleet.pool("mig", Sharing::Mig, None).await, DeviceClass::GpuMig),
+    ];
+    let mut nodes = Vec::new();
+    for (i, (pool, class)) in pools.iter().enumerate() {
+        for n in 0..3 {
+            let mig = if *class == DeviceClass::GpuMig { 3 } else { 0 };
+            nodes.push(fleet.node(pool, &format!("n{i}{n}"), 4, mig).await);
+        }
+        fleet.offer(pool, "acme", 6).await;
+    }
+    let acme = caller("acme", "alice@acme");
+    let mut mine = Vec::new();
+    let mut now = T0;
+    for step in 0..150 {
+        let who = if rng.bool() { &acme } else { &fleet.owner };
+        match rng.u8(0..10) {
+            0..=4 => {
+                let (pool, class) = &pools[rng.usize(0..pools.len())];
+                let mut req = request(pool, *class, rng.u32(1..=3));
+                if rng.bool() {
+                    req.start_ms = Some((now / 1000) * 1000 + rng.i64(1..=120) * 60_000);
+                }
+                if let Ok(reserved) = fleet.reserve(who, &format!("k{step}"), req).await {
+                    mine.push((who.clone(), reserved.reservation.id));
+                }
+            }
+            5 if !mine.is_empty() => {
+                let (who, id) = &mine[rng.usize(0..mine.len())];
+                let _ = fleet.app.cancel_reservation(who, id, None).await;
+            }
+            6 if !mine.is_empty() => {
+                let (who, id) = &mine[rng.usize(0..mine.len())];
+                let _ = fleet.app.release_reservation(who, id).await;
+            }
+            7 => {
+                let verb = if rng.bool() {
+                    bc_api::app::nodes::NodeVerb::Cordon
+                } else {
+                    bc_api::app::nodes::NodeVerb::Uncordon
+                };
+                let _ = fleet.app.node_verb(&fleet.owner, &nodes[rng.usize(0..nodes.len())], verb, None).await;
+            }
+            _ => {
+                now += rng.i64(1..=30) * 60_000;
+                fleet.advance_to(now).await;
+            }
+        }
+        if step % 50 == 49 {
+            catch_up(&fleet.t.db).await;
+        }
+    }
+    catch_up(&fleet.t.db).await;
+    assert_equal_to_rebuilds(&fleet.t.db).await;
+}
