@@ -6,4 +6,5 @@ pub mod app;
 pub mod bench;
 pub mod dev;
 pub mod http;
+pub mod ops;
 pub mod service;

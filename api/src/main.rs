@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bc_api::dev::{self, DevConfig};
 use bc_api::service::{self, MigrateOnStart};
-use bc_eventstore::{Db, DbConfig};
+use bc_eventstore::{Db, DbConfig, Position};
 use clap::{Args, Parser, Subcommand};
 
 /// Better Compute: the control plane of a GPU fleet.
@@ -35,6 +35,74 @@ enum Command {
     /// Measure the service against PostgreSQL's own baselines.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Inspect and rebuild the read models.
+    #[command(subcommand)]
+    Projections(ProjectionsCommand),
+    /// Read the event log: follow it, show a stream's history, replay state at a past position.
+    #[command(subcommand)]
+    Events(EventsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ProjectionsCommand {
+    /// Each projection version's state, position, and lag in events and seconds.
+    Status(DatabaseArgs),
+    /// Rebuild a read model from the log while the live one keeps serving, then switch to it.
+    Rebuild {
+        /// The read model: pools, nodes, reservations, pool_capacity_rollup, audit_events.
+        name: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// Run the projection daemon alone (serve runs it too).
+    Run {
+        /// Events per batch.
+        #[arg(long, default_value_t = 500)]
+        batch: u32,
+        /// Crash-recovery test hook: abort in the middle of the n-th batch that applies events.
+        #[arg(long, env = "BETTER_COMPUTE_FAILPOINT_ABORT_MID_BATCH", hide = true)]
+        abort_mid_batch: Option<u64>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum EventsCommand {
+    /// Follow the log live, one JSON line per event.
+    Tail {
+        /// Start after this position (`<epoch>-<txid>-<seq>`; `0-0-0` for the whole log). Default: now.
+        #[arg(long)]
+        after: Option<Position>,
+        /// Only these event types (repeatable; `reservation.*` matches a family).
+        #[arg(long = "type")]
+        types: Vec<String>,
+        /// Only this stream.
+        #[arg(long)]
+        stream: Option<String>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// A stream's history, with the admission context of each event.
+    Show {
+        stream: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// The state of a stream, or of a pool's capacity, as the fold of the log up to a position.
+    Replay {
+        /// The last position to include.
+        #[arg(long)]
+        until: Position,
+        /// The stream whose state to fold.
+        #[arg(long, conflicts_with = "pool", required_unless_present = "pool")]
+        stream: Option<String>,
+        /// The pool whose capacity to fold.
+        #[arg(long)]
+        pool: Option<String>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -146,6 +214,10 @@ struct DevArgs {
     database: DatabaseArgs,
 }
 
+fn connect(args: &DatabaseArgs) -> anyhow::Result<Db> {
+    Ok(Db::connect_lazy(args.required_url()?, &args.config())?)
+}
+
 fn migrate_on_start(no_migrate: bool) -> MigrateOnStart {
     if no_migrate { MigrateOnStart::Skip } else { MigrateOnStart::Migrate }
 }
@@ -189,6 +261,35 @@ async fn run(command: Command) -> anyhow::Result<()> {
             })
             .await
         }
+        Command::Projections(command) => match command {
+            ProjectionsCommand::Status(args) => bc_api::ops::projections_status(&connect(&args)?).await,
+            ProjectionsCommand::Rebuild { name, database } => {
+                bc_api::ops::projections_rebuild(&connect(&database)?, &name).await
+            }
+            ProjectionsCommand::Run { batch, abort_mid_batch, database } => {
+                let config = bc_projections::framework::DaemonConfig {
+                    batch: batch.max(1),
+                    poll: Duration::from_millis(50),
+                    abort_mid_batch,
+                    ..Default::default()
+                };
+                bc_api::ops::projections_run(connect(&database)?, config).await
+            }
+        },
+        Command::Events(command) => match command {
+            EventsCommand::Tail { after, types, stream, database } => {
+                bc_api::ops::events_tail(&connect(&database)?, after, &types, stream.as_deref()).await
+            }
+            EventsCommand::Show { stream, database } => bc_api::ops::events_show(&connect(&database)?, &stream).await,
+            EventsCommand::Replay { until, stream, pool, database } => {
+                let target = match (stream, pool) {
+                    (Some(stream), _) => bc_api::ops::ReplayTarget::Stream(stream),
+                    (None, Some(pool)) => bc_api::ops::ReplayTarget::PoolCapacity(pool),
+                    (None, None) => anyhow::bail!("name a --stream or a --pool"),
+                };
+                bc_api::ops::events_replay(&connect(&database)?, until, target).await
+            }
+        },
         Command::Dev(args) => {
             let data_dir = match args.data_dir {
                 Some(dir) => dir,

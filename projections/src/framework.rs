@@ -190,6 +190,18 @@ pub struct Step {
 /// together with the checkpoint update. Once caught up, makes the version active if it is newer than the
 /// active one.
 pub async fn step(db: &Db, projection: &dyn Projection, lease: &Lease, batch: u32) -> Result<Step> {
+    step_with_hook(db, projection, lease, batch, &|| {}).await
+}
+
+/// [`step`], calling `before_commit` after the batch is applied and before it commits (the crash-recovery tests'
+/// way in).
+async fn step_with_hook(
+    db: &Db,
+    projection: &dyn Projection,
+    lease: &Lease,
+    batch: u32,
+    before_commit: &(dyn Fn() + Send + Sync),
+) -> Result<Step> {
     let mut tx = lease::begin_fenced(db, lease, TxOptions::READ_COMMITTED).await?;
     let name = projection.name();
     let version = projection.version();
@@ -210,6 +222,9 @@ pub async fn step(db: &Db, projection: &dyn Projection, lease: &Lease, batch: u3
         projection.apply(&mut tx, &envelopes).await?;
         outcome.applied = envelopes.len();
         save_checkpoint(&mut tx, name, version, &last, envelopes.len() as i64, outcome.passed as i64).await?;
+        if outcome.applied > 0 {
+            before_commit();
+        }
     }
     if outcome.caught_up {
         outcome.switched = switch_if_newer(&mut tx, name, version).await?;
@@ -267,6 +282,9 @@ pub struct DaemonConfig {
     pub lease: LeaseConfig,
     /// The lease owner (the process's, by default).
     pub owner: String,
+    /// A crash-recovery test hook: abort the process in the middle of the n-th batch that applied events (after
+    /// applying, before committing). Never set in production.
+    pub abort_mid_batch: Option<u64>,
 }
 
 impl Default for DaemonConfig {
@@ -276,6 +294,7 @@ impl Default for DaemonConfig {
             poll: Duration::from_millis(100),
             lease: LeaseConfig::SHARD,
             owner: lease::process_owner_id().to_owned(),
+            abort_mid_batch: None,
         }
     }
 }
@@ -302,6 +321,18 @@ async fn run_one(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut keeper = LeaseKeeper::start(db.clone(), projection.lease_name(), config.owner.clone(), config.lease);
+    let batches = std::sync::atomic::AtomicU64::new(0);
+    let before_commit = || {
+        let n = batches.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if config.abort_mid_batch == Some(n) {
+            tracing::error!(
+                projection = projection.name(),
+                batch = n,
+                "crash test hook: aborting in the middle of a batch"
+            );
+            std::process::abort();
+        }
+    };
     loop {
         if *shutdown.borrow() {
             break;
@@ -313,7 +344,7 @@ async fn run_one(
             }
             continue;
         };
-        match step(&db, projection.as_ref(), &lease, config.batch).await {
+        match step_with_hook(&db, projection.as_ref(), &lease, config.batch, &before_commit).await {
             Ok(done) if done.retired => {
                 tracing::info!(
                     projection = projection.name(),

@@ -9,5 +9,7 @@ pub mod framework;
 pub mod inline;
 pub mod models;
 pub mod rebuild;
+pub mod replay;
+pub mod status;
 
 pub use bc_eventstore::Position;

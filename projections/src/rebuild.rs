@@ -83,3 +83,91 @@ pub async fn verify(db: &Db, projection: &dyn Projection) -> Result<Vec<(String,
     tx.rollback().await;
     Ok(result)
 }
+
+/// Forces a rebuild of a projection version while its live tables keep serving: the tables are built from
+/// `0-0-0` in a shadow schema, batch by batch, then one short transaction (holding the checkpoint's lock, so the
+/// daemon waits) applies what arrived meanwhile, puts the shadow tables in place of the live ones and moves the
+/// checkpoint. `progress` gets (events read, events in the log when the rebuild began). Returns events applied.
+pub async fn force_rebuild(
+    db: &Db,
+    projection: &dyn Projection,
+    progress: &(dyn Fn(u64, u64) + Send + Sync),
+) -> Result<u64> {
+    let schema = format!("rebuild_{}_v{}", projection.name(), projection.version());
+    check_identifier(&schema)?;
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))).execute(tx.conn()).await?;
+    create_shadow(&mut tx, projection, &schema).await?;
+    let total: i64 =
+        bc_eventstore::sql::query_scalar("SELECT count(*) FROM public.events").fetch_one(tx.conn()).await?;
+    tx.commit().await?;
+
+    let mut cursor = Position::START;
+    let (mut read, mut applied) = (0u64, 0u64);
+    // Batches in their own transactions: the live tables serve meanwhile.
+    loop {
+        let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+        let done = shadow_batch(&mut tx, projection, &schema, &mut cursor, &mut read, &mut applied).await?;
+        tx.commit().await?;
+        progress(read, total.max(0) as u64);
+        if done {
+            break;
+        }
+    }
+    // The switch: catch up under the checkpoint's lock, then swap the tables.
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    lock_checkpoint(&mut tx, projection.name(), projection.version()).await?;
+    while !shadow_batch(&mut tx, projection, &schema, &mut cursor, &mut read, &mut applied).await? {}
+    let mut swap = String::new();
+    for table in projection.tables() {
+        swap.push_str(&format!("DROP TABLE public.{table}; ALTER TABLE {schema}.{table} SET SCHEMA public; "));
+    }
+    swap.push_str(&format!("DROP SCHEMA {schema}; SET LOCAL search_path = public;"));
+    sqlx::raw_sql(AssertSqlSafe(swap)).execute(tx.conn()).await?;
+    bc_eventstore::sql::query(
+        "UPDATE projection_checkpoints
+            SET log_epoch = $3, txid = $4::text::xid8, seq = $5, events_applied = $6, events_passed = $7,
+                updated_at = compute_now()
+          WHERE name = $1 AND version = $2",
+    )
+    .bind(projection.name())
+    .bind(projection.version() as i32)
+    .bind(cursor.epoch as i32)
+    .bind(cursor.txid.to_string())
+    .bind(cursor.seq as i64)
+    .bind(applied as i64)
+    .bind(read as i64)
+    .execute(tx.conn())
+    .await?;
+    tx.commit().await?;
+    progress(read, read);
+    Ok(applied)
+}
+
+/// One batch into the shadow schema; returns whether the horizon was reached.
+async fn shadow_batch(
+    tx: &mut Tx,
+    projection: &dyn Projection,
+    schema: &str,
+    cursor: &mut Position,
+    read: &mut u64,
+    applied: &mut u64,
+) -> Result<bool> {
+    const BATCH: u32 = 1_000;
+    sqlx::raw_sql(AssertSqlSafe(format!("SET LOCAL search_path = {schema}, public"))).execute(tx.conn()).await?;
+    let batch = events::read_after(tx, *cursor, BATCH).await?;
+    let done = batch.len() < BATCH as usize;
+    if let Some(last) = batch.last() {
+        *cursor = last.position;
+    }
+    *read += batch.len() as u64;
+    let mut envelopes = Vec::with_capacity(batch.len());
+    for event in batch {
+        if projection.handles(&event.event_type) {
+            envelopes.push(Envelope::decode(event)?);
+        }
+    }
+    projection.apply(tx, &envelopes).await?;
+    *applied += envelopes.len() as u64;
+    Ok(done)
+}

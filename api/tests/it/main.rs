@@ -3,6 +3,7 @@
 
 mod fleet;
 mod health;
+mod investigate;
 mod process;
 mod read_models;
 mod reservations;

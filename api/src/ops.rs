@@ -1,0 +1,185 @@
+//! The operator's and investigator's commands: projection status, forced rebuilds, the daemon on its own, and
+//! reading the event log (`events tail`, `events show`, `events replay`).
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bc_eventstore::events::{self, RecordedEvent, SubscribeOptions};
+use bc_eventstore::{Db, Position, TxOptions};
+use bc_projections::framework::{self, DaemonConfig};
+use bc_projections::{models, rebuild, replay, status};
+use futures_util::StreamExt as _;
+use serde_json::{Value, json};
+
+/// `projections status`: one line per projection version.
+pub async fn projections_status(db: &Db) -> anyhow::Result<()> {
+    let rows = status::status(db, &models::read_models()).await.context("read the projections' status")?;
+    println!(
+        "{:<24} {:>7} {:<12} {:<6} {:<28} {:>10} {:>10}",
+        "PROJECTION", "VERSION", "STATE", "ACTIVE", "POSITION", "LAG EVENTS", "LAG SECS"
+    );
+    for row in rows {
+        println!(
+            "{:<24} {:>7} {:<12} {:<6} {:<28} {:>10} {:>10.1}",
+            row.name,
+            row.version,
+            row.state,
+            if row.active { "yes" } else { "no" },
+            row.position.to_string(),
+            row.lag_events,
+            row.lag_seconds
+        );
+    }
+    Ok(())
+}
+
+/// `projections rebuild NAME`: rebuilds the named read model's current version from the log while the live one
+/// serves, with a progress bar.
+pub async fn projections_rebuild(db: &Db, name: &str) -> anyhow::Result<()> {
+    let projections = models::read_models();
+    let Some(projection) = projections.iter().filter(|p| p.name() == name).max_by_key(|p| p.version()) else {
+        let known: Vec<&str> = projections.iter().map(|p| p.name()).collect();
+        bail!("no projection named {name:?}; the read models are {}", known.join(", "));
+    };
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} events ({per_sec}, {eta})")
+            .context("progress bar template")?
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("rebuilding {} v{}", projection.name(), projection.version()));
+    let applied = rebuild::force_rebuild(db, projection.as_ref(), &|read, total| {
+        bar.set_length(total.max(read));
+        bar.set_position(read);
+    })
+    .await
+    .with_context(|| format!("rebuild {name}"))?;
+    bar.finish_with_message(format!(
+        "rebuilt {} v{}: {applied} events applied",
+        projection.name(),
+        projection.version()
+    ));
+    Ok(())
+}
+
+/// `projections run`: the projection daemon alone, until Ctrl-C or SIGTERM.
+pub async fn projections_run(db: Db, config: DaemonConfig) -> anyhow::Result<()> {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let daemon = tokio::spawn(framework::run_daemon(db, models::read_models(), config, stopped));
+    crate::service::shutdown_signal().await;
+    let _ = stop.send(true);
+    daemon.await.context("stop the projection daemon")?;
+    Ok(())
+}
+
+/// An event as JSON: its position and identity, the payload and metadata decoded.
+pub fn event_json(event: &RecordedEvent) -> Value {
+    let decode = |bytes: &[u8]| {
+        rmp_serde::from_slice::<Value>(bytes).unwrap_or_else(|err| json!({ "undecodable": err.to_string() }))
+    };
+    json!({
+        "position": event.position.to_string(),
+        "streamId": event.stream_id,
+        "streamVersion": event.stream_version,
+        "eventType": event.event_type,
+        "schemaVersion": event.schema_version,
+        "tenantId": event.tenant_id,
+        "recordedAt": event.recorded_at_ms,
+        "payload": decode(&event.payload),
+        "metadata": decode(&event.metadata),
+    })
+}
+
+/// Whether `event_type` matches a filter: an exact type, or `family.*`.
+pub fn type_matches(filter: &str, event_type: &str) -> bool {
+    match filter.strip_suffix(".*") {
+        Some(family) => event_type.split_once('.').is_some_and(|(f, _)| f == family),
+        None => filter == event_type,
+    }
+}
+
+/// `events tail`: follows the log live (from `after`, or from now), one JSON line per event.
+pub async fn events_tail(
+    db: &Db,
+    after: Option<Position>,
+    types: &[String],
+    stream: Option<&str>,
+) -> anyhow::Result<()> {
+    let after = match after {
+        Some(position) => position,
+        None => {
+            let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+            let head = events::horizon_head(&mut tx).await?;
+            tx.commit().await?;
+            head
+        }
+    };
+    let subscription = events::subscribe(
+        db.clone(),
+        after,
+        SubscribeOptions { batch_size: 500, poll_interval: Duration::from_millis(200) },
+    );
+    let mut subscription = std::pin::pin!(subscription);
+    let mut stdout = std::io::stdout().lock();
+    let shutdown = crate::service::shutdown_signal();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            next = subscription.next() => {
+                let Some(event) = next else { return Ok(()) };
+                let event = event.context("read the event log")?;
+                if stream.is_some_and(|s| s != event.stream_id) {
+                    continue;
+                }
+                if !types.is_empty() && !types.iter().any(|t| type_matches(t, &event.event_type)) {
+                    continue;
+                }
+                writeln!(stdout, "{}", event_json(&event)).context("write to standard output")?;
+                stdout.flush().ok();
+            }
+        }
+    }
+}
+
+/// `events show STREAM`: a stream's history with the admission context of each event.
+pub async fn events_show(db: &Db, stream: &str) -> anyhow::Result<()> {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+    let history = events::read_stream(&mut tx, stream, 0, 1_000_000).await?;
+    tx.commit().await?;
+    if history.is_empty() {
+        bail!("stream {stream} has no events");
+    }
+    for event in &history {
+        println!("{}", event_json(event));
+    }
+    Ok(())
+}
+
+/// What `events replay` folds.
+#[derive(Debug, Clone)]
+pub enum ReplayTarget {
+    Stream(String),
+    PoolCapacity(String),
+}
+
+/// `events replay --until POSITION`: the state of a stream, or a pool's capacity, as the fold of the log up to
+/// that position.
+pub async fn events_replay(db: &Db, until: Position, target: ReplayTarget) -> anyhow::Result<()> {
+    let state = match &target {
+        ReplayTarget::Stream(stream) => {
+            let events = replay::stream_until(db, stream, until).await?;
+            if events.is_empty() {
+                bail!("stream {stream} has no events at or before {until}");
+            }
+            replay::stream_state(&events)?
+        }
+        ReplayTarget::PoolCapacity(pool) => {
+            let figures = replay::capacity_until(db, pool, until).await?;
+            json!({ "poolId": pool, "until": until.to_string(), "capacity": figures })
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&state)?);
+    Ok(())
+}

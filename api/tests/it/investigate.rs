@@ -1,0 +1,237 @@
+//! The projection daemon as a real process under crashes, and the investigator's commands: `projections status`,
+//! `projections rebuild`, `events show`, `events replay`, `events tail`.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bc_domain::device::DeviceClass;
+use bc_domain::pool::Sharing;
+use bc_eventstore::{Db, TxOptions, sql};
+use bc_projections::{models, rebuild};
+
+use crate::read_models::catch_up;
+use crate::support::{Fleet, T0, request};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_better-compute");
+
+fn command(fleet: &Fleet, args: &[&str]) -> Command {
+    let mut command = Command::new(BINARY);
+    command.args(args).env("BETTER_COMPUTE_DATABASE_URL", fleet.t.url()).env("BETTER_COMPUTE_LOG", "warn");
+    command
+}
+
+fn run(fleet: &Fleet, args: &[&str]) -> String {
+    let output = command(fleet, args).output().expect("run");
+    assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+async fn total_events(db: &Db) -> i64 {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let n: i64 = sql::query_scalar("SELECT count(*) FROM events").fetch_one(tx.conn()).await.expect("count");
+    tx.commit().await.expect("commit");
+    n
+}
+
+async fn slowest_checkpoint(db: &Db) -> i64 {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let names: Vec<&str> = models::read_models().iter().map(|p| p.name()).collect();
+    let n: Option<i64> = sql::query_scalar(
+        "SELECT min(coalesce(c.events_passed, 0)) FROM unnest($1::text[]) AS m(name)
+         LEFT JOIN projection_checkpoints AS c ON c.name = m.name AND c.version = 1",
+    )
+    .bind(&names)
+    .fetch_one(tx.conn())
+    .await
+    .expect("checkpoints");
+    tx.commit().await.expect("commit");
+    n.unwrap_or(0)
+}
+
+async fn assert_models_equal_rebuilds(db: &Db, when: &str) {
+    for projection in models::read_models() {
+        for (table, differences) in rebuild::verify(db, projection.as_ref()).await.expect("verify") {
+            assert_eq!(differences, 0, "{when}: {table} differs from its rebuild");
+        }
+    }
+}
+
+async fn some_history(fleet: &Fleet, tag: &str) {
+    let pool = fleet.pool(&format!("pool-{tag}"), Sharing::Exclusive, None).await;
+    fleet.node(&pool, &format!("node-{tag}"), 4, 0).await;
+    for n in 0..6 {
+        let r = fleet
+            .reserve(&fleet.owner, &format!("{tag}-{n}"), request(&pool, DeviceClass::Gpu, 1))
+            .await
+            .expect("reserve");
+        if n % 2 == 0 {
+            fleet.app.cancel_reservation(&fleet.owner, &r.reservation.id, None).await.expect("cancel");
+        }
+    }
+}
+
+/// A daemon process, killed if a test fails before it stops it.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_daemon(fleet: &Fleet, abort_mid_batch: Option<u64>) -> Daemon {
+    let mut command = command(fleet, &["projections", "run", "--batch", "3"]);
+    if let Some(n) = abort_mid_batch {
+        command.env("BETTER_COMPUTE_FAILPOINT_ABORT_MID_BATCH", n.to_string());
+    }
+    Daemon(command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn the daemon"))
+}
+
+/// Simulated time passes beyond the projection leases' TTL, as it would while a crashed daemon stays dead.
+async fn let_the_leases_lapse(fleet: &Fleet, at_ms: i64) {
+    bc_eventstore::clock::set_sim_clock(&fleet.t.db, at_ms).await.expect("move the clock");
+}
+
+fn wait_for_exit(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the daemon did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
+async fn the_daemon_killed_in_and_between_batches_resumes_to_models_equal_to_their_rebuilds() {
+    let fleet = Fleet::new().await;
+    some_history(&fleet, "a").await;
+
+    // Killed in the middle of its second batch that applies anything (after applying, before committing).
+    let mut crashing = spawn_daemon(&fleet, Some(2));
+    let status = wait_for_exit(&mut crashing.0);
+    assert!(!status.success(), "the daemon aborted");
+    assert!(slowest_checkpoint(&fleet.t.db).await < total_events(&fleet.t.db).await, "it stopped part way");
+    assert_models_equal_rebuilds(&fleet.t.db, "after a crash mid-batch").await;
+
+    // Restarted once the dead daemon's leases lapsed, it catches up; killed between batches (while idle), it
+    // loses nothing.
+    let_the_leases_lapse(&fleet, T0 + 60_000).await;
+    let mut daemon = spawn_daemon(&fleet, None);
+    let total = total_events(&fleet.t.db).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while slowest_checkpoint(&fleet.t.db).await < total {
+        assert!(Instant::now() < deadline, "the restarted daemon never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    daemon.0.kill().expect("SIGKILL");
+    wait_for_exit(&mut daemon.0);
+    assert_models_equal_rebuilds(&fleet.t.db, "after a kill between batches").await;
+
+    // More history while no daemon runs; the next one picks it up.
+    some_history(&fleet, "b").await;
+    let_the_leases_lapse(&fleet, T0 + 120_000).await;
+    let mut daemon = spawn_daemon(&fleet, None);
+    let total = total_events(&fleet.t.db).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while slowest_checkpoint(&fleet.t.db).await < total {
+        assert!(Instant::now() < deadline, "the daemon never caught up again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = daemon.0.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().expect("SIGTERM");
+    assert!(wait_for_exit(&mut daemon.0).success(), "a clean stop on SIGTERM");
+    assert_models_equal_rebuilds(&fleet.t.db, "at the end").await;
+}
+
+#[tokio::test]
+async fn status_rebuild_show_replay_and_tail_answer_an_investigator() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 4, 0).await;
+    let committed = fleet
+        .app
+        .reserve(
+            &fleet.owner,
+            bc_api::app::reservations::Reserve {
+                idempotency_key: "k".into(),
+                request: {
+                    let mut r = request(&pool, DeviceClass::Gpu, 2);
+                    r.start_ms = Some(T0 + 3_600_000);
+                    r
+                },
+            },
+        )
+        .await
+        .expect("reserve");
+    let placed_at = committed.position.expect("a position");
+    let id = committed.value.reservation.id;
+    fleet.app.cancel_reservation(&fleet.owner, &id, Some("plans changed".into())).await.expect("cancel");
+    catch_up(&fleet.t.db).await;
+
+    let status = run(&fleet, &["projections", "status"]);
+    for projection in models::read_models() {
+        assert!(status.lines().any(|l| l.starts_with(projection.name()) && l.contains("live")), "{status}");
+    }
+
+    let rebuilt = command(&fleet, &["projections", "rebuild", "pools"]).output().expect("rebuild");
+    assert!(rebuilt.status.success(), "{}", String::from_utf8_lossy(&rebuilt.stderr));
+    let pools = models::read_models().into_iter().find(|p| p.name() == "pools").expect("pools");
+    assert_eq!(rebuild::verify(&fleet.t.db, pools.as_ref()).await.expect("verify"), vec![("pools_v1".to_owned(), 0)]);
+    let unknown = command(&fleet, &["projections", "rebuild", "nope"]).output().expect("rebuild");
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("pools"), "names the read models");
+
+    let history = run(&fleet, &["events", "show", id.as_str()]);
+    let lines: Vec<serde_json::Value> = history.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0]["eventType"], "reservation.requested");
+    assert_eq!(lines[0]["metadata"]["admission"]["identity"], "operator@platform");
+    assert_eq!(lines[2]["payload"]["reason"], "plans changed");
+
+    let then = run(&fleet, &["events", "replay", "--until", &placed_at.to_string(), "--stream", id.as_str()]);
+    let then: serde_json::Value = serde_json::from_str(&then).expect("json");
+    assert_eq!(then["state"], "placed", "the state as of the placement");
+    let head = lines[2]["position"].as_str().expect("position").to_owned();
+    let now: serde_json::Value =
+        serde_json::from_str(&run(&fleet, &["events", "replay", "--until", &head, "--stream", id.as_str()]))
+            .expect("json");
+    assert_eq!(now["state"], "cancelled");
+
+    let capacity_then: serde_json::Value = serde_json::from_str(&run(
+        &fleet,
+        &["events", "replay", "--until", &placed_at.to_string(), "--pool", pool.as_str()],
+    ))
+    .expect("json");
+    assert_eq!(capacity_then["capacity"][0]["reserved"], 2, "two atoms placed ahead at that position");
+    let capacity_now: serde_json::Value =
+        serde_json::from_str(&run(&fleet, &["events", "replay", "--until", &head, "--pool", pool.as_str()]))
+            .expect("json");
+    let mut tx = fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let (allocatable, reserved): (i32, i32) =
+        sql::query_as("SELECT allocatable, reserved FROM pool_capacity_rollup_v1 WHERE pool_id = $1")
+            .bind(pool.as_str())
+            .fetch_one(tx.conn())
+            .await
+            .expect("rollup");
+    tx.commit().await.expect("commit");
+    assert_eq!(capacity_now["capacity"][0]["allocatable"], allocatable, "the replayed fold equals the read model");
+    assert_eq!(capacity_now["capacity"][0]["reserved"], reserved);
+
+    let mut tail = command(&fleet, &["events", "tail", "--after", "0-0-0", "--type", "reservation.*"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tail");
+    let mut reader = BufReader::new(tail.stdout.take().expect("stdout")).lines();
+    let first: serde_json::Value = serde_json::from_str(&reader.next().expect("a line").expect("read")).expect("json");
+    let second: serde_json::Value = serde_json::from_str(&reader.next().expect("a line").expect("read")).expect("json");
+    tail.kill().expect("kill");
+    let _ = tail.wait();
+    assert_eq!(first["eventType"], "reservation.requested");
+    assert_eq!(second["eventType"], "reservation.placed");
+}
