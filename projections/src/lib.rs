@@ -5,6 +5,7 @@
 //! schema and compared with the live tables. `framework` runs the asynchronous projections (the read models in
 //! `models`) in a daemon, with versions, checkpoints, fenced leases and switches.
 
+pub mod consistency;
 pub mod framework;
 pub mod inline;
 pub mod models;

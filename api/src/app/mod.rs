@@ -6,6 +6,7 @@
 pub mod availability;
 pub mod fleet;
 pub mod nodes;
+pub mod reads;
 pub mod reservations;
 mod store;
 pub mod worker;
@@ -71,6 +72,9 @@ pub enum AppError {
     /// The store failed (or a retry budget ran out).
     #[error(transparent)]
     Store(#[from] bc_eventstore::Error),
+    /// A read's consistency token was not reached within the bounded wait.
+    #[error("the read models reached {reached}, not yet {wanted}; retry")]
+    NotYetConsistent { wanted: Position, reached: Position },
 }
 
 impl AppError {
@@ -79,6 +83,7 @@ impl AppError {
         match self {
             AppError::Rejected(rejection) => rejection.code(),
             AppError::Store(err) => err.code(),
+            AppError::NotYetConsistent { .. } => "NOT_YET_CONSISTENT",
         }
     }
 }

@@ -25,6 +25,34 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// `400 INVALID_ARGUMENT` naming the field.
+    pub fn invalid_argument(field: &str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            code: "INVALID_ARGUMENT",
+            message: format!("{field}: {message}"),
+            details: json!({ "field": field }),
+        }
+    }
+
+    /// A store error as the API answers it: `503 UNAVAILABLE` when the database is unreachable, otherwise a
+    /// generic `500 INTERNAL_ERROR` (the database's text is logged, never sent).
+    pub fn from_store(err: &bc_eventstore::Error) -> Self {
+        if err.code() == "UNAVAILABLE" {
+            return Self::unavailable("the database is unreachable");
+        }
+        tracing::error!(error = %err, "request failed");
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            code: "INTERNAL_ERROR",
+            message: "internal error".to_owned(),
+            details: json!({}),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"code": self.code, "message": self.message, "details": self.details}});

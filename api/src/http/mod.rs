@@ -1,7 +1,9 @@
 //! The HTTP API under `/v1`.
 
+pub mod consistency;
 mod error;
 mod health;
+mod projections;
 
 use axum::Router;
 use axum::routing::get;
@@ -17,5 +19,8 @@ pub struct AppState {
 
 /// The router of the whole API.
 pub fn router(state: AppState) -> Router {
-    Router::new().route("/v1/healthz", get(health::healthz)).with_state(state)
+    Router::new()
+        .route("/v1/healthz", get(health::healthz))
+        .route("/v1/projections", get(projections::list))
+        .with_state(state)
 }

@@ -1,6 +1,7 @@
 //! Integration tests of the application against real PostgreSQL: the command handlers, the router in
 //! process, and the `better-compute` binary as a real process.
 
+mod consistency;
 mod fleet;
 mod health;
 mod investigate;

@@ -1,0 +1,39 @@
+//! `GET /v1/projections`: each read model's versions, positions and lag, honouring a consistency token.
+
+use axum::Json;
+use axum::extract::State;
+use bc_projections::{consistency, models, status};
+use serde_json::{Value, json};
+
+use super::consistency::{MinPosition, not_yet_consistent};
+use super::{ApiError, AppState};
+use crate::app::reads::CONSISTENCY_WAIT;
+
+pub async fn list(State(state): State<AppState>, MinPosition(after): MinPosition) -> Result<Json<Value>, ApiError> {
+    let read_models = models::read_models();
+    let names: Vec<&str> = read_models.iter().map(|p| p.name()).collect();
+    if let Some(after) = after {
+        match consistency::wait_for(&state.db, &names, after, CONSISTENCY_WAIT).await {
+            Ok(None) => {}
+            Ok(Some(reached)) => return Err(not_yet_consistent(after, reached)),
+            Err(err) => return Err(ApiError::from_store(&err)),
+        }
+    }
+    let rows = status::status(&state.db, &read_models).await.map_err(|err| ApiError::from_store(&err))?;
+    let items: Vec<Value> = rows
+        .into_iter()
+        .map(|row| {
+            json!({
+                "name": row.name,
+                "version": row.version,
+                "state": row.state,
+                "active": row.active,
+                "position": row.position.to_string(),
+                "eventsApplied": row.events_applied,
+                "lagEvents": row.lag_events,
+                "lagSeconds": if row.lag_seconds.is_finite() { json!(row.lag_seconds) } else { Value::Null },
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "items": items })))
+}

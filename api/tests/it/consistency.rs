@@ -1,0 +1,82 @@
+//! Consistency tokens: a read that names a command's position sees that command's effect, or answers
+//! `NOT_YET_CONSISTENT` with the position reached.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use bc_api::app::fleet::OfferPool;
+use bc_api::http::{AppState, router};
+use bc_domain::pool::Sharing;
+use bc_projections::framework::{self, DaemonConfig};
+use bc_projections::models;
+use http_body_util::BodyExt as _;
+use tower::ServiceExt as _;
+
+use crate::support::{Fleet, caller};
+
+async fn get(state: AppState, uri: &str, header: Option<&str>) -> (StatusCode, serde_json::Value) {
+    let mut request = Request::get(uri);
+    if let Some(position) = header {
+        request = request.header("X-Min-Position", position);
+    }
+    let response = router(state).oneshot(request.body(Body::empty()).expect("request")).await.expect("response");
+    let status = response.status();
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    (status, serde_json::from_slice(&body).expect("json"))
+}
+
+#[tokio::test]
+async fn a_read_after_a_commands_position_sees_its_effect() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let offer = OfferPool {
+        tenant_id: "acme".parse().expect("tenant"),
+        quota: [("gpu".to_owned(), 4)].into(),
+        priority: 0,
+        include_descendants: false,
+    };
+    let position = fleet.app.offer_pool(&fleet.owner, &pool, offer).await.expect("offer").position.expect("a position");
+    let acme = caller("acme", "alice@acme");
+
+    // No daemon yet: the read model cannot have the offer, and the read says how far it got.
+    let err = fleet.app.list_pools(&acme, Some(position)).await.expect_err("not yet");
+    assert_eq!(err.code(), "NOT_YET_CONSISTENT");
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let config = DaemonConfig { poll: Duration::from_millis(10), ..DaemonConfig::default() };
+    let daemon = tokio::spawn(framework::run_daemon(fleet.t.db.clone(), models::read_models(), config, stopped));
+    let pools = fleet.app.list_pools(&acme, Some(position)).await.expect("consistent read");
+    assert_eq!(pools.len(), 1, "the offer made the pool visible to acme");
+    assert_eq!(pools[0]["offers"][0]["quota"]["gpu"], 4);
+    let elsewhere = fleet.app.list_pools(&caller("globex", "bob@globex"), Some(position)).await.expect("read");
+    assert!(elsewhere.is_empty(), "another tenant sees nothing");
+
+    // The same through HTTP, with ?after= and with X-Min-Position.
+    let state = AppState { db: fleet.t.db.clone() };
+    let (status, body) = get(state.clone(), &format!("/v1/projections?after={position}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body["items"].as_array().expect("items").iter().all(|i| i["position"]
+            .as_str()
+            .expect("position")
+            .parse::<bc_eventstore::Position>()
+            .expect("position")
+            >= position)
+    );
+    let (status, _) = get(state.clone(), "/v1/projections", Some(&position.to_string())).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let far = bc_eventstore::Position::new(position.epoch + 5, 1, 1);
+    let (status, body) = get(state.clone(), &format!("/v1/projections?after={far}"), None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["error"]["code"], "NOT_YET_CONSISTENT");
+    assert!(body["error"]["details"]["reached"].as_str().is_some());
+
+    let (status, body) = get(state, "/v1/projections?after=1-2", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["details"]["field"], "after");
+
+    let _ = stop.send(true);
+    daemon.await.expect("daemon");
+}
