@@ -69,21 +69,25 @@ pub trait DomainEvent: Sized {
     fn event_types() -> &'static [&'static str];
 }
 
-/// Declares an enum of events, one variant per payload type, and implements [`DomainEvent`] for it:
+/// Declares an enum of events, one variant per payload type, and implements [`DomainEvent`] for it. A variant
+/// whose payload changed shape names its schema version after `@` (1 when absent); decoding brings older
+/// versions up to date through [`crate::upcast::registry`]:
 ///
 /// ```text
 /// domain_events! {
 ///     pub enum SiteEvent {
-///         Created(SiteCreated) = "site.created",
+///         Created(SiteCreated) = "site.created" @ 2,
 ///     }
 /// }
 /// ```
 #[macro_export]
 macro_rules! domain_events {
+    (@version) => { 1 };
+    (@version $version:literal) => { $version };
     (
         $(#[$meta:meta])*
         pub enum $name:ident {
-            $( $(#[$vmeta:meta])* $variant:ident($payload:ty) = $type_name:literal ),+ $(,)?
+            $( $(#[$vmeta:meta])* $variant:ident($payload:ty) = $type_name:literal $(@ $version:literal)? ),+ $(,)?
         }
     ) => {
         $(#[$meta])*
@@ -99,7 +103,9 @@ macro_rules! domain_events {
             }
 
             fn schema_version(&self) -> i16 {
-                1
+                match self {
+                    $( Self::$variant(_) => $crate::domain_events!(@version $($version)?) ),+
+                }
             }
 
             fn encode_payload(&self) -> Result<Vec<u8>, $crate::event::EncodeError> {
@@ -113,8 +119,11 @@ macro_rules! domain_events {
                 schema_version: i16,
                 payload: &[u8],
             ) -> Result<Self, $crate::event::DecodeError> {
+                // Old schema versions are brought up to date first.
+                let (schema_version, payload) =
+                    $crate::upcast::registry().upcast(event_type, schema_version, payload)?;
                 match event_type {
-                    $( $type_name => Ok(Self::$variant($crate::event::decode_payload(event_type, schema_version, payload)?)), )+
+                    $( $type_name => Ok(Self::$variant($crate::event::decode_payload(event_type, schema_version, &payload)?)), )+
                     other => Err($crate::event::DecodeError::UnknownType { event_type: other.to_owned() }),
                 }
             }

@@ -16,5 +16,6 @@ pub mod rejection;
 pub mod reservation;
 pub mod site;
 pub mod stream;
+pub mod upcast;
 
 pub use rejection::Rejection;

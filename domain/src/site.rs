@@ -46,7 +46,8 @@ domain_events! {
     /// Events of a site's stream.
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
     pub enum SiteEvent {
-        Created(SiteCreated) = "site.created",
+        /// Version 2: the region is `iamRegion` (version 1 called it `region`).
+        Created(SiteCreated) = "site.created" @ 2,
     }
 }
 

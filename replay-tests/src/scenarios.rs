@@ -1,0 +1,207 @@
+//! The scenarios the recorded logs come from, run through the real command handlers and the worker on the
+//! simulated clock.
+
+use bc_api::app::fleet::{CreatePool, CreateSite, OfferPool};
+use bc_api::app::nodes::{NodeVerb, RegisterNode};
+use bc_api::app::reservations::Reserve;
+use bc_api::app::worker::{Worker, WorkerConfig};
+use bc_api::app::{App, Caller};
+use bc_domain::device::{DeviceClass, GpuInfo, MigInstance};
+use bc_domain::id::{PoolId, SiteId};
+use bc_domain::node::{Role, Trust};
+use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing, SharingPolicy};
+use bc_domain::reservation::{Binding, DeviceRequest, ReservationRequest, Selector, Topology};
+use bc_domain::site::SiteKind;
+use bc_eventstore::clock;
+
+/// 2030-01-01T00:00:00Z: every scenario starts here.
+pub const T0: i64 = 1_893_456_000_000;
+const HOUR: i64 = 3_600_000;
+
+/// The scenarios by name.
+pub const NAMES: &[&str] = &["fleet_basics", "reservation_lifecycle"];
+
+fn caller(tenant: &str, identity: &str) -> anyhow::Result<Caller> {
+    Ok(Caller {
+        tenant_id: tenant.parse()?,
+        identity: identity.parse()?,
+        session_kind: "user".to_owned(),
+        request_id: Some(format!("req-{identity}")),
+        ancestors: Vec::new(),
+    })
+}
+
+fn gpu(name: &str, mig: u32) -> anyhow::Result<GpuInfo> {
+    Ok(GpuInfo {
+        uuid: format!("GPU-{name}").parse()?,
+        name: "NVIDIA H100 80GB HBM3".into(),
+        memory_mib: 81_559,
+        pci_bus_id: None,
+        mig_instances: (1..=mig)
+            .map(|g| MigInstance { gpu_instance: g, compute_instance: 0, profile: "1g.10gb".into(), memory_mib: 9_856 })
+            .collect(),
+    })
+}
+
+fn request(pool: &PoolId, class: DeviceClass, count: u32) -> ReservationRequest {
+    ReservationRequest {
+        pool_id: pool.clone(),
+        devices: DeviceRequest { class, count, selector: Selector::default(), topology: Topology::SameNode },
+        start_ms: None,
+        duration_s: 3600,
+        binding: Binding::Hold,
+        lease_seconds: None,
+        project_id: None,
+        deadline_ms: None,
+        wait: true,
+    }
+}
+
+async fn pool(
+    app: &App,
+    owner: &Caller,
+    site: &SiteId,
+    name: &str,
+    sharing: Sharing,
+    replicas: Option<u32>,
+) -> anyhow::Result<PoolId> {
+    let policy = PoolPolicy { sharing: SharingPolicy { replicas }, ..PoolPolicy::default() };
+    let create = CreatePool {
+        site_id: site.clone(),
+        name: name.into(),
+        class: PoolClass::MetalHost,
+        gpu_model: "H100".into(),
+        sharing,
+        agent: PoolAgent::Bcd,
+        policy,
+        provider_account_id: None,
+    };
+    Ok(app.create_pool(owner, create).await?.value)
+}
+
+async fn node(
+    app: &App,
+    owner: &Caller,
+    pool: &PoolId,
+    name: &str,
+    gpus: usize,
+    mig: u32,
+) -> anyhow::Result<bc_domain::id::NodeId> {
+    let gpus = (0..gpus).map(|g| gpu(&format!("{name}-{g}"), mig)).collect::<anyhow::Result<Vec<_>>>()?;
+    let register = RegisterNode {
+        pool_id: pool.clone(),
+        name: name.into(),
+        role: Role::Host,
+        trust: Trust::Platform,
+        owner_tenant_id: None,
+        gpus,
+    };
+    Ok(app.register_node(owner, register).await?.value)
+}
+
+/// Runs a scenario by name on a fresh migrated database.
+pub async fn run(name: &str, app: &App) -> anyhow::Result<()> {
+    clock::use_sim_clock(&app.db, T0).await?;
+    match name {
+        "fleet_basics" => fleet_basics(app).await,
+        "reservation_lifecycle" => reservation_lifecycle(app).await,
+        other => anyhow::bail!("no scenario named {other}"),
+    }
+}
+
+async fn fleet_basics(app: &App) -> anyhow::Result<()> {
+    let owner = caller("root", "operator@platform")?;
+    let site = app
+        .create_site(
+            &owner,
+            CreateSite { name: "fra1".into(), iam_region: "eu-central-1".into(), kind: SiteKind::Shared },
+        )
+        .await?
+        .value;
+    let whole = pool(app, &owner, &site, "h100", Sharing::Exclusive, None).await?;
+    let mig = pool(app, &owner, &site, "h100-mig", Sharing::Mig, None).await?;
+    let slots = pool(app, &owner, &site, "h100-slots", Sharing::Timeslice, Some(4)).await?;
+    let a = node(app, &owner, &whole, "a", 8, 0).await?;
+    node(app, &owner, &mig, "m", 2, 7).await?;
+    node(app, &owner, &slots, "s", 2, 0).await?;
+    for (tenant, gpus, priority) in [("acme", 8, 10), ("globex", 4, 0)] {
+        let quota = [("gpu".to_owned(), gpus), ("gpu.mig".to_owned(), gpus * 2)].into();
+        let offer = OfferPool { tenant_id: tenant.parse()?, quota, priority, include_descendants: false };
+        app.offer_pool(&owner, &whole, offer.clone()).await?;
+        app.offer_pool(&owner, &mig, offer).await?;
+    }
+    app.set_quota(&owner, &whole, &"globex".parse()?, [("gpu".to_owned(), 6)].into()).await?;
+    app.create_project(&caller("acme", "admin@acme")?, "research".into()).await?;
+    clock::set_sim_clock(&app.db, T0 + 60_000).await?;
+    app.node_verb(&owner, &a, NodeVerb::Cordon, Some("firmware update".into())).await?;
+    app.node_verb(&owner, &a, NodeVerb::StartMaintenance, None).await?;
+    clock::set_sim_clock(&app.db, T0 + 120_000).await?;
+    app.node_verb(&owner, &a, NodeVerb::EndMaintenance, None).await?;
+    app.node_verb(&owner, &a, NodeVerb::Uncordon, None).await?;
+    Ok(())
+}
+
+async fn reservation_lifecycle(app: &App) -> anyhow::Result<()> {
+    let owner = caller("root", "operator@platform")?;
+    let site = app
+        .create_site(
+            &owner,
+            CreateSite { name: "fra1".into(), iam_region: "eu-central-1".into(), kind: SiteKind::Shared },
+        )
+        .await?
+        .value;
+    let whole = pool(app, &owner, &site, "h100", Sharing::Exclusive, None).await?;
+    node(app, &owner, &whole, "a", 4, 0).await?;
+    node(app, &owner, &whole, "b", 4, 0).await?;
+    let offer = OfferPool {
+        tenant_id: "acme".parse()?,
+        quota: [("gpu".to_owned(), 4)].into(),
+        priority: 0,
+        include_descendants: false,
+    };
+    app.offer_pool(&owner, &whole, offer).await?;
+    let acme = caller("acme", "alice@acme")?;
+    let worker = Worker::new(app.clone(), WorkerConfig::default());
+    let advance = |at: i64| {
+        let (app, worker) = (app.clone(), worker.clone());
+        async move {
+            clock::set_sim_clock(&app.db, at).await?;
+            worker.run_until_idle().await?;
+            anyhow::Ok(())
+        }
+    };
+
+    // Placed now and active; placed for later; a gang; one that waits for quota.
+    let now = app
+        .reserve(&acme, Reserve { idempotency_key: "now".into(), request: request(&whole, DeviceClass::Gpu, 2) })
+        .await?
+        .value;
+    let mut later = request(&whole, DeviceClass::Gpu, 2);
+    later.start_ms = Some(T0 + 2 * HOUR);
+    later.lease_seconds = Some(1800);
+    let later = app.reserve(&acme, Reserve { idempotency_key: "later".into(), request: later }).await?.value;
+    let mut gang = request(&whole, DeviceClass::Gpu, 4);
+    gang.devices.topology = Topology::Gang { nodes: 2 };
+    let gang = app.reserve(&owner, Reserve { idempotency_key: "gang".into(), request: gang }).await?.value;
+    let waiting = app
+        .reserve(&acme, Reserve { idempotency_key: "waiting".into(), request: request(&whole, DeviceClass::Gpu, 2) })
+        .await?
+        .value;
+    advance(T0 + 1_000).await?;
+
+    // Renew the later one's lease, extend the active one, cancel the waiting one, release the gang.
+    advance(T0 + 20 * 60_000).await?;
+    app.renew_reservation(&acme, &later.reservation.id).await?;
+    app.extend_reservation(&acme, &now.reservation.id, T0 + 90 * 60_000).await?;
+    if app.reservation(&acme, &waiting.reservation.id).await?.value.state
+        == bc_domain::reservation::ReservationState::Pending
+    {
+        app.cancel_reservation(&acme, &waiting.reservation.id, Some("not needed".into())).await?;
+    }
+    app.release_reservation(&owner, &gang.reservation.id).await?;
+    advance(T0 + 30 * 60_000).await?;
+    // The later one's lease lapses before its start; the active one's window ends.
+    advance(T0 + 2 * HOUR).await?;
+    advance(T0 + 3 * HOUR).await?;
+    Ok(())
+}
