@@ -117,15 +117,19 @@ pub async fn lock_checkpoint(tx: &mut Tx, name: &str, version: u32) -> Result<Ch
     checkpoint_from_row(&row)
 }
 
-fn checkpoint_from_row(row: &sqlx::postgres::PgRow) -> Result<Checkpoint> {
+/// A checkpoint's position from its `log_epoch`, `txid` (as text) and `seq` columns.
+fn position_from_row(row: &sqlx::postgres::PgRow) -> Result<Position> {
     let epoch: i32 = row.try_get("log_epoch")?;
     let txid: String = row.try_get("txid")?;
     let seq: i64 = row.try_get("seq")?;
-    let position = format!("{epoch}-{txid}-{seq}")
+    format!("{epoch}-{txid}-{seq}")
         .parse()
-        .map_err(|err: bc_eventstore::PositionError| Error::Internal(err.to_string()))?;
+        .map_err(|err: bc_eventstore::PositionError| Error::Internal(err.to_string()))
+}
+
+fn checkpoint_from_row(row: &sqlx::postgres::PgRow) -> Result<Checkpoint> {
     Ok(Checkpoint {
-        position,
+        position: position_from_row(row)?,
         events_applied: row.try_get("events_applied")?,
         events_passed: row.try_get("events_passed")?,
         state: VersionState::parse(&row.try_get::<String, _>("state")?)?,
@@ -212,7 +216,9 @@ async fn step_with_hook(
     }
     let recorded = events::read_after(&mut tx, checkpoint.position, batch).await?;
     let mut outcome = Step { passed: recorded.len(), caught_up: recorded.len() < batch as usize, ..Step::default() };
+    let mut position = checkpoint.position;
     if let Some(last) = recorded.last().cloned() {
+        position = last.position;
         let mut envelopes = Vec::new();
         for event in recorded {
             if projection.handles(&event.event_type) {
@@ -227,7 +233,7 @@ async fn step_with_hook(
         }
     }
     if outcome.caught_up {
-        outcome.switched = switch_if_newer(&mut tx, name, version).await?;
+        outcome.switched = switch_if_newer(&mut tx, name, version, &position).await?;
         if !outcome.switched && active_version(&mut tx, name).await?.is_some_and(|active| active > version) {
             retire(&mut tx, name, version).await?;
             outcome.retired = true;
@@ -246,10 +252,29 @@ async fn retire(tx: &mut Tx, name: &str, version: u32) -> Result<()> {
     Ok(())
 }
 
-/// Makes `version` the active one if it is newer than the active one (or none is), and marks it live. The old
-/// version retires itself at its own next caught-up batch: a switch touches no other version's checkpoint, so
-/// two versions' batches never wait on each other's rows. Returns whether it switched.
-async fn switch_if_newer(tx: &mut Tx, name: &str, version: u32) -> Result<bool> {
+/// Makes `version` the active one if it is newer than the active one (or none is) and has applied at least as
+/// much of the log as the active one (at `position`), and marks it live; reads never go backwards across a
+/// switch. The active version's checkpoint is share-locked for the comparison, so its daemon cannot move it on
+/// before this transaction commits; the old version retires itself at its own next caught-up batch and never
+/// locks the new version's checkpoint, so the two never wait on each other in a cycle. Returns whether it
+/// switched.
+async fn switch_if_newer(tx: &mut Tx, name: &str, version: u32, position: &Position) -> Result<bool> {
+    let active = sql::query(
+        "SELECT c.log_epoch, c.txid::text AS txid, c.seq
+         FROM projection_active AS a
+         JOIN projection_checkpoints AS c ON c.name = a.name AND c.version = a.version
+         WHERE a.name = $1 AND a.version < $2
+         FOR SHARE OF c",
+    )
+    .bind(name)
+    .bind(version as i32)
+    .fetch_optional(tx.conn())
+    .await?;
+    if let Some(row) = active
+        && position_from_row(&row)? > *position
+    {
+        return Ok(false);
+    }
     let switched = sql::query(
         "INSERT INTO projection_active (name, version) VALUES ($1, $2)
          ON CONFLICT (name) DO UPDATE SET version = excluded.version, switched_at = compute_now()
