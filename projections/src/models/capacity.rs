@@ -3,7 +3,7 @@
 //! available (allocatable - allocated). Defined by state, not by the clock: starts and ends are events, so the
 //! rollup changes only through events. What is free for a given window is a query on the bookings instead.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use bc_domain::node::NodeEvent;
 use bc_domain::reservation::{ReservationEvent, ReservationState};
@@ -55,19 +55,29 @@ impl Projection for CapacityRollupV1 {
 
     fn apply<'a>(&'a self, tx: &'a mut Tx, events: &'a [Envelope]) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
+            // Node events touch only the node rows, reservation events only the holds: apply the rare node
+            // events one by one and fold the reservation events in one pass.
             let mut touched: BTreeSet<(String, String)> = BTreeSet::new();
             for envelope in events {
-                if let Some(key) = apply_one(tx, envelope).await? {
+                if let Some(key) = apply_node(tx, envelope).await? {
                     touched.insert(key);
                 }
             }
+            let holds: Vec<(&str, &ReservationEvent)> = events
+                .iter()
+                .filter_map(|envelope| match &envelope.event {
+                    Some(AnyEvent::Reservation(event)) => Some((envelope.recorded.stream_id.as_str(), event)),
+                    _ => None,
+                })
+                .collect();
+            apply_holds(tx, &holds, &mut touched).await?;
             refresh(tx, &touched).await
         })
     }
 }
 
-/// Applies one event to the rollup's own state; returns the (pool, resource) it touched.
-async fn apply_one(tx: &mut Tx, envelope: &Envelope) -> Result<Option<(String, String)>> {
+/// Applies one node event to the rollup's node rows; returns the (pool, resource) it touched.
+async fn apply_node(tx: &mut Tx, envelope: &Envelope) -> Result<Option<(String, String)>> {
     match &envelope.event {
         Some(AnyEvent::Node(NodeEvent::Registered(e))) => {
             let atoms: Vec<_> = e.devices.iter().filter(|d| d.bookable).collect();
@@ -143,21 +153,75 @@ async fn apply_one(tx: &mut Tx, envelope: &Envelope) -> Result<Option<(String, S
             .await?;
             Ok(Some((row.try_get("pool_id")?, row.try_get("resource")?)))
         }
-        Some(AnyEvent::Reservation(event)) => {
-            let id = envelope.recorded.stream_id.as_str();
-            if let ReservationEvent::Requested(e) = event {
-                sql::query(
-                    "INSERT INTO pool_capacity_holds_v1 (reservation_id, pool_id, resource, count, state)
-                     VALUES ($1, $2, $3, $4, 'pending')",
-                )
-                .bind(id)
-                .bind(e.request.pool_id.as_str())
-                .bind(e.request.resource())
-                .bind(e.request.devices.count as i32)
-                .execute(tx.conn())
-                .await?;
-                return Ok(Some((e.request.pool_id.to_string(), e.request.resource().to_owned())));
-            }
+        _ => Ok(None),
+    }
+}
+
+/// One reservation's hold on its pool's atoms.
+#[derive(Debug, Clone)]
+struct Hold {
+    pool_id: String,
+    resource: String,
+    count: i32,
+    state: ReservationState,
+}
+
+/// Folds the batch's reservation events onto their holds (loaded in one statement), then writes the live holds
+/// back in one upsert and deletes the ended ones: an ended reservation holds nothing.
+async fn apply_holds(
+    tx: &mut Tx,
+    events: &[(&str, &ReservationEvent)],
+    touched: &mut BTreeSet<(String, String)>,
+) -> Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let mut ids: Vec<&str> = events
+        .iter()
+        .filter(|(_, event)| !matches!(event, ReservationEvent::Requested(_)))
+        .map(|(id, _)| *id)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut holds: HashMap<String, Hold> = HashMap::with_capacity(events.len());
+    if !ids.is_empty() {
+        let rows = sql::query(
+            "SELECT reservation_id, pool_id, resource, count, state FROM pool_capacity_holds_v1
+             WHERE reservation_id = ANY($1::text[])",
+        )
+        .bind(&ids)
+        .fetch_all(tx.conn())
+        .await?;
+        for row in rows {
+            let state: String = row.try_get("state")?;
+            let state = ReservationState::ALL
+                .into_iter()
+                .find(|known| known.as_str() == state)
+                .ok_or_else(|| bc_eventstore::Error::Internal(format!("a stored hold's state {state:?} is unknown")))?;
+            holds.insert(
+                row.try_get("reservation_id")?,
+                Hold {
+                    pool_id: row.try_get("pool_id")?,
+                    resource: row.try_get("resource")?,
+                    count: row.try_get("count")?,
+                    state,
+                },
+            );
+        }
+    }
+    let mut changed: BTreeSet<&str> = BTreeSet::new();
+    for (id, event) in events {
+        if let ReservationEvent::Requested(e) = event {
+            holds.insert(
+                (*id).to_owned(),
+                Hold {
+                    pool_id: e.request.pool_id.to_string(),
+                    resource: e.request.resource().to_owned(),
+                    count: e.request.devices.count as i32,
+                    state: ReservationState::Pending,
+                },
+            );
+        } else {
             let state = match event {
                 ReservationEvent::Placed(_) => ReservationState::Placed,
                 ReservationEvent::BindingStarted(_) => ReservationState::Binding,
@@ -167,22 +231,44 @@ async fn apply_one(tx: &mut Tx, envelope: &Envelope) -> Result<Option<(String, S
                 ReservationEvent::Cancelled(_) => ReservationState::Cancelled,
                 ReservationEvent::Expired(_) => ReservationState::Expired,
                 ReservationEvent::Failed(_) => ReservationState::Failed,
-                _ => return Ok(None),
+                _ => continue,
             };
-            let row = sql::query(
-                "UPDATE pool_capacity_holds_v1 SET state = $2 WHERE reservation_id = $1 RETURNING pool_id, resource",
-            )
-            .bind(id)
-            .bind(state.as_str())
-            .fetch_optional(tx.conn())
-            .await?;
-            match row {
-                Some(row) => Ok(Some((row.try_get("pool_id")?, row.try_get("resource")?))),
-                None => Ok(None),
-            }
+            let Some(hold) = holds.get_mut(*id) else { continue };
+            hold.state = state;
         }
-        _ => Ok(None),
+        let hold = &holds[*id];
+        touched.insert((hold.pool_id.clone(), hold.resource.clone()));
+        changed.insert(id);
     }
+    let (mut live, mut ended): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+    for id in &changed {
+        if holds[*id].state.is_terminal() { ended.push(id) } else { live.push(id) }
+    }
+    let pools: Vec<&str> = live.iter().map(|id| holds[*id].pool_id.as_str()).collect();
+    let resources: Vec<&str> = live.iter().map(|id| holds[*id].resource.as_str()).collect();
+    let counts: Vec<i32> = live.iter().map(|id| holds[*id].count).collect();
+    let states: Vec<&str> = live.iter().map(|id| holds[*id].state.as_str()).collect();
+    if !live.is_empty() {
+        sql::query(
+            "INSERT INTO pool_capacity_holds_v1 (reservation_id, pool_id, resource, count, state)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::text[])
+             ON CONFLICT (reservation_id) DO UPDATE SET state = excluded.state",
+        )
+        .bind(&live)
+        .bind(&pools)
+        .bind(&resources)
+        .bind(&counts)
+        .bind(&states)
+        .execute(tx.conn())
+        .await?;
+    }
+    if !ended.is_empty() {
+        sql::query("DELETE FROM pool_capacity_holds_v1 WHERE reservation_id = ANY($1::text[])")
+            .bind(&ended)
+            .execute(tx.conn())
+            .await?;
+    }
+    Ok(())
 }
 
 /// Recomputes the rollup rows of the touched (pool, resource) pairs from the rollup's own state.
@@ -212,12 +298,6 @@ async fn refresh(tx: &mut Tx, touched: &BTreeSet<(String, String)>) -> Result<()
     )
     .bind(&pools)
     .bind(&resources)
-    .execute(tx.conn())
-    .await?;
-    // Holds of ended reservations no longer count; drop them once the rollup is refreshed.
-    sql::query(
-        "DELETE FROM pool_capacity_holds_v1 WHERE state IN ('released', 'cancelled', 'expired', 'failed', 'denied')",
-    )
     .execute(tx.conn())
     .await?;
     Ok(())
