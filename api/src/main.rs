@@ -113,6 +113,28 @@ enum BenchCommand {
     /// Reserve-then-release cycles per second with 1, 4 and 16 clients beside pgbench's one-row INSERT, and the
     /// placement latency of an 8-GPU request in a pool of 1,000 nodes, half booked.
     Reserve(BenchReserveArgs),
+    /// Rebuild rate of every read model from a large generated log, beside an INSERT ... SELECT of as many rows,
+    /// and the read models' lag while writers append.
+    Projections(BenchProjectionsArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchProjectionsArgs {
+    /// Events in the generated log.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+
+    /// Seconds of appending for the lag figures.
+    #[arg(long, default_value_t = 10)]
+    lag_seconds: u64,
+
+    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+
+    /// Keep the cluster's folder afterwards.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Debug, Args)]
@@ -290,6 +312,15 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 bc_api::ops::events_replay(&connect(&database)?, until, target).await
             }
         },
+        Command::Bench(BenchCommand::Projections(args)) => {
+            bc_api::bench::projections(bc_api::bench::ProjectionsBenchConfig {
+                events: args.events.max(3),
+                lag_run: Duration::from_secs(args.lag_seconds.max(1)),
+                data_dir: args.data_dir,
+                keep: args.keep,
+            })
+            .await
+        }
         Command::Dev(args) => {
             let data_dir = match args.data_dir {
                 Some(dir) => dir,

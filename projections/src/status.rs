@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use bc_eventstore::{Db, Position, Result, TxOptions, sql};
+use bc_eventstore::{Access, Db, Isolation, Position, Result, TxOptions, sql};
 use sqlx::Row as _;
 
 use crate::framework::Projection;
@@ -27,12 +27,16 @@ pub struct VersionStatus {
 
 /// The status of every version this build knows, and every version with a checkpoint.
 pub async fn status(db: &Db, projections: &[Arc<dyn Projection>]) -> Result<Vec<VersionStatus>> {
-    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+    // One snapshot for every figure: under read committed, a daemon committing between the statements made the
+    // versions look further along than the log head they were compared with.
+    let mut tx = db.begin(TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadOnly }).await?;
     let total: i64 = sql::query_scalar("SELECT count(*) FROM events").fetch_one(tx.conn()).await?;
-    let head_at: Option<i64> =
-        sql::query_scalar("SELECT floor(extract(epoch FROM max(recorded_at)) * 1000)::int8 FROM events")
-            .fetch_one(tx.conn())
-            .await?;
+    let head_at: Option<i64> = sql::query_scalar(
+        "SELECT floor(extract(epoch FROM recorded_at) * 1000)::int8 FROM events
+         ORDER BY log_epoch DESC, txid DESC, seq DESC LIMIT 1",
+    )
+    .fetch_optional(tx.conn())
+    .await?;
     let rows = sql::query(
         "SELECT c.name, c.version, c.state, c.log_epoch, c.txid::text AS txid, c.seq, c.events_applied,
                 floor(extract(epoch FROM c.last_event_at) * 1000)::int8 AS last_event_at_ms,

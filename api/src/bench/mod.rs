@@ -2,6 +2,7 @@
 //! same run on the same cluster (the machine is shared and noisy, so raw rates mean little).
 
 pub mod append;
+pub mod projections;
 pub mod reserve;
 
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use bc_eventstore::{Db, DbConfig};
 use sqlx::{ConnectOptions as _, Connection as _};
 
 pub use append::{AppendBenchConfig, append};
+pub use projections::{ProjectionsBenchConfig, projections};
 pub use reserve::{ReserveBenchConfig, reserve};
 
 /// Stops the benchmark's cluster (and removes its folder) however the benchmark ends.
