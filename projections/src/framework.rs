@@ -5,8 +5,8 @@
 //! types still moves the checkpoint, so a quiet projection is never behind.
 //!
 //! Versions: each has its own tables and checkpoint. A version newer than the active one builds from `0-0-0`
-//! while the active one serves, and once it has caught up, one short transaction makes it the active version
-//! and retires the old one.
+//! while the active one serves; once it has caught up, and has applied at least as much of the log as the active
+//! one, one short transaction makes it the active version. The old version retires itself at its next batch.
 
 use std::sync::Arc;
 use std::time::Duration;
