@@ -435,6 +435,24 @@ domain_events! {
 }
 
 impl ReservationEvent {
+    /// The state this event moves a reservation to; `None` for the events that keep its state (renewals and
+    /// extensions).
+    pub fn state_after(&self) -> Option<ReservationState> {
+        Some(match self {
+            ReservationEvent::Requested(_) => ReservationState::Pending,
+            ReservationEvent::Denied(_) => ReservationState::Denied,
+            ReservationEvent::Placed(_) => ReservationState::Placed,
+            ReservationEvent::BindingStarted(_) => ReservationState::Binding,
+            ReservationEvent::Activated(_) => ReservationState::Active,
+            ReservationEvent::Cancelled(_) => ReservationState::Cancelled,
+            ReservationEvent::ReleaseRequested(_) => ReservationState::Releasing,
+            ReservationEvent::Released(_) => ReservationState::Released,
+            ReservationEvent::Expired(_) => ReservationState::Expired,
+            ReservationEvent::Failed(_) => ReservationState::Failed,
+            ReservationEvent::Renewed(_) | ReservationEvent::Extended(_) => return None,
+        })
+    }
+
     /// When this event ends the reservation's bookings, the time they end.
     pub fn ends_bookings_at(&self) -> Option<i64> {
         match self {

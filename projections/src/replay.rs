@@ -148,11 +148,7 @@ impl CapacityFold {
                         NodeEvent::Registered(e) => e.node_id.to_string(),
                     };
                     if let Some(node) = self.nodes.get_mut(&node_id) {
-                        if column == "cordoned" {
-                            node.axes.cordoned = value;
-                        } else {
-                            node.axes.maintenance = value;
-                        }
+                        node.axes.set_flag(column, value);
                     }
                 }
             }
@@ -169,17 +165,7 @@ impl CapacityFold {
                         },
                     );
                 } else if let Some(hold) = self.holds.get_mut(&id) {
-                    hold.state = match event {
-                        ReservationEvent::Placed(_) => ReservationState::Placed,
-                        ReservationEvent::BindingStarted(_) => ReservationState::Binding,
-                        ReservationEvent::Activated(_) => ReservationState::Active,
-                        ReservationEvent::ReleaseRequested(_) => ReservationState::Releasing,
-                        ReservationEvent::Released(_) => ReservationState::Released,
-                        ReservationEvent::Cancelled(_) => ReservationState::Cancelled,
-                        ReservationEvent::Expired(_) => ReservationState::Expired,
-                        ReservationEvent::Failed(_) => ReservationState::Failed,
-                        _ => hold.state,
-                    };
+                    hold.state = event.state_after().unwrap_or(hold.state);
                 }
             }
             _ => {}

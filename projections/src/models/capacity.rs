@@ -125,23 +125,8 @@ async fn apply_node(tx: &mut Tx, envelope: &Envelope) -> Result<Option<(String, 
             .fetch_optional(tx.conn())
             .await?;
             let Some(row) = row else { return Ok(None) };
-            let mut axes = Axes {
-                role: row.try_get("role")?,
-                trust: row.try_get("trust")?,
-                owner_tenant_id: row.try_get("owner_tenant_id")?,
-                pool_owner_tenant_id: row.try_get("pool_owner_tenant_id")?,
-                provision_state: row.try_get("provision_state")?,
-                connectivity: row.try_get("connectivity")?,
-                no_schedule_reasons: row.try_get("no_schedule_reasons")?,
-                observed_generation: row.try_get("observed_generation")?,
-                maintenance: row.try_get("maintenance")?,
-                cordoned: row.try_get("cordoned")?,
-            };
-            if column == "cordoned" {
-                axes.cordoned = value;
-            } else {
-                axes.maintenance = value;
-            }
+            let mut axes = Axes::from_row(&row)?;
+            axes.set_flag(column, value);
             sql::query(
                 "UPDATE pool_capacity_nodes_v1 SET cordoned = $2, maintenance = $3, schedulable = $4 WHERE node_id = $1",
             )
@@ -222,17 +207,7 @@ async fn apply_holds(
                 },
             );
         } else {
-            let state = match event {
-                ReservationEvent::Placed(_) => ReservationState::Placed,
-                ReservationEvent::BindingStarted(_) => ReservationState::Binding,
-                ReservationEvent::Activated(_) => ReservationState::Active,
-                ReservationEvent::ReleaseRequested(_) => ReservationState::Releasing,
-                ReservationEvent::Released(_) => ReservationState::Released,
-                ReservationEvent::Cancelled(_) => ReservationState::Cancelled,
-                ReservationEvent::Expired(_) => ReservationState::Expired,
-                ReservationEvent::Failed(_) => ReservationState::Failed,
-                _ => continue,
-            };
+            let Some(state) = event.state_after() else { continue };
             let Some(hold) = holds.get_mut(*id) else { continue };
             hold.state = state;
         }

@@ -57,6 +57,33 @@ pub(crate) struct Axes {
     pub cordoned: bool,
 }
 
+impl Axes {
+    /// The axes of a row that has the columns of the same names.
+    pub(crate) fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self> {
+        Ok(Axes {
+            role: row.try_get("role")?,
+            trust: row.try_get("trust")?,
+            owner_tenant_id: row.try_get("owner_tenant_id")?,
+            pool_owner_tenant_id: row.try_get("pool_owner_tenant_id")?,
+            provision_state: row.try_get("provision_state")?,
+            connectivity: row.try_get("connectivity")?,
+            no_schedule_reasons: row.try_get("no_schedule_reasons")?,
+            observed_generation: row.try_get("observed_generation")?,
+            maintenance: row.try_get("maintenance")?,
+            cordoned: row.try_get("cordoned")?,
+        })
+    }
+
+    /// Sets the flag named by [`flag_change`].
+    pub(crate) fn set_flag(&mut self, column: &str, value: bool) {
+        if column == "cordoned" {
+            self.cordoned = value;
+        } else {
+            self.maintenance = value;
+        }
+    }
+}
+
 fn parse<T: serde::de::DeserializeOwned>(value: &str) -> Result<T> {
     serde_json::from_value(serde_json::Value::String(value.to_owned()))
         .map_err(|err| Error::Internal(format!("a node axis holds an unknown value {value:?}: {err}")))
@@ -164,23 +191,8 @@ async fn apply_one(tx: &mut Tx, envelope: &Envelope) -> Result<()> {
             .fetch_optional(tx.conn())
             .await?;
             let Some(row) = row else { return Ok(()) };
-            let mut axes = Axes {
-                role: row.try_get("role")?,
-                trust: row.try_get("trust")?,
-                owner_tenant_id: row.try_get("owner_tenant_id")?,
-                pool_owner_tenant_id: row.try_get("pool_owner_tenant_id")?,
-                provision_state: row.try_get("provision_state")?,
-                connectivity: row.try_get("connectivity")?,
-                no_schedule_reasons: row.try_get("no_schedule_reasons")?,
-                observed_generation: row.try_get("observed_generation")?,
-                maintenance: row.try_get("maintenance")?,
-                cordoned: row.try_get("cordoned")?,
-            };
-            if column == "cordoned" {
-                axes.cordoned = value;
-            } else {
-                axes.maintenance = value;
-            }
+            let mut axes = Axes::from_row(&row)?;
+            axes.set_flag(column, value);
             sql::query("UPDATE nodes_v1 SET cordoned = $2, maintenance = $3, schedulable = $4 WHERE node_id = $1")
                 .bind(node_id.as_str())
                 .bind(axes.cordoned)
