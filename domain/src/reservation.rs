@@ -193,6 +193,22 @@ pub struct ReservationRequest {
 }
 
 impl ReservationRequest {
+    /// An hour-long hold of `count` devices of `class` on one node, starting when placed, with no lease,
+    /// project or deadline, waiting in `pending` when the pool is full.
+    pub fn hold(pool_id: PoolId, class: DeviceClass, count: u32) -> Self {
+        ReservationRequest {
+            pool_id,
+            devices: DeviceRequest { class, count, selector: Selector::default(), topology: Topology::SameNode },
+            start_ms: None,
+            duration_s: 3600,
+            binding: Binding::Hold,
+            lease_seconds: None,
+            project_id: None,
+            deadline_ms: None,
+            wait: true,
+        }
+    }
+
     /// Checks the request against the rules that need no lookup. `now_ms` is the command's time.
     pub fn check(&self, now_ms: i64) -> Result<(), Rejection> {
         let devices = &self.devices;

@@ -10,7 +10,7 @@ use bc_domain::device::{DeviceClass, GpuInfo, MigInstance};
 use bc_domain::id::{PoolId, SiteId};
 use bc_domain::node::{Role, Trust};
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing, SharingPolicy};
-use bc_domain::reservation::{Binding, DeviceRequest, ReservationRequest, Selector, Topology};
+use bc_domain::reservation::{ReservationRequest, Topology};
 use bc_domain::site::SiteKind;
 use bc_eventstore::clock;
 
@@ -44,17 +44,7 @@ fn gpu(name: &str, mig: u32) -> anyhow::Result<GpuInfo> {
 }
 
 fn request(pool: &PoolId, class: DeviceClass, count: u32) -> ReservationRequest {
-    ReservationRequest {
-        pool_id: pool.clone(),
-        devices: DeviceRequest { class, count, selector: Selector::default(), topology: Topology::SameNode },
-        start_ms: None,
-        duration_s: 3600,
-        binding: Binding::Hold,
-        lease_seconds: None,
-        project_id: None,
-        deadline_ms: None,
-        wait: true,
-    }
+    ReservationRequest::hold(pool.clone(), class, count)
 }
 
 async fn pool(

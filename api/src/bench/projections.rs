@@ -10,10 +10,7 @@ use anyhow::Context as _;
 use bc_domain::device::DeviceClass;
 use bc_domain::event::{DomainEvent, EventMetadata};
 use bc_domain::id::{AllocationId, Identity, NodeId, PoolId, ReservationId, TenantId};
-use bc_domain::reservation::{
-    Allocation, Binding, Cancelled, DeviceRequest, Placed, Requested, ReservationEvent, ReservationRequest, Selector,
-    Topology,
-};
+use bc_domain::reservation::{Allocation, Cancelled, Placed, Requested, ReservationEvent, ReservationRequest};
 use bc_eventstore::events::{self, AppendBatch, ExpectedVersion, NewEvent};
 use bc_eventstore::{Db, TxOptions, lease, sql};
 use bc_projections::framework::{self, DaemonConfig, Projection};
@@ -40,22 +37,7 @@ fn templates() -> anyhow::Result<Vec<NewEvent>> {
     let tenant: TenantId = "root".parse()?;
     let identity: Identity = "bench@platform".parse()?;
     let pool: PoolId = "pool_01m8q000000000000000000000".parse()?;
-    let request = ReservationRequest {
-        pool_id: pool,
-        devices: DeviceRequest {
-            class: DeviceClass::Gpu,
-            count: 2,
-            selector: Selector::default(),
-            topology: Topology::SameNode,
-        },
-        start_ms: None,
-        duration_s: 3600,
-        binding: Binding::Hold,
-        lease_seconds: None,
-        project_id: None,
-        deadline_ms: None,
-        wait: true,
-    };
+    let request = ReservationRequest::hold(pool, DeviceClass::Gpu, 2);
     let at_ms = 1_893_456_000_000;
     let events = [
         ReservationEvent::Requested(Requested {

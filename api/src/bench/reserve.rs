@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use bc_domain::device::DeviceClass;
 use bc_domain::id::{PoolId, SiteId};
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
-use bc_domain::reservation::{Binding, DeviceRequest, ReservationRequest, Selector, Topology};
+use bc_domain::reservation::ReservationRequest;
 use bc_domain::site::SiteKind;
 use bc_eventstore::{Db, TxOptions, sql};
 
@@ -40,22 +40,7 @@ fn bench_caller(identity: &str) -> anyhow::Result<Caller> {
 }
 
 fn gpu_request(pool: &PoolId, count: u32) -> ReservationRequest {
-    ReservationRequest {
-        pool_id: pool.clone(),
-        devices: DeviceRequest {
-            class: DeviceClass::Gpu,
-            count,
-            selector: Selector::default(),
-            topology: Topology::SameNode,
-        },
-        start_ms: None,
-        duration_s: 3600,
-        binding: Binding::Hold,
-        lease_seconds: None,
-        project_id: None,
-        deadline_ms: None,
-        wait: true,
-    }
+    ReservationRequest::hold(pool.clone(), DeviceClass::Gpu, count)
 }
 
 /// Inserts `nodes` schedulable nodes with `gpus` H100s each straight into the inline tables, and books every GPU of

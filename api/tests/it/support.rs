@@ -10,7 +10,7 @@ use bc_domain::device::{DeviceClass, GpuInfo, MigInstance};
 use bc_domain::id::{NodeId, PoolId, SiteId};
 use bc_domain::node::{Role, Trust};
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing, SharingPolicy};
-use bc_domain::reservation::{Binding, DeviceRequest, ReservationRequest, Selector, Topology};
+use bc_domain::reservation::ReservationRequest;
 use bc_domain::site::SiteKind;
 use bc_eventstore::testing::TestDb;
 use bc_eventstore::{TxOptions, clock, sql};
@@ -159,15 +159,5 @@ pub fn gpu(uuid_suffix: &str, mig: u32) -> GpuInfo {
 }
 
 pub fn request(pool: &PoolId, class: DeviceClass, count: u32) -> ReservationRequest {
-    ReservationRequest {
-        pool_id: pool.clone(),
-        devices: DeviceRequest { class, count, selector: Selector::default(), topology: Topology::SameNode },
-        start_ms: None,
-        duration_s: 3600,
-        binding: Binding::Hold,
-        lease_seconds: None,
-        project_id: None,
-        deadline_ms: None,
-        wait: true,
-    }
+    ReservationRequest::hold(pool.clone(), class, count)
 }
