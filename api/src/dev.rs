@@ -102,13 +102,7 @@ pub async fn seed_demo_fleet(db: &Db) -> anyhow::Result<()> {
         return Ok(());
     }
     let app = App::new(db.clone());
-    let operator = Caller {
-        tenant_id: "root".parse()?,
-        identity: "operator@dev".parse()?,
-        session_kind: "system".to_owned(),
-        request_id: None,
-        ancestors: Vec::new(),
-    };
+    let operator = Caller::new("root".parse()?, "operator@dev".parse()?, "system");
     let site = app
         .create_site(
             &operator,

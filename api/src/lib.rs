@@ -1,8 +1,9 @@
-//! The application: the HTTP API (axum), the service's lifecycle (`serve`, `dev`, `migrate`) and, in later
-//! issues, command handlers, reconcilers and authorization. The `better-compute` binary is a thin `main` over
+//! The application: command handlers, workers, authorization, the HTTP API (axum) and the service's lifecycle
+//! (`serve`, `dev`, `migrate`). The `better-compute` binary is a thin `main` over
 //! this library: it parses the command line and the environment into typed configuration and calls in here.
 
 pub mod app;
+pub mod auth;
 pub mod bench;
 pub mod dev;
 pub mod http;

@@ -23,11 +23,8 @@ pub const NAMES: &[&str] = &["fleet_basics", "reservation_lifecycle"];
 
 fn caller(tenant: &str, identity: &str) -> anyhow::Result<Caller> {
     Ok(Caller {
-        tenant_id: tenant.parse()?,
-        identity: identity.parse()?,
-        session_kind: "user".to_owned(),
         request_id: Some(format!("req-{identity}")),
-        ancestors: Vec::new(),
+        ..Caller::new(tenant.parse()?, identity.parse()?, "user")
     })
 }
 

@@ -30,6 +30,10 @@ pub struct Caller {
     pub identity: Identity,
     /// `user`, `service`, `agent`, `system` ...
     pub session_kind: String,
+    /// The agent acting for the identity, if any.
+    pub agent: Option<String>,
+    /// The delegation the session runs under, if any.
+    pub delegation: Option<String>,
     pub request_id: Option<String>,
     /// The tenant's ancestors in the tenant tree, parent first (for offers with `includeDescendants`).
     pub ancestors: Vec<TenantId>,
@@ -42,9 +46,16 @@ impl Caller {
             tenant_id: "root".parse().expect("a valid tenant id"),
             identity: "system:worker".parse().expect("a valid identity"),
             session_kind: "system".to_owned(),
+            agent: None,
+            delegation: None,
             request_id: None,
             ancestors: Vec::new(),
         }
+    }
+
+    /// A caller with no agent, delegation, request id or ancestors (tools, tests, benchmarks).
+    pub fn new(tenant_id: TenantId, identity: Identity, session_kind: &str) -> Caller {
+        Caller { tenant_id, identity, session_kind: session_kind.to_owned(), ..Caller::system() }
     }
 
     fn metadata(&self) -> EventMetadata {
@@ -52,8 +63,8 @@ impl Caller {
             admission: Some(AdmissionContext {
                 identity: self.identity.to_string(),
                 session_kind: self.session_kind.clone(),
-                agent: None,
-                delegation: None,
+                agent: self.agent.clone(),
+                delegation: self.delegation.clone(),
                 request_id: self.request_id.clone(),
                 tenant_id: self.tenant_id.to_string(),
             }),

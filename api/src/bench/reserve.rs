@@ -30,13 +30,7 @@ pub struct ReserveBenchConfig {
 }
 
 fn bench_caller(identity: &str) -> anyhow::Result<Caller> {
-    Ok(Caller {
-        tenant_id: "root".parse()?,
-        identity: identity.parse()?,
-        session_kind: "bench".to_owned(),
-        request_id: None,
-        ancestors: Vec::new(),
-    })
+    Ok(Caller::new("root".parse()?, identity.parse()?, "bench"))
 }
 
 fn gpu_request(pool: &PoolId, count: u32) -> ReservationRequest {

@@ -20,13 +20,7 @@ pub const T0: i64 = 1_893_456_000_000;
 pub const HOUR: i64 = 3_600_000;
 
 pub fn caller(tenant: &str, identity: &str) -> Caller {
-    Caller {
-        tenant_id: tenant.parse().expect("tenant"),
-        identity: identity.parse().expect("identity"),
-        session_kind: "user".to_owned(),
-        request_id: None,
-        ancestors: Vec::new(),
-    }
+    Caller::new(tenant.parse().expect("tenant"), identity.parse().expect("identity"), "user")
 }
 
 pub struct Fleet {

@@ -1,0 +1,639 @@
+//! The built-in authorizer, configured from a TOML file: bearer tokens to identities and tenants, the tenant
+//! tree, relations on pools and attribute limits on reservations.
+//!
+//! ```toml
+//! [[tenants]]
+//! id = "acme"            # the root tenant ("root", the platform) always exists
+//! parent = "root"
+//! status = "active"      # pending | active | suspended | deleted
+//!
+//! [[identities]]
+//! identity = "alice@acme"
+//! tenant = "acme"
+//! token_sha256 = "..."   # hex SHA-256 of the bearer token (or `token = "..."`, for development)
+//! admin = false          # an administrator of the tenant: sites, pools, projects, quotas, its own pools
+//! kind = "user"          # the session kind recorded with each mutation: user | service | agent
+//!
+//! [[grants]]             # a relation on pools to identities of a tenant
+//! tenant = "acme"
+//! identity = "*"         # one identity, or every identity of the tenant
+//! pool = "*"             # one pool id, or every pool the tenant can see (its own, or offered to it)
+//! relation = "user"      # viewer | user | operator | admin
+//!
+//! [[limits]]             # "users of this pool may reserve up to 8 H100s for at most 72 hours"
+//! pool = "*"
+//! relation = "user"      # applies to callers whose best relation on the pool is this one or below
+//! gpu_model = "H100"     # optional: only pools of this GPU model
+//! max_gpus = 8
+//! max_hours = 72
+//! ```
+//!
+//! A tenant sees its own records only: parents grant nothing to children. A pool resolves for its owner tenant
+//! and for the tenants it is offered to (with `includeDescendants`, their descendants too), who are its viewers;
+//! more than viewing takes a grant (or, in the owner tenant, being its administrator).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use bc_domain::id::{Identity, TenantId};
+use futures_util::future::BoxFuture;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::catalog::{MethodSpec, Relation, Requirement, Target};
+use super::{Authorizer, Decision, PoolFacts, Principal, ROOT_TENANT, Resource};
+
+/// A tenant's status; authorization needs the tenant and every ancestor active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TenantStatus {
+    Pending,
+    #[default]
+    Active,
+    Suspended,
+    Deleted,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantConfig {
+    id: TenantId,
+    parent: Option<TenantId>,
+    #[serde(default)]
+    status: TenantStatus,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdentityConfig {
+    identity: Identity,
+    tenant: TenantId,
+    token: Option<String>,
+    token_sha256: Option<String>,
+    #[serde(default)]
+    admin: bool,
+    #[serde(default = "default_kind")]
+    kind: String,
+    agent: Option<String>,
+    delegation: Option<String>,
+}
+
+fn default_kind() -> String {
+    "user".to_owned()
+}
+
+fn any() -> String {
+    "*".to_owned()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantConfig {
+    tenant: TenantId,
+    #[serde(default = "any")]
+    identity: String,
+    #[serde(default = "any")]
+    pool: String,
+    relation: Relation,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitConfig {
+    #[serde(default = "any")]
+    pool: String,
+    relation: Relation,
+    gpu_model: Option<String>,
+    max_gpus: Option<u32>,
+    max_hours: Option<u32>,
+}
+
+/// The file's shape.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    prefix: Option<String>,
+    #[serde(default)]
+    tenants: Vec<TenantConfig>,
+    #[serde(default)]
+    identities: Vec<IdentityConfig>,
+    #[serde(default)]
+    grants: Vec<GrantConfig>,
+    #[serde(default)]
+    limits: Vec<LimitConfig>,
+}
+
+/// What is wrong with an authorization file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("INVALID_CONFIG: cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("INVALID_CONFIG: {0}")]
+    Invalid(String),
+}
+
+/// The built-in authorizer.
+#[derive(Debug, Clone)]
+pub struct BuiltinAuthorizer {
+    prefix: String,
+    /// By the hex SHA-256 of the token.
+    accounts: HashMap<String, Principal>,
+    admins: Vec<(TenantId, Identity)>,
+    tenants: BTreeMap<TenantId, TenantConfig>,
+    grants: Vec<GrantConfig>,
+    limits: Vec<LimitConfig>,
+}
+
+/// The hex SHA-256 of a token, as `token_sha256` holds it.
+pub fn token_sha256(token: &str) -> String {
+    Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl BuiltinAuthorizer {
+    /// Reads and checks a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        Self::from_toml(&text).map_err(|err| match err {
+            ConfigError::Invalid(message) => ConfigError::Invalid(format!("{}: {message}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Parses and checks the configuration.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: AuthConfig = toml::from_str(text).map_err(|err| ConfigError::Invalid(err.to_string()))?;
+        Self::new(config)
+    }
+
+    pub fn new(config: AuthConfig) -> Result<Self, ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
+        let mut tenants = BTreeMap::new();
+        let root: TenantId = ROOT_TENANT.parse().map_err(|_| ConfigError::Invalid("root".into()))?;
+        tenants.insert(root.clone(), TenantConfig { id: root.clone(), parent: None, status: TenantStatus::Active });
+        for tenant in config.tenants {
+            if tenant.id == root {
+                if tenant.parent.is_some() {
+                    return invalid("the root tenant has no parent".into());
+                }
+                continue;
+            }
+            let Some(parent) = &tenant.parent else {
+                return invalid(format!("tenant {} needs a parent (the root tenant is \"root\")", tenant.id));
+            };
+            if parent == &tenant.id {
+                return invalid(format!("tenant {} is its own parent", tenant.id));
+            }
+            if tenants.insert(tenant.id.clone(), tenant.clone()).is_some() {
+                return invalid(format!("tenant {} is listed twice", tenant.id));
+            }
+        }
+        for tenant in tenants.values() {
+            let mut seen = vec![tenant.id.clone()];
+            let mut at = tenant.parent.clone();
+            while let Some(parent) = at {
+                let Some(next) = tenants.get(&parent) else {
+                    return invalid(format!("tenant {}: parent {parent} is not a listed tenant", tenant.id));
+                };
+                if seen.contains(&parent) {
+                    return invalid(format!("tenant {} is its own ancestor", tenant.id));
+                }
+                seen.push(parent.clone());
+                at = next.parent.clone();
+            }
+        }
+        let mut authorizer = BuiltinAuthorizer {
+            prefix: config.prefix.unwrap_or_else(|| super::catalog::DEFAULT_PREFIX.to_owned()),
+            accounts: HashMap::new(),
+            admins: Vec::new(),
+            tenants,
+            grants: Vec::new(),
+            limits: Vec::new(),
+        };
+        for (i, entry) in config.identities.into_iter().enumerate() {
+            if !authorizer.tenants.contains_key(&entry.tenant) {
+                return invalid(format!("identities[{i}]: tenant {} is not a listed tenant", entry.tenant));
+            }
+            let hash = match (&entry.token, &entry.token_sha256) {
+                (Some(token), None) if token.len() >= 16 => token_sha256(token),
+                (Some(_), None) => return invalid(format!("identities[{i}]: token must be at least 16 characters")),
+                (None, Some(hash)) if hash.len() == 64 && hash.chars().all(|c| c.is_ascii_hexdigit()) => {
+                    hash.to_ascii_lowercase()
+                }
+                (None, Some(_)) => return invalid(format!("identities[{i}]: token_sha256 must be 64 hex digits")),
+                _ => return invalid(format!("identities[{i}]: give exactly one of token and token_sha256")),
+            };
+            if !matches!(entry.kind.as_str(), "user" | "service" | "agent") {
+                return invalid(format!("identities[{i}]: kind must be user, service or agent"));
+            }
+            let principal = Principal {
+                ancestors: authorizer.ancestors(&entry.tenant),
+                tenant_id: entry.tenant.clone(),
+                identity: entry.identity.clone(),
+                session_kind: entry.kind,
+                agent: entry.agent,
+                delegation: entry.delegation,
+            };
+            if entry.admin {
+                authorizer.admins.push((entry.tenant, entry.identity));
+            }
+            if authorizer.accounts.insert(hash, principal).is_some() {
+                return invalid(format!("identities[{i}]: the token is already given to another identity"));
+            }
+        }
+        for (i, grant) in config.grants.iter().enumerate() {
+            if !authorizer.tenants.contains_key(&grant.tenant) {
+                return invalid(format!("grants[{i}]: tenant {} is not a listed tenant", grant.tenant));
+            }
+        }
+        for (i, limit) in config.limits.iter().enumerate() {
+            if limit.max_gpus.is_none() && limit.max_hours.is_none() {
+                return invalid(format!("limits[{i}]: give max_gpus, max_hours or both"));
+            }
+        }
+        authorizer.grants = config.grants;
+        authorizer.limits = config.limits;
+        Ok(authorizer)
+    }
+
+    /// A tenant's ancestors, parent first.
+    fn ancestors(&self, tenant: &TenantId) -> Vec<TenantId> {
+        let mut out = Vec::new();
+        let mut at = self.tenants.get(tenant).and_then(|t| t.parent.clone());
+        while let Some(parent) = at {
+            at = self.tenants.get(&parent).and_then(|t| t.parent.clone());
+            out.push(parent);
+        }
+        out
+    }
+
+    fn active(&self, principal: &Principal) -> bool {
+        std::iter::once(&principal.tenant_id)
+            .chain(&principal.ancestors)
+            .all(|t| self.tenants.get(t).is_some_and(|t| t.status == TenantStatus::Active))
+    }
+
+    fn is_admin(&self, principal: &Principal) -> bool {
+        self.admins.iter().any(|(t, i)| *t == principal.tenant_id && *i == principal.identity)
+    }
+
+    /// The caller's best relation on a pool; `None` when the pool does not resolve for its tenant.
+    fn relation(&self, principal: &Principal, pool: &PoolFacts) -> Option<Relation> {
+        let owner = pool.owner_tenant_id == principal.tenant_id;
+        let offered = pool.offers.iter().any(|(tenant, descendants)| {
+            *tenant == principal.tenant_id || (*descendants && principal.ancestors.contains(tenant))
+        });
+        if !owner && !offered {
+            return None;
+        }
+        if owner && self.is_admin(principal) {
+            return Some(Relation::Admin);
+        }
+        let granted = self
+            .grants
+            .iter()
+            .filter(|g| g.tenant == principal.tenant_id)
+            .filter(|g| g.identity == "*" || g.identity == principal.identity.as_str())
+            .filter(|g| g.pool == "*" || g.pool == pool.id.as_str())
+            .map(|g| g.relation)
+            .max();
+        Some(granted.map_or(Relation::Viewer, |g| g.max(Relation::Viewer)))
+    }
+
+    /// The first attribute limit the request breaks, as a reason.
+    fn limit_broken(
+        &self,
+        relation: Relation,
+        pool: &PoolFacts,
+        attributes: &BTreeMap<String, serde_json::Value>,
+    ) -> Option<String> {
+        let count = attributes.get("gpuCount").and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+        let hours = attributes.get("durationHours").and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+        let model = pool.attributes.get("gpuModel").and_then(serde_json::Value::as_str);
+        for limit in &self.limits {
+            if relation > limit.relation || (limit.pool != "*" && limit.pool != pool.id.as_str()) {
+                continue;
+            }
+            if limit.gpu_model.as_deref().is_some_and(|wanted| Some(wanted) != model) {
+                continue;
+            }
+            let who = format!("{}s of pool {}", limit.relation.as_str(), pool.id);
+            let what = limit.gpu_model.as_deref().map_or_else(|| "GPUs".to_owned(), |m| format!("{m} GPUs"));
+            if let Some(max) = limit.max_gpus
+                && count > f64::from(max)
+            {
+                return Some(format!("{who} may reserve at most {max} {what}; the request asks for {count}"));
+            }
+            if let Some(max) = limit.max_hours
+                && hours > f64::from(max)
+            {
+                return Some(format!("{who} may reserve {what} for at most {max} hours; the request asks for {hours}"));
+            }
+        }
+        None
+    }
+
+    fn decide_now(&self, principal: &Principal, method: &MethodSpec, resource: &Resource) -> Decision {
+        if !self.active(principal) {
+            return Decision::Deny(format!("tenant {} or one of its ancestors is not active", principal.tenant_id));
+        }
+        let admin = || {
+            if self.is_admin(principal) {
+                Decision::Allow
+            } else {
+                Decision::Deny(format!("{} needs an administrator of tenant {}", method.method, principal.tenant_id))
+            }
+        };
+        match (method.target, resource.pool.as_ref()) {
+            (Target::Fleet | Target::Tenant | Target::Site, _) | (Target::Reservation, _)
+                if !matches!(method.requirement, Requirement::Pool(_)) =>
+            {
+                if resource.tenant_id != principal.tenant_id {
+                    return Decision::NotFound;
+                }
+                match method.requirement {
+                    Requirement::TenantAdmin => admin(),
+                    _ => Decision::Allow,
+                }
+            }
+            (_, Some(pool)) => {
+                if method.target == Target::Reservation && resource.tenant_id != principal.tenant_id {
+                    return Decision::NotFound;
+                }
+                let Some(relation) = self.relation(principal, pool) else { return Decision::NotFound };
+                let needed = match method.requirement {
+                    Requirement::Pool(needed) => needed,
+                    Requirement::Member => Relation::Viewer,
+                    Requirement::TenantAdmin => return admin(),
+                };
+                if relation < needed {
+                    return Decision::Deny(format!(
+                        "{} needs the {} relation on pool {}; {} has {}",
+                        method.method,
+                        needed.as_str(),
+                        pool.id,
+                        principal.identity,
+                        relation.as_str()
+                    ));
+                }
+                if method.target == Target::Reservation
+                    && let Some(reason) = self.limit_broken(relation, pool, &resource.attributes)
+                {
+                    return Decision::Deny(reason);
+                }
+                Decision::Allow
+            }
+            (_, None) => Decision::NotFound,
+        }
+    }
+}
+
+impl Authorizer for BuiltinAuthorizer {
+    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Option<Principal>> {
+        let found = self.accounts.get(&token_sha256(token)).cloned();
+        Box::pin(async move { found })
+    }
+
+    fn decide<'a>(
+        &'a self,
+        principal: &'a Principal,
+        method: &'a MethodSpec,
+        resource: &'a Resource,
+    ) -> BoxFuture<'a, Decision> {
+        let decision = self.decide_now(principal, method, resource);
+        Box::pin(async move { decision })
+    }
+
+    fn prefix(&self) -> &str {
+        &self.prefix
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::auth::catalog::method;
+
+    const CONFIG: &str = r#"
+        [[tenants]]
+        id = "acme"
+        parent = "root"
+
+        [[tenants]]
+        id = "acme-research"
+        parent = "acme"
+
+        [[tenants]]
+        id = "globex"
+        parent = "root"
+
+        [[tenants]]
+        id = "initech"
+        parent = "root"
+        status = "suspended"
+
+        [[identities]]
+        identity = "ops@platform"
+        tenant = "root"
+        token = "root-token-0123456789"
+        admin = true
+
+        [[identities]]
+        identity = "alice@acme"
+        tenant = "acme"
+        token = "alice-token-0123456789"
+
+        [[identities]]
+        identity = "bob@acme"
+        tenant = "acme"
+        token_sha256 = "TOKEN_HASH"
+
+        [[identities]]
+        identity = "rita@research"
+        tenant = "acme-research"
+        token = "rita-token-0123456789"
+
+        [[identities]]
+        identity = "gus@globex"
+        tenant = "globex"
+        token = "gus-token-0123456789"
+        admin = true
+
+        [[identities]]
+        identity = "ian@initech"
+        tenant = "initech"
+        token = "ian-token-0123456789"
+
+        [[grants]]
+        tenant = "acme"
+        relation = "user"
+
+        [[grants]]
+        tenant = "acme"
+        identity = "bob@acme"
+        pool = "pool_01m8q000000000000000000001"
+        relation = "operator"
+
+        [[limits]]
+        relation = "user"
+        gpu_model = "H100"
+        max_gpus = 8
+        max_hours = 72
+    "#;
+
+    fn authorizer() -> BuiltinAuthorizer {
+        let config = CONFIG.replace("TOKEN_HASH", &token_sha256("bob-token-0123456789"));
+        BuiltinAuthorizer::from_toml(&config).expect("valid config")
+    }
+
+    async fn who(a: &BuiltinAuthorizer, token: &str) -> Principal {
+        a.authenticate(token).await.expect("known token")
+    }
+
+    fn pool(offers: &[(&str, bool)]) -> PoolFacts {
+        PoolFacts {
+            id: "pool_01m8q000000000000000000001".parse().expect("pool id"),
+            owner_tenant_id: "root".parse().expect("tenant"),
+            offers: offers.iter().map(|(t, d)| (t.parse().expect("tenant"), *d)).collect(),
+            attributes: BTreeMap::from([("gpuModel".to_owned(), json!("H100"))]),
+        }
+    }
+
+    fn draft(tenant: &Principal, pool: PoolFacts, gpus: u32, hours: u32) -> Resource {
+        Resource {
+            target: Target::Reservation,
+            id: "rsv_draft".into(),
+            tenant_id: tenant.tenant_id.clone(),
+            pool: Some(pool),
+            attributes: BTreeMap::from([
+                ("gpuCount".to_owned(), json!(gpus)),
+                ("durationHours".to_owned(), json!(hours)),
+            ]),
+        }
+    }
+
+    fn spec(name: &str) -> &'static MethodSpec {
+        method(name).expect("in the method table")
+    }
+
+    #[tokio::test]
+    async fn tokens_authenticate_by_their_hash_and_carry_the_tenant_tree() {
+        let a = authorizer();
+        let bob = who(&a, "bob-token-0123456789").await;
+        assert_eq!(bob.identity.as_str(), "bob@acme");
+        let rita = who(&a, "rita-token-0123456789").await;
+        assert_eq!(rita.ancestors, vec!["acme".parse::<TenantId>().expect("t"), "root".parse().expect("t")]);
+        assert_eq!(rita.session_kind, "user");
+        assert!(a.authenticate("nobody-token-0123456789").await.is_none());
+        assert!(a.authenticate("").await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_pool_resolves_only_for_its_owner_and_the_tenants_it_is_offered_to() {
+        let a = authorizer();
+        let alice = who(&a, "alice-token-0123456789").await;
+        let gus = who(&a, "gus-token-0123456789").await;
+        let rita = who(&a, "rita-token-0123456789").await;
+        let get = spec("pools.get");
+        let resource = |facts: PoolFacts| Resource {
+            target: Target::Pool,
+            id: facts.id.to_string(),
+            tenant_id: facts.owner_tenant_id.clone(),
+            attributes: BTreeMap::new(),
+            pool: Some(facts),
+        };
+        assert_eq!(a.decide(&alice, get, &resource(pool(&[]))).await, Decision::NotFound);
+        assert_eq!(a.decide(&alice, get, &resource(pool(&[("acme", false)]))).await, Decision::Allow);
+        assert_eq!(a.decide(&gus, get, &resource(pool(&[("acme", false)]))).await, Decision::NotFound);
+        // Offers reach descendants only when they say so; parents never grant anything to children.
+        assert_eq!(a.decide(&rita, get, &resource(pool(&[("acme", false)]))).await, Decision::NotFound);
+        assert_eq!(a.decide(&rita, get, &resource(pool(&[("acme", true)]))).await, Decision::Allow);
+        // The owner tenant's administrator administers its pools.
+        let root = who(&a, "root-token-0123456789").await;
+        assert_eq!(a.decide(&root, spec("pools.offer"), &resource(pool(&[]))).await, Decision::Allow);
+        let offer = a.decide(&alice, spec("pools.offer"), &resource(pool(&[("acme", false)]))).await;
+        assert!(matches!(offer, Decision::Deny(reason) if reason.contains("needs the admin relation")));
+    }
+
+    #[tokio::test]
+    async fn reserving_takes_the_user_relation_and_keeps_within_the_attribute_limits() {
+        let a = authorizer();
+        let alice = who(&a, "alice-token-0123456789").await;
+        let create = spec("reservations.create");
+        let offered = pool(&[("acme", false)]);
+        assert_eq!(a.decide(&alice, create, &draft(&alice, offered.clone(), 8, 72)).await, Decision::Allow);
+        let nine = a.decide(&alice, create, &draft(&alice, offered.clone(), 9, 72)).await;
+        assert!(matches!(&nine, Decision::Deny(r) if r.contains("at most 8 H100 GPUs")), "{nine:?}");
+        let long = a.decide(&alice, create, &draft(&alice, offered.clone(), 8, 73)).await;
+        assert!(matches!(&long, Decision::Deny(r) if r.contains("at most 72 hours")), "{long:?}");
+        // The limit is for users: an operator of the pool is not held to it.
+        let bob = who(&a, "bob-token-0123456789").await;
+        assert_eq!(a.decide(&bob, create, &draft(&bob, offered.clone(), 9, 100)).await, Decision::Allow);
+        // Another pool model is not limited; a tenant with no grant only views.
+        let mut other = offered.clone();
+        other.attributes.insert("gpuModel".into(), json!("A100"));
+        assert_eq!(a.decide(&alice, create, &draft(&alice, other, 16, 100)).await, Decision::Allow);
+        let gus = who(&a, "gus-token-0123456789").await;
+        let viewer = a.decide(&gus, create, &draft(&gus, pool(&[("globex", false)]), 1, 1)).await;
+        assert!(matches!(viewer, Decision::Deny(r) if r.contains("needs the user relation")));
+    }
+
+    #[tokio::test]
+    async fn tenants_act_only_on_their_own_records() {
+        let a = authorizer();
+        let alice = who(&a, "alice-token-0123456789").await;
+        let gus = who(&a, "gus-token-0123456789").await;
+        let root = who(&a, "root-token-0123456789").await;
+        let mine = Resource { id: "rsv_x".into(), ..draft(&alice, pool(&[("acme", false), ("globex", false)]), 1, 1) };
+        for name in ["reservations.get", "reservations.cancel", "reservations.renew", "reservations.release"] {
+            assert_eq!(a.decide(&alice, spec(name), &mine).await, Decision::Allow, "{name}");
+            assert_eq!(a.decide(&gus, spec(name), &mine).await, Decision::NotFound, "{name}");
+            assert_eq!(a.decide(&root, spec(name), &mine).await, Decision::NotFound, "{name} by the platform");
+        }
+        let acme_scope = Resource::scope(Target::Tenant, &alice.tenant_id);
+        assert_eq!(a.decide(&alice, spec("reservations.list"), &acme_scope).await, Decision::Allow);
+        assert_eq!(a.decide(&gus, spec("reservations.list"), &acme_scope).await, Decision::NotFound);
+        let sites = a.decide(&alice, spec("sites.create"), &acme_scope).await;
+        assert!(matches!(sites, Decision::Deny(r) if r.contains("administrator")));
+        let fleet = Resource::scope(Target::Fleet, &alice.tenant_id);
+        assert_eq!(a.decide(&alice, spec("projections.status"), &fleet).await, Decision::NotFound);
+        assert_eq!(a.decide(&root, spec("projections.status"), &fleet).await, Decision::Allow);
+    }
+
+    #[tokio::test]
+    async fn a_suspended_tenant_is_refused_everything() {
+        let a = authorizer();
+        let ian = who(&a, "ian-token-0123456789").await;
+        let scope = Resource::scope(Target::Tenant, &ian.tenant_id);
+        assert!(
+            matches!(a.decide(&ian, spec("pools.list"), &scope).await, Decision::Deny(r) if r.contains("not active"))
+        );
+    }
+
+    #[test]
+    fn a_bad_file_is_invalid_config_naming_the_entry() {
+        let cases = [
+            ("[[tenants]]\nid = \"a\"\n", "tenant a needs a parent"),
+            ("[[tenants]]\nid = \"a\"\nparent = \"b\"\n", "parent b is not a listed tenant"),
+            (
+                "[[tenants]]\nid = \"a\"\nparent = \"b\"\n[[tenants]]\nid = \"b\"\nparent = \"a\"\n",
+                "is its own ancestor",
+            ),
+            (
+                "[[identities]]\nidentity = \"x\"\ntenant = \"root\"\ntoken = \"short\"\n",
+                "identities[0]: token must be",
+            ),
+            ("[[identities]]\nidentity = \"x\"\ntenant = \"nope\"\ntoken = \"long-enough-token-123\"\n", "tenant nope"),
+            ("[[grants]]\ntenant = \"root\"\nrelation = \"owner\"\n", "unknown variant"),
+            ("[[limits]]\nrelation = \"user\"\n", "limits[0]: give max_gpus"),
+            ("colour = \"blue\"\n", "unknown field"),
+        ];
+        for (text, expected) in cases {
+            let err = BuiltinAuthorizer::from_toml(text).expect_err(expected).to_string();
+            assert!(err.starts_with("INVALID_CONFIG"), "{err}");
+            assert!(err.contains(expected), "{err} should mention {expected}");
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Authorization: who a bearer token speaks for, and whether they may call a method on a resource.
+//!
+//! Every route names a method of the [normative table](catalog::METHODS). The handler resolves the resource from
+//! Better Compute's own tables (its owner tenant, and for pools, nodes and reservations the pool with its
+//! offerings and attributes), then asks the [`Authorizer`]. An allowed mutation runs as a [`Caller`] built from
+//! the principal, so its admission context is recorded in the event's metadata; a denial is logged and counted,
+//! and a denied reservation request is recorded as one `reservation.denied` event.
+
+pub mod builtin;
+pub mod catalog;
+pub mod resolve;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use bc_domain::id::{Identity, PoolId, TenantId};
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+
+pub use builtin::BuiltinAuthorizer;
+pub use catalog::{Catalog, InvalidConfig, MethodSpec, Relation, Requirement, Target};
+
+use crate::app::Caller;
+
+/// Who a request speaks for, as the authorizer authenticated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub tenant_id: TenantId,
+    pub identity: Identity,
+    /// `user`, `service` or `agent`.
+    pub session_kind: String,
+    /// The agent acting for the identity, if any.
+    pub agent: Option<String>,
+    /// The delegation (an assumed role, a grant) the session runs under, if any.
+    pub delegation: Option<String>,
+    /// The tenant's ancestors, parent first (offerings with `includeDescendants` reach down this chain).
+    pub ancestors: Vec<TenantId>,
+}
+
+impl Principal {
+    /// The command layer's caller for this principal in the request `request_id`.
+    pub fn caller(&self, request_id: &str) -> Caller {
+        Caller {
+            tenant_id: self.tenant_id.clone(),
+            identity: self.identity.clone(),
+            session_kind: self.session_kind.clone(),
+            agent: self.agent.clone(),
+            delegation: self.delegation.clone(),
+            request_id: Some(request_id.to_owned()),
+            ancestors: self.ancestors.clone(),
+        }
+    }
+
+    /// Whether the principal is of the root tenant, the platform.
+    pub fn is_root(&self) -> bool {
+        self.tenant_id.as_str() == ROOT_TENANT
+    }
+}
+
+/// The root tenant's id: the platform.
+pub const ROOT_TENANT: &str = "root";
+
+/// A pool as decisions see it, resolved from Better Compute's tables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolFacts {
+    pub id: PoolId,
+    pub owner_tenant_id: TenantId,
+    /// The tenants it is offered to, and whether each offer reaches the tenant's descendants.
+    pub offers: Vec<(TenantId, bool)>,
+    /// `region`, `class`, `gpuModel`, `gpuMemoryGb`, `sharing`.
+    pub attributes: BTreeMap<String, Value>,
+}
+
+/// The resource a method is decided on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resource {
+    pub target: Target,
+    /// Its id (`global` for the fleet, the tenant id for a tenant scope).
+    pub id: String,
+    /// The tenant it resolves in, from trusted storage (never from the request).
+    pub tenant_id: TenantId,
+    /// The pool itself, or the parent pool of a node or reservation.
+    pub pool: Option<PoolFacts>,
+    /// The attributes policies can read (for a reservation draft: `gpuCount`, `durationHours`, ...).
+    pub attributes: BTreeMap<String, Value>,
+}
+
+impl Resource {
+    /// A scope: `tenant/{t}`, or `fleet/global` in the root tenant.
+    pub fn scope(target: Target, tenant: &TenantId) -> Resource {
+        let id = if target == Target::Fleet { "global".to_owned() } else { tenant.to_string() };
+        let tenant_id = if target == Target::Fleet { root_tenant() } else { tenant.clone() };
+        Resource { target, id, tenant_id, pool: None, attributes: BTreeMap::new() }
+    }
+}
+
+pub(crate) fn root_tenant() -> TenantId {
+    ROOT_TENANT.parse().expect("root is a valid tenant id")
+}
+
+/// The answer to one check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// The resource does not resolve for the caller: answered `404`, as if it did not exist.
+    NotFound,
+    /// The caller may see the resource but not do this: `403 FORBIDDEN` with the reason.
+    Deny(String),
+}
+
+/// Decides who a token is and what they may do. The built-in one reads a file; another could ask Better IAM.
+pub trait Authorizer: Send + Sync + std::fmt::Debug + 'static {
+    /// The principal a bearer token speaks for, or `None` when the token is unknown.
+    fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Option<Principal>>;
+
+    /// Whether `principal` may call `method` on `resource`.
+    fn decide<'a>(
+        &'a self,
+        principal: &'a Principal,
+        method: &'a MethodSpec,
+        resource: &'a Resource,
+    ) -> BoxFuture<'a, Decision>;
+
+    /// Types and actions this authorizer adds to the catalog the method table is checked against.
+    fn catalog(&self) -> Catalog {
+        Catalog::default()
+    }
+
+    /// The prefix of Better Compute's resource type names.
+    fn prefix(&self) -> &str {
+        catalog::DEFAULT_PREFIX
+    }
+}
+
+/// Denials by method, since start: logged one by one, counted here.
+#[derive(Debug, Default)]
+pub struct DenialCounts(Mutex<BTreeMap<(&'static str, &'static str), u64>>);
+
+impl DenialCounts {
+    /// Counts one denial of `method` (`kind`: `unauthenticated`, `not_found` or `forbidden`).
+    pub fn count(&self, method: &'static str, kind: &'static str) {
+        let mut counts = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *counts.entry((method, kind)).or_default() += 1;
+    }
+
+    /// The counts, by (method, kind).
+    pub fn snapshot(&self) -> BTreeMap<(&'static str, &'static str), u64> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// Checks the method table against the authorizer's merged catalog, every method `routed` names included.
+pub fn check_config(authorizer: &dyn Authorizer, routed: &[&str]) -> Result<(), InvalidConfig> {
+    let prefix = authorizer.prefix();
+    let merged = Catalog::compute(prefix).merge(authorizer.catalog());
+    catalog::check(&merged, prefix, catalog::METHODS, routed)
+}
