@@ -14,7 +14,7 @@ use bc_domain::node::{Role, Trust};
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
 use bc_domain::site::SiteKind;
 
-use crate::app::fleet::{CreatePool, CreateSite};
+use crate::app::fleet::{CreatePool, CreateSite, OfferPool};
 use crate::app::nodes::RegisterNode;
 use crate::app::{App, Caller};
 use crate::service::{self, MigrateOnStart};
@@ -148,14 +148,100 @@ pub async fn seed_demo_fleet(db: &Db) -> anyhow::Result<()> {
         };
         app.register_node(&operator, node).await?;
     }
-    tracing::info!("seeded a demo fleet: site demo, pool h100, two nodes of eight simulated H100s");
+    let offer = OfferPool {
+        tenant_id: DEMO_TENANT.parse()?,
+        quota: [("gpu".to_owned(), 8)].into(),
+        priority: 0,
+        include_descendants: false,
+    };
+    app.offer_pool(&operator, &pool, offer).await?;
+    tracing::info!(
+        "seeded a demo fleet: site demo, pool h100 (offered to tenant {DEMO_TENANT}), two nodes of eight simulated H100s"
+    );
     Ok(())
+}
+
+/// The demo customer tenant `dev` creates.
+pub const DEMO_TENANT: &str = "acme";
+
+/// A fresh development token (two ULIDs: 160 random bits).
+fn new_token() -> String {
+    format!("bc_dev_{}{}", ulid::Ulid::new(), ulid::Ulid::new()).to_ascii_lowercase()
+}
+
+/// The built-in authorizer's file for `dev`: the platform's administrator and a demo customer, with a pool
+/// relation and an attribute limit to show. Written once into the data folder; returns the two tokens.
+pub fn dev_auth_config(path: &Path) -> anyhow::Result<(String, String)> {
+    if !path.exists() {
+        let text = format!(
+            r#"# Written by `better-compute dev`: the built-in authorizer's file (see `better-compute serve --help`).
+
+[[tenants]]
+id = "{DEMO_TENANT}"
+parent = "root"
+
+[[identities]]
+identity = "ops@platform"
+tenant = "root"
+admin = true
+token = "{}"
+
+[[identities]]
+identity = "alice@{DEMO_TENANT}"
+tenant = "{DEMO_TENANT}"
+token = "{}"
+
+[[grants]]
+tenant = "{DEMO_TENANT}"
+relation = "user"
+
+[[limits]]
+relation = "user"
+gpu_model = "H100"
+max_gpus = 8
+max_hours = 72
+"#,
+            new_token(),
+            new_token()
+        );
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+        }
+        std::fs::write(path, text).with_context(|| format!("write {}", path.display()))?;
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let tokens: Vec<String> = text
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("token = \""))
+        .filter_map(|rest| rest.strip_suffix('"'))
+        .map(str::to_owned)
+        .collect();
+    match tokens.as_slice() {
+        [root, demo, ..] => Ok((root.clone(), demo.clone())),
+        _ => bail!("{} holds no development tokens; remove it to have dev write a new one", path.display()),
+    }
+}
+
+/// Prints how to call the API as the platform and as the demo customer.
+fn print_welcome(listen: std::net::SocketAddr, root: &str, demo: &str) {
+    let base = format!("http://{listen}");
+    println!("better-compute dev: call the API with one of these headers");
+    println!("  platform administrator (ops@platform): Authorization: Bearer {root}");
+    println!("  demo customer (alice@{DEMO_TENANT}):        Authorization: Bearer {demo}");
+    println!("for example:");
+    println!("  curl -H 'Authorization: Bearer {demo}' {base}/v1/pools");
+    println!(
+        "  curl -H 'Authorization: Bearer {demo}' -H 'Idempotency-Key: first' -H 'Content-Type: application/json' \\\n       -d '{{\"poolId\": \"<id from /v1/pools>\", \"devices\": {{\"class\": \"gpu\", \"count\": 2}}, \"duration\": 3600}}' {base}/v1/reservations"
+    );
+    println!("  curl -N -H 'Authorization: Bearer {demo}' {base}/v1/events");
 }
 
 /// What `dev` needs.
 #[derive(Debug, Clone)]
 pub struct DevConfig {
     pub listen: std::net::SocketAddr,
+    /// The built-in authorizer's file; by default `auth.toml` in the data folder, written on first start.
+    pub auth_config: Option<PathBuf>,
     /// An existing database to use instead of the embedded one.
     pub database_url: Option<String>,
     pub data_dir: PathBuf,
@@ -165,11 +251,15 @@ pub struct DevConfig {
 
 /// Runs `dev` until Ctrl-C or SIGTERM.
 pub async fn run(config: DevConfig) -> anyhow::Result<()> {
+    let auth_path = config.auth_config.clone().unwrap_or_else(|| config.data_dir.join("auth.toml"));
+    let (root_token, demo_token) = dev_auth_config(&auth_path)?;
+    let auth = service::load_authorizer(&auth_path)?;
     if let Some(url) = &config.database_url {
         let db = Db::connect_lazy(url, &config.db)?;
         service::prepare(&db, config.migrate).await?;
         let listener = service::bind(config.listen).await?;
-        return service::serve_on(db, listener, service::shutdown_signal()).await;
+        print_welcome(listener.local_addr()?, &root_token, &demo_token);
+        return service::serve_on(db, auth, listener, service::shutdown_signal()).await;
     }
 
     let data_dir = config.data_dir.clone();
@@ -186,7 +276,8 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
             embedded.cluster.socket_dir().display(),
         );
         let listener = service::bind(config.listen).await?;
-        let served = service::serve_on(db.clone(), listener, service::shutdown_signal()).await;
+        print_welcome(listener.local_addr()?, &root_token, &demo_token);
+        let served = service::serve_on(db.clone(), auth, listener, service::shutdown_signal()).await;
         db.close().await;
         served
     }

@@ -209,6 +209,11 @@ struct ServeArgs {
     #[arg(long, env = "BETTER_COMPUTE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
 
+    /// The built-in authorizer's file (TOML): bearer tokens (as SHA-256) to identities and tenants, the tenant
+    /// tree, relations on pools and attribute limits. `better-compute dev` writes an example.
+    #[arg(long, env = "BETTER_COMPUTE_AUTH_CONFIG")]
+    auth_config: PathBuf,
+
     /// Do not apply migrations on start (run `better-compute migrate` first).
     #[arg(long)]
     no_migrate: bool,
@@ -231,6 +236,11 @@ struct DevArgs {
     /// Do not apply migrations on start.
     #[arg(long)]
     no_migrate: bool,
+
+    /// The built-in authorizer's file (default: auth.toml in the data folder, written on first start with a
+    /// platform token and a demo customer's token).
+    #[arg(long, env = "BETTER_COMPUTE_AUTH_CONFIG")]
+    auth_config: Option<PathBuf>,
 
     #[command(flatten)]
     database: DatabaseArgs,
@@ -257,12 +267,15 @@ fn main() -> anyhow::Result<()> {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => {
+            let auth = service::load_authorizer(&args.auth_config)?;
             let db = Db::connect_lazy(args.database.required_url()?, &args.database.config())?;
             service::prepare(&db, migrate_on_start(args.no_migrate)).await?;
             let listener = service::bind(args.listen).await?;
-            service::serve_on(db, listener, service::shutdown_signal()).await
+            service::serve_on(db, auth, listener, service::shutdown_signal()).await
         }
         Command::Migrate(args) => {
+            // The method table against Better Compute's own catalog, before anything touches the store.
+            bc_api::http::check_routes(&bc_api::auth::BuiltinAuthorizer::new(Default::default())?)?;
             let db = Db::connect_lazy(args.required_url()?, &args.config())?;
             service::migrate(&db).await
         }
@@ -329,6 +342,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             dev::check_data_dir(&data_dir)?;
             dev::run(DevConfig {
                 listen: args.listen,
+                auth_config: args.auth_config,
                 database_url: args.database.database_url.clone().filter(|url| !url.is_empty()),
                 data_dir,
                 migrate: migrate_on_start(args.no_migrate),

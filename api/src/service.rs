@@ -3,6 +3,8 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use bc_eventstore::clock::ClockAnchor;
@@ -15,6 +17,7 @@ use bc_projections::models;
 
 use crate::app::App;
 use crate::app::worker::{Worker, WorkerConfig};
+use crate::auth::{Authorizer, BuiltinAuthorizer};
 use crate::http::{self, AppState};
 
 /// Whether `serve` and `dev` apply migrations on start.
@@ -22,6 +25,14 @@ use crate::http::{self, AppState};
 pub enum MigrateOnStart {
     Migrate,
     Skip,
+}
+
+/// Loads the built-in authorizer from `path` and checks the method table against its catalog: a missing or
+/// wrong entry stops the process with `INVALID_CONFIG` before anything touches the store.
+pub fn load_authorizer(path: &Path) -> anyhow::Result<Arc<dyn Authorizer>> {
+    let auth: Arc<dyn Authorizer> = Arc::new(BuiltinAuthorizer::from_file(path)?);
+    http::check_routes(auth.as_ref())?;
+    Ok(auth)
 }
 
 /// Applies the embedded migrations and reports what changed.
@@ -69,6 +80,7 @@ pub async fn bind(listen: SocketAddr) -> anyhow::Result<TcpListener> {
 /// `shutdown` completes; in-flight requests, the worker's current round and the daemon's batches finish first.
 pub async fn serve_on(
     db: Db,
+    auth: Arc<dyn Authorizer>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -76,7 +88,8 @@ pub async fn serve_on(
     let worker = tokio::spawn(Worker::new(App::new(db.clone()), WorkerConfig::default()).run(stopped.clone()));
     let daemon =
         tokio::spawn(framework::run_daemon(db.clone(), models::read_models(), DaemonConfig::default(), stopped));
-    let router = http::router(AppState { db });
+    let state = AppState::new(db, auth).context("check the method table")?;
+    let router = http::router(state);
     let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await.context("serve HTTP");
     let _ = stop_background.send(true);
     worker.await.context("stop the worker")?;

@@ -1,5 +1,6 @@
-//! Reads of the read models, scoped to the caller's tenant, each honouring a consistency token: with `after`,
-//! the answer waits (boundedly) until the read models it reads have passed that position.
+//! Reads of the read models, scoped to the caller's tenant, a page at a time, each honouring a consistency
+//! token: with `after`, the answer waits (boundedly) until the read models it reads have passed that position.
+//! Rows come out as the API's JSON: camelCase keys, times in epoch milliseconds.
 
 use std::time::Duration;
 
@@ -14,26 +15,77 @@ use super::{App, AppError, AppResult, Caller};
 /// How long a read waits for the read models to reach its consistency token.
 pub const CONSISTENCY_WAIT: Duration = Duration::from_secs(2);
 
+/// At most `limit` items after the key `after_key` (in the list's order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub limit: u32,
+    pub after_key: Option<String>,
+}
+
+impl Page {
+    /// The first page of up to `limit` items.
+    pub fn first(limit: u32) -> Page {
+        Page { limit, after_key: None }
+    }
+}
+
+/// One page of a list, and the key to continue after when there may be more.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    pub items: Vec<Value>,
+    pub next_key: Option<String>,
+}
+
+/// Filters of `reservations.list`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReservationFilter {
+    pub pool_id: Option<String>,
+    pub state: Option<String>,
+}
+
 /// The table a read model's active version keeps `table` in (`pools` → `pools_v1`).
 async fn active_table(tx: &mut Tx, name: &str, table: &str) -> AppResult<String> {
     let version = framework::active_version(tx, name).await?.unwrap_or(1);
     Ok(format!("{table}_v{version}"))
 }
 
-/// Rows as JSON objects, from a query whose text names tables this module chose.
-async fn rows(tx: &mut Tx, query: String, binds: &[&str]) -> AppResult<Vec<Value>> {
-    let mut q = sqlx::query_scalar::<_, String>(AssertSqlSafe(query)).persistent(false);
+/// Runs a query whose rows are `(key, json)`, from text naming tables this module chose; binds are text.
+async fn rows(tx: &mut Tx, query: String, binds: &[Option<&str>]) -> AppResult<Vec<(String, Value)>> {
+    let mut q = sqlx::query_as::<_, (String, String)>(AssertSqlSafe(query)).persistent(false);
     for bind in binds {
         q = q.bind(*bind);
     }
-    let texts = q.fetch_all(tx.conn()).await?;
-    texts
-        .iter()
-        .map(|text| {
-            serde_json::from_str(text).map_err(|err| AppError::Store(bc_eventstore::Error::Internal(err.to_string())))
+    let found = q.fetch_all(tx.conn()).await?;
+    found
+        .into_iter()
+        .map(|(key, text)| {
+            let value = serde_json::from_str(&text)
+                .map_err(|err| AppError::Store(bc_eventstore::Error::Internal(err.to_string())))?;
+            Ok((key, value))
         })
         .collect()
 }
+
+/// Cuts one extra row off (its presence says there is a next page).
+fn paged(mut found: Vec<(String, Value)>, page: &Page) -> Listed {
+    let more = found.len() > page.limit as usize;
+    found.truncate(page.limit as usize);
+    let next_key = if more { found.last().map(|(key, _)| key.clone()) } else { None };
+    Listed { items: found.into_iter().map(|(_, value)| value).collect(), next_key }
+}
+
+/// A pool as the API shows it; offers other than the caller's own are left out unless it owns the pool.
+const POOL_JSON: &str = "jsonb_build_object(
+    'id', p.pool_id, 'siteId', p.site_id, 'ownerTenantId', p.owner_tenant_id, 'name', p.name,
+    'class', p.class, 'gpuModel', p.gpu_model, 'sharing', p.sharing, 'agent', p.agent, 'policy', p.policy,
+    'offers', CASE WHEN p.owner_tenant_id = $1 THEN p.offers
+                   ELSE coalesce((SELECT jsonb_agg(o) FROM jsonb_array_elements(p.offers) AS o
+                                  WHERE o->>'tenantId' = $1), '[]'::jsonb) END,
+    'nodeCount', p.node_count, 'createdAt', ts_ms(p.created_at))";
+
+/// Whether the caller's tenant ($1) sees a pool: it owns it or it is offered to it.
+const POOL_VISIBLE: &str =
+    "(p.owner_tenant_id = $1 OR p.offers @> jsonb_build_array(jsonb_build_object('tenantId', $1::text)))";
 
 impl App {
     /// Waits for the consistency token, if any.
@@ -46,63 +98,160 @@ impl App {
     }
 
     /// The pools the caller's tenant owns or is offered, from the `pools` read model.
-    pub async fn list_pools(&self, caller: &Caller, after: Option<Position>) -> AppResult<Vec<Value>> {
+    pub async fn list_pools(&self, caller: &Caller, page: &Page, after: Option<Position>) -> AppResult<Listed> {
         self.consistent(&["pools"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "pools", "pools").await?;
         let query = format!(
-            "SELECT to_jsonb(p)::text FROM {table} AS p
-             WHERE p.owner_tenant_id = $1 OR p.offers @> jsonb_build_array(jsonb_build_object('tenantId', $1::text))
-             ORDER BY p.pool_id"
+            "SELECT p.pool_id, ({POOL_JSON})::text FROM {table} AS p
+             WHERE {POOL_VISIBLE} AND ($2::text IS NULL OR p.pool_id > $2)
+             ORDER BY p.pool_id LIMIT {}",
+            page.limit + 1
         );
-        let found = rows(&mut tx, query, &[caller.tenant_id.as_str()]).await?;
+        let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), page.after_key.as_deref()]).await?;
         tx.commit().await?;
-        Ok(found)
+        Ok(paged(found, page))
     }
 
-    /// A pool's capacity rollup, if the caller may see the pool.
+    /// One pool the caller's tenant owns or is offered.
+    pub async fn pool(&self, caller: &Caller, pool_id: &PoolId, after: Option<Position>) -> AppResult<Value> {
+        self.consistent(&["pools"], after).await?;
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let table = active_table(&mut tx, "pools", "pools").await?;
+        let query =
+            format!("SELECT p.pool_id, ({POOL_JSON})::text FROM {table} AS p WHERE {POOL_VISIBLE} AND p.pool_id = $2");
+        let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(pool_id.as_str())]).await?;
+        tx.commit().await?;
+        found
+            .into_iter()
+            .next()
+            .map(|(_, pool)| pool)
+            .ok_or_else(|| bc_domain::Rejection::NotFound { kind: "pool", id: pool_id.to_string() }.into())
+    }
+
+    /// A pool's capacity rollup, by resource, if the caller may see the pool.
     pub async fn pool_capacity(
         &self,
         caller: &Caller,
         pool_id: &PoolId,
         after: Option<Position>,
     ) -> AppResult<Vec<Value>> {
-        let visible = self.list_pools(caller, after).await?.iter().any(|p| p["pool_id"] == pool_id.as_str());
-        if !visible {
-            return Err(bc_domain::Rejection::NotFound { kind: "pool", id: pool_id.to_string() }.into());
-        }
+        self.pool(caller, pool_id, after).await?;
         self.consistent(&["pool_capacity_rollup"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "pool_capacity_rollup", "pool_capacity_rollup").await?;
-        let query = format!("SELECT to_jsonb(r)::text FROM {table} AS r WHERE r.pool_id = $1 ORDER BY r.resource");
-        let found = rows(&mut tx, query, &[pool_id.as_str()]).await?;
+        let query = format!(
+            "SELECT r.resource, jsonb_build_object('resource', r.resource, 'allocatable', r.allocatable,
+                    'allocated', r.allocated, 'reserved', r.reserved, 'available', r.available)::text
+             FROM {table} AS r WHERE r.pool_id = $1 ORDER BY r.resource"
+        );
+        let found = rows(&mut tx, query, &[Some(pool_id.as_str())]).await?;
         tx.commit().await?;
-        Ok(found)
+        Ok(found.into_iter().map(|(_, value)| value).collect())
     }
 
-    /// The caller's tenant's reservations, from the `reservations` read model.
-    pub async fn list_reservations(&self, caller: &Caller, after: Option<Position>) -> AppResult<Vec<Value>> {
+    /// The nodes of the pools the caller's tenant owns, from the `nodes` read model.
+    pub async fn list_nodes(
+        &self,
+        caller: &Caller,
+        pool_id: Option<&PoolId>,
+        page: &Page,
+        after: Option<Position>,
+    ) -> AppResult<Listed> {
+        self.consistent(&["nodes"], after).await?;
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let table = active_table(&mut tx, "nodes", "nodes").await?;
+        let query = format!(
+            "SELECT n.node_id, jsonb_build_object(
+                    'id', n.node_id, 'poolId', n.pool_id, 'siteId', n.site_id, 'ownerTenantId', n.owner_tenant_id,
+                    'name', n.name, 'role', n.role, 'trust', n.trust, 'adapter', n.adapter,
+                    'provisionState', n.provision_state, 'maintenance', n.maintenance, 'cordoned', n.cordoned,
+                    'connectivity', n.connectivity, 'conditions', n.conditions,
+                    'noScheduleReasons', to_jsonb(n.no_schedule_reasons), 'observedGeneration', n.observed_generation,
+                    'schedulable', n.schedulable, 'gpuCount', n.gpu_count, 'atomClass', n.atom_class,
+                    'atomCount', n.atom_count, 'registeredAt', ts_ms(n.registered_at))::text
+             FROM {table} AS n
+             WHERE n.pool_owner_tenant_id = $1 AND ($2::text IS NULL OR n.node_id > $2)
+               AND ($3::text IS NULL OR n.pool_id = $3)
+             ORDER BY n.node_id LIMIT {}",
+            page.limit + 1
+        );
+        let binds = [Some(caller.tenant_id.as_str()), page.after_key.as_deref(), pool_id.map(PoolId::as_str)];
+        let found = rows(&mut tx, query, &binds).await?;
+        tx.commit().await?;
+        Ok(paged(found, page))
+    }
+
+    /// The caller's tenant's reservations, from the `reservations` read model, in id order.
+    pub async fn list_reservations(
+        &self,
+        caller: &Caller,
+        filter: &ReservationFilter,
+        page: &Page,
+        after: Option<Position>,
+    ) -> AppResult<Listed> {
         self.consistent(&["reservations"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "reservations", "reservations").await?;
-        let query =
-            format!("SELECT to_jsonb(r)::text FROM {table} AS r WHERE r.tenant_id = $1 ORDER BY r.reservation_id");
-        let found = rows(&mut tx, query, &[caller.tenant_id.as_str()]).await?;
+        let query = format!(
+            "SELECT r.reservation_id, jsonb_build_object(
+                    'id', r.reservation_id, 'tenantId', r.tenant_id, 'identity', r.identity, 'poolId', r.pool_id,
+                    'projectId', r.project_id, 'state', r.state, 'resource', r.resource, 'count', r.count,
+                    'request', jsonb_strip_nulls(jsonb_build_object(
+                        'poolId', r.request->'poolId', 'devices', r.request->'devices', 'start', r.request->'startMs',
+                        'duration', r.request->'durationS', 'binding', r.request->'binding',
+                        'leaseSeconds', r.request->'leaseSeconds', 'projectId', r.request->'projectId',
+                        'deadline', r.request->'deadlineMs', 'wait', r.request->'wait')),
+                    'priority', r.priority, 'requestedAt', ts_ms(r.requested_at),
+                    'pendingDeadline', ts_ms(r.pending_deadline), 'start', ts_ms(r.start_at), 'end', ts_ms(r.end_at),
+                    'leaseDeadline', ts_ms(r.lease_deadline), 'endedAt', ts_ms(r.ended_at), 'outcome', r.outcome,
+                    'allocations', r.allocations, 'version', r.version)::text
+             FROM {table} AS r
+             WHERE r.tenant_id = $1 AND ($2::text IS NULL OR r.reservation_id > $2)
+               AND ($3::text IS NULL OR r.pool_id = $3) AND ($4::text IS NULL OR r.state = $4)
+             ORDER BY r.reservation_id LIMIT {}",
+            page.limit + 1
+        );
+        let binds = [
+            Some(caller.tenant_id.as_str()),
+            page.after_key.as_deref(),
+            filter.pool_id.as_deref(),
+            filter.state.as_deref(),
+        ];
+        let found = rows(&mut tx, query, &binds).await?;
         tx.commit().await?;
-        Ok(found)
+        Ok(paged(found, page))
     }
 
-    /// The caller's tenant's audit trail, newest last.
-    pub async fn audit(&self, caller: &Caller, after: Option<Position>) -> AppResult<Vec<Value>> {
+    /// The caller's tenant's audit trail, oldest first: every allowed mutation with its admission context, and
+    /// every recorded denial.
+    pub async fn audit(&self, caller: &Caller, page: &Page, after: Option<Position>) -> AppResult<Listed> {
         self.consistent(&["audit_events"], after).await?;
+        let after_key: Option<Position> =
+            page.after_key.as_deref().map(|key| key.parse()).transpose().map_err(
+                |err: bc_eventstore::PositionError| bc_domain::Rejection::invalid("cursor", err.to_string()),
+            )?;
+        let (epoch, txid, seq) = after_key.map_or((None, None, None), |p| {
+            (Some(p.epoch.to_string()), Some(p.txid.to_string()), Some(p.seq.to_string()))
+        });
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "audit_events", "audit_events").await?;
         let query = format!(
-            "SELECT (to_jsonb(a) - 'txid' - 'log_epoch' - 'seq')::text FROM {table} AS a
-             WHERE a.tenant_id = $1 ORDER BY a.log_epoch, a.txid, a.seq"
+            "SELECT a.position, jsonb_build_object(
+                    'position', a.position, 'streamId', a.stream_id, 'streamVersion', a.stream_version,
+                    'eventType', a.event_type, 'tenantId', a.tenant_id, 'decision', a.decision, 'reason', a.reason,
+                    'identity', a.identity, 'sessionKind', a.session_kind, 'agent', a.agent,
+                    'delegation', a.delegation, 'requestId', a.request_id,
+                    'admissionTenantId', a.admission_tenant_id, 'recordedAt', ts_ms(a.recorded_at))::text
+             FROM {table} AS a
+             WHERE a.tenant_id = $1
+               AND ($2::text IS NULL OR (a.log_epoch, a.txid, a.seq) > ($2::int4, $3::text::xid8, $4::int8))
+             ORDER BY a.log_epoch, a.txid, a.seq LIMIT {}",
+            page.limit + 1
         );
-        let found = rows(&mut tx, query, &[caller.tenant_id.as_str()]).await?;
+        let binds = [Some(caller.tenant_id.as_str()), epoch.as_deref(), txid.as_deref(), seq.as_deref()];
+        let found = rows(&mut tx, query, &binds).await?;
         tx.commit().await?;
-        Ok(found)
+        Ok(paged(found, page))
     }
 }

@@ -150,6 +150,64 @@ impl App {
         }
     }
 
+    /// Records a request the authorizer refused as one `reservation.denied` event: it books and charges nothing,
+    /// and the audit trail keeps it. A retry with the same key and body answers the recorded reservation (the
+    /// denial, or whatever an earlier allowed request became) without recording anything.
+    pub async fn deny_reservation(
+        &self,
+        caller: &Caller,
+        input: Reserve,
+        reason: String,
+    ) -> AppResult<Committed<Reservation>> {
+        check_idempotency_key(&input.idempotency_key)?;
+        let id = ReservationId::derive(&caller.tenant_id, &caller.identity, &input.idempotency_key);
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let (id, request, reason) = (&id, &input.request, &reason);
+                async move {
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let existing = store::reservation(tx, id).await?;
+                    let new = NewRequest {
+                        reservation_id: id.clone(),
+                        tenant_id: caller.tenant_id.clone(),
+                        identity: caller.identity.clone(),
+                        request: request.clone(),
+                        priority: 0,
+                        quota_holder: None,
+                        now_ms,
+                    };
+                    let requested = reservation::request(existing.as_ref(), new)?;
+                    if let Some(existing) = existing {
+                        let position = stream_head(tx, id.as_str()).await?;
+                        return Ok(Committed { value: existing, position });
+                    }
+                    let Some(ReservationEvent::Requested(r)) = requested.into_iter().next() else {
+                        return Err(AppError::Store(bc_eventstore::Error::Internal(
+                            "a new request decided no requested event".into(),
+                        )));
+                    };
+                    let denied = ReservationEvent::Denied(reservation::Denied {
+                        reservation_id: r.reservation_id,
+                        tenant_id: r.tenant_id,
+                        identity: r.identity,
+                        request: r.request,
+                        request_hash: r.request_hash,
+                        reason: reason.clone(),
+                        at_ms: now_ms,
+                    });
+                    let state = reservation::evolve(None, &denied).ok_or_else(|| {
+                        AppError::Store(bc_eventstore::Error::Internal("a denial folded to nothing".into()))
+                    })?;
+                    let stream = id.as_str();
+                    let position =
+                        record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, vec![denied]).await?;
+                    Ok(Committed { value: state, position })
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
     /// A reservation of the caller's tenant, read from its stream (so a created one is never answered 404).
     pub async fn reservation(&self, caller: &Caller, id: &ReservationId) -> AppResult<Committed<Reservation>> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;

@@ -4,7 +4,10 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use bc_domain::Rejection;
 use serde_json::{Value, json};
+
+use crate::app::AppError;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -15,40 +18,83 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into(), details: json!({}) }
+    }
+
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = details;
+        self
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "UNAVAILABLE",
-            message: message.into(),
-            details: json!({}),
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", message)
+    }
+
+    /// `400 INVALID_ARGUMENT` naming the field.
+    pub fn invalid_argument(field: &str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        Self::new(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", format!("{field}: {message}"))
+            .with_details(json!({ "field": field }))
+    }
+
+    /// `404 NOT_FOUND`: the thing does not exist, or the caller may not know that it does.
+    pub fn not_found(kind: &str, id: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "NOT_FOUND", format!("{kind} {id} was not found"))
+            .with_details(json!({ "kind": kind, "id": id }))
+    }
+
+    /// `401 UNAUTHENTICATED`.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", message)
+    }
+
+    /// `403 FORBIDDEN` with the reason.
+    pub fn forbidden(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "FORBIDDEN", reason)
+    }
+
+    /// A store error as the API answers it: `503 UNAVAILABLE` when the database is unreachable, `409 CONFLICT`
+    /// when a race outlasted the retries, otherwise a generic `500 INTERNAL_ERROR` (the database's text is
+    /// logged, never sent).
+    pub fn from_store(err: &bc_eventstore::Error) -> Self {
+        match err.code() {
+            "UNAVAILABLE" => Self::unavailable("the database is unreachable"),
+            "CONFLICT" => {
+                Self::new(StatusCode::CONFLICT, "CONFLICT", "the request raced with concurrent changes; retry it")
+            }
+            _ => {
+                tracing::error!(error = %err, "request failed");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", "internal error")
+            }
         }
     }
 }
 
-impl ApiError {
-    /// `400 INVALID_ARGUMENT` naming the field.
-    pub fn invalid_argument(field: &str, message: impl Into<String>) -> Self {
-        let message = message.into();
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            code: "INVALID_ARGUMENT",
-            message: format!("{field}: {message}"),
-            details: json!({ "field": field }),
-        }
-    }
-
-    /// A store error as the API answers it: `503 UNAVAILABLE` when the database is unreachable, otherwise a
-    /// generic `500 INTERNAL_ERROR` (the database's text is logged, never sent).
-    pub fn from_store(err: &bc_eventstore::Error) -> Self {
-        if err.code() == "UNAVAILABLE" {
-            return Self::unavailable("the database is unreachable");
-        }
-        tracing::error!(error = %err, "request failed");
-        Self {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            code: "INTERNAL_ERROR",
-            message: "internal error".to_owned(),
-            details: json!({}),
+impl From<AppError> for ApiError {
+    fn from(err: AppError) -> Self {
+        match err {
+            AppError::Rejected(rejection) => {
+                let status = match &rejection {
+                    Rejection::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
+                    Rejection::NotFound { .. } => StatusCode::NOT_FOUND,
+                    Rejection::WrongState { .. }
+                    | Rejection::Conflict(_)
+                    | Rejection::IdempotencyKeyReused { .. }
+                    | Rejection::QuotaExceeded(_)
+                    | Rejection::CapacityUnavailable(_) => StatusCode::CONFLICT,
+                };
+                let details = match &rejection {
+                    Rejection::InvalidArgument { field, .. } => json!({ "field": field }),
+                    Rejection::NotFound { kind, id } => json!({ "kind": kind, "id": id }),
+                    Rejection::WrongState { state, .. } => json!({ "state": state.as_str() }),
+                    Rejection::IdempotencyKeyReused { reservation_id } => json!({ "reservationId": reservation_id }),
+                    _ => json!({}),
+                };
+                ApiError::new(status, rejection.code(), rejection.to_string()).with_details(details)
+            }
+            AppError::Store(err) => ApiError::from_store(&err),
+            AppError::NotYetConsistent { wanted, reached } => super::consistency::not_yet_consistent(wanted, reached),
         }
     }
 }
@@ -56,6 +102,10 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"code": self.code, "message": self.message, "details": self.details}});
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
+        }
+        response
     }
 }

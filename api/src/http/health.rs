@@ -13,7 +13,7 @@ const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     // A read-only ping holds no locks and appends nothing, so abandoning it at the timeout is safe.
-    match tokio::time::timeout(PING_TIMEOUT, state.db.ping()).await {
+    match tokio::time::timeout(PING_TIMEOUT, state.db().ping()).await {
         Ok(Ok(())) => Ok(Json(json!({"status": "ok", "database": "reachable"}))),
         Ok(Err(err)) => {
             tracing::warn!(error = %err, "health check: the database did not answer");

@@ -6,20 +6,29 @@ use bc_projections::{consistency, models, status};
 use serde_json::{Value, json};
 
 use super::consistency::{MinPosition, not_yet_consistent};
+use super::request::Authed;
 use super::{ApiError, AppState};
 use crate::app::reads::CONSISTENCY_WAIT;
+use crate::auth::{Resource, Target};
 
-pub async fn list(State(state): State<AppState>, MinPosition(after): MinPosition) -> Result<Json<Value>, ApiError> {
+/// `GET /v1/projections`: for the platform (decided on `fleet/global`, which resolves only in the root tenant).
+pub async fn list(
+    State(state): State<AppState>,
+    who: Authed,
+    MinPosition(after): MinPosition,
+) -> Result<Json<Value>, ApiError> {
+    let fleet = Resource::scope(Target::Fleet, &who.principal.tenant_id);
+    state.authorize(&who, "projections.status", Some(&fleet), "fleet", "global").await?;
     let read_models = models::read_models();
     let names: Vec<&str> = read_models.iter().map(|p| p.name()).collect();
     if let Some(after) = after {
-        match consistency::wait_for(&state.db, &names, after, CONSISTENCY_WAIT).await {
+        match consistency::wait_for(state.db(), &names, after, CONSISTENCY_WAIT).await {
             Ok(None) => {}
             Ok(Some(reached)) => return Err(not_yet_consistent(after, reached)),
             Err(err) => return Err(ApiError::from_store(&err)),
         }
     }
-    let rows = status::status(&state.db, &read_models).await.map_err(|err| ApiError::from_store(&err))?;
+    let rows = status::status(state.db(), &read_models).await.map_err(|err| ApiError::from_store(&err))?;
     let items: Vec<Value> = rows
         .into_iter()
         .map(|row| {

@@ -6,6 +6,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bc_api::app::fleet::OfferPool;
+use bc_api::app::reads::Page;
+use bc_api::auth::BuiltinAuthorizer;
 use bc_api::http::{AppState, router};
 use bc_domain::pool::Sharing;
 use bc_projections::framework::{self, DaemonConfig};
@@ -16,7 +18,7 @@ use tower::ServiceExt as _;
 use crate::support::{Fleet, caller};
 
 async fn get(state: AppState, uri: &str, header: Option<&str>) -> (StatusCode, serde_json::Value) {
-    let mut request = Request::get(uri);
+    let mut request = Request::get(uri).header("authorization", format!("Bearer {}", crate::http_api::ROOT));
     if let Some(position) = header {
         request = request.header("X-Min-Position", position);
     }
@@ -40,20 +42,22 @@ async fn a_read_after_a_commands_position_sees_its_effect() {
     let acme = caller("acme", "alice@acme");
 
     // No daemon yet: the read model cannot have the offer, and the read says how far it got.
-    let err = fleet.app.list_pools(&acme, Some(position)).await.expect_err("not yet");
+    let err = fleet.app.list_pools(&acme, &Page::first(10), Some(position)).await.expect_err("not yet");
     assert_eq!(err.code(), "NOT_YET_CONSISTENT");
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let config = DaemonConfig { poll: Duration::from_millis(10), ..DaemonConfig::default() };
     let daemon = tokio::spawn(framework::run_daemon(fleet.t.db.clone(), models::read_models(), config, stopped));
-    let pools = fleet.app.list_pools(&acme, Some(position)).await.expect("consistent read");
-    assert_eq!(pools.len(), 1, "the offer made the pool visible to acme");
-    assert_eq!(pools[0]["offers"][0]["quota"]["gpu"], 4);
-    let elsewhere = fleet.app.list_pools(&caller("globex", "bob@globex"), Some(position)).await.expect("read");
-    assert!(elsewhere.is_empty(), "another tenant sees nothing");
+    let pools = fleet.app.list_pools(&acme, &Page::first(10), Some(position)).await.expect("consistent read");
+    assert_eq!(pools.items.len(), 1, "the offer made the pool visible to acme");
+    assert_eq!(pools.items[0]["offers"][0]["quota"]["gpu"], 4);
+    let globex = caller("globex", "bob@globex");
+    let elsewhere = fleet.app.list_pools(&globex, &Page::first(10), Some(position)).await.expect("read");
+    assert!(elsewhere.items.is_empty(), "another tenant sees nothing");
 
     // The same through HTTP, with ?after= and with X-Min-Position.
-    let state = AppState { db: fleet.t.db.clone() };
+    let auth = std::sync::Arc::new(BuiltinAuthorizer::from_toml(crate::http_api::AUTH).expect("auth"));
+    let state = AppState::new(fleet.t.db.clone(), auth).expect("state");
     let (status, body) = get(state.clone(), &format!("/v1/projections?after={position}"), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(

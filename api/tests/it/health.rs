@@ -2,10 +2,18 @@
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use std::sync::Arc;
+
+use bc_api::auth::BuiltinAuthorizer;
 use bc_api::http::{AppState, router};
 use bc_eventstore::testing::TestDb;
 use http_body_util::BodyExt as _;
 use tower::ServiceExt as _;
+
+fn state(db: bc_eventstore::Db) -> AppState {
+    let auth = Arc::new(BuiltinAuthorizer::from_toml(crate::http_api::AUTH).expect("auth"));
+    AppState::new(db, auth).expect("state")
+}
 
 async fn get_healthz(state: AppState) -> (StatusCode, serde_json::Value) {
     let response = router(state)
@@ -20,7 +28,7 @@ async fn get_healthz(state: AppState) -> (StatusCode, serde_json::Value) {
 #[tokio::test]
 async fn healthz_is_ok_while_the_database_answers() {
     let t = TestDb::new().await;
-    let (status, body) = get_healthz(AppState { db: t.db.clone() }).await;
+    let (status, body) = get_healthz(state(t.db.clone())).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["status"], "ok");
 }
@@ -33,7 +41,7 @@ async fn healthz_is_503_unavailable_without_a_database() {
         t.connect_options().database("no_such_database"),
         &bc_eventstore::testing::test_db_config(),
     );
-    let (status, body) = get_healthz(AppState { db }).await;
+    let (status, body) = get_healthz(state(db)).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body["error"]["code"], "UNAVAILABLE");
     assert!(!body["error"]["message"].as_str().unwrap_or_default().contains("no_such_database"));

@@ -4,6 +4,7 @@
 mod consistency;
 mod fleet;
 mod health;
+mod http_api;
 mod investigate;
 mod process;
 mod read_models;

@@ -24,6 +24,8 @@ fn command(args: &[&str]) -> Command {
 struct Server {
     child: Child,
     base_url: String,
+    /// Its later standard output lines (kept open, so the process can go on writing).
+    lines: mpsc::Receiver<String>,
 }
 
 impl Server {
@@ -45,7 +47,21 @@ impl Server {
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 .unwrap_or_else(|_| panic!("the server never said where it serves: {:?}", child.try_wait()));
             if let Some(url) = line.strip_prefix("better-compute: serving ") {
-                return Server { child, base_url: url.trim().to_owned() };
+                return Server { child, base_url: url.trim().to_owned(), lines: received };
+            }
+        }
+    }
+
+    /// The next standard output line containing `needle`.
+    fn line_containing(&self, needle: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("the server never printed {needle:?}"));
+            if line.contains(needle) {
+                return line;
             }
         }
     }
@@ -90,12 +106,43 @@ fn help_lists_the_commands() {
     }
 }
 
+/// Writes the tests' authorization file into a scratch folder and returns its path.
+fn auth_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = testing::server().scratch_dir(name);
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    let path = dir.join("auth.toml");
+    std::fs::write(&path, text).expect("write the auth file");
+    path
+}
+
 #[test]
 fn serve_without_a_database_url_says_what_is_missing() {
-    let output = command(&["serve", "--listen", "127.0.0.1:0"]).output().expect("run");
+    let auth = auth_file("serve-no-url", crate::http_api::AUTH);
+    let output = command(&["serve", "--listen", "127.0.0.1:0", "--auth-config"]).arg(&auth).output().expect("run");
     assert!(!output.status.success());
     let text = String::from_utf8_lossy(&output.stderr);
     assert!(text.contains("BETTER_COMPUTE_DATABASE_URL"), "{text}");
+}
+
+#[test]
+fn serve_refuses_a_bad_authorization_file_with_invalid_config_before_touching_the_store() {
+    // The database URL names a server that does not exist: the refusal comes first, so it never tries it.
+    let url = "postgres://nobody@127.0.0.1:1/nothing";
+    for (name, text, expected) in [
+        ("auth-prefix", "prefix = \"Not A Prefix \"\n", "not a valid, unreserved type name"),
+        ("auth-field", "colour = \"blue\"\n", "unknown field"),
+    ] {
+        let auth = auth_file(name, text);
+        let output = command(&["serve", "--listen", "127.0.0.1:0", "--auth-config"])
+            .arg(&auth)
+            .env("BETTER_COMPUTE_DATABASE_URL", url)
+            .output()
+            .expect("run");
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("INVALID_CONFIG") && stderr.contains(expected), "{name}: {stderr}");
+        assert!(!stderr.contains("127.0.0.1:1"), "{name}: it never connected: {stderr}");
+    }
 }
 
 #[tokio::test]
@@ -110,8 +157,8 @@ async fn migrate_then_serve_answers_healthz_and_stops_on_sigterm() {
     assert_eq!(applied as usize, bc_eventstore::migrate::EMBEDDED.len());
 
     let mut server = Server::start({
-        let mut c = command(&["serve", "--no-migrate", "--listen", "127.0.0.1:0"]);
-        c.env("BETTER_COMPUTE_DATABASE_URL", t.url());
+        let mut c = command(&["serve", "--no-migrate", "--listen", "127.0.0.1:0", "--auth-config"]);
+        c.arg(auth_file("serve", crate::http_api::AUTH)).env("BETTER_COMPUTE_DATABASE_URL", t.url());
         c
     });
     let (status, body) = healthz(&server).await;
@@ -139,6 +186,27 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     let mut first = Server::start(dev());
     let (status, body) = healthz(&first).await;
     assert_eq!(status, 200, "{body}");
+    // It prints a ready-to-use token for the demo customer, which sees the demo pool offered to it.
+    let line = first.line_containing("demo customer");
+    let token = line.split("Bearer ").nth(1).expect("a bearer token").trim().to_owned();
+    first.line_containing("curl");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let pools = reqwest::Client::new()
+            .get(format!("{}/v1/pools", first.base_url))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(pools.status().as_u16(), 200);
+        let pools: serde_json::Value = pools.json().await.expect("json");
+        if pools["items"].as_array().is_some_and(|items| items.len() == 1) {
+            assert_eq!(pools["items"][0]["name"], "h100");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the demo pool never showed in the read model: {pools}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(dev_cluster(&data_dir).is_running());
     let demo = bc_eventstore::Db::connect_lazy_with(
         dev_cluster(&data_dir).connect_options(bc_api::dev::DEV_DATABASE),

@@ -1,0 +1,312 @@
+//! Sites, projects, pools, offerings and quotas, capacity, availability, and the audit trail.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bc_domain::device::DeviceClass;
+use bc_domain::id::{PoolId, SiteId, TenantId};
+use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Quota, Sharing};
+use bc_domain::reservation::{DeviceRequest, Selector, Topology};
+use bc_domain::site::SiteKind;
+use bc_eventstore::Position;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::consistency::MinPosition;
+use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, path_id};
+use super::{ApiError, AppState};
+use crate::app::availability::EarliestStart;
+use crate::app::fleet::{CreatePool, CreateSite, OfferPool};
+use crate::auth::{Resource, Target, resolve};
+
+/// A command's answer with its position as `X-Position` (the consistency token of reads).
+pub(super) fn committed(
+    status: StatusCode,
+    body: Value,
+    position: Option<Position>,
+    location: Option<String>,
+) -> Response {
+    let mut response = (status, Json(body)).into_response();
+    if let Some(position) = position
+        && let Ok(value) = HeaderValue::from_str(&position.to_string())
+    {
+        response.headers_mut().insert("x-position", value);
+    }
+    if let Some(location) = location
+        && let Ok(value) = HeaderValue::from_str(&location)
+    {
+        response.headers_mut().insert("location", value);
+    }
+    response
+}
+
+/// Decides a method on the caller's own tenant scope.
+pub(super) async fn in_own_tenant(state: &AppState, who: &Authed, method: &'static str) -> Result<(), ApiError> {
+    let scope = Resource::scope(Target::Tenant, &who.principal.tenant_id);
+    state.authorize(who, method, Some(&scope), "tenant", who.principal.tenant_id.as_str()).await
+}
+
+/// Resolves and decides a method on a pool.
+pub(super) async fn on_pool(
+    state: &AppState,
+    who: &Authed,
+    method: &'static str,
+    id: &str,
+) -> Result<PoolId, ApiError> {
+    let id: PoolId = path_id("poolId", id)?;
+    let resource = resolve::pool_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    state.authorize(who, method, resource.as_ref(), "pool", id.as_str()).await?;
+    Ok(id)
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SiteBody {
+    pub name: String,
+    pub iam_region: String,
+    #[serde(default = "shared")]
+    pub kind: SiteKind,
+}
+
+fn shared() -> SiteKind {
+    SiteKind::Shared
+}
+
+/// `POST /v1/sites`.
+pub async fn create_site(
+    State(state): State<AppState>,
+    who: Authed,
+    JsonBody(body): JsonBody<SiteBody>,
+) -> Result<Response, ApiError> {
+    in_own_tenant(&state, &who, "sites.create").await?;
+    let input = CreateSite { name: body.name, iam_region: body.iam_region, kind: body.kind };
+    let done = state.app.create_site(&who.caller(), input).await?;
+    Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProjectBody {
+    pub name: String,
+}
+
+/// `POST /v1/projects`.
+pub async fn create_project(
+    State(state): State<AppState>,
+    who: Authed,
+    JsonBody(body): JsonBody<ProjectBody>,
+) -> Result<Response, ApiError> {
+    in_own_tenant(&state, &who, "projects.create").await?;
+    let done = state.app.create_project(&who.caller(), body.name).await?;
+    Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolBody {
+    pub site_id: String,
+    pub name: String,
+    pub class: PoolClass,
+    pub gpu_model: String,
+    #[serde(default)]
+    pub sharing: Sharing,
+    #[serde(default)]
+    pub agent: PoolAgent,
+    #[serde(default)]
+    pub policy: PoolPolicy,
+    pub provider_account_id: Option<String>,
+}
+
+/// `POST /v1/pools`: a pool in one of the caller's tenant's sites.
+pub async fn create_pool(
+    State(state): State<AppState>,
+    who: Authed,
+    JsonBody(body): JsonBody<PoolBody>,
+) -> Result<Response, ApiError> {
+    let site_id: SiteId = path_id("siteId", &body.site_id)?;
+    let site = resolve::site_resource(state.db(), &site_id).await.map_err(|err| ApiError::from_store(&err))?;
+    state.authorize(&who, "pools.create", site.as_ref(), "site", site_id.as_str()).await?;
+    let input = CreatePool {
+        site_id,
+        name: body.name,
+        class: body.class,
+        gpu_model: body.gpu_model,
+        sharing: body.sharing,
+        agent: body.agent,
+        policy: body.policy,
+        provider_account_id: body.provider_account_id,
+    };
+    let done = state.app.create_pool(&who.caller(), input).await?;
+    let location = format!("/v1/pools/{}", done.value);
+    Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, Some(location)))
+}
+
+/// `GET /v1/pools`: the pools the caller's tenant owns or is offered.
+pub async fn list_pools(
+    State(state): State<AppState>,
+    who: Authed,
+    MinPosition(after): MinPosition,
+    QueryParams(params): QueryParams<PageParams>,
+) -> Result<Json<Value>, ApiError> {
+    in_own_tenant(&state, &who, "pools.list").await?;
+    let page = params.page()?;
+    Ok(Json(page_json(state.app.list_pools(&who.caller(), &page, after).await?)))
+}
+
+/// Query of reads that take only a consistency token.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadParams {
+    /// The consistency token, read by [`MinPosition`]; listed so that it is not an unknown parameter.
+    #[allow(dead_code)]
+    pub after: Option<String>,
+}
+
+/// `GET /v1/pools/{id}`.
+pub async fn get_pool(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    MinPosition(after): MinPosition,
+    QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
+) -> Result<Json<Value>, ApiError> {
+    let id = on_pool(&state, &who, "pools.get", &id).await?;
+    Ok(Json(state.app.pool(&who.caller(), &id, after).await?))
+}
+
+/// `GET /v1/pools/{id}/capacity`: allocatable, allocated, reserved and available atoms per resource.
+pub async fn pool_capacity(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    MinPosition(after): MinPosition,
+    QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
+) -> Result<Json<Value>, ApiError> {
+    let id = on_pool(&state, &who, "pools.capacity", &id).await?;
+    let items = state.app.pool_capacity(&who.caller(), &id, after).await?;
+    Ok(Json(json!({ "poolId": id, "items": items })))
+}
+
+/// Query of `GET /v1/pools/{id}/availability`: either `count` and `duration` (the earliest start, not before
+/// `notBefore`), or `start` and `end` (the atoms free over that window).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AvailabilityParams {
+    pub class: Option<DeviceClass>,
+    pub count: Option<u32>,
+    pub duration: Option<u64>,
+    pub not_before: Option<i64>,
+    pub start: Option<i64>,
+    pub end: Option<i64>,
+}
+
+/// `GET /v1/pools/{id}/availability`.
+pub async fn availability(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    QueryParams(params): QueryParams<AvailabilityParams>,
+) -> Result<Json<Value>, ApiError> {
+    let id = on_pool(&state, &who, "pools.availability", &id).await?;
+    let caller = who.caller();
+    match (params.count, params.duration, params.start, params.end) {
+        (Some(count), Some(duration), None, None) => {
+            let class = match params.class {
+                Some(class) => class,
+                None => {
+                    let pool = state.app.pool(&caller, &id, None).await?;
+                    serde_json::from_value::<Sharing>(pool["sharing"].clone())
+                        .map(|sharing| sharing.atom_class())
+                        .map_err(|_| ApiError::invalid_argument("class", "name the atom class to ask about"))?
+                }
+            };
+            let query = EarliestStart {
+                pool_id: id.clone(),
+                devices: DeviceRequest { class, count, selector: Selector::default(), topology: Topology::SameNode },
+                duration_s: duration,
+                not_before_ms: params.not_before,
+            };
+            let earliest = state.app.earliest_start(&caller, &query).await?;
+            Ok(Json(json!({ "poolId": id, "earliestStart": earliest })))
+        }
+        (None, None, Some(start), Some(end)) => {
+            let free = state.app.free_atoms(&caller, &id, start, end).await?;
+            let nodes: Vec<Value> =
+                free.into_iter().map(|f| json!({ "nodeId": f.node_id, "atoms": f.atoms })).collect();
+            Ok(Json(json!({ "poolId": id, "start": start, "end": end, "nodes": nodes })))
+        }
+        _ => Err(ApiError::invalid_argument(
+            "count",
+            "ask with count and duration (the earliest start) or with start and end (the free atoms)",
+        )),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OfferBody {
+    pub tenant_id: String,
+    pub quota: Quota,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default)]
+    pub include_descendants: bool,
+}
+
+/// `POST /v1/pools/{id}/offers`: offer the pool to a tenant (or replace the offer).
+pub async fn offer_pool(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<OfferBody>,
+) -> Result<Response, ApiError> {
+    let id = on_pool(&state, &who, "pools.offer", &id).await?;
+    let tenant_id: TenantId = path_id("tenantId", &body.tenant_id)?;
+    let offer = OfferPool {
+        tenant_id: tenant_id.clone(),
+        quota: body.quota.clone(),
+        priority: body.priority,
+        include_descendants: body.include_descendants,
+    };
+    let done = state.app.offer_pool(&who.caller(), &id, offer).await?;
+    let body = json!({
+        "poolId": id, "tenantId": tenant_id, "quota": body.quota, "priority": body.priority,
+        "includeDescendants": body.include_descendants,
+    });
+    Ok(committed(StatusCode::OK, body, done.position, None))
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QuotaBody {
+    pub quota: Quota,
+}
+
+/// `PUT /v1/pools/{id}/offers/{tenant}/quota`: replace the quota of an offering (decided on the caller's tenant
+/// scope, as a whole-scope method).
+pub async fn set_quota(
+    State(state): State<AppState>,
+    who: Authed,
+    Path((id, tenant)): Path<(String, String)>,
+    JsonBody(body): JsonBody<QuotaBody>,
+) -> Result<Response, ApiError> {
+    let id: PoolId = path_id("poolId", &id)?;
+    let tenant_id: TenantId = path_id("tenantId", &tenant)?;
+    in_own_tenant(&state, &who, "quotas.set").await?;
+    let done = state.app.set_quota(&who.caller(), &id, &tenant_id, body.quota.clone()).await?;
+    let body = json!({ "poolId": id, "tenantId": tenant_id, "quota": body.quota });
+    Ok(committed(StatusCode::OK, body, done.position, None))
+}
+
+/// `GET /v1/audit`: the caller's tenant's audit trail, oldest first.
+pub async fn audit(
+    State(state): State<AppState>,
+    who: Authed,
+    MinPosition(after): MinPosition,
+    QueryParams(params): QueryParams<PageParams>,
+) -> Result<Json<Value>, ApiError> {
+    in_own_tenant(&state, &who, "audit.list").await?;
+    let page = params.page()?;
+    Ok(Json(page_json(state.app.audit(&who.caller(), &page, after).await?)))
+}

@@ -1,0 +1,158 @@
+//! `/v1/nodes`: register a node with its GPUs (until the agent's join replaces it), list, and the operator verbs.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use bc_domain::device::{GpuInfo, MigInstance};
+use bc_domain::id::{DeviceId, NodeId, PoolId, TenantId};
+use bc_domain::node::{Role, Trust};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::consistency::MinPosition;
+use super::fleet::{committed, in_own_tenant, on_pool};
+use super::request::{Authed, JsonBody, QueryParams, page_json, path_id};
+use super::reservations::OptionalBody;
+use super::{ApiError, AppState};
+use crate::app::nodes::{NodeVerb, RegisterNode};
+use crate::auth::resolve;
+
+/// One GPU of a registration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuBody {
+    pub uuid: String,
+    pub name: String,
+    #[serde(default)]
+    pub memory_mib: u64,
+    pub pci_bus_id: Option<String>,
+    #[serde(default)]
+    pub mig_instances: Vec<MigInstance>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegisterBody {
+    pub pool_id: String,
+    pub name: String,
+    pub role: Role,
+    pub trust: Trust,
+    pub owner_tenant_id: Option<String>,
+    pub gpus: Vec<GpuBody>,
+}
+
+/// `POST /v1/nodes`: a node in a pool the caller operates, with its GPUs.
+pub async fn register(
+    State(state): State<AppState>,
+    who: Authed,
+    JsonBody(body): JsonBody<RegisterBody>,
+) -> Result<Response, ApiError> {
+    let pool_id = on_pool(&state, &who, "nodes.register", &body.pool_id).await?;
+    let owner_tenant_id =
+        body.owner_tenant_id.as_deref().map(|t| path_id::<TenantId>("ownerTenantId", t)).transpose()?;
+    let gpus = body
+        .gpus
+        .into_iter()
+        .enumerate()
+        .map(|(i, gpu)| {
+            Ok(GpuInfo {
+                uuid: path_id::<DeviceId>(&format!("gpus[{i}].uuid"), &gpu.uuid)?,
+                name: gpu.name,
+                memory_mib: gpu.memory_mib,
+                pci_bus_id: gpu.pci_bus_id,
+                mig_instances: gpu.mig_instances,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let input = RegisterNode { pool_id, name: body.name, role: body.role, trust: body.trust, owner_tenant_id, gpus };
+    let done = state.app.register_node(&who.caller(), input).await?;
+    Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
+}
+
+/// Query of `GET /v1/nodes`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListParams {
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+    /// The consistency token, read by [`MinPosition`]; listed so that it is not an unknown parameter.
+    #[allow(dead_code)]
+    pub after: Option<String>,
+    pub pool_id: Option<String>,
+}
+
+/// `GET /v1/nodes`: the nodes of the caller's tenant's pools.
+pub async fn list(
+    State(state): State<AppState>,
+    who: Authed,
+    MinPosition(after): MinPosition,
+    QueryParams(params): QueryParams<ListParams>,
+) -> Result<Json<Value>, ApiError> {
+    in_own_tenant(&state, &who, "nodes.list").await?;
+    let page = super::request::PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
+    let pool_id = params.pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
+    let listed = state.app.list_nodes(&who.caller(), pool_id.as_ref(), &page, after).await?;
+    Ok(Json(page_json(listed)))
+}
+
+/// Body of the verbs: an optional reason, recorded with the event.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VerbBody {
+    pub reason: Option<String>,
+}
+
+async fn verb(
+    state: AppState,
+    who: Authed,
+    id: String,
+    body: VerbBody,
+    method: &'static str,
+    verb: NodeVerb,
+) -> Result<Response, ApiError> {
+    if body.reason.as_ref().is_some_and(|r| r.len() > 1024) {
+        return Err(ApiError::invalid_argument("reason", "must be at most 1024 characters"));
+    }
+    let id: NodeId = path_id("nodeId", &id)?;
+    let resource = resolve::node_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    state.authorize(&who, method, resource.as_ref(), "node", id.as_str()).await?;
+    let done = state.app.node_verb(&who.caller(), &id, verb, body.reason).await?;
+    Ok(committed(StatusCode::OK, json!({ "id": id }), done.position, None))
+}
+
+pub async fn cordon(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    OptionalBody(body): OptionalBody<VerbBody>,
+) -> Result<Response, ApiError> {
+    verb(state, who, id, body, "nodes.cordon", NodeVerb::Cordon).await
+}
+
+pub async fn uncordon(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    OptionalBody(body): OptionalBody<VerbBody>,
+) -> Result<Response, ApiError> {
+    verb(state, who, id, body, "nodes.uncordon", NodeVerb::Uncordon).await
+}
+
+pub async fn start_maintenance(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    OptionalBody(body): OptionalBody<VerbBody>,
+) -> Result<Response, ApiError> {
+    verb(state, who, id, body, "nodes.maintenance.start", NodeVerb::StartMaintenance).await
+}
+
+pub async fn end_maintenance(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    OptionalBody(body): OptionalBody<VerbBody>,
+) -> Result<Response, ApiError> {
+    verb(state, who, id, body, "nodes.maintenance.end", NodeVerb::EndMaintenance).await
+}

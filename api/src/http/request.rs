@@ -1,0 +1,307 @@
+//! What every request goes through: its `X-Request-Id`, the bearer token, JSON bodies and query strings parsed
+//! with errors that name the field, and opaque pagination cursors.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use base64::Engine as _;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::{ApiError, AppState};
+use crate::app::Caller;
+use crate::app::reads::{Listed, Page};
+use crate::auth::{Decision, Principal, Resource, catalog};
+
+/// The request's id: the client's `X-Request-Id` when it is sensible, otherwise a new one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId(pub String);
+
+fn sensible_request_id(value: &str) -> bool {
+    !value.is_empty() && value.len() <= 128 && value.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Middleware: gives every request an id and every response its `X-Request-Id`.
+pub async fn request_id(mut request: Request, next: Next) -> Response {
+    let id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| sensible_request_id(v))
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("req_{}", ulid::Ulid::new().to_string().to_ascii_lowercase()));
+    request.extensions_mut().insert(RequestId(id.clone()));
+    let mut response = next.run(request).await;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    response
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RequestId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<RequestId>().cloned().unwrap_or_else(|| RequestId("req_unknown".to_owned())))
+    }
+}
+
+/// An authenticated request: who it speaks for and its id.
+#[derive(Debug, Clone)]
+pub struct Authed {
+    pub principal: Principal,
+    pub request_id: String,
+}
+
+impl Authed {
+    /// The command layer's caller: its admission context is recorded with every event the command appends.
+    pub fn caller(&self) -> Caller {
+        self.principal.caller(&self.request_id)
+    }
+}
+
+impl FromRequestParts<AppState> for Authed {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let RequestId(request_id) = RequestId::from_request_parts(parts, state).await?;
+        let header = parts.headers.get("authorization").and_then(|v| v.to_str().ok());
+        let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer "))) else {
+            state.denials.count("any", "unauthenticated");
+            return Err(ApiError::unauthenticated("send the bearer token as `Authorization: Bearer <token>`"));
+        };
+        match state.auth.authenticate(token.trim()).await {
+            Some(principal) => Ok(Authed { principal, request_id }),
+            None => {
+                state.denials.count("any", "unauthenticated");
+                tracing::info!(request_id, "denied: unknown bearer token");
+                Err(ApiError::unauthenticated("the bearer token is not known"))
+            }
+        }
+    }
+}
+
+impl AppState {
+    /// Decides `method` on `resource` (`None`: it does not exist, answered like one the caller may not see).
+    /// A denial is logged and counted; `kind` and `id` name the resource in a `404`.
+    pub async fn authorize(
+        &self,
+        who: &Authed,
+        method: &'static str,
+        resource: Option<&Resource>,
+        kind: &str,
+        id: &str,
+    ) -> Result<(), ApiError> {
+        let Some(spec) = catalog::method(method) else {
+            tracing::error!(method, "a route names a method missing from the method table");
+            return Err(ApiError::from_store(&bc_eventstore::Error::InvalidConfig(format!("method {method}"))));
+        };
+        let decision = match resource {
+            Some(resource) => self.auth.decide(&who.principal, spec, resource).await,
+            None => Decision::NotFound,
+        };
+        let p = &who.principal;
+        match decision {
+            Decision::Allow => Ok(()),
+            Decision::NotFound => {
+                self.denials.count(spec.method, "not_found");
+                tracing::info!(method, identity = %p.identity, tenant = %p.tenant_id, request_id = who.request_id, kind, id, "denied: not found");
+                Err(ApiError::not_found(kind, id))
+            }
+            Decision::Deny(reason) => {
+                self.denials.count(spec.method, "forbidden");
+                tracing::info!(method, identity = %p.identity, tenant = %p.tenant_id, request_id = who.request_id, reason, "denied");
+                Err(ApiError::forbidden(reason))
+            }
+        }
+    }
+}
+
+/// The largest body the API reads.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// A JSON body; a malformed one is a `400` naming the field (or a `413` when too large), before anything runs.
+#[derive(Debug, Clone)]
+pub struct JsonBody<T>(pub T);
+
+/// The field a serde error is about: the path, with the unknown or missing field's name appended.
+fn field_of(path: &str, message: &str) -> String {
+    let named = ["unknown field `", "missing field `"]
+        .iter()
+        .find_map(|prefix| message.strip_prefix(prefix).and_then(|rest| rest.split('`').next()));
+    match (path, named) {
+        (path, Some(name)) if path == name || path.ends_with(&format!(".{name}")) => path.to_owned(),
+        (".", Some(name)) => name.to_owned(),
+        (path, Some(name)) => format!("{path}.{name}"),
+        (".", None) => "body".to_owned(),
+        (path, None) => path.to_owned(),
+    }
+}
+
+/// serde's message without the position suffix serde_json adds.
+fn clean(message: &str) -> &str {
+    message.split(" at line ").next().unwrap_or(message)
+}
+
+/// Parses JSON into `T` with errors that name the field.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid_argument("body", "a JSON object is required"));
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            return ApiError::invalid_argument("body", format!("is not valid JSON ({inner})"));
+        }
+        let message = inner.to_string();
+        ApiError::invalid_argument(&field_of(&path, &message), clean(&message))
+    })?;
+    deserializer.end().map_err(|err| ApiError::invalid_argument("body", format!("is not valid JSON ({err})")))?;
+    Ok(value)
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "INVALID_ARGUMENT",
+                    format!("body: larger than {} KiB", BODY_LIMIT / 1024),
+                )
+                .with_details(json!({ "field": "body", "limit": BODY_LIMIT }))
+            } else {
+                ApiError::invalid_argument("body", rejection.body_text())
+            }
+        })?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// A query string parsed into `T` (declare it with `deny_unknown_fields`), with errors naming the parameter.
+#[derive(Debug, Clone)]
+pub struct QueryParams<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or("");
+        let deserializer = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
+        serde_path_to_error::deserialize(deserializer).map(QueryParams).map_err(|err| {
+            let path = err.path().to_string();
+            let message = err.into_inner().to_string();
+            ApiError::invalid_argument(&field_of(&path, &message), message)
+        })
+    }
+}
+
+fn form_urlencoded_parse(query: &str) -> form_urlencoded::Parse<'_> {
+    form_urlencoded::parse(query.as_bytes())
+}
+
+/// `?limit=&cursor=` of a list, with `?after=` (the consistency token, read by [`super::consistency`]).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageParams {
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+    pub after: Option<String>,
+}
+
+/// The most items one page holds.
+pub const MAX_PAGE: u32 = 500;
+/// Items per page unless the caller says otherwise.
+pub const DEFAULT_PAGE: u32 = 100;
+
+impl PageParams {
+    pub fn page(&self) -> Result<Page, ApiError> {
+        let limit = self.limit.unwrap_or(DEFAULT_PAGE);
+        if limit == 0 || limit > MAX_PAGE {
+            return Err(ApiError::invalid_argument("limit", format!("must be from 1 to {MAX_PAGE}")));
+        }
+        let after_key = self.cursor.as_deref().map(decode_cursor).transpose()?;
+        Ok(Page { limit, after_key })
+    }
+}
+
+/// A page of a list as the API answers it: `{"items": [...], "nextCursor": "..." | null}`.
+pub fn page_json(listed: Listed) -> serde_json::Value {
+    json!({ "items": listed.items, "nextCursor": listed.next_key.as_deref().map(encode_cursor) })
+}
+
+/// An opaque cursor for the last key of a page.
+pub fn encode_cursor(key: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("v1:{key}"))
+}
+
+fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
+    let invalid = || ApiError::invalid_argument("cursor", "is not a cursor this API gave out");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(cursor).map_err(|_| invalid())?;
+    let text = String::from_utf8(bytes).map_err(|_| invalid())?;
+    text.strip_prefix("v1:").map(str::to_owned).ok_or_else(invalid)
+}
+
+/// Parses a path id into its typed form, naming the parameter when it is not one.
+pub fn path_id<T>(field: &str, text: &str) -> Result<T, ApiError>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    text.parse().map_err(|err: T::Err| ApiError::invalid_argument(field, err.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct Inner {
+        count: u32,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct Outer {
+        pool_id: String,
+        devices: Inner,
+    }
+
+    fn field(body: &str) -> String {
+        let err = parse_json::<Outer>(body.as_bytes()).expect_err("invalid");
+        err.details["field"].as_str().expect("a field").to_owned()
+    }
+
+    #[test]
+    fn json_errors_name_the_field() {
+        assert_eq!(field(r#"{"poolId": "p", "devices": {"count": "two"}}"#), "devices.count");
+        assert_eq!(field(r#"{"poolId": "p", "devices": {"count": 2, "colour": 1}}"#), "devices.colour");
+        assert_eq!(field(r#"{"poolId": "p"}"#), "devices");
+        assert_eq!(field(r#"{"poolId": 7, "devices": {"count": 1}}"#), "poolId");
+        assert_eq!(field(r#"{"poolId": "p", "#), "body");
+        assert_eq!(field(""), "body");
+        assert_eq!(field(r#"{"poolId": "p", "devices": {"count": 1}} trailing"#), "body");
+        assert!(parse_json::<Outer>(br#"{"poolId": "p", "devices": {"count": 1}}"#).is_ok());
+    }
+
+    #[test]
+    fn cursors_round_trip_and_foreign_ones_are_refused() {
+        let cursor = encode_cursor("rsv_abc");
+        let params = PageParams { cursor: Some(cursor), ..PageParams::default() };
+        assert_eq!(params.page().expect("page").after_key.as_deref(), Some("rsv_abc"));
+        let foreign = PageParams { cursor: Some("bm9wZQ".into()), ..PageParams::default() };
+        assert_eq!(foreign.page().expect_err("foreign").details["field"], "cursor");
+        let zero = PageParams { limit: Some(0), ..PageParams::default() };
+        assert_eq!(zero.page().expect_err("zero").details["field"], "limit");
+    }
+}

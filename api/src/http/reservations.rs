@@ -1,0 +1,363 @@
+//! `/v1/reservations`: create (with `Idempotency-Key`), get, list, renew, extend, cancel, release.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bc_domain::device::DeviceClass;
+use bc_domain::id::{PoolId, ProjectId, ReservationId};
+use bc_domain::reservation::{
+    Binding, DeviceRequest, Reservation, ReservationRequest, ReservationState, Selector, Topology,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::consistency::MinPosition;
+use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, parse_json, path_id};
+use super::{ApiError, AppState};
+use crate::app::Committed;
+use crate::app::reads::ReservationFilter;
+use crate::app::reservations::Reserve;
+use crate::auth::{Resource, Target, resolve};
+
+/// `devices` of a request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DevicesBody {
+    pub class: DeviceClass,
+    pub count: u32,
+    #[serde(default)]
+    pub selector: Selector,
+    #[serde(default)]
+    pub topology: Topology,
+}
+
+/// The body of `POST /v1/reservations`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReserveBody {
+    pub pool_id: String,
+    pub devices: DevicesBody,
+    /// When the window starts (epoch milliseconds); without it, when the reservation is placed.
+    pub start: Option<i64>,
+    /// The window's length in seconds.
+    pub duration: u64,
+    #[serde(default)]
+    pub binding: Binding,
+    pub lease_seconds: Option<u64>,
+    pub project_id: Option<String>,
+    /// The latest time it may still be placed (epoch milliseconds).
+    pub deadline: Option<i64>,
+    /// Whether it may wait in `pending` (default true).
+    pub wait: Option<bool>,
+    /// Spot reservations are not offered yet; `true` is refused naming the field.
+    pub spot: Option<bool>,
+}
+
+impl ReserveBody {
+    fn request(self) -> Result<ReservationRequest, ApiError> {
+        if self.spot == Some(true) {
+            return Err(ApiError::invalid_argument("spot", "spot reservations are not offered yet"));
+        }
+        Ok(ReservationRequest {
+            pool_id: path_id::<PoolId>("poolId", &self.pool_id)?,
+            devices: DeviceRequest {
+                class: self.devices.class,
+                count: self.devices.count,
+                selector: self.devices.selector,
+                topology: self.devices.topology,
+            },
+            start_ms: self.start,
+            duration_s: self.duration,
+            binding: self.binding,
+            lease_seconds: self.lease_seconds,
+            project_id: self.project_id.as_deref().map(|p| path_id::<ProjectId>("projectId", p)).transpose()?,
+            deadline_ms: self.deadline,
+            wait: self.wait.unwrap_or(true),
+        })
+    }
+}
+
+/// A request as the API shows it (the create body's shape).
+pub fn request_json(request: &ReservationRequest) -> Value {
+    let mut out = json!({
+        "poolId": request.pool_id,
+        "devices": request.devices,
+        "duration": request.duration_s,
+        "binding": request.binding,
+        "wait": request.wait,
+    });
+    let optional = [
+        ("start", request.start_ms.map(Value::from)),
+        ("leaseSeconds", request.lease_seconds.map(Value::from)),
+        ("projectId", request.project_id.as_ref().map(|p| Value::from(p.as_str()))),
+        ("deadline", request.deadline_ms.map(Value::from)),
+    ];
+    for (key, value) in optional {
+        if let Some(value) = value {
+            out[key] = value;
+        }
+    }
+    out
+}
+
+/// A reservation as the API shows it (the same shape as the list's items).
+pub fn reservation_json(r: &Reservation) -> Value {
+    let outcome = r
+        .denial_reason
+        .clone()
+        .or_else(|| {
+            r.failure_reason.and_then(|f| serde_json::to_value(f).ok()).and_then(|v| v.as_str().map(str::to_owned))
+        })
+        .or_else(|| {
+            r.expiry_cause.and_then(|c| serde_json::to_value(c).ok()).and_then(|v| v.as_str().map(str::to_owned))
+        });
+    json!({
+        "id": r.id,
+        "tenantId": r.tenant_id,
+        "identity": r.identity,
+        "poolId": r.request.pool_id,
+        "projectId": r.request.project_id,
+        "state": r.state.as_str(),
+        "resource": r.request.resource(),
+        "count": r.request.devices.count,
+        "request": request_json(&r.request),
+        "priority": r.priority,
+        "requestedAt": r.requested_at_ms,
+        "pendingDeadline": r.pending_deadline_ms,
+        "start": r.start_ms,
+        "end": r.end_ms,
+        "leaseDeadline": r.lease_deadline_ms,
+        "endedAt": r.ended_at_ms,
+        "outcome": outcome,
+        "allocations": r.allocations,
+        "version": r.version,
+    })
+}
+
+/// A command's answer: the reservation, with its position as `X-Position` (the consistency token of reads).
+fn answer(status: StatusCode, committed: &Committed<Reservation>) -> Response {
+    let mut response = (status, Json(reservation_json(&committed.value))).into_response();
+    if let Some(position) = committed.position
+        && let Ok(value) = HeaderValue::from_str(&position.to_string())
+    {
+        response.headers_mut().insert("x-position", value);
+    }
+    response
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
+    let value = headers
+        .get("idempotency-key")
+        .ok_or_else(|| ApiError::invalid_argument("Idempotency-Key", "the header is required on creates"))?;
+    let key = value.to_str().map_err(|_| ApiError::invalid_argument("Idempotency-Key", "must be printable text"))?;
+    if key.is_empty() || key.len() > 255 {
+        return Err(ApiError::invalid_argument("Idempotency-Key", "must be 1 to 255 printable characters"));
+    }
+    Ok(key.to_owned())
+}
+
+/// The draft a create is decided on: the caller's, under its pool, with the attributes policies read.
+fn draft(who: &Authed, id: &ReservationId, request: &ReservationRequest, pool: crate::auth::PoolFacts) -> Resource {
+    let mut attributes = BTreeMap::from([
+        ("gpuCount".to_owned(), json!(request.devices.count)),
+        ("durationHours".to_owned(), json!(request.duration_s as f64 / 3600.0)),
+        ("binding".to_owned(), json!(request.binding)),
+        ("spot".to_owned(), json!(false)),
+        ("projectId".to_owned(), json!(request.project_id)),
+    ]);
+    for key in ["gpuModel", "region"] {
+        if let Some(value) = pool.attributes.get(key) {
+            attributes.insert(key.to_owned(), value.clone());
+        }
+    }
+    Resource {
+        target: Target::Reservation,
+        id: id.to_string(),
+        tenant_id: who.principal.tenant_id.clone(),
+        pool: Some(pool),
+        attributes,
+    }
+}
+
+/// `POST /v1/reservations`: `201` with the new reservation (`placed` or `pending`), `200` with the existing one
+/// for a retry with the same key and body. A request the authorizer refuses is recorded as `denied` and answered
+/// `403`.
+pub async fn create(
+    State(state): State<AppState>,
+    who: Authed,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<ReserveBody>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let request = body.request()?;
+    let id = ReservationId::derive(&who.principal.tenant_id, &who.principal.identity, &key);
+    let pool = resolve::pool(state.db(), &request.pool_id).await.map_err(|err| ApiError::from_store(&err))?;
+    let resource = pool.map(|facts| draft(&who, &id, &request, facts));
+    let caller = who.caller();
+    let input = Reserve { idempotency_key: key, request };
+    match state.authorize(&who, "reservations.create", resource.as_ref(), "pool", input.request.pool_id.as_str()).await
+    {
+        Ok(()) => {}
+        Err(denied) if denied.status == StatusCode::FORBIDDEN => {
+            let recorded = state.app.deny_reservation(&caller, input, denied.message.clone()).await?;
+            let mut denied = denied.with_details(json!({ "reservationId": recorded.value.id }));
+            if recorded.value.state != ReservationState::Denied {
+                denied.details["state"] = json!(recorded.value.state.as_str());
+            }
+            return Err(denied);
+        }
+        Err(other) => return Err(other),
+    }
+    let reserved = state.app.reserve(&caller, input).await?;
+    let status = if reserved.value.created { StatusCode::CREATED } else { StatusCode::OK };
+    let committed = Committed { value: reserved.value.reservation, position: reserved.position };
+    let mut response = answer(status, &committed);
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/reservations/{}", committed.value.id)) {
+        response.headers_mut().insert("location", location);
+    }
+    Ok(response)
+}
+
+/// Resolves and decides a method on an existing reservation.
+async fn authorized(state: &AppState, who: &Authed, method: &'static str, id: &str) -> Result<ReservationId, ApiError> {
+    let id: ReservationId = path_id("reservationId", id)?;
+    let resource = resolve::reservation_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    state.authorize(who, method, resource.as_ref(), "reservation", id.as_str()).await?;
+    Ok(id)
+}
+
+/// `GET /v1/reservations/{id}`: read from its stream, so a reservation whose create answered is never `404`.
+pub async fn get(State(state): State<AppState>, who: Authed, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let id = authorized(&state, &who, "reservations.get", &id).await?;
+    let found = state.app.reservation(&who.caller(), &id).await?;
+    Ok(answer(StatusCode::OK, &found))
+}
+
+/// Query of `GET /v1/reservations`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListParams {
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+    /// The consistency token, read by [`MinPosition`]; listed so that it is not an unknown parameter.
+    #[allow(dead_code)]
+    pub after: Option<String>,
+    pub pool_id: Option<String>,
+    pub state: Option<ReservationState>,
+}
+
+/// `GET /v1/reservations`: the caller's tenant's reservations, a page at a time, in id order.
+pub async fn list(
+    State(state): State<AppState>,
+    who: Authed,
+    MinPosition(after): MinPosition,
+    QueryParams(params): QueryParams<ListParams>,
+) -> Result<Json<Value>, ApiError> {
+    let scope = Resource::scope(Target::Tenant, &who.principal.tenant_id);
+    state.authorize(&who, "reservations.list", Some(&scope), "tenant", who.principal.tenant_id.as_str()).await?;
+    let page = PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
+    let pool_id = params.pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
+    let filter = ReservationFilter {
+        pool_id: pool_id.map(|p| p.to_string()),
+        state: params.state.map(|s| s.as_str().to_owned()),
+    };
+    let listed = state.app.list_reservations(&who.caller(), &filter, &page, after).await?;
+    Ok(Json(page_json(listed)))
+}
+
+/// An optional JSON body: absent or empty means the default.
+pub struct OptionalBody<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Default> FromRequest<S> for OptionalBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| ApiError::invalid_argument("body", rejection.body_text()))?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalBody(T::default()));
+        }
+        parse_json(&bytes).map(OptionalBody)
+    }
+}
+
+/// Body of `cancel`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CancelBody {
+    pub reason: Option<String>,
+}
+
+/// No body, or `{}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyBody {}
+
+/// Body of `extend`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExtendBody {
+    /// The new end of the window (epoch milliseconds).
+    pub end: i64,
+}
+
+pub async fn cancel(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    OptionalBody(body): OptionalBody<CancelBody>,
+) -> Result<Response, ApiError> {
+    if body.reason.as_ref().is_some_and(|r| r.len() > 1024) {
+        return Err(ApiError::invalid_argument("reason", "must be at most 1024 characters"));
+    }
+    let id = authorized(&state, &who, "reservations.cancel", &id).await?;
+    let done = state.app.cancel_reservation(&who.caller(), &id, body.reason).await?;
+    Ok(answer(StatusCode::OK, &done))
+}
+
+pub async fn release(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    OptionalBody(EmptyBody {}): OptionalBody<EmptyBody>,
+) -> Result<Response, ApiError> {
+    let id = authorized(&state, &who, "reservations.release", &id).await?;
+    let done = state.app.release_reservation(&who.caller(), &id).await?;
+    Ok(answer(StatusCode::OK, &done))
+}
+
+pub async fn renew(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    OptionalBody(EmptyBody {}): OptionalBody<EmptyBody>,
+) -> Result<Response, ApiError> {
+    let id = authorized(&state, &who, "reservations.renew", &id).await?;
+    let done = state.app.renew_reservation(&who.caller(), &id).await?;
+    Ok(answer(StatusCode::OK, &done))
+}
+
+/// `extend` is decided like a create for the new length: the attribute limits apply to the extended window.
+pub async fn extend(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<ExtendBody>,
+) -> Result<Response, ApiError> {
+    let id: ReservationId = path_id("reservationId", &id)?;
+    let mut resource =
+        resolve::reservation_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    if let Some(resource) = resource.as_mut() {
+        let current = state.app.reservation(&who.caller(), &id).await.ok().map(|c| c.value);
+        if let Some(start) = current.and_then(|r| r.start_ms) {
+            resource.attributes.insert("durationHours".into(), json!((body.end - start) as f64 / 3_600_000.0));
+        }
+    }
+    state.authorize(&who, "reservations.extend", resource.as_ref(), "reservation", id.as_str()).await?;
+    let done = state.app.extend_reservation(&who.caller(), &id, body.end).await?;
+    Ok(answer(StatusCode::OK, &done))
+}

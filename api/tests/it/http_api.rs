@@ -1,0 +1,502 @@
+//! The REST API called as a new client would, through the router in process: every route's success, each kind of
+//! bad input with its 4xx and no write, tenant isolation, the attribute limit and its recorded denial, and reads
+//! after a create.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use bc_api::auth::BuiltinAuthorizer;
+use bc_api::http::{AppState, router};
+use bc_domain::pool::Sharing;
+use bc_eventstore::{TxOptions, sql};
+use http_body_util::BodyExt as _;
+use serde_json::{Value, json};
+use tower::ServiceExt as _;
+
+use crate::read_models::catch_up;
+use crate::support::{Fleet, HOUR, T0};
+
+pub const ROOT: &str = "root-token-000000000001";
+pub const ALICE: &str = "alice-token-00000000001";
+pub const GUS: &str = "gus-token-0000000000001";
+
+/// The authorizer of these tests: the platform's operator (the fleet's owner), two customers with the user
+/// relation on what they are offered, and the limit "users may reserve up to 8 H100s for at most 72 hours".
+pub const AUTH: &str = r#"
+    [[tenants]]
+    id = "acme"
+    parent = "root"
+
+    [[tenants]]
+    id = "globex"
+    parent = "root"
+
+    [[identities]]
+    identity = "operator@platform"
+    tenant = "root"
+    admin = true
+    token = "root-token-000000000001"
+
+    [[identities]]
+    identity = "alice@acme"
+    tenant = "acme"
+    token = "alice-token-00000000001"
+
+    [[identities]]
+    identity = "gus@globex"
+    tenant = "globex"
+    token = "gus-token-0000000000001"
+
+    [[grants]]
+    tenant = "acme"
+    relation = "user"
+
+    [[grants]]
+    tenant = "globex"
+    relation = "user"
+
+    [[limits]]
+    relation = "user"
+    gpu_model = "H100"
+    max_gpus = 8
+    max_hours = 72
+"#;
+
+/// An answer: status, headers and the JSON body (`null` when empty).
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The `details.field` of an error.
+    pub fn field(&self) -> &str {
+        self.body["error"]["details"]["field"].as_str().unwrap_or("")
+    }
+}
+
+/// A fleet and the router over it.
+pub struct Api {
+    pub fleet: Fleet,
+    pub router: Router,
+}
+
+impl Api {
+    pub async fn new() -> Api {
+        let fleet = Fleet::new().await;
+        let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));
+        let state = AppState::new(fleet.t.db.clone(), auth).expect("the method table checks out");
+        Api { router: router(state), fleet }
+    }
+
+    pub async fn call(
+        &self,
+        method: &str,
+        uri: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<String>,
+    ) -> Reply {
+        let mut request = Request::builder().method(method).uri(uri);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if body.is_some() {
+            request = request.header("content-type", "application/json");
+        }
+        let request = request.body(body.map_or_else(Body::empty, Body::from)).expect("request");
+        let response = self.router.clone().oneshot(request).await.expect("response");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.expect("body").to_bytes();
+        let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("a JSON body") };
+        Reply { status, headers, body }
+    }
+
+    pub async fn get(&self, uri: &str, token: &str) -> Reply {
+        self.call("GET", uri, Some(token), &[], None).await
+    }
+
+    pub async fn post(&self, uri: &str, token: &str, body: Value) -> Reply {
+        self.call("POST", uri, Some(token), &[], Some(body.to_string())).await
+    }
+
+    /// `POST /v1/reservations` with an idempotency key.
+    pub async fn reserve(&self, token: &str, key: &str, body: Value) -> Reply {
+        self.call("POST", "/v1/reservations", Some(token), &[("idempotency-key", key)], Some(body.to_string())).await
+    }
+
+    /// Every event in the log: bad input must not add any.
+    pub async fn events(&self) -> i64 {
+        let mut tx = self.fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+        let n: i64 = sql::query_scalar("SELECT count(*) FROM events").fetch_one(tx.conn()).await.expect("count");
+        tx.commit().await.expect("commit");
+        n
+    }
+
+    /// Bookings of all reservations and quota rows: a denial must leave both alone.
+    pub async fn bookings_and_charges(&self) -> (i64, i64) {
+        let mut tx = self.fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+        let bookings: i64 = sql::query_scalar("SELECT count(*) FROM device_bookings WHERE NOT isempty(during)")
+            .fetch_one(tx.conn())
+            .await
+            .expect("bookings");
+        let charges: i64 =
+            sql::query_scalar("SELECT count(*) FROM reservations WHERE state IN ('placed', 'binding', 'active')")
+                .fetch_one(tx.conn())
+                .await
+                .expect("charges");
+        tx.commit().await.expect("commit");
+        (bookings, charges)
+    }
+
+    /// An exclusive H100 pool with two 8-GPU nodes, offered to acme and globex with 16 GPUs each.
+    pub async fn pool(&self) -> String {
+        let pool = self.fleet.pool("h100", Sharing::Exclusive, None).await;
+        self.fleet.node(&pool, "a", 8, 0).await;
+        self.fleet.node(&pool, "b", 8, 0).await;
+        self.fleet.offer(&pool, "acme", 16).await;
+        self.fleet.offer(&pool, "globex", 16).await;
+        pool.to_string()
+    }
+}
+
+fn reservation(pool: &str, count: u32, duration_s: u64) -> Value {
+    json!({ "poolId": pool, "devices": { "class": "gpu", "count": count }, "duration": duration_s })
+}
+
+#[tokio::test]
+async fn every_route_answers_a_new_client() {
+    let api = Api::new().await;
+    // Fleet structure, as the platform's operator.
+    let site = api.post("/v1/sites", ROOT, json!({ "name": "ams1", "iamRegion": "eu-west-1" })).await;
+    assert_eq!(site.status, StatusCode::CREATED, "{:?}", site.body);
+    assert!(site.header("x-request-id").is_some_and(|id| id.starts_with("req_")));
+    assert!(site.header("x-position").is_some());
+    let site_id = site.body["id"].as_str().expect("site id").to_owned();
+    let project = api.post("/v1/projects", ALICE, json!({ "name": "training" })).await;
+    assert_eq!(project.status, StatusCode::FORBIDDEN, "alice is no administrator: {:?}", project.body);
+    let project = api.post("/v1/projects", ROOT, json!({ "name": "platform-tests" })).await;
+    assert_eq!(project.status, StatusCode::CREATED, "{:?}", project.body);
+    let pool = api
+        .post(
+            "/v1/pools",
+            ROOT,
+            json!({ "siteId": site_id, "name": "a100", "class": "metal-host", "gpuModel": "A100" }),
+        )
+        .await;
+    assert_eq!(pool.status, StatusCode::CREATED, "{:?}", pool.body);
+    let pool_id = pool.body["id"].as_str().expect("pool id").to_owned();
+    assert_eq!(pool.header("location"), Some(format!("/v1/pools/{pool_id}").as_str()));
+    let node = api
+        .post(
+            "/v1/nodes",
+            ROOT,
+            json!({ "poolId": pool_id, "name": "n1", "role": "host", "trust": "platform",
+                    "gpus": [{ "uuid": "GPU-http-0", "name": "NVIDIA A100-SXM4-80GB", "memoryMib": 81920 },
+                             { "uuid": "GPU-http-1", "name": "NVIDIA A100-SXM4-80GB", "memoryMib": 81920 }] }),
+        )
+        .await;
+    assert_eq!(node.status, StatusCode::CREATED, "{:?}", node.body);
+    let node_id = node.body["id"].as_str().expect("node id").to_owned();
+    let offer = api
+        .post(&format!("/v1/pools/{pool_id}/offers"), ROOT, json!({ "tenantId": "acme", "quota": { "gpu": 2 } }))
+        .await;
+    assert_eq!(offer.status, StatusCode::OK, "{:?}", offer.body);
+    let quota = api
+        .call(
+            "PUT",
+            &format!("/v1/pools/{pool_id}/offers/acme/quota"),
+            Some(ROOT),
+            &[],
+            Some(json!({ "quota": { "gpu": 1 } }).to_string()),
+        )
+        .await;
+    assert_eq!(quota.status, StatusCode::OK, "{:?}", quota.body);
+    for verb in ["cordon", "uncordon", "maintenance/start", "maintenance/end"] {
+        let done = api.call("POST", &format!("/v1/nodes/{node_id}/{verb}"), Some(ROOT), &[], None).await;
+        assert_eq!(done.status, StatusCode::OK, "{verb}: {:?}", done.body);
+    }
+    let reasoned = api.post(&format!("/v1/nodes/{node_id}/cordon"), ROOT, json!({ "reason": "bad fan" })).await;
+    assert_eq!(reasoned.status, StatusCode::OK);
+
+    // Reads, once the read models have caught up.
+    catch_up(&api.fleet.t.db).await;
+    let pools = api.get("/v1/pools", ALICE).await;
+    assert_eq!(pools.status, StatusCode::OK);
+    assert_eq!(pools.body["items"].as_array().expect("items").len(), 1, "acme sees the pool offered to it");
+    assert_eq!(pools.body["items"][0]["offers"].as_array().expect("offers").len(), 1, "only its own offer");
+    assert_eq!(pools.body["items"][0]["offers"][0]["quota"]["gpu"], 1);
+    assert_eq!(api.get(&format!("/v1/pools/{pool_id}"), ALICE).await.body["gpuModel"], "A100");
+    let capacity = api.get(&format!("/v1/pools/{pool_id}/capacity"), ROOT).await;
+    assert_eq!(capacity.status, StatusCode::OK);
+    assert_eq!(capacity.body["items"][0]["allocatable"], 0, "the node is cordoned: {:?}", capacity.body);
+    let nodes = api.get("/v1/nodes", ROOT).await;
+    assert_eq!(nodes.body["items"][0]["cordoned"], true);
+    assert_eq!(nodes.body["items"][0]["noScheduleReasons"], json!([]));
+    api.call("POST", &format!("/v1/nodes/{node_id}/uncordon"), Some(ROOT), &[], None).await;
+    let earliest = api.get(&format!("/v1/pools/{pool_id}/availability?count=1&duration=3600"), ALICE).await;
+    assert_eq!(earliest.status, StatusCode::OK, "{:?}", earliest.body);
+    assert_eq!(earliest.body["earliestStart"], T0);
+    let free = api.get(&format!("/v1/pools/{pool_id}/availability?start={T0}&end={}", T0 + HOUR), ALICE).await;
+    assert_eq!(free.body["nodes"][0]["atoms"].as_array().expect("atoms").len(), 2);
+
+    // A reservation's life: create (with a lease), get, list, renew, extend, release; another, cancelled.
+    let mut body = reservation(&pool_id, 1, 3600);
+    body["leaseSeconds"] = json!(600);
+    let created = api.reserve(ALICE, "first", body.clone()).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+    assert_eq!(created.body["state"], "placed");
+    assert_eq!(created.body["request"]["duration"], 3600);
+    let id = created.body["id"].as_str().expect("id").to_owned();
+    assert_eq!(created.header("location"), Some(format!("/v1/reservations/{id}").as_str()));
+    let again = api.reserve(ALICE, "first", body).await;
+    assert_eq!(again.status, StatusCode::OK, "a retry answers the same reservation");
+    assert_eq!(again.body["id"], id.as_str());
+    assert_eq!(api.get(&format!("/v1/reservations/{id}"), ALICE).await.body["state"], "placed");
+    let renewed = api.call("POST", &format!("/v1/reservations/{id}/renew"), Some(ALICE), &[], None).await;
+    assert_eq!(renewed.status, StatusCode::OK, "{:?}", renewed.body);
+    api.fleet.advance_to(T0 + 1_000).await;
+    assert_eq!(api.get(&format!("/v1/reservations/{id}"), ALICE).await.body["state"], "active");
+    let end = created.body["end"].as_i64().expect("end") + HOUR;
+    let extended = api.post(&format!("/v1/reservations/{id}/extend"), ALICE, json!({ "end": end })).await;
+    assert_eq!(extended.status, StatusCode::OK, "{:?}", extended.body);
+    assert_eq!(extended.body["end"], end);
+    let released = api.call("POST", &format!("/v1/reservations/{id}/release"), Some(ALICE), &[], None).await;
+    assert_eq!(released.status, StatusCode::OK, "{:?}", released.body);
+    let later = api.reserve(ALICE, "second", reservation(&pool_id, 1, 600)).await;
+    let later_id = later.body["id"].as_str().expect("id").to_owned();
+    let cancelled =
+        api.post(&format!("/v1/reservations/{later_id}/cancel"), ALICE, json!({ "reason": "not needed" })).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{:?}", cancelled.body);
+    assert_eq!(cancelled.body["state"], "cancelled");
+    catch_up(&api.fleet.t.db).await;
+    let listed = api.get("/v1/reservations?limit=1", ALICE).await;
+    assert_eq!(listed.body["items"].as_array().expect("items").len(), 1);
+    let cursor = listed.body["nextCursor"].as_str().expect("a second page");
+    let next = api.get(&format!("/v1/reservations?limit=1&cursor={cursor}"), ALICE).await;
+    assert_eq!(next.body["items"].as_array().expect("items").len(), 1);
+    assert_eq!(next.body["nextCursor"], Value::Null);
+    let mut both: Vec<String> =
+        [&listed, &next].iter().map(|r| r.body["items"][0]["id"].as_str().expect("id").to_owned()).collect();
+    both.sort();
+    let mut expected = vec![id.clone(), later_id.clone()];
+    expected.sort();
+    assert_eq!(both, expected);
+    assert_eq!(api.get("/v1/reservations?state=cancelled", ALICE).await.body["items"][0]["id"], later_id.as_str());
+    let audit = api.get("/v1/audit", ALICE).await;
+    let audit = audit.body["items"].as_array().expect("items").clone();
+    assert!(audit.iter().any(|a| a["eventType"] == "reservation.requested"
+        && a["identity"] == "alice@acme"
+        && a["sessionKind"] == "user"
+        && a["requestId"].as_str().is_some_and(|r| r.starts_with("req_"))));
+    assert!(audit.iter().all(|a| a["tenantId"] == "acme"), "acme's trail only");
+    let status = api.get("/v1/projections", ROOT).await;
+    assert_eq!(status.status, StatusCode::OK);
+    assert_eq!(api.get("/v1/healthz", ROOT).await.status, StatusCode::OK);
+}
+
+/// A bad request: method, path, headers, body, the status and the field its error must name.
+type BadInput<'a> = (&'a str, String, Vec<(&'a str, &'a str)>, Option<String>, StatusCode, &'a str);
+
+#[tokio::test]
+async fn bad_input_is_a_4xx_naming_what_is_wrong_and_writes_nothing() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let good = api.reserve(ALICE, "exists", reservation(&pool, 1, 3600)).await;
+    let id = good.body["id"].as_str().expect("id").to_owned();
+    let before = api.events().await;
+    let big = "x".repeat(70 * 1024);
+    let cases: Vec<BadInput> = vec![
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")], Some("{".into()), StatusCode::BAD_REQUEST, "body"),
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")], Some(String::new()), StatusCode::BAD_REQUEST, "body"),
+        ("POST", "/v1/reservations".into(), vec![], Some(reservation(&pool, 1, 60).to_string()), StatusCode::BAD_REQUEST, "Idempotency-Key"),
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")],
+            Some(json!({ "poolId": pool, "devices": { "class": "gpu", "count": "two" }, "duration": 60 }).to_string()),
+            StatusCode::BAD_REQUEST, "devices.count"),
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")],
+            Some(json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 60, "colour": "red" }).to_string()),
+            StatusCode::BAD_REQUEST, "colour"),
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")],
+            Some(json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 } }).to_string()),
+            StatusCode::BAD_REQUEST, "duration"),
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")],
+            Some(json!({ "poolId": "pool_nope", "devices": { "class": "gpu", "count": 1 }, "duration": 60 }).to_string()),
+            StatusCode::BAD_REQUEST, "poolId"),
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")],
+            Some(json!({ "poolId": pool, "devices": { "class": "gpu", "count": 0 }, "duration": 60 }).to_string()),
+            StatusCode::BAD_REQUEST, "devices.count"),
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")],
+            Some(json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 60, "spot": true }).to_string()),
+            StatusCode::BAD_REQUEST, "spot"),
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")],
+            Some(json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 60, "note": big }).to_string()),
+            StatusCode::PAYLOAD_TOO_LARGE, "body"),
+        ("GET", "/v1/reservations/not-an-id".into(), vec![], None, StatusCode::BAD_REQUEST, "reservationId"),
+        ("GET", "/v1/reservations?after=1-2".into(), vec![], None, StatusCode::BAD_REQUEST, "after"),
+        ("GET", "/v1/reservations?limit=0".into(), vec![], None, StatusCode::BAD_REQUEST, "limit"),
+        ("GET", "/v1/reservations?limit=ten".into(), vec![], None, StatusCode::BAD_REQUEST, "limit"),
+        ("GET", "/v1/reservations?cursor=nope".into(), vec![], None, StatusCode::BAD_REQUEST, "cursor"),
+        ("GET", "/v1/reservations?state=sleeping".into(), vec![], None, StatusCode::BAD_REQUEST, "state"),
+        ("GET", "/v1/reservations?colour=red".into(), vec![], None, StatusCode::BAD_REQUEST, "colour"),
+        ("POST", format!("/v1/reservations/{id}/extend"), vec![], Some("{}".into()), StatusCode::BAD_REQUEST, "end"),
+        ("POST", format!("/v1/reservations/{id}/cancel"), vec![], Some(r#"{"why": 1}"#.into()), StatusCode::BAD_REQUEST, "why"),
+        ("POST", "/v1/sites".into(), vec![], Some(json!({ "name": "x", "iamRegion": "Not A Region" }).to_string()), StatusCode::BAD_REQUEST, "iamRegion"),
+        ("POST", "/v1/sites".into(), vec![], Some(json!({ "name": "x" }).to_string()), StatusCode::BAD_REQUEST, "iamRegion"),
+        ("POST", "/v1/pools".into(), vec![], Some(json!({ "siteId": "site_x", "name": "p", "class": "metal-host", "gpuModel": "H100" }).to_string()), StatusCode::BAD_REQUEST, "siteId"),
+        ("POST", "/v1/pools".into(), vec![], Some(json!({ "siteId": api.fleet.site, "name": "p", "class": "spaceship", "gpuModel": "H100" }).to_string()), StatusCode::BAD_REQUEST, "class"),
+        ("POST", format!("/v1/pools/{pool}/offers"), vec![], Some(json!({ "tenantId": "acme", "quota": { "gpu": -1 } }).to_string()), StatusCode::BAD_REQUEST, "quota.gpu"),
+        ("PUT", format!("/v1/pools/{pool}/offers/has%20space/quota"), vec![], Some(json!({ "quota": {} }).to_string()), StatusCode::BAD_REQUEST, "tenantId"),
+        ("POST", "/v1/nodes".into(), vec![], Some(json!({ "poolId": pool, "name": "n", "role": "host", "trust": "platform", "gpus": [{ "uuid": "", "name": "x" }] }).to_string()), StatusCode::BAD_REQUEST, "gpus[0].uuid"),
+        ("POST", "/v1/nodes/node_nope/cordon".into(), vec![], None, StatusCode::BAD_REQUEST, "nodeId"),
+        ("GET", format!("/v1/pools/{pool}/availability?count=1"), vec![], None, StatusCode::BAD_REQUEST, "count"),
+        ("GET", "/v1/audit?cursor=%25%25".into(), vec![], None, StatusCode::BAD_REQUEST, "cursor"),
+    ];
+    for (method, uri, headers, body, status, field) in cases {
+        let token = if uri.starts_with("/v1/sites") || uri.starts_with("/v1/pools") || uri.starts_with("/v1/nodes") {
+            ROOT
+        } else {
+            ALICE
+        };
+        let reply = api.call(method, &uri, Some(token), &headers, body).await;
+        assert_eq!(reply.status, status, "{method} {uri}: {:?}", reply.body);
+        assert_eq!(reply.field(), field, "{method} {uri}: {:?}", reply.body);
+        assert_eq!(reply.body["error"]["code"], "INVALID_ARGUMENT", "{method} {uri}");
+        assert!(reply.header("x-request-id").is_some(), "{method} {uri}: errors carry the request id too");
+    }
+    assert_eq!(api.events().await, before, "no bad input wrote anything");
+
+    let reused = api.reserve(ALICE, "exists", reservation(&pool, 2, 3600)).await;
+    assert_eq!(
+        (reused.status, reused.body["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("IDEMPOTENCY_KEY_REUSED"))
+    );
+    let unauthenticated = api.call("GET", "/v1/pools", None, &[], None).await;
+    assert_eq!(unauthenticated.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(unauthenticated.body["error"]["code"], "UNAUTHENTICATED");
+    assert_eq!(unauthenticated.header("www-authenticate"), Some("Bearer"));
+    let unknown = api.call("GET", "/v1/pools", Some("not-a-token-at-all-000"), &[], None).await;
+    assert_eq!(unknown.status, StatusCode::UNAUTHORIZED);
+    let nowhere = api.get("/v1/nowhere", ALICE).await;
+    assert_eq!(nowhere.status, StatusCode::NOT_FOUND);
+    let wrong_method = api.call("DELETE", "/v1/pools", Some(ROOT), &[], None).await;
+    assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
+    let echoed = api.call("GET", "/v1/healthz", None, &[("x-request-id", "trace-42")], None).await;
+    assert_eq!(echoed.header("x-request-id"), Some("trace-42"), "a client's request id comes back");
+    assert_eq!(api.events().await, before);
+}
+
+#[tokio::test]
+async fn another_tenant_can_neither_read_nor_act_on_a_reservation_and_learns_nothing() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let mine = api.reserve(ALICE, "mine", reservation(&pool, 1, 3600)).await;
+    let id = mine.body["id"].as_str().expect("id").to_owned();
+    let missing = "rsv_".to_owned() + &"a".repeat(52);
+    catch_up(&api.fleet.t.db).await;
+    let before = api.events().await;
+    for (method, verb) in [("GET", ""), ("POST", "/renew"), ("POST", "/cancel"), ("POST", "/release")] {
+        let theirs = api.call(method, &format!("/v1/reservations/{id}{verb}"), Some(GUS), &[], None).await;
+        let nobody = api.call(method, &format!("/v1/reservations/{missing}{verb}"), Some(GUS), &[], None).await;
+        assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{method} {verb}");
+        assert_eq!(theirs.body["error"]["code"], nobody.body["error"]["code"]);
+        assert_eq!(
+            theirs.body["error"]["message"].as_str().map(|m| m.replace(&id, "ID")),
+            nobody.body["error"]["message"].as_str().map(|m| m.replace(&missing, "ID")),
+            "the answer is the same as for a reservation that does not exist"
+        );
+    }
+    let extend = api.post(&format!("/v1/reservations/{id}/extend"), GUS, json!({ "end": T0 + 5 * HOUR })).await;
+    assert_eq!(extend.status, StatusCode::NOT_FOUND);
+    assert_eq!(api.events().await, before, "nothing was written for globex");
+    let listed = api.get("/v1/reservations", GUS).await;
+    assert_eq!(listed.body["items"], json!([]));
+    let audit = api.get("/v1/audit", GUS).await;
+    assert!(
+        audit.body["items"].as_array().expect("items").iter().all(|a| a["tenantId"] == "globex"),
+        "globex's audit shows nothing of acme's: {:?}",
+        audit.body
+    );
+    assert_eq!(api.get("/v1/projections", GUS).await.status, StatusCode::NOT_FOUND, "the fleet is the platform's");
+    // The reservation is still acme's, untouched.
+    assert_eq!(api.get(&format!("/v1/reservations/{id}"), ALICE).await.body["state"], "placed");
+}
+
+#[tokio::test]
+async fn the_attribute_limit_admits_8_h100_for_72_hours_and_records_a_denial_beyond_it() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let allowed = api.reserve(ALICE, "eight", reservation(&pool, 8, 72 * 3600)).await;
+    assert_eq!(allowed.status, StatusCode::CREATED, "{:?}", allowed.body);
+    let held = api.bookings_and_charges().await;
+    let events = api.events().await;
+    for (key, count, hours) in [("nine", 9, 72), ("long", 8, 73)] {
+        let denied = api.reserve(ALICE, key, reservation(&pool, count, hours * 3600)).await;
+        assert_eq!(denied.status, StatusCode::FORBIDDEN, "{key}: {:?}", denied.body);
+        assert_eq!(denied.body["error"]["code"], "FORBIDDEN");
+        let id = denied.body["error"]["details"]["reservationId"].as_str().expect("the denied draft's id").to_owned();
+        assert_eq!(api.bookings_and_charges().await, held, "{key}: the denial books and charges nothing");
+        let recorded = api.get(&format!("/v1/reservations/{id}"), ALICE).await;
+        assert_eq!(recorded.body["state"], "denied", "{key}: recorded as denied");
+        assert!(recorded.body["allocations"].as_array().is_some_and(Vec::is_empty));
+        // A retry is denied again without recording anything more.
+        let before = api.events().await;
+        let retry = api.reserve(ALICE, key, reservation(&pool, count, hours * 3600)).await;
+        assert_eq!(retry.status, StatusCode::FORBIDDEN);
+        assert_eq!(api.events().await, before);
+    }
+    assert_eq!(api.events().await, events + 2, "one reservation.denied event per denied request");
+    catch_up(&api.fleet.t.db).await;
+    let audit = api.get("/v1/audit", ALICE).await;
+    let denials: Vec<&Value> =
+        audit.body["items"].as_array().expect("items").iter().filter(|a| a["decision"] == "denied").collect();
+    assert_eq!(denials.len(), 2);
+    assert!(denials.iter().all(|d| d["eventType"] == "reservation.denied" && d["identity"] == "alice@acme"));
+    assert!(denials[0]["reason"].as_str().is_some_and(|r| r.contains("at most 8 H100 GPUs")));
+    // The platform's operator is above the limit's relation.
+    let big = api.reserve(ROOT, "root-nine", reservation(&pool, 8, 100 * 3600)).await;
+    assert_eq!(big.status, StatusCode::CREATED, "{:?}", big.body);
+}
+
+#[tokio::test]
+async fn a_created_reservation_is_readable_at_once_and_listed_after_its_position() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let config = bc_projections::framework::DaemonConfig {
+        poll: std::time::Duration::from_millis(10),
+        ..bc_projections::framework::DaemonConfig::default()
+    };
+    let daemon = tokio::spawn(bc_projections::framework::run_daemon(
+        api.fleet.t.db.clone(),
+        bc_projections::models::read_models(),
+        config,
+        stopped,
+    ));
+    for n in 0..5 {
+        let created = api.reserve(ALICE, &format!("k{n}"), reservation(&pool, 1, 600)).await;
+        assert_eq!(created.status, StatusCode::CREATED);
+        let id = created.body["id"].as_str().expect("id");
+        let got = api.get(&format!("/v1/reservations/{id}"), ALICE).await;
+        assert_eq!(got.status, StatusCode::OK, "never 404 right after the 201");
+        let position = created.header("x-position").expect("the consistency token");
+        let listed = api.get(&format!("/v1/reservations?after={position}"), ALICE).await;
+        assert_eq!(listed.status, StatusCode::OK, "{:?}", listed.body);
+        assert!(listed.body["items"].as_array().expect("items").iter().any(|r| r["id"] == id));
+        let headed = api.call("GET", "/v1/reservations", Some(ALICE), &[("x-min-position", position)], None).await;
+        assert!(headed.body["items"].as_array().expect("items").iter().any(|r| r["id"] == id));
+    }
+    let _ = stop.send(true);
+    daemon.await.expect("daemon");
+}
