@@ -4,6 +4,7 @@
 
 pub mod consistency;
 mod error;
+pub mod events;
 mod fleet;
 mod health;
 mod nodes;
@@ -29,14 +30,22 @@ pub struct AppState {
     pub app: App,
     pub auth: Arc<dyn Authorizer>,
     pub denials: Arc<DenialCounts>,
+    /// The event stream's one log poller.
+    pub events: Arc<events::EventHub>,
 }
 
 impl AppState {
     /// The state of a router over `db`, its authorization checked against the method table first: a missing or
     /// wrong entry is `INVALID_CONFIG` before anything touches the store.
     pub fn new(db: Db, auth: Arc<dyn Authorizer>) -> Result<Self, InvalidConfig> {
+        Self::with_events(db, auth, events::EventsConfig::default())
+    }
+
+    /// [`AppState::new`] with the event stream configured.
+    pub fn with_events(db: Db, auth: Arc<dyn Authorizer>, config: events::EventsConfig) -> Result<Self, InvalidConfig> {
         check_routes(auth.as_ref())?;
-        Ok(Self { app: App::new(db), auth, denials: Arc::new(DenialCounts::default()) })
+        let events = Arc::new(events::EventHub::new(db.clone(), config));
+        Ok(Self { app: App::new(db), auth, denials: Arc::new(DenialCounts::default()), events })
     }
 
     pub fn db(&self) -> &Db {
@@ -83,6 +92,7 @@ pub const ROUTES: &[Route] = &[
     route("POST", "/v1/reservations/{reservation_id}/cancel", Some("reservations.cancel")),
     route("POST", "/v1/reservations/{reservation_id}/release", Some("reservations.release")),
     route("GET", "/v1/audit", Some("audit.list")),
+    route("GET", "/v1/events", Some("events.stream")),
     route("GET", "/v1/projections", Some("projections.status")),
 ];
 
@@ -116,6 +126,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/reservations/{reservation_id}/cancel", post(reservations::cancel))
         .route("/v1/reservations/{reservation_id}/release", post(reservations::release))
         .route("/v1/audit", get(fleet::audit))
+        .route("/v1/events", get(events::stream))
         .route("/v1/projections", get(projections::list))
         .fallback(not_routed)
         .method_not_allowed_fallback(method_not_allowed)

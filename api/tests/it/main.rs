@@ -9,5 +9,6 @@ mod investigate;
 mod process;
 mod read_models;
 mod reservations;
+mod sse;
 mod support;
 mod torture;

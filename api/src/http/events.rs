@@ -1,0 +1,348 @@
+//! `GET /v1/events`: the event log as Server-Sent Events.
+//!
+//! One poller per process (the [`EventHub`]) reads the log past the horizon and fans each event out, rendered
+//! once, over a broadcast channel. A subscriber first catches up from its own position (`Last-Event-ID` or
+//! `?after=`) with its own reads, then follows the hub, skipping what it already sent: every event once, in log
+//! order. The channel never waits for anyone: a subscriber that falls a whole buffer behind is cut off with a
+//! `cut-off` event naming the position to resume from, so a slow reader never slows the others or the writers.
+
+use std::convert::Infallible;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use bc_eventstore::events::{self, RecordedEvent};
+use bc_eventstore::{Db, Position, TxOptions};
+use futures_util::Stream;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::broadcast;
+
+use super::request::{Authed, QueryParams, path_id};
+use super::{ApiError, AppState};
+use crate::auth::{Resource, Target};
+use crate::ops::{event_json, type_matches};
+
+/// How the stream reads and fans out.
+#[derive(Debug, Clone)]
+pub struct EventsConfig {
+    /// The hub's pause after a read that came back short.
+    pub poll: Duration,
+    /// Events read per query.
+    pub batch: u32,
+    /// Events the broadcast holds for the slowest subscriber before it is cut off.
+    pub buffer: usize,
+    /// The interval of heartbeat comments on an idle stream.
+    pub heartbeat: Duration,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        Self { poll: Duration::from_millis(50), batch: 500, buffer: 4096, heartbeat: Duration::from_secs(15) }
+    }
+}
+
+/// One event as the hub fans it out: rendered once for every subscriber.
+#[derive(Debug)]
+pub struct Delivered {
+    pub position: Position,
+    /// The hub's position before this event: it had published everything up to here (or started here).
+    pub prev: Position,
+    pub event_type: String,
+    pub stream_id: String,
+    pub tenant_id: Option<String>,
+    pub data: String,
+}
+
+impl Delivered {
+    fn new(event: &RecordedEvent, prev: Position) -> Self {
+        Delivered {
+            position: event.position,
+            prev,
+            event_type: event.event_type.clone(),
+            stream_id: event.stream_id.clone(),
+            tenant_id: event.tenant_id.clone(),
+            data: event_json(event).to_string(),
+        }
+    }
+}
+
+/// The process's one log poller, started by the first subscriber.
+#[derive(Debug)]
+pub struct EventHub {
+    db: Db,
+    config: EventsConfig,
+    sender: broadcast::Sender<Arc<Delivered>>,
+    started: OnceLock<()>,
+    /// The position of the last event published (or where the hub started).
+    published: std::sync::Mutex<Option<Position>>,
+}
+
+impl EventHub {
+    pub fn new(db: Db, config: EventsConfig) -> Self {
+        let (sender, _) = broadcast::channel(config.buffer.max(1));
+        EventHub { db, config, sender, started: OnceLock::new(), published: std::sync::Mutex::new(None) }
+    }
+
+    /// How far the hub has published; `None` before it started.
+    pub fn published(&self) -> Option<Position> {
+        *self.published.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn set_published(&self, position: Position) {
+        *self.published.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(position);
+    }
+
+    pub fn config(&self) -> &EventsConfig {
+        &self.config
+    }
+
+    /// A receiver of everything the hub publishes from now on; starts the hub on first use.
+    pub fn subscribe(self: &Arc<Self>) -> broadcast::Receiver<Arc<Delivered>> {
+        let receiver = self.sender.subscribe();
+        self.started.get_or_init(|| {
+            let hub = Arc::clone(self);
+            tokio::spawn(async move { hub.run().await });
+        });
+        receiver
+    }
+
+    /// Follows the log from its head at start, publishing each event once, in order, for as long as anyone
+    /// holds the hub.
+    async fn run(self: Arc<Self>) {
+        let mut cursor = loop {
+            match head(&self.db).await {
+                Ok(head) => break head,
+                Err(err) => {
+                    tracing::warn!(error = %err, "event stream: cannot read the log's head; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        self.set_published(cursor);
+        // The hub holds itself through this task; it stops once the router's state is gone.
+        while Arc::strong_count(&self) > 1 {
+            match read(&self.db, cursor, self.config.batch).await {
+                Ok(batch) => {
+                    let short = batch.len() < self.config.batch as usize;
+                    for event in &batch {
+                        let prev = std::mem::replace(&mut cursor, event.position);
+                        // No receivers is not an error: the events are in the log for whoever comes.
+                        let _ = self.sender.send(Arc::new(Delivered::new(event, prev)));
+                    }
+                    self.set_published(cursor);
+                    if short {
+                        tokio::time::sleep(self.config.poll).await;
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "event stream: reading the log failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn head(db: &Db) -> bc_eventstore::Result<Position> {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+    let head = events::horizon_head(&mut tx).await?;
+    tx.commit().await?;
+    Ok(head)
+}
+
+async fn read_until(
+    db: &Db,
+    after: Position,
+    until: Position,
+    limit: u32,
+) -> bc_eventstore::Result<Vec<RecordedEvent>> {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+    let batch = events::read_range(&mut tx, after, until, limit).await?;
+    tx.commit().await?;
+    Ok(batch)
+}
+
+async fn read(db: &Db, after: Position, limit: u32) -> bc_eventstore::Result<Vec<RecordedEvent>> {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+    let batch = events::read_after(&mut tx, after, limit).await?;
+    tx.commit().await?;
+    Ok(batch)
+}
+
+/// What a subscriber receives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// `None`: every tenant's events (the root tenant); otherwise only this tenant's.
+    pub tenant: Option<String>,
+    /// Exact types or `family.*`; empty: every type.
+    pub types: Vec<String>,
+    pub stream: Option<String>,
+}
+
+impl Filter {
+    fn admits(&self, tenant: Option<&str>, event_type: &str, stream_id: &str) -> bool {
+        self.tenant.as_deref().is_none_or(|wanted| tenant == Some(wanted))
+            && self.stream.as_deref().is_none_or(|wanted| wanted == stream_id)
+            && (self.types.is_empty() || self.types.iter().any(|t| type_matches(t, event_type)))
+    }
+}
+
+/// One item of a subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    /// An event: its position (the SSE `id:`), type and JSON.
+    Event { position: Position, event_type: String, data: String },
+    /// The subscriber fell too far behind and is cut off; it may resume after `resume_after`.
+    CutOff { resume_after: Position },
+    /// Reading the log failed; the subscriber may resume after `resume_after`.
+    Failed { resume_after: Position },
+}
+
+/// Every event after `after` (or from now) that `filter` admits, once each, in log order: a catch-up from the
+/// log, then the hub's fan-out.
+pub fn subscription(hub: Arc<EventHub>, after: Option<Position>, filter: Filter) -> impl Stream<Item = Item> + Send {
+    async_stream::stream! {
+        let mut live = hub.subscribe();
+        let mut last = match after {
+            Some(after) => after,
+            None => match head(&hub.db).await {
+                Ok(head) => head,
+                Err(err) => {
+                    tracing::warn!(error = %err, "event stream: cannot read the log's head");
+                    yield Item::Failed { resume_after: Position::START };
+                    return;
+                }
+            },
+        };
+        loop {
+            let batch = match read(&hub.db, last, hub.config.batch).await {
+                Ok(batch) => batch,
+                Err(err) => {
+                    tracing::warn!(error = %err, "event stream: a subscriber's catch-up failed");
+                    yield Item::Failed { resume_after: last };
+                    return;
+                }
+            };
+            let short = batch.len() < hub.config.batch as usize;
+            for event in batch {
+                last = event.position;
+                if filter.admits(event.tenant_id.as_deref(), &event.event_type, &event.stream_id) {
+                    let data = event_json(&event).to_string();
+                    yield Item::Event { position: event.position, event_type: event.event_type, data };
+                }
+            }
+            if short {
+                break;
+            }
+        }
+        loop {
+            match live.recv().await {
+                Ok(delivered) => {
+                    if delivered.position <= last {
+                        continue;
+                    }
+                    // Events between this subscriber's catch-up and the hub's start (or its first event since
+                    // subscribing) come from the log, so none is skipped.
+                    while delivered.prev > last {
+                        let batch = match read_until(&hub.db, last, delivered.prev, hub.config.batch).await {
+                            Ok(batch) if !batch.is_empty() => batch,
+                            Ok(_) => break,
+                            Err(err) => {
+                                tracing::warn!(error = %err, "event stream: filling a subscriber's gap failed");
+                                yield Item::Failed { resume_after: last };
+                                return;
+                            }
+                        };
+                        for event in batch {
+                            last = event.position;
+                            if filter.admits(event.tenant_id.as_deref(), &event.event_type, &event.stream_id) {
+                                let data = event_json(&event).to_string();
+                                yield Item::Event { position: event.position, event_type: event.event_type, data };
+                            }
+                        }
+                    }
+                    last = delivered.position;
+                    if filter.admits(delivered.tenant_id.as_deref(), &delivered.event_type, &delivered.stream_id) {
+                        yield Item::Event {
+                            position: delivered.position,
+                            event_type: delivered.event_type.clone(),
+                            data: delivered.data.clone(),
+                        };
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::info!(missed, resume_after = %last, "event stream: cut off a subscriber that fell behind");
+                    yield Item::CutOff { resume_after: last };
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+}
+
+/// Query of `GET /v1/events`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EventsParams {
+    /// Resume after this position (as `Last-Event-ID` does).
+    pub after: Option<String>,
+    /// Comma-separated event types; `reservation.*` matches a family.
+    pub types: Option<String>,
+    pub stream: Option<String>,
+}
+
+/// `GET /v1/events`.
+pub async fn stream(
+    State(state): State<AppState>,
+    who: Authed,
+    headers: HeaderMap,
+    QueryParams(params): QueryParams<EventsParams>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let scope = Resource::scope(Target::Tenant, &who.principal.tenant_id);
+    state.authorize(&who, "events.stream", Some(&scope), "tenant", who.principal.tenant_id.as_str()).await?;
+    let from_header = headers.get("last-event-id").map(|v| {
+        v.to_str()
+            .map_err(|_| ApiError::invalid_argument("Last-Event-ID", "is not text"))
+            .and_then(|text| path_id::<Position>("Last-Event-ID", text.trim()))
+    });
+    let after = match (from_header.transpose()?, params.after.as_deref()) {
+        (Some(position), _) => Some(position),
+        (None, Some(text)) => Some(path_id::<Position>("after", text)?),
+        (None, None) => None,
+    };
+    let types: Vec<String> = params
+        .types
+        .as_deref()
+        .map(|t| t.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_owned).collect())
+        .unwrap_or_default();
+    if let Some(bad) = types.iter().find(|t| t.contains('*') && !t.ends_with(".*") || t.matches('*').count() > 1) {
+        return Err(ApiError::invalid_argument("types", format!("{bad:?}: a wildcard is a whole family, `name.*`")));
+    }
+    let filter = Filter {
+        tenant: if who.principal.is_root() { None } else { Some(who.principal.tenant_id.to_string()) },
+        types,
+        stream: params.stream,
+    };
+    let heartbeat = state.events.config().heartbeat;
+    let items = subscription(Arc::clone(&state.events), after, filter);
+    let sse = futures_util::StreamExt::map(items, |item| {
+        Ok(match item {
+            Item::Event { position, event_type, data } => {
+                Event::default().id(position.to_string()).event(event_type).data(data)
+            }
+            Item::CutOff { resume_after } => Event::default().event("cut-off").data(
+                json!({ "reason": "the subscriber fell too far behind", "resumeAfter": resume_after.to_string() })
+                    .to_string(),
+            ),
+            Item::Failed { resume_after } => Event::default().event("error").data(
+                json!({ "reason": "reading the event log failed", "resumeAfter": resume_after.to_string() })
+                    .to_string(),
+            ),
+        })
+    });
+    Ok(Sse::new(sse).keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat")))
+}

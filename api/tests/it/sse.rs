@@ -1,0 +1,229 @@
+//! `GET /v1/events`: over a real port, a subscriber that disconnects while writers append resumes with
+//! `Last-Event-ID` and receives every event once, in order, and only its tenant's; a subscriber that falls a
+//! whole buffer behind is cut off and can resume.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bc_api::auth::BuiltinAuthorizer;
+use bc_api::http::events::{EventHub, EventsConfig, Filter, Item, subscription};
+use bc_api::http::{AppState, router};
+use bc_eventstore::events::{self, AppendBatch, ExpectedVersion, NewEvent};
+use bc_eventstore::testing::TestDb;
+use bc_eventstore::{Db, Position, TxOptions};
+use futures_util::StreamExt as _;
+use tokio::sync::watch;
+
+use crate::http_api::{ALICE, AUTH, ROOT};
+
+async fn append(db: &Db, tenant: &str, event_type: &str, n: u64) -> Position {
+    let event = NewEvent::encode(event_type, 1, &n, &bc_domain::event::EventMetadata::default()).expect("encode");
+    let mut tx = db.begin(TxOptions::COMMAND).await.expect("begin");
+    let stream = format!("sse-{tenant}");
+    let batch = std::slice::from_ref(&event);
+    let appended = events::append(
+        &mut tx,
+        AppendBatch { stream_id: &stream, tenant_id: Some(tenant), expected: ExpectedVersion::Any, events: batch },
+    )
+    .await
+    .expect("append");
+    tx.commit().await.expect("commit");
+    appended.position
+}
+
+/// One SSE event: its id, type and data.
+#[derive(Debug, Clone)]
+struct Sse {
+    id: Option<String>,
+    event: Option<String>,
+    data: String,
+}
+
+/// Reads SSE events from a streaming response until `wanted` says stop (or the stream ends).
+async fn read_events(response: &mut reqwest::Response, buffer: &mut String, mut wanted: impl FnMut(&Sse) -> bool) {
+    loop {
+        while let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            let mut sse = Sse { id: None, event: None, data: String::new() };
+            for line in block.lines() {
+                if let Some(id) = line.strip_prefix("id: ").or_else(|| line.strip_prefix("id:")) {
+                    sse.id = Some(id.to_owned());
+                } else if let Some(event) = line.strip_prefix("event: ").or_else(|| line.strip_prefix("event:")) {
+                    sse.event = Some(event.to_owned());
+                } else if let Some(data) = line.strip_prefix("data: ").or_else(|| line.strip_prefix("data:")) {
+                    sse.data.push_str(data);
+                }
+            }
+            if (sse.id.is_some() || sse.event.is_some()) && !wanted(&sse) {
+                return;
+            }
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(60), response.chunk())
+            .await
+            .expect("the stream went quiet")
+            .expect("read the stream");
+        let Some(chunk) = chunk else { return };
+        buffer.push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+    }
+}
+
+#[tokio::test]
+async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_order() {
+    let t = TestDb::new().await;
+    let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth"));
+    let config = EventsConfig { poll: Duration::from_millis(10), ..EventsConfig::default() };
+    let state = AppState::with_events(t.db.clone(), auth, config).expect("state");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("address"));
+    let (stop, mut stopped) = watch::channel(false);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(async move {
+                let _ = stopped.changed().await;
+            })
+            .await
+            .expect("serve");
+    });
+
+    // Writers append acme's events (numbered), noise of another type, and globex's events, all the time.
+    const TOTAL: u64 = 120;
+    let start = append(&t.db, "acme", "test.sse", 0).await;
+    let writer = {
+        let db = t.db.clone();
+        tokio::spawn(async move {
+            for n in 1..TOTAL {
+                append(&db, "acme", "test.sse", n).await;
+                append(&db, "acme", "test.noise", n).await;
+                append(&db, "globex", "test.sse", 1000 + n).await;
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+
+    let client = reqwest::Client::new();
+    let mut received: Vec<u64> = Vec::new();
+    let mut last_id = start.to_string();
+    // The first connection starts before the first event (?after=) and drops a third of the way.
+    let first_after = Position::START.to_string();
+    let mut response = client
+        .get(format!("{base}/v1/events?after={first_after}&types=test.sse"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .expect("subscribe");
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut buffer = String::new();
+    read_events(&mut response, &mut buffer, |sse| {
+        let data: serde_json::Value = serde_json::from_str(&sse.data).expect("json");
+        received.push(data["payload"].as_u64().expect("n"));
+        last_id = sse.id.clone().expect("id");
+        received.len() < (TOTAL / 3) as usize
+    })
+    .await;
+    drop(response);
+
+    // Writers go on while it is away; then it resumes where it left off.
+    let mut attempts = 0;
+    while received.len() < TOTAL as usize {
+        attempts += 1;
+        assert!(attempts < 10, "too many reconnections");
+        let mut response = client
+            .get(format!("{base}/v1/events?types=test.sse"))
+            .bearer_auth(ALICE)
+            .header("last-event-id", &last_id)
+            .send()
+            .await
+            .expect("resume");
+        let mut buffer = String::new();
+        read_events(&mut response, &mut buffer, |sse| {
+            assert_eq!(sse.event.as_deref(), Some("test.sse"), "{sse:?}");
+            let data: serde_json::Value = serde_json::from_str(&sse.data).expect("json");
+            assert_eq!(data["tenantId"], "acme", "only acme's events");
+            received.push(data["payload"].as_u64().expect("n"));
+            last_id = sse.id.clone().expect("id");
+            received.len() < TOTAL as usize
+        })
+        .await;
+    }
+    writer.await.expect("writer");
+    assert_eq!(received, (0..TOTAL).collect::<Vec<_>>(), "every event once, in order");
+
+    // The platform sees every tenant's events; a bad position names the header.
+    let mut root = client
+        .get(format!("{base}/v1/events?after={first_after}&types=test.*"))
+        .bearer_auth(ROOT)
+        .send()
+        .await
+        .expect("subscribe");
+    let mut tenants = std::collections::BTreeSet::new();
+    let mut seen = 0;
+    let mut buffer = String::new();
+    read_events(&mut root, &mut buffer, |sse| {
+        let data: serde_json::Value = serde_json::from_str(&sse.data).expect("json");
+        tenants.insert(data["tenantId"].as_str().expect("tenant").to_owned());
+        seen += 1;
+        seen < 3 * TOTAL - 2
+    })
+    .await;
+    assert_eq!(tenants.into_iter().collect::<Vec<_>>(), vec!["acme".to_owned(), "globex".to_owned()]);
+    let bad = client
+        .get(format!("{base}/v1/events"))
+        .bearer_auth(ALICE)
+        .header("last-event-id", "yesterday")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(bad.status().as_u16(), 400);
+    let body: serde_json::Value = bad.json().await.expect("json");
+    assert_eq!(body["error"]["details"]["field"], "Last-Event-ID");
+    let unauthenticated = client.get(format!("{base}/v1/events")).send().await.expect("request");
+    assert_eq!(unauthenticated.status().as_u16(), 401);
+
+    let _ = stop.send(true);
+    drop(root);
+    server.await.expect("server");
+}
+
+#[tokio::test]
+async fn a_subscriber_a_whole_buffer_behind_is_cut_off_and_resumes_without_losing_anything() {
+    let t = TestDb::new().await;
+    let config = EventsConfig { poll: Duration::from_millis(5), buffer: 4, ..EventsConfig::default() };
+    let hub = Arc::new(EventHub::new(t.db.clone(), config));
+    let filter = Filter { tenant: Some("acme".into()), ..Filter::default() };
+    let first = append(&t.db, "acme", "test.sse", 0).await;
+    let slow = subscription(Arc::clone(&hub), Some(Position::START), filter.clone());
+    let mut slow = std::pin::pin!(slow);
+    let got = slow.next().await.expect("the first event");
+    assert!(matches!(got, Item::Event { position, .. } if position == first));
+
+    // Twenty more events while the slow subscriber reads nothing; a prompt one keeps up meanwhile.
+    let prompt = subscription(Arc::clone(&hub), Some(first), filter.clone());
+    let mut prompt = std::pin::pin!(prompt);
+    let mut last = first;
+    for n in 1..=20 {
+        last = append(&t.db, "acme", "test.sse", n).await;
+        let item = tokio::time::timeout(Duration::from_secs(30), prompt.next()).await.expect("prompt").expect("item");
+        assert!(matches!(item, Item::Event { position, .. } if position == last), "{item:?}");
+    }
+    while hub.published().is_none_or(|p| p < last) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let cut = slow.next().await.expect("an item");
+    assert_eq!(cut, Item::CutOff { resume_after: first }, "cut off, told where to resume");
+    assert!(slow.next().await.is_none(), "and the stream ends");
+
+    // Resuming from there yields the twenty it missed, once each, in order.
+    let resumed = subscription(Arc::clone(&hub), Some(first), filter);
+    let positions: Vec<Position> = resumed
+        .take(20)
+        .map(|item| match item {
+            Item::Event { position, .. } => position,
+            other => panic!("{other:?}"),
+        })
+        .collect()
+        .await;
+    assert_eq!(positions.len(), 20);
+    assert!(positions.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(positions.last(), Some(&last));
+}
