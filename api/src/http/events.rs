@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast;
 
+use super::openapi::ErrorBody;
 use super::request::{Authed, QueryParams, path_id};
 use super::{ApiError, AppState};
 use crate::auth::{Resource, Target};
@@ -285,8 +286,9 @@ pub fn subscription(hub: Arc<EventHub>, after: Option<Position>, filter: Filter)
 }
 
 /// Query of `GET /v1/events`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct EventsParams {
     /// Resume after this position (as `Last-Event-ID` does).
     pub after: Option<String>,
@@ -296,6 +298,15 @@ pub struct EventsParams {
 }
 
 /// `GET /v1/events`.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    tag = "events",
+    summary = "The event log as Server-Sent Events: `id:` is the position",
+    params(EventsParams, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this position")),
+    responses((status = 200, description = "text/event-stream", content_type = "text/event-stream", body = String), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn stream(
     State(state): State<AppState>,
     who: Authed,

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
+use super::openapi::ErrorBody;
 use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, path_id};
 use super::{ApiError, AppState};
 use crate::app::availability::EarliestStart;
@@ -60,12 +61,14 @@ pub(super) async fn on_pool(
     Ok(id)
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteBody {
     pub name: String,
     pub iam_region: String,
+    /// `shared` (the default), `dedicated` or `custom`.
     #[serde(default = "shared")]
+    #[schema(value_type = String)]
     pub kind: SiteKind,
 }
 
@@ -74,6 +77,15 @@ fn shared() -> SiteKind {
 }
 
 /// `POST /v1/sites`.
+#[utoipa::path(
+    post,
+    path = "/v1/sites",
+    tag = "fleet",
+    summary = "Create a site in the caller's tenant",
+    request_body = SiteBody,
+    responses((status = 201, description = "Created; `X-Position` is its consistency token", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn create_site(
     State(state): State<AppState>,
     who: Authed,
@@ -85,13 +97,22 @@ pub async fn create_site(
     Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProjectBody {
     pub name: String,
 }
 
 /// `POST /v1/projects`.
+#[utoipa::path(
+    post,
+    path = "/v1/projects",
+    tag = "fleet",
+    summary = "Create a project in the caller's tenant",
+    request_body = ProjectBody,
+    responses((status = 201, description = "Created", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn create_project(
     State(state): State<AppState>,
     who: Authed,
@@ -102,23 +123,37 @@ pub async fn create_project(
     Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolBody {
     pub site_id: String,
     pub name: String,
+    #[schema(value_type = String, example = "metal-host")]
     pub class: PoolClass,
     pub gpu_model: String,
+    /// `exclusive` (the default), `mig`, `timeslice` or `mps`.
     #[serde(default)]
+    #[schema(value_type = String)]
     pub sharing: Sharing,
     #[serde(default)]
+    #[schema(value_type = String)]
     pub agent: PoolAgent,
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub policy: PoolPolicy,
     pub provider_account_id: Option<String>,
 }
 
 /// `POST /v1/pools`: a pool in one of the caller's tenant's sites.
+#[utoipa::path(
+    post,
+    path = "/v1/pools",
+    tag = "fleet",
+    summary = "Create a pool in one of the caller's tenant's sites",
+    request_body = PoolBody,
+    responses((status = 201, description = "Created", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn create_pool(
     State(state): State<AppState>,
     who: Authed,
@@ -143,6 +178,15 @@ pub async fn create_pool(
 }
 
 /// `GET /v1/pools`: the pools the caller's tenant owns or is offered.
+#[utoipa::path(
+    get,
+    path = "/v1/pools",
+    tag = "fleet",
+    summary = "The pools the caller's tenant owns or is offered",
+    params(PageParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn list_pools(
     State(state): State<AppState>,
     who: Authed,
@@ -155,8 +199,9 @@ pub async fn list_pools(
 }
 
 /// Query of reads that take only a consistency token.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ReadParams {
     /// The consistency token, read by [`MinPosition`]; listed so that it is not an unknown parameter.
     #[allow(dead_code)]
@@ -164,6 +209,15 @@ pub struct ReadParams {
 }
 
 /// `GET /v1/pools/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/pools/{pool_id}",
+    tag = "fleet",
+    summary = "One pool",
+    params(("pool_id" = String, Path, description = "The pool id"), ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses((status = 200, description = "The pool", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn get_pool(
     State(state): State<AppState>,
     who: Authed,
@@ -176,6 +230,15 @@ pub async fn get_pool(
 }
 
 /// `GET /v1/pools/{id}/capacity`: allocatable, allocated, reserved and available atoms per resource.
+#[utoipa::path(
+    get,
+    path = "/v1/pools/{pool_id}/capacity",
+    tag = "fleet",
+    summary = "Allocatable, allocated, reserved and available atoms per resource",
+    params(("pool_id" = String, Path, description = "The pool id"), ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses((status = 200, description = "The rollup", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn pool_capacity(
     State(state): State<AppState>,
     who: Authed,
@@ -190,9 +253,11 @@ pub async fn pool_capacity(
 
 /// Query of `GET /v1/pools/{id}/availability`: either `count` and `duration` (the earliest start, not before
 /// `notBefore`), or `start` and `end` (the atoms free over that window).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct AvailabilityParams {
+    #[param(value_type = Option<String>)]
     pub class: Option<DeviceClass>,
     pub count: Option<u32>,
     pub duration: Option<u64>,
@@ -202,6 +267,15 @@ pub struct AvailabilityParams {
 }
 
 /// `GET /v1/pools/{id}/availability`.
+#[utoipa::path(
+    get,
+    path = "/v1/pools/{pool_id}/availability",
+    tag = "fleet",
+    summary = "The earliest start of a request, or the atoms free over a window",
+    params(("pool_id" = String, Path, description = "The pool id"), AvailabilityParams),
+    responses((status = 200, description = "earliestStart, or nodes with their free atoms", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn availability(
     State(state): State<AppState>,
     who: Authed,
@@ -243,7 +317,7 @@ pub async fn availability(
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OfferBody {
     pub tenant_id: String,
@@ -255,6 +329,16 @@ pub struct OfferBody {
 }
 
 /// `POST /v1/pools/{id}/offers`: offer the pool to a tenant (or replace the offer).
+#[utoipa::path(
+    post,
+    path = "/v1/pools/{pool_id}/offers",
+    tag = "fleet",
+    summary = "Offer the pool to a tenant with a quota per resource",
+    params(("pool_id" = String, Path, description = "The pool id")),
+    request_body = OfferBody,
+    responses((status = 200, description = "The offering", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn offer_pool(
     State(state): State<AppState>,
     who: Authed,
@@ -277,7 +361,7 @@ pub async fn offer_pool(
     Ok(committed(StatusCode::OK, body, done.position, None))
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct QuotaBody {
     pub quota: Quota,
@@ -285,6 +369,16 @@ pub struct QuotaBody {
 
 /// `PUT /v1/pools/{id}/offers/{tenant}/quota`: replace the quota of an offering (decided on the caller's tenant
 /// scope, as a whole-scope method).
+#[utoipa::path(
+    put,
+    path = "/v1/pools/{pool_id}/offers/{tenant_id}/quota",
+    tag = "fleet",
+    summary = "Replace the quota of an offering",
+    params(("pool_id" = String, Path, description = "The pool id"), ("tenant_id" = String, Path, description = "The offered tenant")),
+    request_body = QuotaBody,
+    responses((status = 200, description = "The new quota", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn set_quota(
     State(state): State<AppState>,
     who: Authed,
@@ -300,6 +394,15 @@ pub async fn set_quota(
 }
 
 /// `GET /v1/audit`: the caller's tenant's audit trail, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "audit",
+    summary = "The caller's tenant's audit trail: allowed mutations with their admission context, and denials",
+    params(PageParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn audit(
     State(state): State<AppState>,
     who: Authed,

@@ -6,11 +6,19 @@ use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
 
+use super::openapi::ErrorBody;
 use super::{ApiError, AppState};
 
 /// How long the health check waits for the database.
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
+#[utoipa::path(
+    get,
+    path = "/v1/healthz",
+    tag = "health",
+    summary = "Whether the service and its database answer",
+    responses((status = 200, description = "Healthy", body = Object), (status = 503, description = "The database does not answer", body = ErrorBody)),
+)]
 pub async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     // A read-only ping holds no locks and appends nothing, so abandoning it at the timeout is safe.
     match tokio::time::timeout(PING_TIMEOUT, state.db().ping()).await {

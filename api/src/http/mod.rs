@@ -8,6 +8,7 @@ pub mod events;
 mod fleet;
 mod health;
 mod nodes;
+pub mod openapi;
 mod projections;
 pub mod request;
 mod reservations;
@@ -16,7 +17,6 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post, put};
 use bc_eventstore::Db;
 
 pub use error::ApiError;
@@ -62,39 +62,52 @@ pub struct Route {
     pub method: Option<&'static str>,
 }
 
-const fn route(http: &'static str, path: &'static str, method: Option<&'static str>) -> Route {
-    Route { http, path, method }
+/// Declares every route once, making both [`ROUTES`] and the router's routes from it, so the two cannot differ.
+macro_rules! routes {
+    ($($verb:ident $path:literal => $handler:path, $method:tt;)*) => {
+        /// Every route the API serves.
+        pub const ROUTES: &[Route] = &[$(Route { http: routes!(@http $verb), path: $path, method: routes!(@method $method) },)*];
+
+        fn routed(router: Router<AppState>) -> Router<AppState> {
+            router$(.route($path, axum::routing::$verb($handler)))*
+        }
+    };
+    (@http get) => { "GET" };
+    (@http post) => { "POST" };
+    (@http put) => { "PUT" };
+    (@method open) => { None };
+    (@method $method:literal) => { Some($method) };
 }
 
-/// Every route the API serves.
-pub const ROUTES: &[Route] = &[
-    route("GET", "/v1/healthz", None),
-    route("POST", "/v1/sites", Some("sites.create")),
-    route("POST", "/v1/projects", Some("projects.create")),
-    route("POST", "/v1/pools", Some("pools.create")),
-    route("GET", "/v1/pools", Some("pools.list")),
-    route("GET", "/v1/pools/{pool_id}", Some("pools.get")),
-    route("GET", "/v1/pools/{pool_id}/capacity", Some("pools.capacity")),
-    route("GET", "/v1/pools/{pool_id}/availability", Some("pools.availability")),
-    route("POST", "/v1/pools/{pool_id}/offers", Some("pools.offer")),
-    route("PUT", "/v1/pools/{pool_id}/offers/{tenant_id}/quota", Some("quotas.set")),
-    route("POST", "/v1/nodes", Some("nodes.register")),
-    route("GET", "/v1/nodes", Some("nodes.list")),
-    route("POST", "/v1/nodes/{node_id}/cordon", Some("nodes.cordon")),
-    route("POST", "/v1/nodes/{node_id}/uncordon", Some("nodes.uncordon")),
-    route("POST", "/v1/nodes/{node_id}/maintenance/start", Some("nodes.maintenance.start")),
-    route("POST", "/v1/nodes/{node_id}/maintenance/end", Some("nodes.maintenance.end")),
-    route("POST", "/v1/reservations", Some("reservations.create")),
-    route("GET", "/v1/reservations", Some("reservations.list")),
-    route("GET", "/v1/reservations/{reservation_id}", Some("reservations.get")),
-    route("POST", "/v1/reservations/{reservation_id}/renew", Some("reservations.renew")),
-    route("POST", "/v1/reservations/{reservation_id}/extend", Some("reservations.extend")),
-    route("POST", "/v1/reservations/{reservation_id}/cancel", Some("reservations.cancel")),
-    route("POST", "/v1/reservations/{reservation_id}/release", Some("reservations.release")),
-    route("GET", "/v1/audit", Some("audit.list")),
-    route("GET", "/v1/events", Some("events.stream")),
-    route("GET", "/v1/projections", Some("projections.status")),
-];
+routes! {
+    get "/v1/healthz" => health::healthz, open;
+    get "/v1/openapi.json" => openapi::document, open;
+    post "/v1/sites" => fleet::create_site, "sites.create";
+    post "/v1/projects" => fleet::create_project, "projects.create";
+    post "/v1/pools" => fleet::create_pool, "pools.create";
+    get "/v1/pools" => fleet::list_pools, "pools.list";
+    get "/v1/pools/{pool_id}" => fleet::get_pool, "pools.get";
+    get "/v1/pools/{pool_id}/capacity" => fleet::pool_capacity, "pools.capacity";
+    get "/v1/pools/{pool_id}/availability" => fleet::availability, "pools.availability";
+    post "/v1/pools/{pool_id}/offers" => fleet::offer_pool, "pools.offer";
+    put "/v1/pools/{pool_id}/offers/{tenant_id}/quota" => fleet::set_quota, "quotas.set";
+    post "/v1/nodes" => nodes::register, "nodes.register";
+    get "/v1/nodes" => nodes::list, "nodes.list";
+    post "/v1/nodes/{node_id}/cordon" => nodes::cordon, "nodes.cordon";
+    post "/v1/nodes/{node_id}/uncordon" => nodes::uncordon, "nodes.uncordon";
+    post "/v1/nodes/{node_id}/maintenance/start" => nodes::start_maintenance, "nodes.maintenance.start";
+    post "/v1/nodes/{node_id}/maintenance/end" => nodes::end_maintenance, "nodes.maintenance.end";
+    post "/v1/reservations" => reservations::create, "reservations.create";
+    get "/v1/reservations" => reservations::list, "reservations.list";
+    get "/v1/reservations/{reservation_id}" => reservations::get, "reservations.get";
+    post "/v1/reservations/{reservation_id}/renew" => reservations::renew, "reservations.renew";
+    post "/v1/reservations/{reservation_id}/extend" => reservations::extend, "reservations.extend";
+    post "/v1/reservations/{reservation_id}/cancel" => reservations::cancel, "reservations.cancel";
+    post "/v1/reservations/{reservation_id}/release" => reservations::release, "reservations.release";
+    get "/v1/audit" => fleet::audit, "audit.list";
+    get "/v1/events" => events::stream, "events.stream";
+    get "/v1/projections" => projections::list, "projections.status";
+}
 
 /// Checks the method table (and the authorizer's catalog) against every route's method.
 pub fn check_routes(auth: &dyn Authorizer) -> Result<(), InvalidConfig> {
@@ -104,30 +117,7 @@ pub fn check_routes(auth: &dyn Authorizer) -> Result<(), InvalidConfig> {
 
 /// The router of the whole API.
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/v1/healthz", get(health::healthz))
-        .route("/v1/sites", post(fleet::create_site))
-        .route("/v1/projects", post(fleet::create_project))
-        .route("/v1/pools", post(fleet::create_pool).get(fleet::list_pools))
-        .route("/v1/pools/{pool_id}", get(fleet::get_pool))
-        .route("/v1/pools/{pool_id}/capacity", get(fleet::pool_capacity))
-        .route("/v1/pools/{pool_id}/availability", get(fleet::availability))
-        .route("/v1/pools/{pool_id}/offers", post(fleet::offer_pool))
-        .route("/v1/pools/{pool_id}/offers/{tenant_id}/quota", put(fleet::set_quota))
-        .route("/v1/nodes", post(nodes::register).get(nodes::list))
-        .route("/v1/nodes/{node_id}/cordon", post(nodes::cordon))
-        .route("/v1/nodes/{node_id}/uncordon", post(nodes::uncordon))
-        .route("/v1/nodes/{node_id}/maintenance/start", post(nodes::start_maintenance))
-        .route("/v1/nodes/{node_id}/maintenance/end", post(nodes::end_maintenance))
-        .route("/v1/reservations", post(reservations::create).get(reservations::list))
-        .route("/v1/reservations/{reservation_id}", get(reservations::get))
-        .route("/v1/reservations/{reservation_id}/renew", post(reservations::renew))
-        .route("/v1/reservations/{reservation_id}/extend", post(reservations::extend))
-        .route("/v1/reservations/{reservation_id}/cancel", post(reservations::cancel))
-        .route("/v1/reservations/{reservation_id}/release", post(reservations::release))
-        .route("/v1/audit", get(fleet::audit))
-        .route("/v1/events", get(events::stream))
-        .route("/v1/projections", get(projections::list))
+    routed(Router::new())
         .fallback(not_routed)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(request::BODY_LIMIT))

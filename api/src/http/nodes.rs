@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
 use super::fleet::{committed, in_own_tenant, on_pool};
+use super::openapi::ErrorBody;
 use super::request::{Authed, JsonBody, QueryParams, page_json, path_id};
 use super::reservations::OptionalBody;
 use super::{ApiError, AppState};
@@ -19,7 +20,7 @@ use crate::app::nodes::{NodeVerb, RegisterNode};
 use crate::auth::resolve;
 
 /// One GPU of a registration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuBody {
     pub uuid: String,
@@ -28,21 +29,33 @@ pub struct GpuBody {
     pub memory_mib: u64,
     pub pci_bus_id: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
     pub mig_instances: Vec<MigInstance>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegisterBody {
     pub pool_id: String,
     pub name: String,
+    #[schema(value_type = String, example = "host")]
     pub role: Role,
+    #[schema(value_type = String, example = "platform")]
     pub trust: Trust,
     pub owner_tenant_id: Option<String>,
     pub gpus: Vec<GpuBody>,
 }
 
 /// `POST /v1/nodes`: a node in a pool the caller operates, with its GPUs.
+#[utoipa::path(
+    post,
+    path = "/v1/nodes",
+    tag = "nodes",
+    summary = "Register a node with its GPUs in a pool the caller operates",
+    request_body = RegisterBody,
+    responses((status = 201, description = "Registered", body = Object), (status = 409, description = "A name or GPU is taken", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn register(
     State(state): State<AppState>,
     who: Authed,
@@ -71,8 +84,9 @@ pub async fn register(
 }
 
 /// Query of `GET /v1/nodes`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListParams {
     pub limit: Option<u32>,
     pub cursor: Option<String>,
@@ -83,6 +97,15 @@ pub struct ListParams {
 }
 
 /// `GET /v1/nodes`: the nodes of the caller's tenant's pools.
+#[utoipa::path(
+    get,
+    path = "/v1/nodes",
+    tag = "nodes",
+    summary = "The nodes of the caller's tenant's pools",
+    params(ListParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn list(
     State(state): State<AppState>,
     who: Authed,
@@ -97,7 +120,7 @@ pub async fn list(
 }
 
 /// Body of the verbs: an optional reason, recorded with the event.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct VerbBody {
     pub reason: Option<String>,
@@ -121,6 +144,16 @@ async fn verb(
     Ok(committed(StatusCode::OK, json!({ "id": id }), done.position, None))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{node_id}/cordon",
+    tag = "nodes",
+    summary = "Cordon a node: no new placements",
+    params(("node_id" = String, Path, description = "The node id")),
+    request_body = inline(Option<VerbBody>),
+    responses((status = 200, description = "Done (or already so)", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn cordon(
     State(state): State<AppState>,
     who: Authed,
@@ -130,6 +163,16 @@ pub async fn cordon(
     verb(state, who, id, body, "nodes.cordon", NodeVerb::Cordon).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{node_id}/uncordon",
+    tag = "nodes",
+    summary = "Uncordon a node",
+    params(("node_id" = String, Path, description = "The node id")),
+    request_body = inline(Option<VerbBody>),
+    responses((status = 200, description = "Done (or already so)", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn uncordon(
     State(state): State<AppState>,
     who: Authed,
@@ -139,6 +182,16 @@ pub async fn uncordon(
     verb(state, who, id, body, "nodes.uncordon", NodeVerb::Uncordon).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{node_id}/maintenance/start",
+    tag = "nodes",
+    summary = "Put a node in maintenance",
+    params(("node_id" = String, Path, description = "The node id")),
+    request_body = inline(Option<VerbBody>),
+    responses((status = 200, description = "Done (or already so)", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn start_maintenance(
     State(state): State<AppState>,
     who: Authed,
@@ -148,6 +201,16 @@ pub async fn start_maintenance(
     verb(state, who, id, body, "nodes.maintenance.start", NodeVerb::StartMaintenance).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{node_id}/maintenance/end",
+    tag = "nodes",
+    summary = "Take a node out of maintenance",
+    params(("node_id" = String, Path, description = "The node id")),
+    request_body = inline(Option<VerbBody>),
+    responses((status = 200, description = "Done (or already so)", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn end_maintenance(
     State(state): State<AppState>,
     who: Authed,

@@ -6,12 +6,22 @@ use bc_projections::{consistency, models, status};
 use serde_json::{Value, json};
 
 use super::consistency::{MinPosition, not_yet_consistent};
+use super::openapi::ErrorBody;
 use super::request::Authed;
 use super::{ApiError, AppState};
 use crate::app::reads::CONSISTENCY_WAIT;
 use crate::auth::{Resource, Target};
 
 /// `GET /v1/projections`: for the platform (decided on `fleet/global`, which resolves only in the root tenant).
+#[utoipa::path(
+    get,
+    path = "/v1/projections",
+    tag = "operations",
+    summary = "Each read model version's position, lag and state (the platform only)",
+    params(("after" = Option<String>, Query, description = "A consistency token"), ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses((status = 200, description = "The versions", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn list(
     State(state): State<AppState>,
     who: Authed,

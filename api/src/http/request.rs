@@ -208,11 +208,15 @@ fn form_urlencoded_parse(query: &str) -> form_urlencoded::Parse<'_> {
 }
 
 /// `?limit=&cursor=` of a list, with `?after=` (the consistency token, read by [`super::consistency`]).
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct PageParams {
+    /// Items per page, 1 to 500 (100 by default).
     pub limit: Option<u32>,
+    /// The `nextCursor` of the previous page.
     pub cursor: Option<String>,
+    /// A consistency token: answer once the read models have passed this position.
     pub after: Option<String>,
 }
 

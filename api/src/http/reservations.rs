@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
+use super::openapi::ErrorBody;
 use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, parse_json, path_id};
 use super::{ApiError, AppState};
 use crate::app::Committed;
@@ -23,19 +24,25 @@ use crate::app::reservations::Reserve;
 use crate::auth::{Resource, Target, resolve};
 
 /// `devices` of a request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DevicesBody {
+    /// `gpu`, `gpu.mig` or `gpu.slot`: the atoms the pool's sharing mode books.
+    #[schema(value_type = String, example = "gpu")]
     pub class: DeviceClass,
     pub count: u32,
+    /// `gpuModel`, `gpuProduct` and `attributes` the atoms must have.
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub selector: Selector,
+    /// `{"kind": "same-node"}` (the default) or `{"kind": "gang", "nodes": n}`.
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub topology: Topology,
 }
 
 /// The body of `POST /v1/reservations`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReserveBody {
     pub pool_id: String,
@@ -44,7 +51,9 @@ pub struct ReserveBody {
     pub start: Option<i64>,
     /// The window's length in seconds.
     pub duration: u64,
+    /// `hold` (the default); `instance` and `node` are not offered yet.
     #[serde(default)]
+    #[schema(value_type = String, example = "hold")]
     pub binding: Binding,
     pub lease_seconds: Option<u64>,
     pub project_id: Option<String>,
@@ -185,6 +194,16 @@ fn draft(who: &Authed, id: &ReservationId, request: &ReservationRequest, pool: c
 /// `POST /v1/reservations`: `201` with the new reservation (`placed` or `pending`), `200` with the existing one
 /// for a retry with the same key and body. A request the authorizer refuses is recorded as `denied` and answered
 /// `403`.
+#[utoipa::path(
+    post,
+    path = "/v1/reservations",
+    tag = "reservations",
+    summary = "Reserve GPUs in a pool",
+    params(("Idempotency-Key" = String, Header, description = "Names the reservation with the caller: a retry with the same key and body answers the same one")),
+    request_body = ReserveBody,
+    responses((status = 201, description = "Created, placed or pending; `X-Position` is its consistency token", body = Object), (status = 200, description = "A retry: the existing reservation", body = Object), (status = 409, description = "CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn create(
     State(state): State<AppState>,
     who: Authed,
@@ -230,6 +249,15 @@ async fn authorized(state: &AppState, who: &Authed, method: &'static str, id: &s
 }
 
 /// `GET /v1/reservations/{id}`: read from its stream, so a reservation whose create answered is never `404`.
+#[utoipa::path(
+    get,
+    path = "/v1/reservations/{reservation_id}",
+    tag = "reservations",
+    summary = "One reservation, read from its stream",
+    params(("reservation_id" = String, Path, description = "The reservation id")),
+    responses((status = 200, description = "The reservation", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn get(State(state): State<AppState>, who: Authed, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = authorized(&state, &who, "reservations.get", &id).await?;
     let found = state.app.reservation(&who.caller(), &id).await?;
@@ -237,8 +265,9 @@ pub async fn get(State(state): State<AppState>, who: Authed, Path(id): Path<Stri
 }
 
 /// Query of `GET /v1/reservations`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListParams {
     pub limit: Option<u32>,
     pub cursor: Option<String>,
@@ -246,10 +275,20 @@ pub struct ListParams {
     #[allow(dead_code)]
     pub after: Option<String>,
     pub pool_id: Option<String>,
+    #[param(value_type = Option<String>)]
     pub state: Option<ReservationState>,
 }
 
 /// `GET /v1/reservations`: the caller's tenant's reservations, a page at a time, in id order.
+#[utoipa::path(
+    get,
+    path = "/v1/reservations",
+    tag = "reservations",
+    summary = "The caller's tenant's reservations, in id order",
+    params(ListParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn list(
     State(state): State<AppState>,
     who: Authed,
@@ -286,7 +325,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Default> FromRequest<S> fo
 }
 
 /// Body of `cancel`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CancelBody {
     pub reason: Option<String>,
@@ -298,13 +337,23 @@ pub struct CancelBody {
 pub struct EmptyBody {}
 
 /// Body of `extend`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExtendBody {
     /// The new end of the window (epoch milliseconds).
     pub end: i64,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/reservations/{reservation_id}/cancel",
+    tag = "reservations",
+    summary = "Cancel before the start",
+    params(("reservation_id" = String, Path, description = "The reservation id")),
+    request_body = inline(Option<CancelBody>),
+    responses((status = 200, description = "Cancelled", body = Object), (status = 409, description = "Wrong state: after the start, release instead", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn cancel(
     State(state): State<AppState>,
     who: Authed,
@@ -319,6 +368,15 @@ pub async fn cancel(
     Ok(answer(StatusCode::OK, &done))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/reservations/{reservation_id}/release",
+    tag = "reservations",
+    summary = "Release after the start",
+    params(("reservation_id" = String, Path, description = "The reservation id")),
+    responses((status = 200, description = "Releasing", body = Object), (status = 409, description = "Wrong state: before the start, cancel instead", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn release(
     State(state): State<AppState>,
     who: Authed,
@@ -330,6 +388,15 @@ pub async fn release(
     Ok(answer(StatusCode::OK, &done))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/reservations/{reservation_id}/renew",
+    tag = "reservations",
+    summary = "Renew the allocation lease",
+    params(("reservation_id" = String, Path, description = "The reservation id")),
+    responses((status = 200, description = "Renewed", body = Object), (status = 409, description = "Wrong state, or the lease already lapsed", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn renew(
     State(state): State<AppState>,
     who: Authed,
@@ -342,6 +409,16 @@ pub async fn renew(
 }
 
 /// `extend` is decided like a create for the new length: the attribute limits apply to the extended window.
+#[utoipa::path(
+    post,
+    path = "/v1/reservations/{reservation_id}/extend",
+    tag = "reservations",
+    summary = "Lengthen the window on the same atoms",
+    params(("reservation_id" = String, Path, description = "The reservation id")),
+    request_body = ExtendBody,
+    responses((status = 200, description = "Extended", body = Object), (status = 409, description = "Wrong state, another booking, or quota", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
 pub async fn extend(
     State(state): State<AppState>,
     who: Authed,

@@ -124,6 +124,24 @@ impl Api {
         Reply { status, headers, body }
     }
 
+    /// The status and error code of a call, without waiting for the body's end (an event stream has none).
+    pub async fn status_of(&self, method: &str, uri: &str, token: &str) -> (StatusCode, Option<String>) {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::empty())
+            .expect("request");
+        let response = self.router.clone().oneshot(request).await.expect("response");
+        let status = response.status();
+        if !status.is_client_error() {
+            return (status, None);
+        }
+        let bytes = response.into_body().collect().await.expect("body").to_bytes();
+        let body: Value = serde_json::from_slice(&bytes).expect("a JSON error");
+        (status, body["error"]["message"].as_str().map(str::to_owned))
+    }
+
     pub async fn get(&self, uri: &str, token: &str) -> Reply {
         self.call("GET", uri, Some(token), &[], None).await
     }
@@ -499,4 +517,38 @@ async fn a_created_reservation_is_readable_at_once_and_listed_after_its_position
     }
     let _ = stop.send(true);
     daemon.await.expect("daemon");
+}
+
+#[tokio::test]
+async fn the_openapi_document_lists_every_route_and_only_routed_paths() {
+    let api = Api::new().await;
+    let doc = api.call("GET", "/v1/openapi.json", None, &[], None).await;
+    assert_eq!(doc.status, StatusCode::OK);
+    let mut documented = std::collections::BTreeSet::new();
+    for (path, operations) in doc.body["paths"].as_object().expect("paths") {
+        for (method, operation) in operations.as_object().expect("operations") {
+            documented.insert((method.to_ascii_uppercase(), path.clone()));
+            let open = path == "/v1/healthz" || path == "/v1/openapi.json";
+            assert_eq!(operation.get("security").is_none(), open, "{method} {path}: bearer security unless open");
+        }
+    }
+    let routed: std::collections::BTreeSet<(String, String)> =
+        bc_api::http::ROUTES.iter().map(|r| (r.http.to_owned(), r.path.to_owned())).collect();
+    assert_eq!(documented, routed, "the document and the router list the same routes");
+    // Every routed path answers something other than the router's own 404.
+    for (method, path) in &routed {
+        let concrete = path
+            .replace("{pool_id}", "pool_01m8q000000000000000000001")
+            .replace("{node_id}", "node_01m8q000000000000000000001")
+            .replace("{tenant_id}", "acme")
+            .replace("{reservation_id}", &("rsv_".to_owned() + &"a".repeat(52)));
+        let (status, message) = api.status_of(method, &concrete, ROOT).await;
+        let unrouted = status == StatusCode::NOT_FOUND && message.is_some_and(|m| m.starts_with("no route"));
+        assert!(!unrouted && status != StatusCode::METHOD_NOT_ALLOWED, "{method} {path} is not routed");
+    }
+    let schemas = doc.body["components"]["schemas"].as_object().expect("schemas");
+    for schema in ["ReserveBody", "DevicesBody", "PoolBody", "ErrorBody"] {
+        assert!(schemas.contains_key(schema), "{schema} is described");
+    }
+    assert_eq!(doc.body["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
 }

@@ -1,0 +1,90 @@
+//! `GET /v1/openapi.json`: the OpenAPI document, generated from the handlers' annotations.
+
+use axum::Json;
+use serde::Serialize;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use super::{events, fleet, health, nodes, projections, reservations};
+
+/// Every error: `{"error": {"code", "message", "details"}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The error itself.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `FORBIDDEN`, `NOT_FOUND`, `CONFLICT`, `CAPACITY_UNAVAILABLE`,
+    /// `QUOTA_EXCEEDED`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNAVAILABLE`, `INTERNAL_ERROR`.
+    pub code: String,
+    pub message: String,
+    /// Such as `field`, naming what is wrong with the input.
+    #[schema(value_type = Object)]
+    pub details: serde_json::Value,
+}
+
+/// Bearer tokens, as the authorizer knows them.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Better Compute",
+        description = "The control plane of a GPU fleet: sites, pools, nodes and reservations. Times are epoch \
+                       milliseconds, durations seconds; every response carries `X-Request-Id`, every command's \
+                       `X-Position` is a consistency token for reads (`?after=` or `X-Min-Position`)."
+    ),
+    paths(
+        health::healthz,
+        fleet::create_site,
+        fleet::create_project,
+        fleet::create_pool,
+        fleet::list_pools,
+        fleet::get_pool,
+        fleet::pool_capacity,
+        fleet::availability,
+        fleet::offer_pool,
+        fleet::set_quota,
+        nodes::register,
+        nodes::list,
+        nodes::cordon,
+        nodes::uncordon,
+        nodes::start_maintenance,
+        nodes::end_maintenance,
+        reservations::create,
+        reservations::list,
+        reservations::get,
+        reservations::renew,
+        reservations::extend,
+        reservations::cancel,
+        reservations::release,
+        fleet::audit,
+        events::stream,
+        projections::list,
+        document,
+    ),
+    components(schemas(ErrorBody, ErrorDetail)),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+/// The document.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "health",
+    summary = "This OpenAPI document",
+    responses((status = 200, description = "The document", body = Object))
+)]
+pub async fn document() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
