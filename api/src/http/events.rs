@@ -323,7 +323,9 @@ pub async fn stream(
     let after = match (from_header.transpose()?, params.after.as_deref()) {
         (Some(position), _) => Some(position),
         (None, Some(text)) => Some(path_id::<Position>("after", text)?),
-        (None, None) => None,
+        // Without a position the stream starts at the log's head as of this request, fixed before the
+        // response starts, so whatever commits after the subscriber has its headers is delivered.
+        (None, None) => Some(head(state.db()).await.map_err(|err| ApiError::from(crate::app::AppError::from(err)))?),
     };
     let types: Vec<String> = params
         .types

@@ -227,3 +227,38 @@ async fn a_subscriber_a_whole_buffer_behind_is_cut_off_and_resumes_without_losin
     assert!(positions.windows(2).all(|w| w[0] < w[1]));
     assert_eq!(positions.last(), Some(&last));
 }
+
+#[tokio::test]
+async fn a_stream_without_a_position_starts_where_the_log_was_when_the_response_began() {
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+
+    let t = TestDb::new().await;
+    append(&t.db, "acme", "test.before", 0).await;
+    let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth"));
+    let config = EventsConfig { poll: Duration::from_millis(10), ..EventsConfig::default() };
+    let state = AppState::with_events(t.db.clone(), auth, config).expect("state");
+    let request = axum::http::Request::get("/v1/events")
+        .header("authorization", format!("Bearer {ROOT}"))
+        .body(axum::body::Body::empty())
+        .expect("request");
+    let response = router(state).oneshot(request).await.expect("response");
+    assert_eq!(response.status(), axum::http::StatusCode::OK);
+    // Committed after the response began but before its body is first read: the subscriber must still get it,
+    // and nothing from before.
+    let after = append(&t.db, "acme", "test.after", 1).await;
+    let mut body = response.into_body();
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let frame = tokio::time::timeout(Duration::from_secs(60), body.frame())
+            .await
+            .expect("the event committed after the response began never came")
+            .expect("a frame")
+            .expect("read the body");
+        if let Ok(data) = frame.into_data() {
+            text.push_str(std::str::from_utf8(&data).expect("utf-8"));
+        }
+    }
+    assert!(text.contains(&format!("id: {after}")), "the first event is the one committed after: {text}");
+    assert!(text.contains("event: test.after") && !text.contains("test.before"), "{text}");
+}
