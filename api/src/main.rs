@@ -116,6 +116,32 @@ enum BenchCommand {
     /// Rebuild rate of every read model from a large generated log, beside an INSERT ... SELECT of as many rows,
     /// and the read models' lag while writers append.
     Projections(BenchProjectionsArgs),
+    /// Reserve-then-release cycles through the HTTP API next to the command layer at 16 clients, and SSE fan-out:
+    /// commit-to-delivery latency to many subscribers while reservations are made.
+    Http(BenchHttpArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchHttpArgs {
+    /// Seconds per run (two throughput runs, a pgbench run and the fan-out run).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+
+    /// SSE subscribers of the fan-out run.
+    #[arg(long, default_value_t = 500)]
+    subscribers: usize,
+
+    /// Reservations per second made during the fan-out run.
+    #[arg(long, default_value_t = 50)]
+    rate: u32,
+
+    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+
+    /// Keep the cluster's folder afterwards.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Debug, Args)]
@@ -325,6 +351,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 bc_api::ops::events_replay(&connect(&database)?, until, target).await
             }
         },
+        Command::Bench(BenchCommand::Http(args)) => {
+            bc_api::bench::http(bc_api::bench::HttpBenchConfig {
+                run_for: Duration::from_secs(args.seconds.max(1)),
+                subscribers: args.subscribers,
+                rate: args.rate.max(1),
+                data_dir: args.data_dir,
+                keep: args.keep,
+            })
+            .await
+        }
         Command::Bench(BenchCommand::Projections(args)) => {
             bc_api::bench::projections(bc_api::bench::ProjectionsBenchConfig {
                 events: args.events.max(3),

@@ -2,6 +2,7 @@
 //! same run on the same cluster (the machine is shared and noisy, so raw rates mean little).
 
 pub mod append;
+pub mod http;
 pub mod projections;
 pub mod reserve;
 
@@ -15,6 +16,7 @@ use bc_eventstore::{Db, DbConfig};
 use sqlx::{ConnectOptions as _, Connection as _};
 
 pub use append::{AppendBenchConfig, append};
+pub use http::{HttpBenchConfig, http};
 pub use projections::{ProjectionsBenchConfig, projections};
 pub use reserve::{ReserveBenchConfig, reserve};
 

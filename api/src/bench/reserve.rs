@@ -29,17 +29,17 @@ pub struct ReserveBenchConfig {
     pub keep: bool,
 }
 
-fn bench_caller(identity: &str) -> anyhow::Result<Caller> {
+pub(super) fn bench_caller(identity: &str) -> anyhow::Result<Caller> {
     Ok(Caller::new("root".parse()?, identity.parse()?, "bench"))
 }
 
-fn gpu_request(pool: &PoolId, count: u32) -> ReservationRequest {
+pub(super) fn gpu_request(pool: &PoolId, count: u32) -> ReservationRequest {
     ReservationRequest::hold(pool.clone(), DeviceClass::Gpu, count)
 }
 
 /// Inserts `nodes` schedulable nodes with `gpus` H100s each straight into the inline tables, and books every GPU of
 /// the first `booked` nodes for the next 30 days. Node and device ids start after `offset`.
-async fn bulk_fleet(
+pub(super) async fn bulk_fleet(
     db: &Db,
     pool: &PoolId,
     site: &SiteId,
@@ -92,7 +92,7 @@ async fn bulk_fleet(
 
 /// Reserve-then-release cycles (a reservation that has not started is released by `cancel`) from `clients`
 /// tasks for `run_for`. Returns cycles per second.
-async fn cycles(app: &App, pool: &PoolId, clients: usize, run_for: Duration) -> anyhow::Result<f64> {
+pub(super) async fn cycles(app: &App, pool: &PoolId, clients: usize, run_for: Duration) -> anyhow::Result<f64> {
     let started = Instant::now();
     let deadline = started + run_for;
     let mut tasks = tokio::task::JoinSet::new();

@@ -1,0 +1,375 @@
+//! `better-compute bench http`: reserve-then-release cycles through the HTTP API (a real port, bearer tokens,
+//! the authorizer) next to the same cycles through the command layer directly, both at 16 clients and beside
+//! pgbench's one-row INSERT; then SSE fan-out: subscribers on `GET /v1/events` while reservations are made, and
+//! the time from each reservation's commit to its `reservation.placed` reaching every subscriber.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bc_domain::id::PoolId;
+use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
+use bc_domain::site::SiteKind;
+use bc_eventstore::TxOptions;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use super::reserve::{bulk_fleet, gpu_request};
+use super::{BenchCluster, PgbenchRun, pgbench};
+use crate::app::fleet::{CreatePool, CreateSite, OfferPool};
+use crate::app::reservations::Reserve;
+use crate::app::{App, Caller};
+use crate::auth::builtin::BuiltinAuthorizer;
+
+/// Clients of the throughput runs.
+const CLIENTS: usize = 16;
+/// The tenant every reservation is made for, a user of the pool with the attribute limit of `dev`.
+const TENANT: &str = "acme";
+const IDENTITY: &str = "bench@acme";
+const TOKEN: &str = "bench-token-0123456789abcdef";
+
+/// What `bench http` measures.
+#[derive(Debug, Clone)]
+pub struct HttpBenchConfig {
+    /// How long each throughput run and the fan-out run last.
+    pub run_for: Duration,
+    /// SSE subscribers of the fan-out run.
+    pub subscribers: usize,
+    /// Reservations per second made during the fan-out run.
+    pub rate: u32,
+    pub data_dir: Option<PathBuf>,
+    pub keep: bool,
+}
+
+fn auth_config() -> String {
+    format!(
+        r#"
+        [[tenants]]
+        id = "{TENANT}"
+        parent = "root"
+
+        [[identities]]
+        identity = "{IDENTITY}"
+        tenant = "{TENANT}"
+        token = "{TOKEN}"
+
+        [[grants]]
+        tenant = "{TENANT}"
+        identity = "*"
+        pool = "*"
+        relation = "user"
+
+        [[limits]]
+        pool = "*"
+        relation = "user"
+        gpu_model = "H100"
+        max_gpus = 8
+        max_hours = 72
+        "#
+    )
+}
+
+/// The caller the command layer sees for an HTTP request of the bench's token.
+fn caller() -> anyhow::Result<Caller> {
+    let mut caller = Caller::new(TENANT.parse()?, IDENTITY.parse()?, "user");
+    caller.ancestors = vec!["root".parse()?];
+    Ok(caller)
+}
+
+/// Runs `cycle(client, n)` from `clients` tasks until `run_for` has passed. Returns cycles per second.
+async fn drive<F, Fut>(clients: usize, run_for: Duration, cycle: F) -> anyhow::Result<f64>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
+    let started = Instant::now();
+    let deadline = started + run_for;
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in 0..clients {
+        let cycle = cycle.clone();
+        tasks.spawn(async move {
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                cycle(client, done).await?;
+                done += 1;
+            }
+            anyhow::Ok(done)
+        });
+    }
+    let mut total = 0;
+    while let Some(done) = tasks.join_next().await {
+        total += done.context("join a client")??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// One reserve-then-cancel cycle through the HTTP API.
+async fn http_cycle(client: &reqwest::Client, base: &str, pool: &PoolId, key: String) -> anyhow::Result<()> {
+    let body = json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 3600 });
+    let reply = client
+        .post(format!("{base}/v1/reservations"))
+        .bearer_auth(TOKEN)
+        .header("idempotency-key", key)
+        .json(&body)
+        .send()
+        .await?;
+    let status = reply.status();
+    let reserved: Value = reply.json().await?;
+    anyhow::ensure!(status.as_u16() == 201, "reserve answered {status}: {reserved}");
+    let id = reserved["id"].as_str().context("the reservation's id")?;
+    let reply = client.post(format!("{base}/v1/reservations/{id}/cancel")).bearer_auth(TOKEN).send().await?;
+    let status = reply.status();
+    anyhow::ensure!(status.is_success(), "cancel answered {status}: {}", reply.text().await?);
+    Ok(())
+}
+
+/// What one subscriber saw: each `reservation.placed`'s stream id and when it arrived; and whether it was cut off.
+#[derive(Debug, Default)]
+struct Seen {
+    arrivals: Vec<(String, Instant)>,
+    cut_off: bool,
+}
+
+/// Follows `GET /v1/events?types=reservation.placed` until the task is aborted or the stream ends.
+async fn subscribe(
+    client: reqwest::Client,
+    url: String,
+    connected: tokio::sync::mpsc::Sender<()>,
+    seen: Arc<std::sync::Mutex<Seen>>,
+) -> anyhow::Result<()> {
+    let mut reply = client.get(url).bearer_auth(TOKEN).send().await?;
+    anyhow::ensure!(reply.status().is_success(), "the event stream answered {}", reply.status());
+    connected.send(()).await.ok();
+    let mut buffer = String::new();
+    while let Some(chunk) = reply.chunk().await? {
+        let arrived = Instant::now();
+        buffer.push_str(std::str::from_utf8(&chunk).context("the stream is UTF-8")?);
+        while let Some(end) = buffer.find("\n\n") {
+            let message: String = buffer.drain(..end + 2).collect();
+            let mut seen = seen.lock().expect("not poisoned");
+            if message.contains("event: cut-off") {
+                seen.cut_off = true;
+            }
+            let Some(start) = message.find("\"streamId\":\"").map(|i| i + 12) else { continue };
+            if let Some(len) = message[start..].find('"') {
+                seen.arrivals.push((message[start..start + len].to_owned(), arrived));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(index).copied().unwrap_or_default()
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Runs the HTTP and SSE benchmark and prints its figures.
+pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
+    let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep).await?;
+    let db = bench.db.clone();
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    sqlx::raw_sql("CREATE TABLE bench_narrow (id bigint)").execute(tx.conn()).await?;
+    tx.commit().await?;
+    let narrow = bench.root.join("narrow.sql");
+    std::fs::write(&narrow, "INSERT INTO bench_narrow (id) VALUES (1);\n")?;
+
+    let app = App::new(db.clone());
+    let owner = super::reserve::bench_caller("operator@bench")?;
+    let site = app
+        .create_site(&owner, CreateSite { name: "bench".into(), iam_region: "local-1".into(), kind: SiteKind::Shared })
+        .await?
+        .value;
+    let pool = app
+        .create_pool(
+            &owner,
+            CreatePool {
+                site_id: site.clone(),
+                name: "cycles".into(),
+                class: PoolClass::MetalHost,
+                gpu_model: "H100".into(),
+                sharing: Sharing::Exclusive,
+                agent: PoolAgent::Bcd,
+                policy: PoolPolicy::default(),
+                provider_account_id: None,
+            },
+        )
+        .await?
+        .value;
+    bulk_fleet(&db, &pool, &site, 0, 64, 8, 0).await?;
+    let offer = OfferPool {
+        tenant_id: TENANT.parse()?,
+        quota: [("gpu".to_owned(), 100_000)].into(),
+        priority: 0,
+        include_descendants: false,
+    };
+    app.offer_pool(&owner, &pool, offer).await?;
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    sqlx::raw_sql("ANALYZE").execute(tx.conn()).await?;
+    tx.commit().await?;
+
+    // The service as `serve` runs it (worker and projection daemon included), on a real port.
+    let auth = Arc::new(BuiltinAuthorizer::from_toml(&auth_config()).context("the bench's auth config")?);
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(crate::service::serve_on(db.clone(), auth, listener, async move {
+        stopped.await.ok();
+    }));
+
+    let seconds = config.run_for.as_secs().max(1);
+    println!(
+        "http benchmark: PostgreSQL {}, durable cluster in {}, {} CPUs, {seconds} s per run, server on {base}",
+        bench.version,
+        bench.root.display(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    );
+    println!();
+
+    let who = caller()?;
+    let direct = {
+        let (app, pool) = (app.clone(), pool.clone());
+        drive(CLIENTS, config.run_for, move |client, n| {
+            let (app, pool, who) = (app.clone(), pool.clone(), who.clone());
+            async move {
+                let key = format!("direct-{client}-{n}");
+                let reserved =
+                    app.reserve(&who, Reserve { idempotency_key: key, request: gpu_request(&pool, 1) }).await?;
+                app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
+                Ok(())
+            }
+        })
+        .await?
+    };
+    let http_client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).build()?;
+    let through_http = {
+        let (client, base, pool) = (http_client.clone(), base.clone(), pool.clone());
+        drive(CLIENTS, config.run_for, move |c, n| {
+            let (client, base, pool) = (client.clone(), base.clone(), pool.clone());
+            async move { http_cycle(&client, &base, &pool, format!("http-{c}-{n}")).await }
+        })
+        .await?
+    };
+    let run = PgbenchRun {
+        script: &narrow,
+        database: "bench",
+        clients: CLIENTS as u32,
+        seconds,
+        name: "1-row INSERT",
+        env: &[],
+    };
+    let inserts = pgbench(&bench.bins, &bench.guard.cluster, run)?;
+    println!("  {CLIENTS} clients, reserve-then-release cycles (two commands each), tenant {TENANT} as a pool user:");
+    println!("    command layer  {direct:>7.1} cycles/s   ratio to pgbench 1-row INSERT {:.4}", direct / inserts);
+    println!(
+        "    HTTP API       {through_http:>7.1} cycles/s   ratio to pgbench 1-row INSERT {:.4}   ratio to the command layer {:.3}",
+        through_http / inserts,
+        through_http / direct
+    );
+    println!("    pgbench 1-row INSERT, {CLIENTS} clients: {inserts:.0} tx/s");
+
+    // SSE fan-out.
+    let (connected_tx, mut connected_rx) = tokio::sync::mpsc::channel(config.subscribers.max(1));
+    let sse_client = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
+    let mut subscribers = tokio::task::JoinSet::new();
+    let mut seen = Vec::with_capacity(config.subscribers);
+    for _ in 0..config.subscribers {
+        let record = Arc::new(std::sync::Mutex::new(Seen::default()));
+        seen.push(Arc::clone(&record));
+        let url = format!("{base}/v1/events?types=reservation.placed");
+        subscribers.spawn(subscribe(sse_client.clone(), url, connected_tx.clone(), record));
+    }
+    drop(connected_tx);
+    for _ in 0..config.subscribers {
+        tokio::time::timeout(Duration::from_secs(60), connected_rx.recv())
+            .await
+            .context("the subscribers did not connect within a minute")?
+            .context("a subscriber failed to connect")?;
+    }
+    // Every subscriber is registered with the hub once its response has started; the writers start after.
+    let writers = 8usize;
+    let per_writer = Duration::from_secs_f64(writers as f64 / f64::from(config.rate.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    let deadline = Instant::now() + config.run_for;
+    for writer in 0..writers {
+        let (app, pool, who) = (app.clone(), pool.clone(), caller()?);
+        tasks.spawn(async move {
+            let mut committed = Vec::new();
+            let mut ticks = tokio::time::interval(per_writer);
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                ticks.tick().await;
+                let key = format!("sse-{writer}-{n}");
+                let reserved =
+                    app.reserve(&who, Reserve { idempotency_key: key, request: gpu_request(&pool, 1) }).await?;
+                let returned = Instant::now();
+                // One left pending (its placement lost every conflict retry) has no `reservation.placed` yet.
+                if !reserved.value.reservation.allocations.is_empty() {
+                    committed.push((reserved.value.reservation.id.to_string(), returned));
+                }
+                app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
+                n += 1;
+            }
+            anyhow::Ok(committed)
+        });
+    }
+    let mut committed: HashMap<String, Instant> = HashMap::new();
+    while let Some(done) = tasks.join_next().await {
+        committed.extend(done.context("join a writer")??);
+    }
+    // Wait for every subscriber to have every placement (or give up after 30 s).
+    let expected = committed.len();
+    let waited = Instant::now();
+    while waited.elapsed() < Duration::from_secs(30)
+        && seen.iter().any(|s| {
+            let s = s.lock().expect("not poisoned");
+            !s.cut_off && s.arrivals.len() < expected
+        })
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    subscribers.abort_all();
+    let mut latencies = Vec::with_capacity(expected * config.subscribers);
+    let (mut missing, mut cut_off) = (0usize, 0usize);
+    for record in &seen {
+        let record = record.lock().expect("not poisoned");
+        cut_off += usize::from(record.cut_off);
+        let mut got = 0;
+        for (stream, arrived) in &record.arrivals {
+            if let Some(at) = committed.get(stream) {
+                latencies.push(arrived.saturating_duration_since(*at));
+                got += 1;
+            }
+        }
+        missing += expected.saturating_sub(got);
+    }
+    latencies.sort();
+    println!();
+    println!(
+        "  SSE fan-out: {} subscribers of reservation.placed, {expected} reservations made over {seconds} s by {writers} \
+         writers through the command layer ({:.0}/s):",
+        config.subscribers,
+        expected as f64 / config.run_for.as_secs_f64()
+    );
+    println!(
+        "    commit-to-delivery over {} deliveries: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {missing} missing, {cut_off} \
+         subscribers cut off",
+        latencies.len(),
+        millis(percentile(&latencies, 0.5)),
+        millis(percentile(&latencies, 0.99)),
+        millis(latencies.last().copied().unwrap_or_default()),
+    );
+
+    let _ = stop.send(());
+    server.await.context("join the server")??;
+    db.close().await;
+    drop(bench);
+    Ok(())
+}
