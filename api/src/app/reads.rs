@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use bc_domain::id::PoolId;
+use bc_domain::id::{NodeId, PoolId, SiteId};
 use bc_eventstore::{Position, Tx, TxOptions};
 use bc_projections::{consistency, framework};
 use serde_json::Value;
@@ -83,6 +83,21 @@ const POOL_JSON: &str = "jsonb_build_object(
                                   WHERE o->>'tenantId' = $1), '[]'::jsonb) END,
     'nodeCount', p.node_count, 'createdAt', ts_ms(p.created_at))";
 
+/// A node as the API shows it.
+const NODE_JSON: &str = "jsonb_build_object(
+    'id', n.node_id, 'poolId', n.pool_id, 'siteId', n.site_id, 'ownerTenantId', n.owner_tenant_id,
+    'name', n.name, 'role', n.role, 'trust', n.trust, 'adapter', n.adapter,
+    'provisionState', n.provision_state, 'maintenance', n.maintenance, 'cordoned', n.cordoned,
+    'connectivity', n.connectivity, 'conditions', n.conditions,
+    'noScheduleReasons', to_jsonb(n.no_schedule_reasons), 'observedGeneration', n.observed_generation,
+    'schedulable', n.schedulable, 'gpuCount', n.gpu_count, 'atomClass', n.atom_class,
+    'atomCount', n.atom_count, 'registeredAt', ts_ms(n.registered_at))";
+
+/// A site as the API shows it.
+const SITE_JSON: &str = "jsonb_build_object(
+    'id', s.id, 'ownerTenantId', s.owner_tenant_id, 'name', s.name, 'iamRegion', s.iam_region, 'kind', s.kind,
+    'createdAt', ts_ms(s.created_at))";
+
 /// Whether the caller's tenant ($1) sees a pool: it owns it or it is offered to it.
 const POOL_VISIBLE: &str =
     "(p.owner_tenant_id = $1 OR p.offers @> jsonb_build_array(jsonb_build_object('tenantId', $1::text)))";
@@ -150,6 +165,51 @@ impl App {
         Ok(found.into_iter().map(|(_, value)| value).collect())
     }
 
+    /// The caller's tenant's sites, in id order. Sites are written in their command's transaction (they guard
+    /// pool creation), so the read is as fresh as any command.
+    pub async fn list_sites(&self, caller: &Caller, page: &Page) -> AppResult<Listed> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let query = format!(
+            "SELECT s.id, ({SITE_JSON})::text FROM sites AS s
+             WHERE s.owner_tenant_id = $1 AND ($2::text IS NULL OR s.id > $2) ORDER BY s.id LIMIT {}",
+            page.limit + 1
+        );
+        let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), page.after_key.as_deref()]).await?;
+        tx.commit().await?;
+        Ok(paged(found, page))
+    }
+
+    /// One site of the caller's tenant.
+    pub async fn site(&self, caller: &Caller, site_id: &SiteId) -> AppResult<Value> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let query =
+            format!("SELECT s.id, ({SITE_JSON})::text FROM sites AS s WHERE s.owner_tenant_id = $1 AND s.id = $2");
+        let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(site_id.as_str())]).await?;
+        tx.commit().await?;
+        found
+            .into_iter()
+            .next()
+            .map(|(_, site)| site)
+            .ok_or_else(|| bc_domain::Rejection::NotFound { kind: "site", id: site_id.to_string() }.into())
+    }
+
+    /// One node of a pool the caller's tenant owns, from the `nodes` read model.
+    pub async fn node(&self, caller: &Caller, node_id: &NodeId, after: Option<Position>) -> AppResult<Value> {
+        self.consistent(&["nodes"], after).await?;
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let table = active_table(&mut tx, "nodes", "nodes").await?;
+        let query = format!(
+            "SELECT n.node_id, ({NODE_JSON})::text FROM {table} AS n WHERE n.pool_owner_tenant_id = $1 AND n.node_id = $2"
+        );
+        let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(node_id.as_str())]).await?;
+        tx.commit().await?;
+        found
+            .into_iter()
+            .next()
+            .map(|(_, node)| node)
+            .ok_or_else(|| bc_domain::Rejection::NotFound { kind: "node", id: node_id.to_string() }.into())
+    }
+
     /// The nodes of the pools the caller's tenant owns, from the `nodes` read model.
     pub async fn list_nodes(
         &self,
@@ -162,14 +222,7 @@ impl App {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "nodes", "nodes").await?;
         let query = format!(
-            "SELECT n.node_id, jsonb_build_object(
-                    'id', n.node_id, 'poolId', n.pool_id, 'siteId', n.site_id, 'ownerTenantId', n.owner_tenant_id,
-                    'name', n.name, 'role', n.role, 'trust', n.trust, 'adapter', n.adapter,
-                    'provisionState', n.provision_state, 'maintenance', n.maintenance, 'cordoned', n.cordoned,
-                    'connectivity', n.connectivity, 'conditions', n.conditions,
-                    'noScheduleReasons', to_jsonb(n.no_schedule_reasons), 'observedGeneration', n.observed_generation,
-                    'schedulable', n.schedulable, 'gpuCount', n.gpu_count, 'atomClass', n.atom_class,
-                    'atomCount', n.atom_count, 'registeredAt', ts_ms(n.registered_at))::text
+            "SELECT n.node_id, ({NODE_JSON})::text
              FROM {table} AS n
              WHERE n.pool_owner_tenant_id = $1 AND ($2::text IS NULL OR n.node_id > $2)
                AND ($3::text IS NULL OR n.pool_id = $3)

@@ -155,6 +155,8 @@ const ADMIN: Requirement = Requirement::Pool(Relation::Admin);
 /// The normative method table.
 pub const METHODS: &[MethodSpec] = &[
     m("sites.create", "compute:sites.create", Target::Tenant, TENANT_ADMIN, true),
+    m("sites.list", "compute:sites.list", Target::Tenant, MEMBER, false),
+    m("sites.get", "compute:sites.get", Target::Site, MEMBER, false),
     m("pools.create", "compute:pools.create", Target::Site, TENANT_ADMIN, true),
     m("pools.list", "compute:pools.list", Target::Tenant, MEMBER, false),
     m("pools.get", "compute:pools.get", Target::Pool, VIEWER, false),
@@ -165,6 +167,7 @@ pub const METHODS: &[MethodSpec] = &[
     m("projects.create", "compute:projects.create", Target::Tenant, TENANT_ADMIN, true),
     m("nodes.register", "compute:nodes.register", Target::Pool, OPERATOR, true),
     m("nodes.list", "compute:nodes.list", Target::Tenant, MEMBER, false),
+    m("nodes.get", "compute:nodes.get", Target::Node, MEMBER, false),
     m("nodes.cordon", "compute:nodes.cordon", Target::Node, OPERATOR, true),
     m("nodes.uncordon", "compute:nodes.uncordon", Target::Node, OPERATOR, true),
     m("nodes.maintenance.start", "compute:nodes.maintenance.start", Target::Node, OPERATOR, true),

@@ -97,6 +97,48 @@ pub async fn create_site(
     Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
 }
 
+/// `GET /v1/sites`: the caller's tenant's sites.
+#[utoipa::path(
+    get,
+    path = "/v1/sites",
+    tag = "fleet",
+    summary = "The caller's tenant's sites",
+    params(PageParams),
+    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
+pub async fn list_sites(
+    State(state): State<AppState>,
+    who: Authed,
+    QueryParams(params): QueryParams<PageParams>,
+) -> Result<Json<Value>, ApiError> {
+    in_own_tenant(&state, &who, "sites.list").await?;
+    let page = params.page()?;
+    Ok(Json(page_json(state.app.list_sites(&who.caller(), &page).await?)))
+}
+
+/// `GET /v1/sites/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/sites/{site_id}",
+    tag = "fleet",
+    summary = "One site of the caller's tenant",
+    params(("site_id" = String, Path, description = "The site id"), ReadParams),
+    responses((status = 200, description = "The site", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
+pub async fn get_site(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
+) -> Result<Json<Value>, ApiError> {
+    let id: SiteId = path_id("siteId", &id)?;
+    let resource = resolve::site_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    state.authorize(&who, "sites.get", resource.as_ref(), "site", id.as_str()).await?;
+    Ok(Json(state.app.site(&who.caller(), &id).await?))
+}
+
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProjectBody {

@@ -83,6 +83,8 @@ routes! {
     get "/v1/healthz" => health::healthz, open;
     get "/v1/openapi.json" => openapi::document, open;
     post "/v1/sites" => fleet::create_site, "sites.create";
+    get "/v1/sites" => fleet::list_sites, "sites.list";
+    get "/v1/sites/{site_id}" => fleet::get_site, "sites.get";
     post "/v1/projects" => fleet::create_project, "projects.create";
     post "/v1/pools" => fleet::create_pool, "pools.create";
     get "/v1/pools" => fleet::list_pools, "pools.list";
@@ -93,6 +95,7 @@ routes! {
     put "/v1/pools/{pool_id}/offers/{tenant_id}/quota" => fleet::set_quota, "quotas.set";
     post "/v1/nodes" => nodes::register, "nodes.register";
     get "/v1/nodes" => nodes::list, "nodes.list";
+    get "/v1/nodes/{node_id}" => nodes::get, "nodes.get";
     post "/v1/nodes/{node_id}/cordon" => nodes::cordon, "nodes.cordon";
     post "/v1/nodes/{node_id}/uncordon" => nodes::uncordon, "nodes.uncordon";
     post "/v1/nodes/{node_id}/maintenance/start" => nodes::start_maintenance, "nodes.maintenance.start";

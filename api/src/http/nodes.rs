@@ -119,6 +119,29 @@ pub async fn list(
     Ok(Json(page_json(listed)))
 }
 
+/// `GET /v1/nodes/{id}`: one node of the caller's tenant's pools.
+#[utoipa::path(
+    get,
+    path = "/v1/nodes/{node_id}",
+    tag = "nodes",
+    summary = "One node of the caller's tenant's pools",
+    params(("node_id" = String, Path, description = "The node id"), super::fleet::ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses((status = 200, description = "The node", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
+pub async fn get(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    MinPosition(after): MinPosition,
+    QueryParams(super::fleet::ReadParams { .. }): QueryParams<super::fleet::ReadParams>,
+) -> Result<Json<Value>, ApiError> {
+    let id: NodeId = path_id("nodeId", &id)?;
+    let resource = resolve::node_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    state.authorize(&who, "nodes.get", resource.as_ref(), "node", id.as_str()).await?;
+    Ok(Json(state.app.node(&who.caller(), &id, after).await?))
+}
+
 /// Body of the verbs: an optional reason, recorded with the event.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -46,6 +46,8 @@ impl Modify for BearerAuth {
     paths(
         health::healthz,
         fleet::create_site,
+        fleet::list_sites,
+        fleet::get_site,
         fleet::create_project,
         fleet::create_pool,
         fleet::list_pools,
@@ -56,6 +58,7 @@ impl Modify for BearerAuth {
         fleet::set_quota,
         nodes::register,
         nodes::list,
+        nodes::get,
         nodes::cordon,
         nodes::uncordon,
         nodes::start_maintenance,

@@ -263,6 +263,28 @@ async fn every_route_answers_a_new_client() {
     let nodes = api.get("/v1/nodes", ROOT).await;
     assert_eq!(nodes.body["items"][0]["cordoned"], true);
     assert_eq!(nodes.body["items"][0]["noScheduleReasons"], json!([]));
+    let one = api.get(&format!("/v1/nodes/{node_id}"), ROOT).await;
+    assert_eq!((one.status, &one.body["name"], &one.body["gpuCount"]), (StatusCode::OK, &json!("n1"), &json!(2)));
+    let hidden = api.get(&format!("/v1/nodes/{node_id}"), ALICE).await;
+    assert_eq!(
+        hidden.status,
+        StatusCode::NOT_FOUND,
+        "a customer of the pool does not see its hosts: {:?}",
+        hidden.body
+    );
+    let bad = api.get("/v1/nodes/node_nope", ROOT).await;
+    assert_eq!((bad.status, &bad.body["error"]["details"]["field"]), (StatusCode::BAD_REQUEST, &json!("nodeId")));
+    let sites = api.get("/v1/sites", ROOT).await;
+    assert_eq!(sites.status, StatusCode::OK, "{:?}", sites.body);
+    let listed = sites.body["items"].as_array().expect("items");
+    let ams1 = listed.iter().find(|s| s["id"] == site_id.as_str()).expect("the new site is listed");
+    assert_eq!(ams1["iamRegion"], "eu-west-1");
+    assert_eq!(api.get("/v1/sites", ALICE).await.body["items"], json!([]), "acme owns no site");
+    assert_eq!(api.get(&format!("/v1/sites/{site_id}"), ROOT).await.body["name"], "ams1");
+    let other = api.get(&format!("/v1/sites/{site_id}"), ALICE).await;
+    assert_eq!(other.status, StatusCode::NOT_FOUND, "another tenant's site: {:?}", other.body);
+    let bad = api.get("/v1/sites/site_nope", ROOT).await;
+    assert_eq!((bad.status, &bad.body["error"]["details"]["field"]), (StatusCode::BAD_REQUEST, &json!("siteId")));
     api.call("POST", &format!("/v1/nodes/{node_id}/uncordon"), Some(ROOT), &[], None).await;
     let earliest = api.get(&format!("/v1/pools/{pool_id}/availability?count=1&duration=3600"), ALICE).await;
     assert_eq!(earliest.status, StatusCode::OK, "{:?}", earliest.body);
@@ -541,6 +563,7 @@ async fn the_openapi_document_lists_every_route_and_only_routed_paths() {
             .replace("{pool_id}", "pool_01m8q000000000000000000001")
             .replace("{node_id}", "node_01m8q000000000000000000001")
             .replace("{tenant_id}", "acme")
+            .replace("{site_id}", "site_01m8q000000000000000000001")
             .replace("{reservation_id}", &("rsv_".to_owned() + &"a".repeat(52)));
         let (status, message) = api.status_of(method, &concrete, ROOT).await;
         let unrouted = status == StatusCode::NOT_FOUND && message.is_some_and(|m| m.starts_with("no route"));
