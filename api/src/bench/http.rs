@@ -4,7 +4,6 @@
 //! the time from each reservation's commit to its `reservation.placed` reaching every subscriber.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 use super::reserve::{bulk_fleet, gpu_request};
-use super::{BenchCluster, PgbenchRun, pgbench};
+use super::{BenchCluster, PgbenchRun, drive, pgbench};
 use crate::app::fleet::{CreatePool, CreateSite, OfferPool};
 use crate::app::reservations::Reserve;
 use crate::app::{App, Caller};
@@ -77,33 +76,6 @@ fn caller() -> anyhow::Result<Caller> {
     let mut caller = Caller::new(TENANT.parse()?, IDENTITY.parse()?, "user");
     caller.ancestors = vec!["root".parse()?];
     Ok(caller)
-}
-
-/// Runs `cycle(client, n)` from `clients` tasks until `run_for` has passed. Returns cycles per second.
-async fn drive<F, Fut>(clients: usize, run_for: Duration, cycle: F) -> anyhow::Result<f64>
-where
-    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = anyhow::Result<()>> + Send,
-{
-    let started = Instant::now();
-    let deadline = started + run_for;
-    let mut tasks = tokio::task::JoinSet::new();
-    for client in 0..clients {
-        let cycle = cycle.clone();
-        tasks.spawn(async move {
-            let mut done = 0u64;
-            while Instant::now() < deadline {
-                cycle(client, done).await?;
-                done += 1;
-            }
-            anyhow::Ok(done)
-        });
-    }
-    let mut total = 0;
-    while let Some(done) = tasks.join_next().await {
-        total += done.context("join a client")??;
-    }
-    Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
 /// One reserve-then-cancel cycle through the HTTP API.

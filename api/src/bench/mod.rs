@@ -6,8 +6,10 @@ pub mod http;
 pub mod projections;
 pub mod reserve;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, RunAs, StopMode};
@@ -80,6 +82,33 @@ impl BenchCluster {
         Migrator::embedded().run(&db).await.context("migrate the bench database")?;
         Ok(Self { bins, root, version, db, guard })
     }
+}
+
+/// Runs `cycle(client, n)` from `clients` tasks until `run_for` has passed. Returns cycles per second.
+pub(crate) async fn drive<F, Fut>(clients: usize, run_for: Duration, cycle: F) -> anyhow::Result<f64>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
+    let started = Instant::now();
+    let deadline = started + run_for;
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in 0..clients {
+        let cycle = cycle.clone();
+        tasks.spawn(async move {
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                cycle(client, done).await?;
+                done += 1;
+            }
+            anyhow::Ok(done)
+        });
+    }
+    let mut total = 0;
+    while let Some(done) = tasks.join_next().await {
+        total += done.context("join a client")??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
 /// One pgbench run.

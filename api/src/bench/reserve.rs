@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use bc_domain::device::DeviceClass;
 use bc_domain::id::{PoolId, SiteId};
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
@@ -13,7 +12,7 @@ use bc_domain::reservation::ReservationRequest;
 use bc_domain::site::SiteKind;
 use bc_eventstore::{Db, TxOptions, sql};
 
-use super::{BenchCluster, PgbenchRun, pgbench};
+use super::{BenchCluster, PgbenchRun, drive, pgbench};
 use crate::app::fleet::{CreatePool, CreateSite};
 use crate::app::reservations::Reserve;
 use crate::app::{App, Caller};
@@ -92,30 +91,19 @@ pub(super) async fn bulk_fleet(
 
 /// Reserve-then-release cycles (a reservation that has not started is released by `cancel`) from `clients`
 /// tasks for `run_for`. Returns cycles per second.
-pub(super) async fn cycles(app: &App, pool: &PoolId, clients: usize, run_for: Duration) -> anyhow::Result<f64> {
-    let started = Instant::now();
-    let deadline = started + run_for;
-    let mut tasks = tokio::task::JoinSet::new();
-    for client in 0..clients {
+async fn cycles(app: &App, pool: &PoolId, clients: usize, run_for: Duration) -> anyhow::Result<f64> {
+    let (app, pool) = (app.clone(), pool.clone());
+    drive(clients, run_for, move |client, n| {
         let (app, pool) = (app.clone(), pool.clone());
-        tasks.spawn(async move {
+        async move {
             let who = bench_caller(&format!("cycle-{clients}-{client}"))?;
-            let mut done = 0u64;
-            while Instant::now() < deadline {
-                let key = format!("c{done}");
-                let reserved =
-                    app.reserve(&who, Reserve { idempotency_key: key, request: gpu_request(&pool, 1) }).await?;
-                app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
-                done += 1;
-            }
-            anyhow::Ok(done)
-        });
-    }
-    let mut total = 0;
-    while let Some(done) = tasks.join_next().await {
-        total += done.context("join a client")??;
-    }
-    Ok(total as f64 / started.elapsed().as_secs_f64())
+            let reserved =
+                app.reserve(&who, Reserve { idempotency_key: format!("c{n}"), request: gpu_request(&pool, 1) }).await?;
+            app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
+            Ok(())
+        }
+    })
+    .await
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast;
 
-use super::openapi::ErrorBody;
+use super::openapi::CommonErrors;
 use super::request::{Authed, QueryParams, path_id};
 use super::{ApiError, AppState};
 use crate::auth::{Resource, Target};
@@ -304,7 +304,7 @@ pub struct EventsParams {
     tag = "events",
     summary = "The event log as Server-Sent Events: `id:` is the position",
     params(EventsParams, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this position")),
-    responses((status = 200, description = "text/event-stream", content_type = "text/event-stream", body = String), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "text/event-stream", content_type = "text/event-stream", body = String), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn stream(

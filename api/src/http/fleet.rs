@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
-use super::openapi::ErrorBody;
+use super::openapi::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, path_id};
 use super::{ApiError, AppState};
 use crate::app::availability::EarliestStart;
@@ -83,7 +83,7 @@ fn shared() -> SiteKind {
     tag = "fleet",
     summary = "Create a site in the caller's tenant",
     request_body = SiteBody,
-    responses((status = 201, description = "Created; `X-Position` is its consistency token", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 201, description = "Created; `X-Position` is its consistency token", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn create_site(
@@ -104,7 +104,7 @@ pub async fn create_site(
     tag = "fleet",
     summary = "The caller's tenant's sites",
     params(PageParams),
-    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody)),
+    responses((status = 200, description = "A page: items and nextCursor", body = Object), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn list_sites(
@@ -124,7 +124,7 @@ pub async fn list_sites(
     tag = "fleet",
     summary = "One site of the caller's tenant",
     params(("site_id" = String, Path, description = "The site id"), ReadParams),
-    responses((status = 200, description = "The site", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "The site", body = Object), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn get_site(
@@ -152,7 +152,7 @@ pub struct ProjectBody {
     tag = "fleet",
     summary = "Create a project in the caller's tenant",
     request_body = ProjectBody,
-    responses((status = 201, description = "Created", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 201, description = "Created", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn create_project(
@@ -193,7 +193,7 @@ pub struct PoolBody {
     tag = "fleet",
     summary = "Create a pool in one of the caller's tenant's sites",
     request_body = PoolBody,
-    responses((status = 201, description = "Created", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 201, description = "Created", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn create_pool(
@@ -226,7 +226,7 @@ pub async fn create_pool(
     tag = "fleet",
     summary = "The pools the caller's tenant owns or is offered",
     params(PageParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn list_pools(
@@ -257,7 +257,7 @@ pub struct ReadParams {
     tag = "fleet",
     summary = "One pool",
     params(("pool_id" = String, Path, description = "The pool id"), ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The pool", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "The pool", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn get_pool(
@@ -278,7 +278,7 @@ pub async fn get_pool(
     tag = "fleet",
     summary = "Allocatable, allocated, reserved and available atoms per resource",
     params(("pool_id" = String, Path, description = "The pool id"), ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The rollup", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "The rollup", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn pool_capacity(
@@ -315,7 +315,7 @@ pub struct AvailabilityParams {
     tag = "fleet",
     summary = "The earliest start of a request, or the atoms free over a window",
     params(("pool_id" = String, Path, description = "The pool id"), AvailabilityParams),
-    responses((status = 200, description = "earliestStart, or nodes with their free atoms", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "earliestStart, or nodes with their free atoms", body = Object), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn availability(
@@ -378,7 +378,7 @@ pub struct OfferBody {
     summary = "Offer the pool to a tenant with a quota per resource",
     params(("pool_id" = String, Path, description = "The pool id")),
     request_body = OfferBody,
-    responses((status = 200, description = "The offering", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "The offering", body = Object), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn offer_pool(
@@ -418,7 +418,7 @@ pub struct QuotaBody {
     summary = "Replace the quota of an offering",
     params(("pool_id" = String, Path, description = "The pool id"), ("tenant_id" = String, Path, description = "The offered tenant")),
     request_body = QuotaBody,
-    responses((status = 200, description = "The new quota", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "The new quota", body = Object), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn set_quota(
@@ -442,7 +442,7 @@ pub async fn set_quota(
     tag = "audit",
     summary = "The caller's tenant's audit trail: allowed mutations with their admission context, and denials",
     params(PageParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn audit(

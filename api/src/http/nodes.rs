@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
 use super::fleet::{committed, in_own_tenant, on_pool};
-use super::openapi::ErrorBody;
+use super::openapi::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, QueryParams, page_json, path_id};
 use super::reservations::OptionalBody;
 use super::{ApiError, AppState};
@@ -53,7 +53,7 @@ pub struct RegisterBody {
     tag = "nodes",
     summary = "Register a node with its GPUs in a pool the caller operates",
     request_body = RegisterBody,
-    responses((status = 201, description = "Registered", body = Object), (status = 409, description = "A name or GPU is taken", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 201, description = "Registered", body = Object), (status = 409, description = "A name or GPU is taken", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn register(
@@ -103,7 +103,7 @@ pub struct ListParams {
     tag = "nodes",
     summary = "The nodes of the caller's tenant's pools",
     params(ListParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn list(
@@ -126,7 +126,7 @@ pub async fn list(
     tag = "nodes",
     summary = "One node of the caller's tenant's pools",
     params(("node_id" = String, Path, description = "The node id"), super::fleet::ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The node", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "The node", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn get(
@@ -174,7 +174,7 @@ async fn verb(
     summary = "Cordon a node: no new placements",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "Done (or already so)", body = Object), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn cordon(
@@ -193,7 +193,7 @@ pub async fn cordon(
     summary = "Uncordon a node",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "Done (or already so)", body = Object), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn uncordon(
@@ -212,7 +212,7 @@ pub async fn uncordon(
     summary = "Put a node in maintenance",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "Done (or already so)", body = Object), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn start_maintenance(
@@ -231,7 +231,7 @@ pub async fn start_maintenance(
     summary = "Take a node out of maintenance",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "Done (or already so)", body = Object), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn end_maintenance(

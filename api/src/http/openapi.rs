@@ -25,6 +25,24 @@ pub struct ErrorDetail {
     pub details: serde_json::Value,
 }
 
+/// The errors every authorized route can answer.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // Only described, never built: the handlers answer `ApiError`.
+pub enum CommonErrors {
+    /// Bad input, naming the field in `details.field`; nothing was written.
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// No bearer token, or one nobody knows.
+    #[response(status = 401)]
+    Unauthenticated(ErrorBody),
+    /// Not allowed, with the reason.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// Not found, or not visible to the caller (the two are not told apart).
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+}
+
 /// Bearer tokens, as the authorizer knows them.
 struct BearerAuth;
 

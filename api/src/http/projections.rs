@@ -6,7 +6,7 @@ use bc_projections::{consistency, models, status};
 use serde_json::{Value, json};
 
 use super::consistency::{MinPosition, not_yet_consistent};
-use super::openapi::ErrorBody;
+use super::openapi::{CommonErrors, ErrorBody};
 use super::request::Authed;
 use super::{ApiError, AppState};
 use crate::app::reads::CONSISTENCY_WAIT;
@@ -19,7 +19,7 @@ use crate::auth::{Resource, Target};
     tag = "operations",
     summary = "Each read model version's position, lag and state (the platform only)",
     params(("after" = Option<String>, Query, description = "A consistency token"), ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The versions", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "The versions", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn list(

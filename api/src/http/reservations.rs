@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
-use super::openapi::ErrorBody;
+use super::openapi::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, parse_json, path_id};
 use super::{ApiError, AppState};
 use crate::app::Committed;
@@ -201,7 +201,7 @@ fn draft(who: &Authed, id: &ReservationId, request: &ReservationRequest, pool: c
     summary = "Reserve GPUs in a pool",
     params(("Idempotency-Key" = String, Header, description = "Names the reservation with the caller: a retry with the same key and body answers the same one")),
     request_body = ReserveBody,
-    responses((status = 201, description = "Created, placed or pending; `X-Position` is its consistency token", body = Object), (status = 200, description = "A retry: the existing reservation", body = Object), (status = 409, description = "CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 201, description = "Created, placed or pending; `X-Position` is its consistency token", body = Object), (status = 200, description = "A retry: the existing reservation", body = Object), (status = 409, description = "CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn create(
@@ -255,7 +255,7 @@ async fn authorized(state: &AppState, who: &Authed, method: &'static str, id: &s
     tag = "reservations",
     summary = "One reservation, read from its stream",
     params(("reservation_id" = String, Path, description = "The reservation id")),
-    responses((status = 200, description = "The reservation", body = Object), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "The reservation", body = Object), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn get(State(state): State<AppState>, who: Authed, Path(id): Path<String>) -> Result<Response, ApiError> {
@@ -286,7 +286,7 @@ pub struct ListParams {
     tag = "reservations",
     summary = "The caller's tenant's reservations, in id order",
     params(ListParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn list(
@@ -351,7 +351,7 @@ pub struct ExtendBody {
     summary = "Cancel before the start",
     params(("reservation_id" = String, Path, description = "The reservation id")),
     request_body = inline(Option<CancelBody>),
-    responses((status = 200, description = "Cancelled", body = Object), (status = 409, description = "Wrong state: after the start, release instead", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "Cancelled", body = Object), (status = 409, description = "Wrong state: after the start, release instead", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn cancel(
@@ -374,7 +374,7 @@ pub async fn cancel(
     tag = "reservations",
     summary = "Release after the start",
     params(("reservation_id" = String, Path, description = "The reservation id")),
-    responses((status = 200, description = "Releasing", body = Object), (status = 409, description = "Wrong state: before the start, cancel instead", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "Releasing", body = Object), (status = 409, description = "Wrong state: before the start, cancel instead", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn release(
@@ -394,7 +394,7 @@ pub async fn release(
     tag = "reservations",
     summary = "Renew the allocation lease",
     params(("reservation_id" = String, Path, description = "The reservation id")),
-    responses((status = 200, description = "Renewed", body = Object), (status = 409, description = "Wrong state, or the lease already lapsed", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "Renewed", body = Object), (status = 409, description = "Wrong state, or the lease already lapsed", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn renew(
@@ -416,7 +416,7 @@ pub async fn renew(
     summary = "Lengthen the window on the same atoms",
     params(("reservation_id" = String, Path, description = "The reservation id")),
     request_body = ExtendBody,
-    responses((status = 200, description = "Extended", body = Object), (status = 409, description = "Wrong state, another booking, or quota", body = ErrorBody), (status = 400, description = "Bad input, naming the field", body = ErrorBody), (status = 401, description = "No or unknown bearer token", body = ErrorBody), (status = 403, description = "Not allowed", body = ErrorBody), (status = 404, description = "Not found, or not visible to the caller", body = ErrorBody)),
+    responses((status = 200, description = "Extended", body = Object), (status = 409, description = "Wrong state, another booking, or quota", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn extend(
