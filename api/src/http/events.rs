@@ -76,7 +76,8 @@ pub struct EventHub {
     db: Db,
     config: EventsConfig,
     sender: broadcast::Sender<Arc<Delivered>>,
-    started: OnceLock<()>,
+    /// Where the hub started following the log, once it has.
+    started: OnceLock<Position>,
     /// The position of the last event published (or where the hub started).
     published: std::sync::Mutex<Option<Position>>,
 }
@@ -100,29 +101,25 @@ impl EventHub {
         &self.config
     }
 
-    /// A receiver of everything the hub publishes from now on; starts the hub on first use.
-    pub fn subscribe(self: &Arc<Self>) -> broadcast::Receiver<Arc<Delivered>> {
-        let receiver = self.sender.subscribe();
-        self.started.get_or_init(|| {
-            let hub = Arc::clone(self);
-            tokio::spawn(async move { hub.run().await });
-        });
-        receiver
+    /// A receiver of everything the hub publishes from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Delivered>> {
+        self.sender.subscribe()
     }
 
-    /// Follows the log from its head at start, publishing each event once, in order, for as long as anyone
-    /// holds the hub.
-    async fn run(self: Arc<Self>) {
-        let mut cursor = loop {
-            match head(&self.db).await {
-                Ok(head) => break head,
-                Err(err) => {
-                    tracing::warn!(error = %err, "event stream: cannot read the log's head; retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            }
-        };
-        self.set_published(cursor);
+    /// Starts the hub after `position` if it has not started yet, and answers where it started. Its first
+    /// subscriber starts it where that subscriber's catch-up from the log ended, so nothing the subscriber has
+    /// not seen is ever behind the hub's start without the subscriber knowing.
+    pub fn start(self: &Arc<Self>, position: Position) -> Position {
+        *self.started.get_or_init(|| {
+            self.set_published(position);
+            let hub = Arc::clone(self);
+            tokio::spawn(async move { hub.run(position).await });
+            position
+        })
+    }
+
+    /// Follows the log after `cursor`, publishing each event once, in order, for as long as anyone holds the hub.
+    async fn run(self: Arc<Self>, mut cursor: Position) {
         // The hub holds itself through this task; it stops once the router's state is gone.
         while Arc::strong_count(&self) > 1 {
             match read(&self.db, cursor, self.config.batch).await {
@@ -239,40 +236,45 @@ pub fn subscription(hub: Arc<EventHub>, after: Option<Position>, filter: Filter)
                 break;
             }
         }
+        // Whatever lies between this catch-up's end and where the hub started (a hub started earlier by another
+        // subscriber), and later between this subscriber's last event and each delivered event's predecessor,
+        // comes from the log: every event is visible by then, so none is skipped.
+        let mut fill_to = hub.start(last);
+        let mut pending: Option<Arc<Delivered>> = None;
         loop {
+            while fill_to > last {
+                let batch = match read_until(&hub.db, last, fill_to, hub.config.batch).await {
+                    Ok(batch) if !batch.is_empty() => batch,
+                    Ok(_) => break,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "event stream: filling a subscriber's gap failed");
+                        yield Item::Failed { resume_after: last };
+                        return;
+                    }
+                };
+                for event in batch {
+                    last = event.position;
+                    if filter.admits(event.tenant_id.as_deref(), &event.event_type, &event.stream_id) {
+                        let data = event_json(&event).to_string();
+                        yield Item::Event { position: event.position, event_type: event.event_type, data };
+                    }
+                }
+            }
+            if let Some(delivered) = pending.take() {
+                last = delivered.position;
+                if filter.admits(delivered.tenant_id.as_deref(), &delivered.event_type, &delivered.stream_id) {
+                    yield Item::Event {
+                        position: delivered.position,
+                        event_type: delivered.event_type.clone(),
+                        data: delivered.data.clone(),
+                    };
+                }
+            }
             match live.recv().await {
+                Ok(delivered) if delivered.position <= last => {}
                 Ok(delivered) => {
-                    if delivered.position <= last {
-                        continue;
-                    }
-                    // Events between this subscriber's catch-up and the hub's start (or its first event since
-                    // subscribing) come from the log, so none is skipped.
-                    while delivered.prev > last {
-                        let batch = match read_until(&hub.db, last, delivered.prev, hub.config.batch).await {
-                            Ok(batch) if !batch.is_empty() => batch,
-                            Ok(_) => break,
-                            Err(err) => {
-                                tracing::warn!(error = %err, "event stream: filling a subscriber's gap failed");
-                                yield Item::Failed { resume_after: last };
-                                return;
-                            }
-                        };
-                        for event in batch {
-                            last = event.position;
-                            if filter.admits(event.tenant_id.as_deref(), &event.event_type, &event.stream_id) {
-                                let data = event_json(&event).to_string();
-                                yield Item::Event { position: event.position, event_type: event.event_type, data };
-                            }
-                        }
-                    }
-                    last = delivered.position;
-                    if filter.admits(delivered.tenant_id.as_deref(), &delivered.event_type, &delivered.stream_id) {
-                        yield Item::Event {
-                            position: delivered.position,
-                            event_type: delivered.event_type.clone(),
-                            data: delivered.data.clone(),
-                        };
-                    }
+                    fill_to = delivered.prev;
+                    pending = Some(delivered);
                 }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::info!(missed, resume_after = %last, "event stream: cut off a subscriber that fell behind");
