@@ -42,6 +42,17 @@ pub fn classify(nvml_name: &str) -> GpuName {
     GpuName { gpu_product, gpu_model: UNKNOWN_MODEL.to_owned(), known: false }
 }
 
+/// An NVML name that classifies as `label`, a `gpuProduct` (`H100-SXM5-80GB`) or a `gpuModel` (`H100`, its
+/// table's first part): what a simulated GPU of that kind reports.
+pub fn nvml_name_for(label: &str) -> Option<&'static str> {
+    let entries = &table().entries;
+    entries
+        .iter()
+        .find(|(m, _)| m.gpu_product.eq_ignore_ascii_case(label))
+        .or_else(|| entries.iter().find(|(m, _)| m.gpu_model.eq_ignore_ascii_case(label)))
+        .map(|(_, name)| name.as_str())
+}
+
 /// The version of the embedded `gpu-models.json`.
 pub fn models_version() -> u32 {
     table().version
@@ -80,6 +91,8 @@ struct Model {
 struct Table {
     version: u32,
     by_name: HashMap<String, Model>,
+    /// Each entry's first NVML name with its labels, in the file's order.
+    entries: Vec<(Model, String)>,
 }
 
 /// Why the table is unusable; the tests check that the embedded one is not.
@@ -108,6 +121,7 @@ fn table() -> &'static Table {
 fn parse(text: &str) -> Result<Table, TableError> {
     let file: ModelsFile = serde_json::from_str(text)?;
     let mut by_name = HashMap::new();
+    let mut entries = Vec::new();
     for entry in file.models {
         if entry.gpu_product.trim().is_empty() || entry.gpu_model.trim().is_empty() {
             return Err(TableError::EmptyLabel);
@@ -118,6 +132,8 @@ fn parse(text: &str) -> Result<Table, TableError> {
         if entry.gpu_model.eq_ignore_ascii_case(UNKNOWN_MODEL) {
             return Err(TableError::ReservedModel { gpu_product: entry.gpu_product });
         }
+        let first = Model { gpu_product: entry.gpu_product.clone(), gpu_model: entry.gpu_model.clone() };
+        entries.push((first, entry.nvml_names[0].clone()));
         for name in &entry.nvml_names {
             let model = Model { gpu_product: entry.gpu_product.clone(), gpu_model: entry.gpu_model.clone() };
             let normalized = normalize_nvml_name(name);
@@ -126,12 +142,21 @@ fn parse(text: &str) -> Result<Table, TableError> {
             }
         }
     }
-    Ok(Table { version: file.version, by_name })
+    Ok(Table { version: file.version, by_name, entries })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_label_names_an_nvml_name_that_classifies_back_to_it() {
+        let name = nvml_name_for("h100").expect("a known model");
+        assert_eq!(classify(name).gpu_model, "H100");
+        let name = nvml_name_for("A100-SXM4-80GB").expect("a known product");
+        assert_eq!(classify(name).gpu_product, "A100-SXM4-80GB");
+        assert_eq!(nvml_name_for("Z9000"), None);
+    }
 
     fn known(gpu_product: &str, gpu_model: &str) -> GpuName {
         GpuName { gpu_product: gpu_product.to_owned(), gpu_model: gpu_model.to_owned(), known: true }

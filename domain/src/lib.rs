@@ -8,6 +8,7 @@ pub mod event;
 pub mod gpu;
 pub mod hardware;
 pub mod id;
+pub mod inventory;
 pub mod node;
 pub mod placement;
 pub mod pool;

@@ -1,0 +1,314 @@
+//! `NodeInventory v1`: what a node has, in four sections (system, GPUs, NICs, disks). Each section has its own
+//! hash, so an agent sends only the sections whose hash the control plane does not have yet, and the control
+//! plane keeps every accepted document as an append-only snapshot.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::device::GpuInfo;
+
+/// The value of a document's `schema` field.
+pub const SCHEMA: &str = "NodeInventory/v1";
+
+/// The machine itself: where its identifiers and software versions are.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SystemSection {
+    pub hostname: String,
+    /// `/etc/machine-id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_id: Option<String>,
+    /// SMBIOS product UUID and board serial: identifiers that survive a reinstall.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product_uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub board_serial: Option<String>,
+    pub os: String,
+    pub kernel: String,
+    pub cpu_model: String,
+    pub cpu_cores: u32,
+    pub memory_mib: u64,
+    /// The NVIDIA driver and its CUDA version, when NVML answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_version: Option<String>,
+}
+
+/// One GPU: what [`GpuInfo`] carries for capacity, and what only the inventory keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuSection {
+    #[serde(flatten)]
+    pub info: GpuInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default)]
+    pub mig_enabled: bool,
+    /// The PCI bus ids of the GPUs it has NVLink to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlink_peers: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NicSection {
+    pub name: String,
+    pub mac: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_mbps: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskSection {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    pub size_bytes: u64,
+}
+
+/// The whole document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeInventory {
+    pub schema: String,
+    pub system: SystemSection,
+    pub gpus: Vec<GpuSection>,
+    pub nics: Vec<NicSection>,
+    pub disks: Vec<DiskSection>,
+}
+
+/// The document's sections, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Section {
+    System,
+    Gpus,
+    Nics,
+    Disks,
+}
+
+impl Section {
+    pub const ALL: [Section; 4] = [Section::System, Section::Gpus, Section::Nics, Section::Disks];
+}
+
+/// Each section's hash: `sha256:` and the hex digest of the section's JSON.
+pub type SectionHashes = BTreeMap<Section, String>;
+
+/// What an agent sends: every section's hash, and the sections the control plane does not have.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryReport {
+    pub schema: String,
+    pub hashes: SectionHashes,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<SystemSection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<Vec<GpuSection>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nics: Option<Vec<NicSection>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disks: Option<Vec<DiskSection>>,
+}
+
+fn digest<T: Serialize>(section: &T) -> String {
+    // Structs serialize their fields in declaration order and lists keep theirs, so the JSON is canonical.
+    let bytes = serde_json::to_vec(section).expect("an inventory section serializes");
+    let hash = Sha256::digest(&bytes);
+    let mut hex = String::with_capacity(7 + 64);
+    hex.push_str("sha256:");
+    for byte in hash {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    hex
+}
+
+impl NodeInventory {
+    /// An empty document of this schema.
+    pub fn new(system: SystemSection) -> Self {
+        NodeInventory { schema: SCHEMA.to_owned(), system, gpus: Vec::new(), nics: Vec::new(), disks: Vec::new() }
+    }
+
+    /// One section's hash.
+    pub fn hash(&self, section: Section) -> String {
+        match section {
+            Section::System => digest(&self.system),
+            Section::Gpus => digest(&self.gpus),
+            Section::Nics => digest(&self.nics),
+            Section::Disks => digest(&self.disks),
+        }
+    }
+
+    pub fn hashes(&self) -> SectionHashes {
+        Section::ALL.into_iter().map(|s| (s, self.hash(s))).collect()
+    }
+
+    /// The report for a control plane that holds the sections hashed `known`: every hash, and only the sections
+    /// whose hash differs.
+    pub fn report(&self, known: &SectionHashes) -> InventoryReport {
+        let hashes = self.hashes();
+        let changed = |s: Section| known.get(&s) != hashes.get(&s);
+        InventoryReport {
+            schema: self.schema.clone(),
+            system: changed(Section::System).then(|| self.system.clone()),
+            gpus: changed(Section::Gpus).then(|| self.gpus.clone()),
+            nics: changed(Section::Nics).then(|| self.nics.clone()),
+            disks: changed(Section::Disks).then(|| self.disks.clone()),
+            hashes,
+        }
+    }
+}
+
+/// Why a report cannot be applied to the document the control plane holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    #[error("schema: {0:?} is not {SCHEMA}")]
+    Schema(String),
+    #[error("{0:?}: the report neither sends this section nor names the hash held for it")]
+    Missing(Section),
+    #[error("{0:?}: the section sent does not have the hash the report names")]
+    HashMismatch(Section),
+}
+
+impl InventoryReport {
+    /// The document this report describes, given the one held before (`None` for a node's first report):
+    /// sections not sent must have the hash of the held ones, and sections sent must match their hashes.
+    pub fn apply(self, held: Option<&NodeInventory>) -> Result<NodeInventory, ReportError> {
+        if self.schema != SCHEMA {
+            return Err(ReportError::Schema(self.schema));
+        }
+        let take = |section: Section| -> Result<(), ReportError> {
+            match held {
+                Some(held) if self.hashes.get(&section) == Some(&held.hash(section)) => Ok(()),
+                _ => Err(ReportError::Missing(section)),
+            }
+        };
+        let held_or = |section: Section| take(section).map(|()| held.expect("held when its hash matched"));
+        let document = NodeInventory {
+            schema: SCHEMA.to_owned(),
+            system: match self.system {
+                Some(s) => s,
+                None => held_or(Section::System)?.system.clone(),
+            },
+            gpus: match self.gpus {
+                Some(g) => g,
+                None => held_or(Section::Gpus)?.gpus.clone(),
+            },
+            nics: match self.nics {
+                Some(n) => n,
+                None => held_or(Section::Nics)?.nics.clone(),
+            },
+            disks: match self.disks {
+                Some(d) => d,
+                None => held_or(Section::Disks)?.disks.clone(),
+            },
+        };
+        for section in Section::ALL {
+            if self.hashes.get(&section) != Some(&document.hash(section)) {
+                return Err(ReportError::HashMismatch(section));
+            }
+        }
+        Ok(document)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn document() -> NodeInventory {
+        let mut doc = NodeInventory::new(SystemSection {
+            hostname: "gpu-01".into(),
+            machine_id: Some("0f1e2d3c4b5a69788796a5b4c3d2e1f0".into()),
+            os: "Debian 12".into(),
+            kernel: "6.1.0".into(),
+            cpu_model: "AMD EPYC 9454".into(),
+            cpu_cores: 96,
+            memory_mib: 1_548_288,
+            ..SystemSection::default()
+        });
+        doc.gpus.push(GpuSection {
+            info: GpuInfo {
+                uuid: "GPU-0000".parse().expect("uuid"),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_mib: 81_559,
+                pci_bus_id: Some("00000000:18:00.0".into()),
+                mig_instances: Vec::new(),
+            },
+            serial: Some("1650123456789".into()),
+            mig_enabled: false,
+            nvlink_peers: Vec::new(),
+        });
+        doc.nics.push(NicSection {
+            name: "eth0".into(),
+            mac: "02:00:00:00:00:01".into(),
+            speed_mbps: None,
+            pci_bus_id: None,
+        });
+        doc
+    }
+
+    #[test]
+    fn a_first_report_sends_every_section_and_rebuilds_the_document() {
+        let doc = document();
+        let report = doc.report(&SectionHashes::new());
+        assert!(report.system.is_some() && report.gpus.is_some() && report.nics.is_some() && report.disks.is_some());
+        assert_eq!(report.apply(None).expect("applies"), doc);
+    }
+
+    #[test]
+    fn an_unchanged_section_is_not_sent_again_and_the_held_one_is_kept() {
+        let doc = document();
+        let held = doc.clone();
+        let mut changed = doc.clone();
+        changed.system.kernel = "6.1.1".into();
+        let report = changed.report(&held.hashes());
+        assert!(report.system.is_some(), "the changed section is sent");
+        assert_eq!((report.gpus.is_none(), report.nics.is_none(), report.disks.is_none()), (true, true, true));
+        assert_eq!(report.apply(Some(&held)).expect("applies"), changed);
+        assert!(doc.report(&held.hashes()).system.is_none(), "nothing changed, nothing sent");
+    }
+
+    #[test]
+    fn hashes_follow_the_content_not_the_instance() {
+        assert_eq!(document().hashes(), document().hashes());
+        let mut other = document();
+        other.gpus[0].info.memory_mib += 1;
+        assert_ne!(other.hash(Section::Gpus), document().hash(Section::Gpus));
+        assert_eq!(other.hash(Section::System), document().hash(Section::System));
+        assert!(document().hash(Section::Disks).starts_with("sha256:"));
+    }
+
+    #[test]
+    fn a_report_that_leaves_out_a_section_the_control_plane_lacks_is_refused() {
+        let doc = document();
+        let mut stale = doc.hashes();
+        stale.insert(Section::Gpus, "sha256:00".into());
+        // The agent believes the control plane holds other GPUs than it does.
+        let mut report = doc.report(&doc.hashes());
+        report.hashes = stale;
+        assert_eq!(report.apply(Some(&doc)), Err(ReportError::Missing(Section::Gpus)));
+        assert_eq!(doc.report(&doc.hashes()).apply(None), Err(ReportError::Missing(Section::System)));
+    }
+
+    #[test]
+    fn a_section_that_does_not_match_its_hash_or_a_wrong_schema_is_refused() {
+        let doc = document();
+        let mut report = doc.report(&SectionHashes::new());
+        report.nics.as_mut().expect("sent").push(NicSection {
+            name: "eth1".into(),
+            mac: "02:00:00:00:00:02".into(),
+            speed_mbps: None,
+            pci_bus_id: None,
+        });
+        assert_eq!(report.apply(None), Err(ReportError::HashMismatch(Section::Nics)));
+        let mut report = doc.report(&SectionHashes::new());
+        report.schema = "NodeInventory/v2".into();
+        assert!(matches!(report.apply(None), Err(ReportError::Schema(_))));
+    }
+}
