@@ -4,7 +4,6 @@
 use bc_domain::device::GpuInfo;
 use bc_domain::gpu;
 use bc_domain::inventory::{DiskSection, GpuSection, NicSection, NodeInventory, SystemSection};
-use sha2::{Digest, Sha256};
 
 /// What `--simulate` was given: `<count>x<gpuModel or gpuProduct>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,8 +36,7 @@ impl std::str::FromStr for Simulated {
 }
 
 fn derived(host: &str, what: &str) -> String {
-    let digest = Sha256::digest(format!("{host}/{what}").as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    bc_domain::sha256_hex(format!("{host}/{what}"))
 }
 
 /// The inventory of simulated machine `host` with the GPUs of `spec`.

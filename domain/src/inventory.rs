@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::device::GpuInfo;
 
@@ -119,13 +118,7 @@ pub struct InventoryReport {
 fn digest<T: Serialize>(section: &T) -> String {
     // Structs serialize their fields in declaration order and lists keep theirs, so the JSON is canonical.
     let bytes = serde_json::to_vec(section).expect("an inventory section serializes");
-    let hash = Sha256::digest(&bytes);
-    let mut hex = String::with_capacity(7 + 64);
-    hex.push_str("sha256:");
-    for byte in hash {
-        hex.push_str(&format!("{byte:02x}"));
-    }
-    hex
+    format!("sha256:{}", crate::sha256_hex(bytes))
 }
 
 impl NodeInventory {
@@ -182,30 +175,28 @@ impl InventoryReport {
         if self.schema != SCHEMA {
             return Err(ReportError::Schema(self.schema));
         }
-        let take = |section: Section| -> Result<(), ReportError> {
-            match held {
-                Some(held) if self.hashes.get(&section) == Some(&held.hash(section)) => Ok(()),
-                _ => Err(ReportError::Missing(section)),
-            }
+        // A section not sent is the held one, if the report names the held one's hash.
+        let held_section = |section: Section| match held {
+            Some(held) if self.hashes.get(&section) == Some(&held.hash(section)) => Ok(held),
+            _ => Err(ReportError::Missing(section)),
         };
-        let held_or = |section: Section| take(section).map(|()| held.expect("held when its hash matched"));
         let document = NodeInventory {
             schema: SCHEMA.to_owned(),
             system: match self.system {
                 Some(s) => s,
-                None => held_or(Section::System)?.system.clone(),
+                None => held_section(Section::System)?.system.clone(),
             },
             gpus: match self.gpus {
                 Some(g) => g,
-                None => held_or(Section::Gpus)?.gpus.clone(),
+                None => held_section(Section::Gpus)?.gpus.clone(),
             },
             nics: match self.nics {
                 Some(n) => n,
-                None => held_or(Section::Nics)?.nics.clone(),
+                None => held_section(Section::Nics)?.nics.clone(),
             },
             disks: match self.disks {
                 Some(d) => d,
-                None => held_or(Section::Disks)?.disks.clone(),
+                None => held_section(Section::Disks)?.disks.clone(),
             },
         };
         for section in Section::ALL {

@@ -20,3 +20,13 @@ pub mod stream;
 pub mod upcast;
 
 pub use rejection::Rejection;
+
+/// The lower-case hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: impl AsRef<[u8]>) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).iter().fold(String::with_capacity(64), |mut hex, byte| {
+        use std::fmt::Write as _;
+        let _ = write!(hex, "{byte:02x}");
+        hex
+    })
+}

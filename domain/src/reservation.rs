@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::Rejection;
 use crate::device::{AttrValue, DeviceClass};
@@ -284,7 +283,7 @@ impl ReservationRequest {
     /// A digest of the request, to tell a retry from a reuse of its idempotency key.
     pub fn hash(&self) -> String {
         let bytes = rmp_serde::to_vec_named(self).unwrap_or_default();
-        Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+        crate::sha256_hex(&bytes)
     }
 
     /// The quota resource the request is charged against: its device class.

@@ -38,7 +38,6 @@ use std::path::Path;
 use bc_domain::id::{Identity, TenantId};
 use futures_util::future::BoxFuture;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use super::catalog::{MethodSpec, Relation, Requirement, Target};
 use super::{Authorizer, Decision, PoolFacts, Principal, ROOT_TENANT, Resource};
@@ -146,7 +145,7 @@ pub struct BuiltinAuthorizer {
 
 /// The hex SHA-256 of a token, as `token_sha256` holds it.
 pub fn token_sha256(token: &str) -> String {
-    Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    bc_domain::sha256_hex(token)
 }
 
 impl BuiltinAuthorizer {

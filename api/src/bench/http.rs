@@ -10,15 +10,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use bc_domain::id::PoolId;
-use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
-use bc_domain::site::SiteKind;
 use bc_eventstore::TxOptions;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use super::reserve::{bulk_fleet, gpu_request};
-use super::{BenchCluster, PgbenchRun, drive, pgbench};
-use crate::app::fleet::{CreatePool, CreateSite, OfferPool};
+use super::reserve::{bench_site, bulk_fleet, gpu_request, h100_pool};
+use super::{BenchCluster, PgbenchRun, drive, percentile, pgbench};
+use crate::app::fleet::OfferPool;
 use crate::app::reservations::Reserve;
 use crate::app::{App, Caller};
 use crate::auth::builtin::BuiltinAuthorizer;
@@ -134,11 +132,6 @@ async fn subscribe(
     Ok(())
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted.get(index).copied().unwrap_or_default()
-}
-
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -147,34 +140,12 @@ fn millis(d: Duration) -> f64 {
 pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
     let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep).await?;
     let db = bench.db.clone();
-    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-    sqlx::raw_sql("CREATE TABLE bench_narrow (id bigint)").execute(tx.conn()).await?;
-    tx.commit().await?;
-    let narrow = bench.root.join("narrow.sql");
-    std::fs::write(&narrow, "INSERT INTO bench_narrow (id) VALUES (1);\n")?;
+    let narrow = bench.one_row_insert_script().await?;
 
     let app = App::new(db.clone());
     let owner = super::reserve::bench_caller("operator@bench")?;
-    let site = app
-        .create_site(&owner, CreateSite { name: "bench".into(), iam_region: "local-1".into(), kind: SiteKind::Shared })
-        .await?
-        .value;
-    let pool = app
-        .create_pool(
-            &owner,
-            CreatePool {
-                site_id: site.clone(),
-                name: "cycles".into(),
-                class: PoolClass::MetalHost,
-                gpu_model: "H100".into(),
-                sharing: Sharing::Exclusive,
-                agent: PoolAgent::Bcd,
-                policy: PoolPolicy::default(),
-                provider_account_id: None,
-            },
-        )
-        .await?
-        .value;
+    let site = bench_site(&app, &owner).await?;
+    let pool = app.create_pool(&owner, h100_pool(&site, "cycles")).await?.value;
     bulk_fleet(&db, &pool, &site, 0, 64, 8, 0).await?;
     let offer = OfferPool {
         tenant_id: TENANT.parse()?,

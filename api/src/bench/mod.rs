@@ -50,6 +50,17 @@ pub(crate) struct BenchCluster {
 }
 
 impl BenchCluster {
+    /// Creates the one-column `bench_narrow` table and writes the pgbench script of the baseline: a one-row
+    /// INSERT into it. Returns the script's path.
+    pub async fn one_row_insert_script(&self) -> anyhow::Result<PathBuf> {
+        let mut tx = self.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await?;
+        sqlx::raw_sql("CREATE TABLE bench_narrow (id bigint)").execute(tx.conn()).await?;
+        tx.commit().await?;
+        let script = self.root.join("narrow.sql");
+        std::fs::write(&script, "INSERT INTO bench_narrow (id) VALUES (1);\n")?;
+        Ok(script)
+    }
+
     /// Creates and starts the cluster in `data_dir` (a fresh temporary folder when `None`), creates and
     /// migrates the `bench` database.
     pub async fn start(data_dir: Option<&Path>, keep: bool) -> anyhow::Result<Self> {
@@ -109,6 +120,12 @@ where
         total += done.context("join a client")??;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The `p` quantile (0 to 1) of sorted durations.
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(index).copied().unwrap_or_default()
 }
 
 /// One pgbench run.

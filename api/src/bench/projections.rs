@@ -136,8 +136,7 @@ pub async fn projections(config: ProjectionsBenchConfig) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
     sqlx::raw_sql(
         "ANALYZE events;
-         CREATE TABLE bench_copy (stream_id text, stream_version int, event_type text, payload bytea, metadata bytea);
-         CREATE TABLE bench_narrow (id bigint)",
+         CREATE TABLE bench_copy (stream_id text, stream_version int, event_type text, payload bytea, metadata bytea)",
     )
     .execute(tx.conn())
     .await?;
@@ -224,8 +223,7 @@ pub async fn projections(config: ProjectionsBenchConfig) -> anyhow::Result<()> {
     lag_seconds.sort_by(f64::total_cmp);
     let pick = |v: &[i64], p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0);
     let pick_s = |v: &[f64], p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0.0);
-    let narrow = bench.root.join("narrow.sql");
-    std::fs::write(&narrow, "INSERT INTO bench_narrow (id) VALUES (1);\n")?;
+    let narrow = bench.one_row_insert_script().await?;
     let run = PgbenchRun {
         script: &narrow,
         database: "bench",

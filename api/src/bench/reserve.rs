@@ -12,7 +12,7 @@ use bc_domain::reservation::ReservationRequest;
 use bc_domain::site::SiteKind;
 use bc_eventstore::{Db, TxOptions, sql};
 
-use super::{BenchCluster, PgbenchRun, drive, pgbench};
+use super::{BenchCluster, PgbenchRun, drive, percentile, pgbench};
 use crate::app::fleet::{CreatePool, CreateSite};
 use crate::app::reservations::Reserve;
 use crate::app::{App, Caller};
@@ -34,6 +34,26 @@ pub(super) fn bench_caller(identity: &str) -> anyhow::Result<Caller> {
 
 pub(super) fn gpu_request(pool: &PoolId, count: u32) -> ReservationRequest {
     ReservationRequest::hold(pool.clone(), DeviceClass::Gpu, count)
+}
+
+/// The benchmarks' site, created through the command.
+pub(super) async fn bench_site(app: &App, owner: &Caller) -> anyhow::Result<SiteId> {
+    let site = CreateSite { name: "bench".into(), iam_region: "local-1".into(), kind: SiteKind::Shared };
+    Ok(app.create_site(owner, site).await?.value)
+}
+
+/// An exclusive H100 pool of `site`.
+pub(super) fn h100_pool(site: &SiteId, name: &str) -> CreatePool {
+    CreatePool {
+        site_id: site.clone(),
+        name: name.into(),
+        class: PoolClass::MetalHost,
+        gpu_model: "H100".into(),
+        sharing: Sharing::Exclusive,
+        agent: PoolAgent::Bcd,
+        policy: PoolPolicy::default(),
+        provider_account_id: None,
+    }
 }
 
 /// Inserts `nodes` schedulable nodes with `gpus` H100s each straight into the inline tables, and books every GPU of
@@ -106,39 +126,17 @@ async fn cycles(app: &App, pool: &PoolId, clients: usize, run_for: Duration) -> 
     .await
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted.get(index).copied().unwrap_or_default()
-}
-
 /// Runs the reservation benchmark and prints its figures.
 pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
     let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep).await?;
     let db = bench.db.clone();
-    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-    sqlx::raw_sql("CREATE TABLE bench_narrow (id bigint)").execute(tx.conn()).await?;
-    tx.commit().await?;
-    let narrow = bench.root.join("narrow.sql");
-    std::fs::write(&narrow, "INSERT INTO bench_narrow (id) VALUES (1);\n")?;
+    let narrow = bench.one_row_insert_script().await?;
 
     let app = App::new(db.clone());
     let owner = bench_caller("operator@bench")?;
-    let site = app
-        .create_site(&owner, CreateSite { name: "bench".into(), iam_region: "local-1".into(), kind: SiteKind::Shared })
-        .await?
-        .value;
-    let new_pool = |name: &str| CreatePool {
-        site_id: site.clone(),
-        name: name.into(),
-        class: PoolClass::MetalHost,
-        gpu_model: "H100".into(),
-        sharing: Sharing::Exclusive,
-        agent: PoolAgent::Bcd,
-        policy: PoolPolicy::default(),
-        provider_account_id: None,
-    };
-    let cycle_pool = app.create_pool(&owner, new_pool("cycles")).await?.value;
-    let fleet_pool = app.create_pool(&owner, new_pool("fleet")).await?.value;
+    let site = bench_site(&app, &owner).await?;
+    let cycle_pool = app.create_pool(&owner, h100_pool(&site, "cycles")).await?.value;
+    let fleet_pool = app.create_pool(&owner, h100_pool(&site, "fleet")).await?.value;
     bulk_fleet(&db, &cycle_pool, &site, 0, 64, 8, 0).await?;
     bulk_fleet(&db, &fleet_pool, &site, 100_000, 1_000, 8, 500).await?;
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;

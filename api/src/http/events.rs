@@ -199,22 +199,12 @@ pub enum Item {
     Failed { resume_after: Position },
 }
 
-/// Every event after `after` (or from now) that `filter` admits, once each, in log order: a catch-up from the
-/// log, then the hub's fan-out.
-pub fn subscription(hub: Arc<EventHub>, after: Option<Position>, filter: Filter) -> impl Stream<Item = Item> + Send {
+/// Every event after `after` that `filter` admits, once each, in log order: a catch-up from the log, then the
+/// hub's fan-out.
+pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl Stream<Item = Item> + Send {
     async_stream::stream! {
         let mut live = hub.subscribe();
-        let mut last = match after {
-            Some(after) => after,
-            None => match head(&hub.db).await {
-                Ok(head) => head,
-                Err(err) => {
-                    tracing::warn!(error = %err, "event stream: cannot read the log's head");
-                    yield Item::Failed { resume_after: Position::START };
-                    return;
-                }
-            },
-        };
+        let mut last = after;
         loop {
             let batch = match read(&hub.db, last, hub.config.batch).await {
                 Ok(batch) => batch,
@@ -323,11 +313,11 @@ pub async fn stream(
             .and_then(|text| path_id::<Position>("Last-Event-ID", text.trim()))
     });
     let after = match (from_header.transpose()?, params.after.as_deref()) {
-        (Some(position), _) => Some(position),
-        (None, Some(text)) => Some(path_id::<Position>("after", text)?),
+        (Some(position), _) => position,
+        (None, Some(text)) => path_id::<Position>("after", text)?,
         // Without a position the stream starts at the log's head as of this request, fixed before the
         // response starts, so whatever commits after the subscriber has its headers is delivered.
-        (None, None) => Some(head(state.db()).await.map_err(|err| ApiError::from(crate::app::AppError::from(err)))?),
+        (None, None) => head(state.db()).await.map_err(|err| ApiError::from_store(&err))?,
     };
     let types: Vec<String> = params
         .types

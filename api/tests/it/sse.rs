@@ -192,13 +192,13 @@ async fn a_subscriber_a_whole_buffer_behind_is_cut_off_and_resumes_without_losin
     let hub = Arc::new(EventHub::new(t.db.clone(), config));
     let filter = Filter { tenant: Some("acme".into()), ..Filter::default() };
     let first = append(&t.db, "acme", "test.sse", 0).await;
-    let slow = subscription(Arc::clone(&hub), Some(Position::START), filter.clone());
+    let slow = subscription(Arc::clone(&hub), Position::START, filter.clone());
     let mut slow = std::pin::pin!(slow);
     let got = slow.next().await.expect("the first event");
     assert!(matches!(got, Item::Event { position, .. } if position == first));
 
     // Twenty more events while the slow subscriber reads nothing; a prompt one keeps up meanwhile.
-    let prompt = subscription(Arc::clone(&hub), Some(first), filter.clone());
+    let prompt = subscription(Arc::clone(&hub), first, filter.clone());
     let mut prompt = std::pin::pin!(prompt);
     let mut last = first;
     for n in 1..=20 {
@@ -225,7 +225,7 @@ async fn a_subscriber_a_whole_buffer_behind_is_cut_off_and_resumes_without_losin
 
     // Resuming from there yields what it missed, once each, in order.
     let missing = 21 - seen.len();
-    let resumed = subscription(Arc::clone(&hub), Some(resume_after), filter);
+    let resumed = subscription(Arc::clone(&hub), resume_after, filter);
     let positions: Vec<Position> = resumed
         .take(missing)
         .map(|item| match item {
@@ -241,7 +241,7 @@ async fn a_subscriber_a_whole_buffer_behind_is_cut_off_and_resumes_without_losin
 }
 
 #[tokio::test]
-async fn a_stream_without_a_position_starts_where_the_log_was_when_the_response_began() {
+async fn a_stream_without_a_position_gets_what_commits_after_its_response_began() {
     use http_body_util::BodyExt as _;
     use tower::ServiceExt as _;
 
