@@ -66,6 +66,12 @@ async fn rows(tx: &mut Tx, query: String, binds: &[Option<&str>]) -> AppResult<V
         .collect()
 }
 
+/// The one row of a read by id, or `NOT_FOUND` naming what was looked for.
+fn the_one(found: Vec<(String, Value)>, kind: &'static str, id: &str) -> AppResult<Value> {
+    let missing = || bc_domain::Rejection::NotFound { kind, id: id.to_owned() }.into();
+    found.into_iter().next().map(|(_, value)| value).ok_or_else(missing)
+}
+
 /// Cuts one extra row off (its presence says there is a next page).
 fn paged(mut found: Vec<(String, Value)>, page: &Page) -> Listed {
     let more = found.len() > page.limit as usize;
@@ -137,11 +143,7 @@ impl App {
             format!("SELECT p.pool_id, ({POOL_JSON})::text FROM {table} AS p WHERE {POOL_VISIBLE} AND p.pool_id = $2");
         let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(pool_id.as_str())]).await?;
         tx.commit().await?;
-        found
-            .into_iter()
-            .next()
-            .map(|(_, pool)| pool)
-            .ok_or_else(|| bc_domain::Rejection::NotFound { kind: "pool", id: pool_id.to_string() }.into())
+        the_one(found, "pool", pool_id.as_str())
     }
 
     /// A pool's capacity rollup, by resource, if the caller may see the pool.
@@ -186,11 +188,7 @@ impl App {
             format!("SELECT s.id, ({SITE_JSON})::text FROM sites AS s WHERE s.owner_tenant_id = $1 AND s.id = $2");
         let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(site_id.as_str())]).await?;
         tx.commit().await?;
-        found
-            .into_iter()
-            .next()
-            .map(|(_, site)| site)
-            .ok_or_else(|| bc_domain::Rejection::NotFound { kind: "site", id: site_id.to_string() }.into())
+        the_one(found, "site", site_id.as_str())
     }
 
     /// One node of a pool the caller's tenant owns, from the `nodes` read model.
@@ -203,11 +201,7 @@ impl App {
         );
         let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(node_id.as_str())]).await?;
         tx.commit().await?;
-        found
-            .into_iter()
-            .next()
-            .map(|(_, node)| node)
-            .ok_or_else(|| bc_domain::Rejection::NotFound { kind: "node", id: node_id.to_string() }.into())
+        the_one(found, "node", node_id.as_str())
     }
 
     /// The nodes of the pools the caller's tenant owns, from the `nodes` read model.
