@@ -1,9 +1,9 @@
-//! `bcd`: the node agent. It will join the control plane, report the machine's inventory (GPUs through NVML,
-//! or simulated ones), hold a liveness session and carry out commands; those arrive with the agent issue.
-//! The agent links only `bc-domain`, never sqlx or axum.
+//! `bcd`: the node agent's command line.
 
-mod simulate;
+use std::path::PathBuf;
 
+use bc_agent::run::{AgentConfig, InventorySource, run};
+use bc_agent::simulate;
 use clap::{Parser, Subcommand};
 
 /// bcd: Better Compute's node agent.
@@ -16,30 +16,78 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print the agent's version and the id prefix of the node it would register.
+    /// Print the agent's version.
     Version,
     /// Print this machine's `NodeInventory v1` document as JSON, with each section's hash.
     Inventory {
         /// Simulated GPUs instead of NVML: `<count>x<model>`, such as `8xH100` or `4xA100-SXM4-80GB`.
         #[arg(long)]
-        simulate: simulate::Simulated,
-        /// The simulated machine's host name (its identifiers are derived from it).
-        #[arg(long, default_value = "sim-0")]
-        hostname: String,
+        simulate: Option<simulate::Simulated>,
+        /// The host name to report (a simulated machine's identifiers are derived from it).
+        #[arg(long)]
+        hostname: Option<String>,
     },
+    /// Join the control plane (once, with a join token) and run: heartbeats, inventory, commands.
+    Run {
+        /// The control plane's base URL.
+        #[arg(long, env = "BCD_SERVER", default_value = "http://127.0.0.1:8080")]
+        server: String,
+        /// The join token (`jt_...`), needed only until the node has its credential.
+        #[arg(long, env = "BCD_JOIN_TOKEN", hide_env_values = true)]
+        join_token: Option<String>,
+        /// Where the node credential is kept.
+        #[arg(long, env = "BCD_STATE_DIR", default_value = "/var/lib/bcd")]
+        state_dir: PathBuf,
+        /// Where CDI spec files for bound reservations are written.
+        #[arg(long, env = "BCD_CDI_DIR", default_value = "/etc/cdi")]
+        cdi_dir: PathBuf,
+        /// Simulated GPUs instead of NVML: `<count>x<model>`.
+        #[arg(long)]
+        simulate: Option<simulate::Simulated>,
+        /// The host name to report.
+        #[arg(long)]
+        hostname: Option<String>,
+    },
+}
+
+fn source(simulate: Option<simulate::Simulated>, hostname: Option<String>) -> InventorySource {
+    match simulate {
+        Some(spec) => {
+            let host = hostname.unwrap_or_else(|| "sim-0".to_owned());
+            InventorySource::simulated(simulate::inventory(&host, &spec)).0
+        }
+        None => InventorySource::Local { hostname },
+    }
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Version => {
-            println!("bcd {}", env!("CARGO_PKG_VERSION"));
+            println!("bcd {}", bc_agent::VERSION);
             Ok(())
         }
         Command::Inventory { simulate, hostname } => {
-            let document = simulate::inventory(&hostname, &simulate);
+            let document = source(simulate, hostname).read();
             let out = serde_json::json!({ "document": document, "hashes": document.hashes() });
             println!("{}", serde_json::to_string_pretty(&out)?);
             Ok(())
+        }
+        Command::Run { server, join_token, state_dir, cdi_dir, simulate, hostname } => {
+            let config = AgentConfig {
+                server,
+                join_token,
+                state_dir,
+                cdi_dir,
+                inventory: source(simulate, hostname),
+                inventory_every: 60,
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let stop = async {
+                    let _ = tokio::signal::ctrl_c().await;
+                };
+                run(config, stop).await
+            })
         }
     }
 }

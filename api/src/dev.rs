@@ -1,6 +1,7 @@
 //! `better-compute dev`: the service on an embedded database. With no database URL it starts (or reuses) a
 //! persistent private PostgreSQL cluster in a data folder, creates the `better_compute` database, migrates,
-//! seeds a demo fleet of simulated nodes into an empty database, and serves; Ctrl-C stops the service and then the cluster it started.
+//! seeds a demo fleet into an empty database, starts its simulated machines' agents in process, and serves;
+//! Ctrl-C stops the agents, the service, and then the cluster it started.
 
 use std::path::{Path, PathBuf};
 
@@ -9,13 +10,10 @@ use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, RunAs, StopMode, 
 use bc_eventstore::{Db, DbConfig};
 use sqlx::{ConnectOptions as _, Connection as _};
 
-use bc_domain::device::GpuInfo;
-use bc_domain::node::{Role, Trust};
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
 use bc_domain::site::SiteKind;
 
 use crate::app::fleet::{CreatePool, CreateSite, OfferPool};
-use crate::app::nodes::RegisterNode;
 use crate::app::{App, Caller};
 use crate::service::{self, MigrateOnStart};
 
@@ -92,8 +90,25 @@ impl EmbeddedDatabase {
     }
 }
 
-/// Seeds a small demo fleet into an empty database: a site, an exclusive H100 pool and two nodes of eight
-/// simulated GPUs each, owned by the platform (tenant `root`). A database that has any site is left alone.
+/// The demo pools: name, GPU model.
+const DEMO_POOLS: &[(&str, &str)] = &[("h100", "H100"), ("a100", "A100")];
+
+/// The demo machines: host name, pool, simulated GPUs.
+const DEMO_AGENTS: &[(&str, &str, &str)] = &[
+    ("gpu-h100-0", "h100", "8xH100"),
+    ("gpu-h100-1", "h100", "8xH100"),
+    ("gpu-h100-2", "h100", "8xH100"),
+    ("gpu-a100-0", "a100", "4xA100-SXM4-80GB"),
+    ("gpu-a100-1", "a100", "4xA100-SXM4-80GB"),
+];
+
+fn dev_operator() -> anyhow::Result<Caller> {
+    Ok(Caller::new("root".parse()?, "operator@dev".parse()?, "system"))
+}
+
+/// Seeds a small demo fleet into an empty database: a site and two exclusive pools (H100 and A100), owned by the
+/// platform (tenant `root`) and offered to the demo tenant. Its machines are simulated agents that join when
+/// `dev` starts ([`start_demo_agents`]). A database that has any site is left alone.
 pub async fn seed_demo_fleet(db: &Db) -> anyhow::Result<()> {
     let mut tx = db.begin(bc_eventstore::TxOptions::READ_ONLY).await?;
     let sites: i64 = bc_eventstore::sql::query_scalar("SELECT count(*) FROM sites").fetch_one(tx.conn()).await?;
@@ -102,7 +117,7 @@ pub async fn seed_demo_fleet(db: &Db) -> anyhow::Result<()> {
         return Ok(());
     }
     let app = App::new(db.clone());
-    let operator = Caller::new("root".parse()?, "operator@dev".parse()?, "system");
+    let operator = dev_operator()?;
     let site = app
         .create_site(
             &operator,
@@ -110,55 +125,113 @@ pub async fn seed_demo_fleet(db: &Db) -> anyhow::Result<()> {
         )
         .await?
         .value;
-    let pool = app
-        .create_pool(
-            &operator,
-            CreatePool {
-                site_id: site,
-                name: "h100".into(),
-                class: PoolClass::MetalHost,
-                gpu_model: "H100".into(),
-                sharing: Sharing::Exclusive,
-                agent: PoolAgent::Bcd,
-                policy: PoolPolicy::default(),
-                provider_account_id: None,
-            },
-        )
-        .await?
-        .value;
-    for n in 0..2 {
-        let gpus = (0..8)
-            .map(|g| {
-                Ok(GpuInfo {
-                    uuid: format!("GPU-demo{n}-{g:04}").parse()?,
-                    name: "NVIDIA H100 80GB HBM3".into(),
-                    memory_mib: 81_559,
-                    pci_bus_id: None,
-                    mig_instances: Vec::new(),
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let node = RegisterNode {
-            pool_id: pool.clone(),
-            name: format!("demo-{n}"),
-            role: Role::Host,
-            trust: Trust::Platform,
-            owner_tenant_id: None,
-            gpus,
+    for (name, model) in DEMO_POOLS {
+        let pool = app
+            .create_pool(
+                &operator,
+                CreatePool {
+                    site_id: site.clone(),
+                    name: (*name).into(),
+                    class: PoolClass::MetalHost,
+                    gpu_model: (*model).into(),
+                    sharing: Sharing::Exclusive,
+                    agent: PoolAgent::Bcd,
+                    policy: PoolPolicy::default(),
+                    provider_account_id: None,
+                },
+            )
+            .await?
+            .value;
+        let offer = OfferPool {
+            tenant_id: DEMO_TENANT.parse()?,
+            quota: [("gpu".to_owned(), 8)].into(),
+            priority: 0,
+            include_descendants: false,
         };
-        app.register_node(&operator, node).await?;
+        app.offer_pool(&operator, &pool, offer).await?;
     }
-    let offer = OfferPool {
-        tenant_id: DEMO_TENANT.parse()?,
-        quota: [("gpu".to_owned(), 8)].into(),
-        priority: 0,
-        include_descendants: false,
-    };
-    app.offer_pool(&operator, &pool, offer).await?;
-    tracing::info!(
-        "seeded a demo fleet: site demo, pool h100 (offered to tenant {DEMO_TENANT}), two nodes of eight simulated H100s"
-    );
+    tracing::info!("seeded a demo fleet: site demo, pools h100 and a100 (offered to tenant {DEMO_TENANT})");
     Ok(())
+}
+
+/// The demo agents running in this process.
+pub struct DemoAgents {
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl DemoAgents {
+    /// Stops the agents (their nodes go silent, as machines that were switched off).
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            match task.await {
+                Ok(Err(err)) => tracing::warn!(error = %err, "a demo agent failed"),
+                Err(err) => tracing::warn!(error = %err, "a demo agent panicked"),
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+}
+
+/// Starts the demo machines' agents in this process, against the API at `server`: each keeps its credential
+/// under `<data dir>/agents/<host>` and joins with a fresh join token the first time. Machines whose pool is
+/// not in the database (it was seeded by an older `dev`) are left out.
+pub async fn start_demo_agents(db: &Db, server: &str, data_dir: &Path) -> anyhow::Result<DemoAgents> {
+    let app = App::new(db.clone());
+    let operator = dev_operator()?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    for (host, pool_name, gpus) in DEMO_AGENTS {
+        let mut tx = db.begin(bc_eventstore::TxOptions::READ_ONLY).await?;
+        let pool: Option<String> =
+            bc_eventstore::sql::query_scalar("SELECT id FROM pools WHERE owner_tenant_id = 'root' AND name = $1")
+                .bind(*pool_name)
+                .fetch_optional(tx.conn())
+                .await?;
+        tx.commit().await?;
+        let Some(pool) = pool else { continue };
+        let state_dir = data_dir.join("agents").join(host);
+        let join_token = match bc_agent::run::saved_node(&state_dir)? {
+            Some(_) => None,
+            None => Some(app.create_join_token(&operator, &pool.parse()?, 3600).await?.value.token),
+        };
+        let spec: bc_agent::simulate::Simulated = gpus.parse().map_err(anyhow::Error::msg)?;
+        let (inventory, _) = bc_agent::run::InventorySource::simulated(bc_agent::simulate::inventory(host, &spec));
+        let config = bc_agent::run::AgentConfig {
+            server: server.to_owned(),
+            join_token,
+            cdi_dir: state_dir.join("cdi"),
+            state_dir,
+            inventory,
+            inventory_every: 60,
+        };
+        let mut stopped = stopped.clone();
+        tasks.push(tokio::spawn(bc_agent::run::run(config, async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        })));
+    }
+    Ok(DemoAgents { stop, tasks })
+}
+
+/// Waits (a bounded time) until every demo machine's node is connected and schedulable, so the welcome comes
+/// when GPUs can be reserved.
+async fn await_demo_nodes(db: &Db) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut tx = db.begin(bc_eventstore::TxOptions::READ_ONLY).await?;
+        let ready: i64 =
+            bc_eventstore::sql::query_scalar("SELECT count(*) FROM nodes WHERE schedulable AND name = ANY($1)")
+                .bind(DEMO_AGENTS.iter().map(|(host, _, _)| *host).collect::<Vec<_>>())
+                .fetch_one(tx.conn())
+                .await?;
+        tx.commit().await?;
+        if ready as usize == DEMO_AGENTS.len() || tokio::time::Instant::now() > deadline {
+            tracing::info!(ready, "demo agents connected");
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// The demo customer tenant `dev` creates.
@@ -276,8 +349,21 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
             embedded.cluster.socket_dir().display(),
         );
         let listener = service::bind(config.listen).await?;
-        print_welcome(listener.local_addr()?, &root_token, &demo_token);
-        let served = service::serve_on(db.clone(), auth, listener, service::shutdown_signal()).await;
+        let address = listener.local_addr()?;
+        let (agents_up, agents_ready) = tokio::sync::oneshot::channel::<DemoAgents>();
+        let signal = async move {
+            service::shutdown_signal().await;
+            // The machines go first, so they do not outlive the API they talk to.
+            if let Ok(agents) = agents_ready.await {
+                agents.stop().await;
+            }
+        };
+        let serving = tokio::spawn(service::serve_on(db.clone(), auth, listener, signal));
+        let agents = start_demo_agents(&db, &format!("http://{address}"), &config.data_dir).await?;
+        await_demo_nodes(&db).await?;
+        let _ = agents_up.send(agents);
+        print_welcome(address, &root_token, &demo_token);
+        let served = serving.await.context("the server task")?;
         db.close().await;
         served
     }

@@ -30,6 +30,18 @@ pub enum Identifier {
     GpuUuid(String),
 }
 
+impl Identifier {
+    /// The kind's name and the value, as stored one by one.
+    pub fn parts(&self) -> (&'static str, &str) {
+        match self {
+            Identifier::ProductUuid(v) => ("productUuid", v),
+            Identifier::SerialNumber(v) => ("serialNumber", v),
+            Identifier::Mac(v) => ("mac", v),
+            Identifier::GpuUuid(v) => ("gpuUuid", v),
+        }
+    }
+}
+
 /// A machine's hardware key and the identifiers it was made from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -164,6 +164,18 @@ generated_id!(
     /// An allocation: a reservation's placement on one node.
     AllocationId, "alloc", "allocation id"
 );
+generated_id!(
+    /// A join token's id (the token itself is a secret, `jt_...`, shown once).
+    JoinTokenId, "jtk", "join token id"
+);
+generated_id!(
+    /// A command to one node.
+    CommandId, "cmd", "command id"
+);
+generated_id!(
+    /// An agent's session: one run of `bcd` on a node, renewed by its heartbeats.
+    SessionId, "ses", "session id"
+);
 
 /// A reservation: `rsv_` and the 52-character lower-case Crockford base32 of SHA-256 over the tenant, the
 /// caller's identity and the idempotency key, so a retry finds the same reservation.

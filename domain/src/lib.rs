@@ -3,6 +3,7 @@
 //!
 //! The crate stays free of tokio, sqlx and axum so that the `bcd` agent can link it alone.
 
+pub mod agent;
 pub mod device;
 pub mod event;
 pub mod gpu;

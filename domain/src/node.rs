@@ -1,14 +1,16 @@
 //! Nodes: machines whose state is several independent axes (provisioning, maintenance, cordon, power,
 //! connectivity, conditions), the schedulability rule over them, and the node's events.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::device::{Device, GpuInfo};
 use crate::domain_events;
-use crate::id::{NodeId, PoolId, SiteId, TenantId};
+use crate::hardware::{HardwareKey, Identifier};
+use crate::id::{DeviceId, JoinTokenId, NodeId, PoolId, SiteId, TenantId};
+use crate::inventory::{Section, SectionHashes};
 
 /// Where a node is in its lifecycle. Changed by workflows and the lifecycle controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -85,6 +87,9 @@ pub enum ConditionType {
     GpuModelUnknown,
     ClockSkew,
     NodeUnreachable,
+    /// The machine came back with some identifiers changed (a GPU or NIC swapped) and was matched on the ones
+    /// that survived. A notice for the operator: the new hardware is already what the node offers.
+    HardwareChanged,
 }
 
 impl ConditionType {
@@ -94,7 +99,13 @@ impl ConditionType {
             ConditionType::GpuModelUnknown => "GpuModelUnknown",
             ConditionType::ClockSkew => "ClockSkew",
             ConditionType::NodeUnreachable => "NodeUnreachable",
+            ConditionType::HardwareChanged => "HardwareChanged",
         }
+    }
+
+    /// Whether the condition keeps the node off the scheduler (it then appears in `noScheduleReasons`).
+    pub fn blocks_scheduling(self) -> bool {
+        !matches!(self, ConditionType::HardwareChanged)
     }
 }
 
@@ -187,9 +198,11 @@ pub fn schedulability(view: &SchedulingView<'_>) -> Vec<Unschedulable> {
     failed
 }
 
-/// A node's `noScheduleReasons`, derived from its conditions (each condition keeps the node off the scheduler).
+/// A node's `noScheduleReasons`, derived from its conditions (each blocking condition keeps the node off the
+/// scheduler).
 pub fn no_schedule_reasons(conditions: &[Condition]) -> Vec<String> {
-    let kinds: BTreeSet<ConditionType> = conditions.iter().map(|c| c.kind).collect();
+    let kinds: BTreeSet<ConditionType> =
+        conditions.iter().map(|c| c.kind).filter(|kind| kind.blocks_scheduling()).collect();
     kinds.into_iter().map(|kind| kind.as_str().to_owned()).collect()
 }
 
@@ -227,6 +240,176 @@ pub struct NodeFlagChanged {
     pub at_ms: i64,
 }
 
+/// A node's desired state. Its generation lives on the node and rises with every change; the agent reports the
+/// generation it has applied as `observedGeneration`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpec {
+    /// How the node's GPUs are shared, as the pool says (`exclusive`, `mig`, `timeslice`, `mps`).
+    pub sharing: String,
+    /// Slots per GPU for `timeslice` and `mps`.
+    #[serde(default)]
+    pub replicas: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_layout: Option<String>,
+    /// Operator labels the agent applies (and reports back through its inventory).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A machine joined a pool with a join token: recorded `adopting`, with its inventory's GPUs and devices and its
+/// hardware identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeJoined {
+    pub node_id: NodeId,
+    pub pool_id: PoolId,
+    pub site_id: SiteId,
+    pub name: String,
+    pub role: Role,
+    pub trust: Trust,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_tenant_id: Option<TenantId>,
+    pub join_token_id: JoinTokenId,
+    pub gpus: Vec<GpuInfo>,
+    pub devices: Vec<Device>,
+    pub conditions: Vec<Condition>,
+    pub hardware: HardwareKey,
+    pub generation: u64,
+    pub spec: NodeSpec,
+    pub at_ms: i64,
+}
+
+/// The node passed the pool's acceptance checks and was adopted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAdopted {
+    pub node_id: NodeId,
+    /// The checks it passed.
+    pub checks: Vec<String>,
+    pub at_ms: i64,
+}
+
+/// A machine that joined again (a reinstall, a lost credential) was matched to this node on identifiers that
+/// survived, instead of becoming a second node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRejoined {
+    pub node_id: NodeId,
+    pub join_token_id: JoinTokenId,
+    /// The identifiers it was matched on.
+    pub matched: Vec<Identifier>,
+    pub at_ms: i64,
+}
+
+/// The node's hardware changed (a GPU or NIC swapped): its GPUs, devices and identity as they are now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeHardwareChanged {
+    pub node_id: NodeId,
+    pub gpus: Vec<GpuInfo>,
+    /// Every device the node has now.
+    pub devices: Vec<Device>,
+    /// Devices that are gone; bookings on them are placed again.
+    pub removed_devices: Vec<DeviceId>,
+    pub hardware: HardwareKey,
+    pub at_ms: i64,
+}
+
+/// The agent reported an inventory that differs from the last one: snapshot `snapshot` was stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeInventoryReported {
+    pub node_id: NodeId,
+    pub snapshot: u64,
+    pub hashes: SectionHashes,
+    /// The sections whose hash changed.
+    pub changed: Vec<Section>,
+    pub at_ms: i64,
+}
+
+/// The node's agent session changed connectivity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConnectivityChanged {
+    pub node_id: NodeId,
+    pub from: Connectivity,
+    pub to: Connectivity,
+    pub at_ms: i64,
+}
+
+/// A condition raised on the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConditionRaised {
+    pub node_id: NodeId,
+    pub condition: Condition,
+}
+
+/// A condition cleared.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConditionCleared {
+    pub node_id: NodeId,
+    #[serde(rename = "type")]
+    pub kind: ConditionType,
+    pub at_ms: i64,
+}
+
+/// The node's desired state changed; its generation rose to `generation`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpecChanged {
+    pub node_id: NodeId,
+    pub generation: u64,
+    pub spec: NodeSpec,
+    pub at_ms: i64,
+}
+
+/// The agent applied its NodeSpec up to `observed_generation`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpecObserved {
+    pub node_id: NodeId,
+    pub observed_generation: u64,
+    pub at_ms: i64,
+}
+
+/// A drain began: the node is cordoned, its future bookings move elsewhere, and running ones finish (or, when
+/// forced, are ended).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDrainStarted {
+    pub node_id: NodeId,
+    pub force: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub at_ms: i64,
+}
+
+/// A node removed from its pool: its credential is revoked and its devices are gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDeleted {
+    pub node_id: NodeId,
+    pub pool_id: PoolId,
+    /// Deleted while bookings remained (they were placed again or failed).
+    pub force: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub at_ms: i64,
+}
+
+/// A drain that completed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAt {
+    pub node_id: NodeId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub at_ms: i64,
+}
+
 domain_events! {
     /// Events of a node's stream.
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -236,8 +419,68 @@ domain_events! {
         Uncordoned(NodeFlagChanged) = "node.uncordoned",
         MaintenanceStarted(NodeFlagChanged) = "node.maintenance_started",
         MaintenanceEnded(NodeFlagChanged) = "node.maintenance_ended",
+        Joined(NodeJoined) = "node.joined",
+        Adopted(NodeAdopted) = "node.adopted",
+        Rejoined(NodeRejoined) = "node.rejoined",
+        HardwareChanged(NodeHardwareChanged) = "node.hardware_changed",
+        InventoryReported(NodeInventoryReported) = "node.inventory_reported",
+        ConnectivityChanged(NodeConnectivityChanged) = "node.connectivity_changed",
+        ConditionRaised(NodeConditionRaised) = "node.condition_raised",
+        ConditionCleared(NodeConditionCleared) = "node.condition_cleared",
+        SpecChanged(NodeSpecChanged) = "node.spec_changed",
+        SpecObserved(NodeSpecObserved) = "node.spec_observed",
+        DrainStarted(NodeDrainStarted) = "node.drain_started",
+        Drained(NodeAt) = "node.drained",
+        Deleted(NodeDeleted) = "node.deleted",
     }
 }
+
+impl NodeEvent {
+    /// The node the event is about.
+    pub fn node_id(&self) -> &NodeId {
+        match self {
+            NodeEvent::Registered(e) => &e.node_id,
+            NodeEvent::Cordoned(e)
+            | NodeEvent::Uncordoned(e)
+            | NodeEvent::MaintenanceStarted(e)
+            | NodeEvent::MaintenanceEnded(e) => &e.node_id,
+            NodeEvent::Joined(e) => &e.node_id,
+            NodeEvent::Adopted(e) => &e.node_id,
+            NodeEvent::Rejoined(e) => &e.node_id,
+            NodeEvent::HardwareChanged(e) => &e.node_id,
+            NodeEvent::InventoryReported(e) => &e.node_id,
+            NodeEvent::ConnectivityChanged(e) => &e.node_id,
+            NodeEvent::ConditionRaised(e) => &e.node_id,
+            NodeEvent::ConditionCleared(e) => &e.node_id,
+            NodeEvent::SpecChanged(e) => &e.node_id,
+            NodeEvent::SpecObserved(e) => &e.node_id,
+            NodeEvent::DrainStarted(e) => &e.node_id,
+            NodeEvent::Drained(e) => &e.node_id,
+            NodeEvent::Deleted(e) => &e.node_id,
+        }
+    }
+}
+
+/// Where an agent's silence puts its node (DESIGN.md section 10): within the liveness lease it is `connected`;
+/// once the lease lapsed, `disconnected`; after twice the lease, `unreachable`; after the pool's `lostAfter`
+/// (never sooner than `unreachable`), `lost`.
+pub fn connectivity_after_silence(silence_ms: i64, lease_ms: i64, lost_after_ms: i64) -> Connectivity {
+    if silence_ms < lease_ms {
+        Connectivity::Connected
+    } else if silence_ms < 2 * lease_ms {
+        Connectivity::Disconnected
+    } else if silence_ms < lost_after_ms.max(2 * lease_ms) {
+        Connectivity::Unreachable
+    } else {
+        Connectivity::Lost
+    }
+}
+
+/// The liveness lease an agent session holds by default (DESIGN.md section 10).
+pub const LIVENESS_LEASE_MS: i64 = 40_000;
+
+/// How far the agent's clock may stray from the database server's before `ClockSkew` is raised.
+pub const MAX_CLOCK_SKEW_MS: i64 = 1_000;
 
 #[cfg(test)]
 mod tests {
@@ -339,6 +582,32 @@ mod tests {
             let view = SchedulingView { provision_state: state, ..schedulable_view(&[], &platform, &platform) };
             assert_eq!(schedulability(&view), vec![Unschedulable::ProvisionState(state)]);
         }
+    }
+
+    #[test]
+    fn silence_moves_a_node_through_disconnected_and_unreachable_to_lost() {
+        let lease = LIVENESS_LEASE_MS;
+        let lost_after = 600_000;
+        let at = |silence| connectivity_after_silence(silence, lease, lost_after);
+        assert_eq!(at(0), Connectivity::Connected);
+        assert_eq!(at(lease - 1), Connectivity::Connected);
+        assert_eq!(at(lease), Connectivity::Disconnected);
+        assert_eq!(at(2 * lease - 1), Connectivity::Disconnected);
+        assert_eq!(at(2 * lease), Connectivity::Unreachable);
+        assert_eq!(at(lost_after - 1), Connectivity::Unreachable);
+        assert_eq!(at(lost_after), Connectivity::Lost);
+        // A lostAfter shorter than twice the lease never skips unreachable.
+        assert_eq!(connectivity_after_silence(2 * lease - 1, lease, 1_000), Connectivity::Disconnected);
+        assert_eq!(connectivity_after_silence(2 * lease, lease, 1_000), Connectivity::Lost);
+    }
+
+    #[test]
+    fn a_hardware_change_is_a_notice_not_a_reason_to_stop_scheduling() {
+        let conditions = vec![
+            Condition { kind: ConditionType::HardwareChanged, message: "gpu swapped".into(), since_ms: 0 },
+            Condition { kind: ConditionType::NodeUnreachable, message: "silent".into(), since_ms: 0 },
+        ];
+        assert_eq!(no_schedule_reasons(&conditions), vec!["NodeUnreachable".to_owned()]);
     }
 
     #[test]

@@ -274,6 +274,16 @@ pub struct PoolQuotaSet {
     pub at_ms: i64,
 }
 
+/// A join token was issued for the pool (the secret itself is never recorded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenIssued {
+    pub pool_id: PoolId,
+    pub token_id: crate::id::JoinTokenId,
+    pub expires_at_ms: i64,
+    pub at_ms: i64,
+}
+
 domain_events! {
     /// Events of a pool's stream.
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -281,6 +291,7 @@ domain_events! {
         Created(PoolCreated) = "pool.created",
         Offered(PoolOffered) = "pool.offered",
         QuotaSet(PoolQuotaSet) = "pool.quota_set",
+        JoinTokenIssued(JoinTokenIssued) = "pool.join_token_issued",
     }
 }
 

@@ -29,6 +29,15 @@ pub enum Rejection {
     #[error("{0}")]
     QuotaExceeded(String),
 
+    /// The credential presented (a join token, a node credential) is unknown, used up or expired.
+    /// `UNAUTHENTICATED`.
+    #[error("{0}")]
+    Unauthenticated(String),
+
+    /// The caller is who it says, but may not do this (a node speaking for another). `FORBIDDEN`.
+    #[error("{0}")]
+    Forbidden(String),
+
     /// The request can never fit the pool, or the pool's pending queue is full, or the caller asked not to
     /// wait. `CAPACITY_UNAVAILABLE`.
     #[error("{0}")]
@@ -49,6 +58,8 @@ impl Rejection {
             Rejection::IdempotencyKeyReused { .. } => "IDEMPOTENCY_KEY_REUSED",
             Rejection::QuotaExceeded(_) => "QUOTA_EXCEEDED",
             Rejection::CapacityUnavailable(_) => "CAPACITY_UNAVAILABLE",
+            Rejection::Unauthenticated(_) => "UNAUTHENTICATED",
+            Rejection::Forbidden(_) => "FORBIDDEN",
         }
     }
 }

@@ -313,6 +313,8 @@ pub struct Allocation {
 pub enum ExpiryCause {
     WindowEnded,
     LeaseLapsed,
+    /// Its node was drained or deleted with force while it ran.
+    Preempted,
 }
 
 /// Why a reservation failed.
@@ -327,6 +329,8 @@ pub enum FailureReason {
     NodeLost,
     /// The binding never completed.
     BindingTimedOut,
+    /// A node's agent could not hand the devices over.
+    BindingFailed,
 }
 
 /// The request accepted: the reservation exists, waiting for capacity.
@@ -395,6 +399,31 @@ pub struct Cancelled {
 #[serde(rename_all = "camelCase")]
 pub struct Released {
     pub at_ms: i64,
+    /// Set when an agent never confirmed taking the devices back before the release timed out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unconfirmed: bool,
+}
+
+/// A hand-over of devices that began (a binding at the start, or a release): the nodes whose agents must
+/// confirm it. Empty when no node of the reservation runs an agent, and then it completes at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HandOver {
+    pub at_ms: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub awaiting: Vec<NodeId>,
+}
+
+/// Placed again before its start, because a node it was placed on was lost, put in maintenance, drained or
+/// deleted: the old bookings end and the new ones cover the same window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Replaced {
+    pub allocations: Vec<Allocation>,
+    /// The node that could no longer hold it.
+    pub from_node: NodeId,
+    pub reason: String,
+    pub at_ms: i64,
 }
 
 /// Expired: its bookings end at `at_ms`, the recorded end (the window's end or the lease deadline).
@@ -437,15 +466,16 @@ domain_events! {
         Requested(Requested) = "reservation.requested",
         Denied(Denied) = "reservation.denied",
         Placed(Placed) = "reservation.placed",
-        BindingStarted(At) = "reservation.binding_started",
+        BindingStarted(HandOver) = "reservation.binding_started",
         Activated(At) = "reservation.activated",
         Cancelled(Cancelled) = "reservation.cancelled",
-        ReleaseRequested(At) = "reservation.release_requested",
+        ReleaseRequested(HandOver) = "reservation.release_requested",
         Released(Released) = "reservation.released",
         Expired(Expired) = "reservation.expired",
         Failed(Failed) = "reservation.failed",
         Renewed(Renewed) = "reservation.renewed",
         Extended(Extended) = "reservation.extended",
+        Replaced(Replaced) = "reservation.replaced",
     }
 }
 
@@ -464,7 +494,9 @@ impl ReservationEvent {
             ReservationEvent::Released(_) => ReservationState::Released,
             ReservationEvent::Expired(_) => ReservationState::Expired,
             ReservationEvent::Failed(_) => ReservationState::Failed,
-            ReservationEvent::Renewed(_) | ReservationEvent::Extended(_) => return None,
+            ReservationEvent::Renewed(_) | ReservationEvent::Extended(_) | ReservationEvent::Replaced(_) => {
+                return None;
+            }
         })
     }
 
@@ -499,6 +531,11 @@ pub struct Reservation {
     pub end_ms: Option<i64>,
     pub lease_deadline_ms: Option<i64>,
     pub release_requested_at_ms: Option<i64>,
+    /// When the current hand-over (binding or release) began, and the nodes whose agents must still confirm it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hand_over_at_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub awaiting: Vec<NodeId>,
     /// When it ended (its bookings' recorded end), once terminal.
     pub ended_at_ms: Option<i64>,
     pub expiry_cause: Option<ExpiryCause>,
@@ -534,6 +571,8 @@ impl Reservation {
             end_ms: None,
             lease_deadline_ms: None,
             release_requested_at_ms: None,
+            hand_over_at_ms: None,
+            awaiting: Vec::new(),
             ended_at_ms: None,
             expiry_cause: None,
             failure_reason: None,
@@ -588,8 +627,16 @@ pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Re
             r.end_ms = Some(e.end_ms);
             r.lease_deadline_ms = e.lease_deadline_ms;
         }
-        ReservationEvent::BindingStarted(_) => r.state = ReservationState::Binding,
-        ReservationEvent::Activated(_) => r.state = ReservationState::Active,
+        ReservationEvent::BindingStarted(e) => {
+            r.state = ReservationState::Binding;
+            r.hand_over_at_ms = Some(e.at_ms);
+            r.awaiting = e.awaiting.clone();
+        }
+        ReservationEvent::Activated(_) => {
+            r.state = ReservationState::Active;
+            r.hand_over_at_ms = None;
+            r.awaiting.clear();
+        }
         ReservationEvent::Cancelled(e) => {
             r.state = ReservationState::Cancelled;
             r.ended_at_ms = Some(e.at_ms);
@@ -597,6 +644,8 @@ pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Re
         ReservationEvent::ReleaseRequested(e) => {
             r.state = ReservationState::Releasing;
             r.release_requested_at_ms = Some(e.at_ms);
+            r.hand_over_at_ms = Some(e.at_ms);
+            r.awaiting = e.awaiting.clone();
         }
         ReservationEvent::Released(e) => {
             r.state = ReservationState::Released;
@@ -614,6 +663,11 @@ pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Re
         }
         ReservationEvent::Renewed(e) => r.lease_deadline_ms = Some(e.lease_deadline_ms),
         ReservationEvent::Extended(e) => r.end_ms = Some(e.end_ms),
+        ReservationEvent::Replaced(e) => r.allocations = e.allocations.clone(),
+    }
+    if r.state.is_terminal() {
+        r.hand_over_at_ms = None;
+        r.awaiting.clear();
     }
     Some(r)
 }
@@ -667,9 +721,10 @@ pub enum Command {
         allocations: Vec<Allocation>,
         now_ms: i64,
     },
-    /// The window began: hand the devices over.
+    /// The window began: hand the devices over, on the agents of `awaiting` (empty: nothing to wait for).
     StartBinding {
         now_ms: i64,
+        awaiting: Vec<NodeId>,
     },
     /// The devices were handed over.
     Activate {
@@ -679,11 +734,21 @@ pub enum Command {
         now_ms: i64,
         reason: Option<String>,
     },
+    /// The tenant released it: take the devices back, on the agents of `awaiting`.
     Release {
         now_ms: i64,
+        awaiting: Vec<NodeId>,
     },
-    /// The devices were taken back after a release.
+    /// The devices were taken back after a release (`unconfirmed`: the agents never said so in time).
     CompleteRelease {
+        now_ms: i64,
+        unconfirmed: bool,
+    },
+    /// Move a placed reservation off `from_node` onto new atoms for the same window.
+    Replace {
+        allocations: Vec<Allocation>,
+        from_node: NodeId,
+        reason: String,
         now_ms: i64,
     },
     Expire {
@@ -714,6 +779,7 @@ impl Command {
             Command::Cancel { .. } => "cancel",
             Command::Release { .. } => "release",
             Command::CompleteRelease { .. } => "complete the release of",
+            Command::Replace { .. } => "place again",
             Command::Expire { .. } => "expire",
             Command::Fail { .. } => "fail",
             Command::Renew { .. } => "renew",
@@ -750,14 +816,14 @@ pub fn decide(r: &Reservation, command: &Command) -> Result<Vec<ReservationEvent
                 at_ms: *now_ms,
             })])
         }
-        Command::StartBinding { now_ms } => {
+        Command::StartBinding { now_ms, awaiting } => {
             if r.state != S::Placed {
                 return Err(wrong_state());
             }
             if r.start_ms.is_some_and(|start| *now_ms < start) {
                 return Err(Rejection::Conflict(format!("the window starts at {}", r.start_ms.unwrap_or_default())));
             }
-            Ok(vec![ReservationEvent::BindingStarted(At { at_ms: *now_ms })])
+            Ok(vec![ReservationEvent::BindingStarted(HandOver { at_ms: *now_ms, awaiting: awaiting.clone() })])
         }
         Command::Activate { now_ms } => match r.state {
             S::Binding => Ok(vec![ReservationEvent::Activated(At { at_ms: *now_ms })]),
@@ -769,17 +835,37 @@ pub fn decide(r: &Reservation, command: &Command) -> Result<Vec<ReservationEvent
             }
             _ => Err(wrong_state()),
         },
-        Command::Release { now_ms } => match r.state {
-            S::Binding | S::Active => Ok(vec![ReservationEvent::ReleaseRequested(At { at_ms: *now_ms })]),
-            _ => Err(wrong_state()),
-        },
-        Command::CompleteRelease { now_ms } => match r.state {
-            S::Releasing => {
-                let at_ms = r.release_requested_at_ms.unwrap_or(*now_ms);
-                Ok(vec![ReservationEvent::Released(Released { at_ms })])
+        Command::Release { now_ms, awaiting } => match r.state {
+            S::Binding | S::Active => {
+                Ok(vec![ReservationEvent::ReleaseRequested(HandOver { at_ms: *now_ms, awaiting: awaiting.clone() })])
             }
             _ => Err(wrong_state()),
         },
+        Command::CompleteRelease { now_ms, unconfirmed } => match r.state {
+            S::Releasing => {
+                let at_ms = r.release_requested_at_ms.unwrap_or(*now_ms);
+                Ok(vec![ReservationEvent::Released(Released { at_ms, unconfirmed: *unconfirmed })])
+            }
+            _ => Err(wrong_state()),
+        },
+        Command::Replace { allocations, from_node, reason, now_ms } => {
+            if r.state != S::Placed {
+                return Err(wrong_state());
+            }
+            if r.start_ms.is_some_and(|start| *now_ms >= start) {
+                return Err(Rejection::Conflict("the window already began".to_owned()));
+            }
+            let planned: u32 = allocations.iter().map(|a| a.devices.len() as u32).sum();
+            if planned != r.request.devices.count || allocations.len() as u32 != r.request.devices.nodes() {
+                return Err(Rejection::invalid("allocations", "do not match the request's count and topology"));
+            }
+            Ok(vec![ReservationEvent::Replaced(Replaced {
+                allocations: allocations.clone(),
+                from_node: from_node.clone(),
+                reason: reason.clone(),
+                at_ms: *now_ms,
+            })])
+        }
         Command::Expire { cause, now_ms } => {
             let at_ms = match (r.state, cause) {
                 (S::Placed, ExpiryCause::LeaseLapsed) | (S::Active, ExpiryCause::LeaseLapsed) => {
@@ -788,6 +874,7 @@ pub fn decide(r: &Reservation, command: &Command) -> Result<Vec<ReservationEvent
                         _ => return Err(Rejection::Conflict("the allocation lease has not lapsed".to_owned())),
                     }
                 }
+                (S::Active, ExpiryCause::Preempted) => *now_ms,
                 (S::Active, ExpiryCause::WindowEnded) => match r.end_ms {
                     Some(end) if *now_ms >= end => end,
                     _ => return Err(Rejection::Conflict("the window has not ended".to_owned())),
@@ -801,7 +888,7 @@ pub fn decide(r: &Reservation, command: &Command) -> Result<Vec<ReservationEvent
                 (r.state, reason),
                 (S::Pending, FailureReason::DeadlinePassed | FailureReason::MaxPending)
                     | (S::Placed, FailureReason::NodeLost)
-                    | (S::Binding, FailureReason::BindingTimedOut)
+                    | (S::Binding, FailureReason::BindingTimedOut | FailureReason::BindingFailed)
             );
             if !allowed {
                 return Err(wrong_state());
@@ -853,6 +940,9 @@ pub fn decide(r: &Reservation, command: &Command) -> Result<Vec<ReservationEvent
     }
 }
 
+/// How long agents have to confirm a binding (then it fails) or a release (then it completes unconfirmed).
+pub const HAND_OVER_TIMEOUT_MS: i64 = 120_000;
+
 /// What the reservation's work-queue job should do at `now_ms`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Due {
@@ -880,13 +970,22 @@ pub fn due(r: &Reservation, now_ms: i64) -> Due {
                 Some(deadline) if now_ms > deadline && deadline < start => {
                     Due::Apply(Command::Expire { cause: ExpiryCause::LeaseLapsed, now_ms })
                 }
-                _ if now_ms >= start => Due::Apply(Command::StartBinding { now_ms }),
+                _ if now_ms >= start => Due::Apply(Command::StartBinding { now_ms, awaiting: Vec::new() }),
                 Some(deadline) if deadline < start => Due::WakeAt(deadline + 1),
                 _ => Due::WakeAt(start),
             }
         }
-        // Until the agent confirms bindings, a binding completes at once.
-        S::Binding => Due::Apply(Command::Activate { now_ms }),
+        // With no agent to wait for, a binding completes at once; otherwise the agents' acknowledgements complete
+        // it, and it fails when they do not come in time.
+        S::Binding if r.awaiting.is_empty() => Due::Apply(Command::Activate { now_ms }),
+        S::Binding => {
+            let deadline = r.hand_over_at_ms.unwrap_or(now_ms) + HAND_OVER_TIMEOUT_MS;
+            if now_ms >= deadline {
+                Due::Apply(Command::Fail { reason: FailureReason::BindingTimedOut, now_ms })
+            } else {
+                Due::WakeAt(deadline)
+            }
+        }
         S::Active => {
             let end = r.end_ms.unwrap_or(now_ms);
             match r.lease_deadline_ms {
@@ -898,8 +997,15 @@ pub fn due(r: &Reservation, now_ms: i64) -> Due {
                 _ => Due::WakeAt(end),
             }
         }
-        // Until the agent confirms unbinding, a release completes at once.
-        S::Releasing => Due::Apply(Command::CompleteRelease { now_ms }),
+        S::Releasing if r.awaiting.is_empty() => Due::Apply(Command::CompleteRelease { now_ms, unconfirmed: false }),
+        S::Releasing => {
+            let deadline = r.hand_over_at_ms.unwrap_or(now_ms) + HAND_OVER_TIMEOUT_MS;
+            if now_ms >= deadline {
+                Due::Apply(Command::CompleteRelease { now_ms, unconfirmed: true })
+            } else {
+                Due::WakeAt(deadline)
+            }
+        }
         S::Draft | S::AwaitingConfirmation => Due::WakeAt(r.pending_deadline_ms),
         S::Denied | S::Released | S::Failed | S::Cancelled | S::Expired => Due::Done,
     }

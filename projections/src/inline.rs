@@ -4,10 +4,15 @@
 //! payload. Statements name tables without a schema, so a rebuild can run the same code against a scratch
 //! schema by putting it first on the `search_path`.
 
+use bc_domain::device::Device;
 use bc_domain::event::DomainEvent;
-use bc_domain::node::{NodeEvent, SchedulingView, schedulability};
+use bc_domain::hardware::{HardwareKey, Identifier};
+use bc_domain::node::{
+    Adapter, Condition, ConditionType, Connectivity, NodeEvent, ProvisionState, Role, SchedulingView, Trust,
+    schedulability,
+};
 use bc_domain::pool::PoolEvent;
-use bc_domain::reservation::{ReservationEvent, ReservationState};
+use bc_domain::reservation::{Allocation, ReservationEvent, ReservationState};
 use bc_domain::site::{ProjectEvent, SiteEvent};
 use bc_domain::stream::AnyEvent;
 use bc_eventstore::{Error, Result, Tx, sql};
@@ -20,6 +25,7 @@ pub const TABLES: &[&str] = &[
     "pools",
     "pool_offers",
     "nodes",
+    "node_identifiers",
     "devices",
     "reservations",
     "allocations",
@@ -122,6 +128,7 @@ async fn apply_pool(tx: &mut Tx, event: &PoolEvent) -> Result<()> {
             .execute(tx.conn())
             .await?;
         }
+        PoolEvent::JoinTokenIssued(_) => {}
         PoolEvent::QuotaSet(e) => {
             sql::query(
                 "UPDATE pool_offers SET quota = $3::jsonb, updated_at = ms_ts($4) WHERE pool_id = $1 AND tenant_id = $2",
@@ -137,87 +144,266 @@ async fn apply_pool(tx: &mut Tx, event: &PoolEvent) -> Result<()> {
     Ok(())
 }
 
+/// The columns a new node row starts with, from `node.registered` or `node.joined`.
+struct NewNode<'a> {
+    node_id: &'a str,
+    pool_id: &'a str,
+    site_id: &'a str,
+    owner_tenant_id: Option<&'a str>,
+    name: &'a str,
+    role: &'a Role,
+    trust: &'a Trust,
+    adapter: &'a Adapter,
+    provision_state: &'a ProvisionState,
+    connectivity: &'a Connectivity,
+    conditions: &'a [Condition],
+    generation: u64,
+    observed_generation: u64,
+    at_ms: i64,
+}
+
+async fn insert_node(tx: &mut Tx, node: NewNode<'_>) -> Result<()> {
+    let reasons = bc_domain::node::no_schedule_reasons(node.conditions);
+    sql::query(
+        "INSERT INTO nodes (id, pool_id, site_id, owner_tenant_id, name, role, trust, adapter, provision_state,
+                            connectivity, conditions, no_schedule_reasons, generation, observed_generation,
+                            schedulable, registered_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13, $14, false, ms_ts($15))",
+    )
+    .bind(node.node_id)
+    .bind(node.pool_id)
+    .bind(node.site_id)
+    .bind(node.owner_tenant_id)
+    .bind(node.name)
+    .bind(text(node.role)?)
+    .bind(text(node.trust)?)
+    .bind(text(node.adapter)?)
+    .bind(text(node.provision_state)?)
+    .bind(text(node.connectivity)?)
+    .bind(json(&node.conditions)?)
+    .bind(&reasons)
+    .bind(node.generation as i64)
+    .bind(node.observed_generation as i64)
+    .bind(node.at_ms)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// Inserts a node's devices, or updates the ones it already has.
+async fn upsert_devices(tx: &mut Tx, node_id: &str, pool_id: &str, devices: &[Device]) -> Result<()> {
+    let mut ids = Vec::with_capacity(devices.len());
+    let mut classes = Vec::with_capacity(devices.len());
+    let mut parents = Vec::with_capacity(devices.len());
+    let mut bookable = Vec::with_capacity(devices.len());
+    let mut models = Vec::with_capacity(devices.len());
+    let mut products = Vec::with_capacity(devices.len());
+    let mut attributes = Vec::with_capacity(devices.len());
+    for device in devices {
+        ids.push(device.id.as_str());
+        classes.push(device.class.as_str());
+        parents.push(device.parent.as_ref().map(|p| p.as_str()));
+        bookable.push(device.bookable);
+        models.push(device.gpu_model.as_str());
+        products.push(device.gpu_product.as_str());
+        attributes.push(json(&device.attributes)?);
+    }
+    sql::query(
+        "INSERT INTO devices (id, node_id, pool_id, class, parent_id, bookable, gpu_model, gpu_product, attributes)
+         SELECT u.id, $1, $2, u.class, u.parent_id, u.bookable, u.gpu_model, u.gpu_product, u.attributes::jsonb
+         FROM unnest($3::text[], $4::text[], $5::text[], $6::bool[], $7::text[], $8::text[], $9::text[])
+              AS u(id, class, parent_id, bookable, gpu_model, gpu_product, attributes)
+         ORDER BY u.id
+         ON CONFLICT (id) DO UPDATE
+             SET class = excluded.class, parent_id = excluded.parent_id, bookable = excluded.bookable,
+                 gpu_model = excluded.gpu_model, gpu_product = excluded.gpu_product, attributes = excluded.attributes",
+    )
+    .bind(node_id)
+    .bind(pool_id)
+    .bind(&ids)
+    .bind(&classes)
+    .bind(&parents)
+    .bind(&bookable)
+    .bind(&models)
+    .bind(&products)
+    .bind(&attributes)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// Records a node's hardware key and replaces its stored identifiers.
+async fn set_hardware(tx: &mut Tx, node_id: &str, hardware: &HardwareKey) -> Result<()> {
+    sql::query("UPDATE nodes SET hardware_key = $2, hardware_trusted = $3 WHERE id = $1")
+        .bind(node_id)
+        .bind(&hardware.key)
+        .bind(hardware.trusted)
+        .execute(tx.conn())
+        .await?;
+    sql::query("DELETE FROM node_identifiers WHERE node_id = $1").bind(node_id).execute(tx.conn()).await?;
+    let (kinds, values): (Vec<&str>, Vec<&str>) = hardware.surviving.iter().map(Identifier::parts).unzip();
+    sql::query(
+        "INSERT INTO node_identifiers (node_id, kind, value)
+         SELECT $1, u.kind, u.value FROM unnest($2::text[], $3::text[]) AS u(kind, value)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(node_id)
+    .bind(&kinds)
+    .bind(&values)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// Raises (replacing one of the same type) or clears a condition, and the `noScheduleReasons` that follow.
+async fn change_condition(
+    tx: &mut Tx,
+    node_id: &str,
+    raised: Option<&Condition>,
+    cleared: ConditionType,
+) -> Result<()> {
+    let current: Option<String> = sql::query_scalar("SELECT conditions::text FROM nodes WHERE id = $1")
+        .bind(node_id)
+        .fetch_optional(tx.conn())
+        .await?;
+    let Some(current) = current else { return Ok(()) };
+    let mut conditions: Vec<Condition> = serde_json::from_str(&current)
+        .map_err(|err| Error::Internal(format!("nodes.conditions of {node_id} is unreadable: {err}")))?;
+    conditions.retain(|c| c.kind != cleared);
+    conditions.extend(raised.cloned());
+    sql::query("UPDATE nodes SET conditions = $2::jsonb, no_schedule_reasons = $3 WHERE id = $1")
+        .bind(node_id)
+        .bind(json(&conditions)?)
+        .bind(bc_domain::node::no_schedule_reasons(&conditions))
+        .execute(tx.conn())
+        .await?;
+    Ok(())
+}
+
 async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
-    let node_id = match event {
+    let node_id = event.node_id().as_str();
+    match event {
         NodeEvent::Registered(e) => {
-            let reasons = bc_domain::node::no_schedule_reasons(&e.conditions);
-            sql::query(
-                "INSERT INTO nodes (id, pool_id, site_id, owner_tenant_id, name, role, trust, adapter, provision_state,
-                                    connectivity, conditions, no_schedule_reasons, generation, observed_generation,
-                                    schedulable, registered_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12, $13, $14, false, ms_ts($15))",
+            insert_node(
+                tx,
+                NewNode {
+                    node_id,
+                    pool_id: e.pool_id.as_str(),
+                    site_id: e.site_id.as_str(),
+                    owner_tenant_id: e.owner_tenant_id.as_ref().map(|t| t.as_str()),
+                    name: &e.name,
+                    role: &e.role,
+                    trust: &e.trust,
+                    adapter: &e.adapter,
+                    provision_state: &e.provision_state,
+                    connectivity: &e.connectivity,
+                    conditions: &e.conditions,
+                    generation: e.generation,
+                    observed_generation: e.observed_generation,
+                    at_ms: e.at_ms,
+                },
             )
-            .bind(e.node_id.as_str())
-            .bind(e.pool_id.as_str())
-            .bind(e.site_id.as_str())
-            .bind(e.owner_tenant_id.as_ref().map(|t| t.as_str()))
-            .bind(&e.name)
-            .bind(text(&e.role)?)
-            .bind(text(&e.trust)?)
-            .bind(text(&e.adapter)?)
-            .bind(text(&e.provision_state)?)
-            .bind(text(&e.connectivity)?)
-            .bind(json(&e.conditions)?)
-            .bind(&reasons)
-            .bind(e.generation as i64)
-            .bind(e.observed_generation as i64)
-            .bind(e.at_ms)
-            .execute(tx.conn())
             .await?;
-            let mut ids = Vec::with_capacity(e.devices.len());
-            let mut classes = Vec::with_capacity(e.devices.len());
-            let mut parents = Vec::with_capacity(e.devices.len());
-            let mut bookable = Vec::with_capacity(e.devices.len());
-            let mut models = Vec::with_capacity(e.devices.len());
-            let mut products = Vec::with_capacity(e.devices.len());
-            let mut attributes = Vec::with_capacity(e.devices.len());
-            for device in &e.devices {
-                ids.push(device.id.as_str());
-                classes.push(device.class.as_str());
-                parents.push(device.parent.as_ref().map(|p| p.as_str()));
-                bookable.push(device.bookable);
-                models.push(device.gpu_model.as_str());
-                products.push(device.gpu_product.as_str());
-                attributes.push(json(&device.attributes)?);
+            upsert_devices(tx, node_id, e.pool_id.as_str(), &e.devices).await?;
+        }
+        NodeEvent::Joined(e) => {
+            insert_node(
+                tx,
+                NewNode {
+                    node_id,
+                    pool_id: e.pool_id.as_str(),
+                    site_id: e.site_id.as_str(),
+                    owner_tenant_id: e.owner_tenant_id.as_ref().map(|t| t.as_str()),
+                    name: &e.name,
+                    role: &e.role,
+                    trust: &e.trust,
+                    adapter: &Adapter::BcdV1,
+                    provision_state: &ProvisionState::Adopting,
+                    connectivity: &Connectivity::Connected,
+                    conditions: &e.conditions,
+                    generation: e.generation,
+                    observed_generation: 0,
+                    at_ms: e.at_ms,
+                },
+            )
+            .await?;
+            sql::query("UPDATE nodes SET spec = $2::jsonb WHERE id = $1")
+                .bind(node_id)
+                .bind(json(&e.spec)?)
+                .execute(tx.conn())
+                .await?;
+            upsert_devices(tx, node_id, e.pool_id.as_str(), &e.devices).await?;
+            set_hardware(tx, node_id, &e.hardware).await?;
+        }
+        NodeEvent::Cordoned(_) => set_flags(tx, node_id, "UPDATE nodes SET cordoned = true WHERE id = $1").await?,
+        NodeEvent::Uncordoned(_) => {
+            set_flags(tx, node_id, "UPDATE nodes SET cordoned = false, draining = false WHERE id = $1").await?
+        }
+        NodeEvent::MaintenanceStarted(_) => {
+            set_flags(tx, node_id, "UPDATE nodes SET maintenance = true WHERE id = $1").await?
+        }
+        NodeEvent::MaintenanceEnded(_) => {
+            set_flags(tx, node_id, "UPDATE nodes SET maintenance = false WHERE id = $1").await?
+        }
+        NodeEvent::DrainStarted(_) => {
+            set_flags(tx, node_id, "UPDATE nodes SET cordoned = true, draining = true WHERE id = $1").await?
+        }
+        NodeEvent::Drained(_) => set_flags(tx, node_id, "UPDATE nodes SET draining = false WHERE id = $1").await?,
+        NodeEvent::Adopted(_) => {
+            set_flags(tx, node_id, "UPDATE nodes SET provision_state = 'adopted' WHERE id = $1").await?
+        }
+        NodeEvent::Rejoined(_) | NodeEvent::InventoryReported(_) => return Ok(()),
+        NodeEvent::HardwareChanged(e) => {
+            let removed: Vec<&str> = e.removed_devices.iter().map(|d| d.as_str()).collect();
+            sql::query("DELETE FROM devices WHERE node_id = $1 AND id = ANY($2)")
+                .bind(node_id)
+                .bind(&removed)
+                .execute(tx.conn())
+                .await?;
+            let pool_id: String =
+                sql::query_scalar("SELECT pool_id FROM nodes WHERE id = $1").bind(node_id).fetch_one(tx.conn()).await?;
+            upsert_devices(tx, node_id, &pool_id, &e.devices).await?;
+            set_hardware(tx, node_id, &e.hardware).await?;
+        }
+        NodeEvent::ConnectivityChanged(e) => {
+            sql::query("UPDATE nodes SET connectivity = $2 WHERE id = $1")
+                .bind(node_id)
+                .bind(text(&e.to)?)
+                .execute(tx.conn())
+                .await?;
+        }
+        NodeEvent::ConditionRaised(e) => change_condition(tx, node_id, Some(&e.condition), e.condition.kind).await?,
+        NodeEvent::ConditionCleared(e) => change_condition(tx, node_id, None, e.kind).await?,
+        NodeEvent::SpecChanged(e) => {
+            sql::query("UPDATE nodes SET generation = $2, spec = $3::jsonb WHERE id = $1")
+                .bind(node_id)
+                .bind(e.generation as i64)
+                .bind(json(&e.spec)?)
+                .execute(tx.conn())
+                .await?;
+        }
+        NodeEvent::SpecObserved(e) => {
+            sql::query("UPDATE nodes SET observed_generation = $2 WHERE id = $1")
+                .bind(node_id)
+                .bind(e.observed_generation as i64)
+                .execute(tx.conn())
+                .await?;
+        }
+        NodeEvent::Deleted(_) => {
+            for table in ["DELETE FROM node_identifiers WHERE node_id = $1", "DELETE FROM devices WHERE node_id = $1"] {
+                sql::query(table).bind(node_id).execute(tx.conn()).await?;
             }
-            sql::query(
-                "INSERT INTO devices (id, node_id, pool_id, class, parent_id, bookable, gpu_model, gpu_product, attributes)
-                 SELECT u.id, $1, $2, u.class, u.parent_id, u.bookable, u.gpu_model, u.gpu_product, u.attributes::jsonb
-                 FROM unnest($3::text[], $4::text[], $5::text[], $6::bool[], $7::text[], $8::text[], $9::text[])
-                      AS u(id, class, parent_id, bookable, gpu_model, gpu_product, attributes)
-                 ORDER BY u.id",
-            )
-            .bind(e.node_id.as_str())
-            .bind(e.pool_id.as_str())
-            .bind(&ids)
-            .bind(&classes)
-            .bind(&parents)
-            .bind(&bookable)
-            .bind(&models)
-            .bind(&products)
-            .bind(&attributes)
-            .execute(tx.conn())
-            .await?;
-            &e.node_id
+            sql::query("DELETE FROM nodes WHERE id = $1").bind(node_id).execute(tx.conn()).await?;
+            return Ok(());
         }
-        NodeEvent::Cordoned(e) | NodeEvent::Uncordoned(e) => {
-            sql::query("UPDATE nodes SET cordoned = $2 WHERE id = $1")
-                .bind(e.node_id.as_str())
-                .bind(matches!(event, NodeEvent::Cordoned(_)))
-                .execute(tx.conn())
-                .await?;
-            &e.node_id
-        }
-        NodeEvent::MaintenanceStarted(e) | NodeEvent::MaintenanceEnded(e) => {
-            sql::query("UPDATE nodes SET maintenance = $2 WHERE id = $1")
-                .bind(e.node_id.as_str())
-                .bind(matches!(event, NodeEvent::MaintenanceStarted(_)))
-                .execute(tx.conn())
-                .await?;
-            &e.node_id
-        }
-    };
-    recompute_schedulable(tx, node_id.as_str()).await
+    }
+    recompute_schedulable(tx, node_id).await
+}
+
+/// Runs one constant update of a node's flags (`$1` is the node).
+async fn set_flags(tx: &mut Tx, node_id: &str, statement: &'static str) -> Result<()> {
+    sql::query(statement).bind(node_id).execute(tx.conn()).await?;
+    Ok(())
 }
 
 fn parse_enum<T: serde::de::DeserializeOwned>(column: &str, value: String) -> Result<T> {
@@ -384,49 +570,48 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             let tenant: String = row.try_get("tenant_id")?;
             let pool: String = row.try_get("pool_id")?;
             let resource: String = row.try_get("resource")?;
-            let mut allocation_ids = Vec::new();
-            let mut node_ids = Vec::new();
-            let mut device_lists = Vec::new();
-            let mut booking_devices: Vec<(&str, &str)> = Vec::new();
-            for allocation in &e.allocations {
-                allocation_ids.push(allocation.allocation_id.as_str());
-                node_ids.push(allocation.node_id.as_str());
-                device_lists.push(json(&allocation.devices)?);
-                for device in &allocation.devices {
-                    booking_devices.push((device.as_str(), allocation.allocation_id.as_str()));
-                }
-            }
-            sql::query(
-                "INSERT INTO allocations (id, reservation_id, node_id, devices)
-                 SELECT u.id, $1, u.node_id, ARRAY(SELECT jsonb_array_elements_text(u.devices::jsonb))
-                 FROM unnest($2::text[], $3::text[], $4::text[]) AS u(id, node_id, devices)",
+            let booking = Booking { reservation_id: id, tenant: &tenant, pool: &pool, resource: &resource };
+            let mut devices: Vec<&str> =
+                e.allocations.iter().flat_map(|a| a.devices.iter().map(|d| d.as_str())).collect();
+            devices.sort_unstable();
+            touch_devices(tx, &devices).await?;
+            book(tx, &booking, &e.allocations, e.start_ms, e.end_ms).await?;
+        }
+        ReservationEvent::Replaced(e) => {
+            let row = sql::query(
+                "UPDATE reservations SET version = version + 1 WHERE id = $1
+                 RETURNING tenant_id, pool_id, resource, ts_ms(start_at) AS start_ms, ts_ms(end_at) AS end_ms",
             )
             .bind(id)
-            .bind(&allocation_ids)
-            .bind(&node_ids)
-            .bind(&device_lists)
-            .execute(tx.conn())
+            .fetch_one(tx.conn())
             .await?;
-            // Bookings go in device id order, the order every transaction takes them in.
-            booking_devices.sort();
-            let (devices, allocations): (Vec<&str>, Vec<&str>) = booking_devices.into_iter().unzip();
+            let tenant: String = row.try_get("tenant_id")?;
+            let pool: String = row.try_get("pool_id")?;
+            let resource: String = row.try_get("resource")?;
+            let (start_ms, end_ms): (i64, i64) = (row.try_get("start_ms")?, row.try_get("end_ms")?);
+            // The old bookings end before they began and the new ones take the window: every device of both is
+            // touched once, in id order.
+            let old: Vec<String> = sql::query_scalar(
+                "SELECT device_id FROM device_bookings WHERE reservation_id = $1 AND NOT isempty(during)",
+            )
+            .bind(id)
+            .fetch_all(tx.conn())
+            .await?;
+            let mut devices: Vec<&str> = old.iter().map(String::as_str).collect();
+            devices.extend(e.allocations.iter().flat_map(|a| a.devices.iter().map(|d| d.as_str())));
+            devices.sort_unstable();
+            devices.dedup();
             touch_devices(tx, &devices).await?;
             sql::query(
-                "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
-                 SELECT u.device_id, u.allocation_id, $1, $2, $3, $4, tstzrange(ms_ts($5), ms_ts($6))
-                 FROM unnest($7::text[], $8::text[]) WITH ORDINALITY AS u(device_id, allocation_id, ord)
-                 ORDER BY u.ord",
+                "UPDATE device_bookings SET during = tstzrange(lower(during), lower(during))
+                 WHERE reservation_id = $1 AND NOT isempty(during)",
             )
             .bind(id)
-            .bind(&tenant)
-            .bind(&pool)
-            .bind(&resource)
-            .bind(e.start_ms)
-            .bind(e.end_ms)
-            .bind(&devices)
-            .bind(&allocations)
             .execute(tx.conn())
             .await?;
+            sql::query("DELETE FROM allocations WHERE reservation_id = $1").bind(id).execute(tx.conn()).await?;
+            let booking = Booking { reservation_id: id, tenant: &tenant, pool: &pool, resource: &resource };
+            book(tx, &booking, &e.allocations, start_ms, end_ms).await?;
         }
         ReservationEvent::BindingStarted(_) => set_state(tx, id, ReservationState::Binding).await?,
         ReservationEvent::Activated(_) => set_state(tx, id, ReservationState::Active).await?,
@@ -471,6 +656,68 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
         ReservationEvent::Expired(e) => end(tx, id, ReservationState::Expired, e.at_ms, Some(text(&e.cause)?)).await?,
         ReservationEvent::Failed(e) => end(tx, id, ReservationState::Failed, e.at_ms, Some(text(&e.reason)?)).await?,
     }
+    Ok(())
+}
+
+/// Whose bookings [`book`] writes.
+struct Booking<'a> {
+    reservation_id: &'a str,
+    tenant: &'a str,
+    pool: &'a str,
+    resource: &'a str,
+}
+
+/// Writes a reservation's allocations and books their atoms for `[start_ms, end_ms)` (the devices are touched
+/// by the caller).
+async fn book(
+    tx: &mut Tx,
+    booking: &Booking<'_>,
+    allocations: &[Allocation],
+    start_ms: i64,
+    end_ms: i64,
+) -> Result<()> {
+    let mut allocation_ids = Vec::new();
+    let mut node_ids = Vec::new();
+    let mut device_lists = Vec::new();
+    let mut booking_devices: Vec<(&str, &str)> = Vec::new();
+    for allocation in allocations {
+        allocation_ids.push(allocation.allocation_id.as_str());
+        node_ids.push(allocation.node_id.as_str());
+        device_lists.push(json(&allocation.devices)?);
+        for device in &allocation.devices {
+            booking_devices.push((device.as_str(), allocation.allocation_id.as_str()));
+        }
+    }
+    sql::query(
+        "INSERT INTO allocations (id, reservation_id, node_id, devices)
+         SELECT u.id, $1, u.node_id, ARRAY(SELECT jsonb_array_elements_text(u.devices::jsonb))
+         FROM unnest($2::text[], $3::text[], $4::text[]) AS u(id, node_id, devices)",
+    )
+    .bind(booking.reservation_id)
+    .bind(&allocation_ids)
+    .bind(&node_ids)
+    .bind(&device_lists)
+    .execute(tx.conn())
+    .await?;
+    // Bookings go in device id order, the order every transaction takes them in.
+    booking_devices.sort();
+    let (devices, allocations): (Vec<&str>, Vec<&str>) = booking_devices.into_iter().unzip();
+    sql::query(
+        "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
+         SELECT u.device_id, u.allocation_id, $1, $2, $3, $4, tstzrange(ms_ts($5), ms_ts($6))
+         FROM unnest($7::text[], $8::text[]) WITH ORDINALITY AS u(device_id, allocation_id, ord)
+         ORDER BY u.ord",
+    )
+    .bind(booking.reservation_id)
+    .bind(booking.tenant)
+    .bind(booking.pool)
+    .bind(booking.resource)
+    .bind(start_ms)
+    .bind(end_ms)
+    .bind(&devices)
+    .bind(&allocations)
+    .execute(tx.conn())
+    .await?;
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use bc_eventstore::{Db, Error, Position, Result, TxOptions, events};
 use serde_json::{Value, json};
 
 use crate::framework::Envelope;
-use crate::models::nodes::{Axes, flag_change, registered_axes, schedulable};
+use crate::models::nodes::{Axes, NewNode, change_axes, schedulable};
 
 fn to_json(value: &impl serde::Serialize) -> Result<Value> {
     serde_json::to_value(value).map_err(|err| Error::Internal(format!("encode a replayed state: {err}")))
@@ -58,18 +58,8 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
         Some(AnyEvent::Node(_)) => {
             let mut state = Value::Null;
             for event in &decoded {
-                match event {
-                    AnyEvent::Node(NodeEvent::Registered(e)) => {
-                        state = to_json(e)?;
-                        state["cordoned"] = json!(false);
-                        state["maintenance"] = json!(false);
-                    }
-                    AnyEvent::Node(other) => {
-                        if let Some((column, value)) = flag_change(other) {
-                            state[column] = json!(value);
-                        }
-                    }
-                    _ => {}
+                if let AnyEvent::Node(event) = event {
+                    node_step(&mut state, event)?;
                 }
             }
             state
@@ -85,6 +75,64 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
         map.insert("position".into(), json!(last.position.to_string()));
     }
     Ok(state)
+}
+
+/// One node event's effect on a node stream's replayed state.
+fn node_step(state: &mut Value, event: &NodeEvent) -> Result<()> {
+    match event {
+        NodeEvent::Registered(e) => *state = to_json(e)?,
+        NodeEvent::Joined(e) => {
+            *state = to_json(e)?;
+            state["provisionState"] = json!("adopting");
+            state["connectivity"] = json!("connected");
+            state["observedGeneration"] = json!(0);
+        }
+        NodeEvent::Cordoned(_) => state["cordoned"] = json!(true),
+        NodeEvent::Uncordoned(_) => {
+            state["cordoned"] = json!(false);
+            state["draining"] = json!(false);
+        }
+        NodeEvent::MaintenanceStarted(_) => state["maintenance"] = json!(true),
+        NodeEvent::MaintenanceEnded(_) => state["maintenance"] = json!(false),
+        NodeEvent::DrainStarted(_) => {
+            state["cordoned"] = json!(true);
+            state["draining"] = json!(true);
+        }
+        NodeEvent::Drained(_) => state["draining"] = json!(false),
+        NodeEvent::Adopted(_) => state["provisionState"] = json!("adopted"),
+        NodeEvent::Rejoined(e) => state["rejoinedAt"] = json!(e.at_ms),
+        NodeEvent::HardwareChanged(e) => {
+            state["gpus"] = to_json(&e.gpus)?;
+            state["devices"] = to_json(&e.devices)?;
+            state["hardware"] = to_json(&e.hardware)?;
+        }
+        NodeEvent::InventoryReported(e) => state["inventorySnapshot"] = json!(e.snapshot),
+        NodeEvent::ConnectivityChanged(e) => state["connectivity"] = to_json(&e.to)?,
+        NodeEvent::ConditionRaised(e) => {
+            let kind = e.condition.kind.as_str();
+            let mut conditions: Vec<Value> = state["conditions"].as_array().cloned().unwrap_or_default();
+            conditions.retain(|c| c["type"] != kind);
+            conditions.push(to_json(&e.condition)?);
+            state["conditions"] = Value::Array(conditions);
+        }
+        NodeEvent::ConditionCleared(e) => {
+            let mut conditions: Vec<Value> = state["conditions"].as_array().cloned().unwrap_or_default();
+            conditions.retain(|c| c["type"] != e.kind.as_str());
+            state["conditions"] = Value::Array(conditions);
+        }
+        NodeEvent::SpecChanged(e) => {
+            state["generation"] = json!(e.generation);
+            state["spec"] = to_json(&e.spec)?;
+        }
+        NodeEvent::SpecObserved(e) => state["observedGeneration"] = json!(e.observed_generation),
+        NodeEvent::Deleted(e) => state["deletedAt"] = json!(e.at_ms),
+    }
+    for flag in ["cordoned", "maintenance"] {
+        if state.get(flag).is_none() && state.is_object() {
+            state[flag] = json!(false);
+        }
+    }
+    Ok(())
 }
 
 /// A pool's capacity rollup figures for one resource.
@@ -123,33 +171,27 @@ pub struct CapacityFold {
 impl CapacityFold {
     pub fn apply(&mut self, envelope: &Envelope) -> Result<()> {
         match &envelope.event {
-            Some(AnyEvent::Node(NodeEvent::Registered(e))) => {
-                let atoms: Vec<_> = e.devices.iter().filter(|d| d.bookable).collect();
-                if let Some(first) = atoms.first() {
-                    let pool_owner = envelope.recorded.tenant_id.clone().unwrap_or_default();
-                    self.nodes.insert(
-                        e.node_id.to_string(),
-                        NodeCapacity {
-                            pool: e.pool_id.to_string(),
-                            resource: first.class.as_str().to_owned(),
-                            atoms: atoms.len() as i64,
-                            axes: registered_axes(e, &pool_owner)?,
-                        },
-                    );
-                }
-            }
-            Some(AnyEvent::Node(other)) => {
-                if let Some((column, value)) = flag_change(other) {
-                    let node_id = match other {
-                        NodeEvent::Cordoned(e)
-                        | NodeEvent::Uncordoned(e)
-                        | NodeEvent::MaintenanceStarted(e)
-                        | NodeEvent::MaintenanceEnded(e) => e.node_id.to_string(),
-                        NodeEvent::Registered(e) => e.node_id.to_string(),
-                    };
-                    if let Some(node) = self.nodes.get_mut(&node_id) {
-                        node.axes.set_flag(column, value);
+            Some(AnyEvent::Node(event)) => {
+                let pool_owner = envelope.recorded.tenant_id.clone().unwrap_or_default();
+                if let Some(node) = NewNode::of(event, &pool_owner)? {
+                    if let (Some(resource), atoms) = node.atoms() {
+                        self.nodes.insert(
+                            node.node_id.to_string(),
+                            NodeCapacity {
+                                pool: node.pool_id.to_string(),
+                                resource: resource.to_owned(),
+                                atoms: atoms as i64,
+                                axes: node.axes,
+                            },
+                        );
                     }
+                } else if let NodeEvent::Deleted(e) = event {
+                    self.nodes.remove(e.node_id.as_str());
+                } else if let Some(node) = self.nodes.get_mut(event.node_id().as_str()) {
+                    if let NodeEvent::HardwareChanged(e) = event {
+                        node.atoms = e.devices.iter().filter(|d| d.bookable).count() as i64;
+                    }
+                    change_axes(&mut node.axes, event)?;
                 }
             }
             Some(AnyEvent::Reservation(event)) => {

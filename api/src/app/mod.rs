@@ -3,8 +3,11 @@
 //! events with the expected stream version, apply the inline projections, enqueue follow-up work, commit; the
 //! whole transaction is retried on serialization failures, deadlocks, booking races and version conflicts.
 
+pub mod agents;
 pub mod availability;
+pub mod commands;
 pub mod fleet;
+pub mod liveness;
 pub mod nodes;
 pub mod reads;
 pub mod reservations;
@@ -138,11 +141,17 @@ pub struct Committed<T> {
 pub struct App {
     pub db: Db,
     pub retry: RetryPolicy,
+    /// How agents keep their sessions.
+    pub liveness: agents::LivenessConfig,
 }
 
 impl App {
     pub fn new(db: Db) -> Self {
-        Self { db, retry: RetryPolicy { max_attempts: 16, ..RetryPolicy::default() } }
+        Self {
+            db,
+            retry: RetryPolicy { max_attempts: 16, ..RetryPolicy::default() },
+            liveness: agents::LivenessConfig::default(),
+        }
     }
 }
 

@@ -2,16 +2,22 @@
 //! uncordon, maintenance on and off.
 
 use bc_domain::Rejection;
+use bc_domain::agent::CommandKind;
 use bc_domain::device::{GpuInfo, devices_for};
+use bc_domain::id::CommandId;
 use bc_domain::id::{NodeId, TenantId};
 use bc_domain::node::{
-    Adapter, Condition, ConditionType, Connectivity, NodeEvent, NodeFlagChanged, NodeRegistered, ProvisionState, Role,
-    Trust,
+    Adapter, Condition, ConditionType, Connectivity, NodeDeleted, NodeDrainStarted, NodeEvent, NodeFlagChanged,
+    NodeRegistered, NodeSpec, NodeSpecChanged, ProvisionState, Role, Trust,
 };
 use bc_domain::site::check_name;
 use bc_domain::{gpu, id::PoolId};
 use bc_eventstore::events::{self, ExpectedVersion};
-use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
+use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock, sql};
+use sqlx::Row as _;
+
+use super::agents::replace_key;
+use super::commands::{self, CommandRecord, Delivery};
 
 use super::fleet::{owned_pool, pending_key};
 use super::store::{self, NamedTable};
@@ -165,6 +171,10 @@ impl App {
                     if unchanged {
                         return Ok(Committed { value: (), position: None });
                     }
+                    if verb == NodeVerb::StartMaintenance && !node.draining {
+                        store::lock_pool(tx, &pool.id).await?;
+                        check_disruption_budget(tx, &pool, node_id).await?;
+                    }
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let flag = NodeFlagChanged { node_id: node_id.clone(), reason: reason.clone(), at_ms };
                     let event = match verb {
@@ -186,10 +196,280 @@ impl App {
                     if matches!(verb, NodeVerb::Uncordon | NodeVerb::EndMaintenance) {
                         wake(tx, &pending_key(&node.pool_id), None).await?;
                     }
+                    if verb == NodeVerb::StartMaintenance {
+                        wake(tx, &replace_key(node_id), None).await?;
+                    }
                     Ok(Committed { value: (), position })
                 }
                 .scope_boxed()
             })
             .await
+    }
+}
+
+/// What an operator may send a node directly (bindings come only from reservations).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorCommand {
+    pub kind: CommandKind,
+    pub delivery: Delivery,
+}
+
+/// A node's latest inventory snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventorySnapshot {
+    pub snapshot: u64,
+    pub document: serde_json::Value,
+    pub received_at_ms: i64,
+}
+
+/// How many of a pool's nodes may be draining or in maintenance at once: its `disruptionBudget` share, at
+/// least one.
+pub fn disruption_allowance(budget: f64, nodes: i64) -> i64 {
+    ((budget * nodes as f64).floor() as i64).max(1)
+}
+
+/// Refuses a drain or maintenance that would put more of the pool's nodes out than its disruption budget
+/// allows.
+async fn check_disruption_budget(tx: &mut Tx, pool: &store::PoolRow, node_id: &NodeId) -> AppResult<()> {
+    let row = sql::query(
+        "SELECT count(*) AS nodes, count(*) FILTER (WHERE (draining OR maintenance) AND id <> $2) AS disrupted
+         FROM nodes WHERE pool_id = $1",
+    )
+    .bind(pool.id.as_str())
+    .bind(node_id.as_str())
+    .fetch_one(tx.conn())
+    .await?;
+    let nodes: i64 = row.try_get("nodes")?;
+    let disrupted: i64 = row.try_get("disrupted")?;
+    let allowed = disruption_allowance(pool.policy.disruption_budget, nodes);
+    if disrupted + 1 > allowed {
+        return Err(Rejection::Conflict(format!(
+            "pool {}'s disruption budget ({}) allows {allowed} of its {nodes} nodes draining or in maintenance at once, and {disrupted} already are",
+            pool.id, pool.policy.disruption_budget
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// Loads a node the caller operates (its pool's owner), or `NOT_FOUND`.
+async fn operated_node(tx: &mut Tx, caller: &Caller, node_id: &NodeId) -> AppResult<(store::NodeRow, store::PoolRow)> {
+    let not_found = || Rejection::NotFound { kind: "node", id: node_id.to_string() };
+    let Some(node) = store::node(tx, node_id).await? else { return Err(not_found().into()) };
+    let pool = owned_pool(tx, caller, &node.pool_id).await.map_err(|_| not_found())?;
+    Ok((node, pool))
+}
+
+async fn record_on_node(
+    tx: &mut Tx,
+    caller: &Caller,
+    node_id: &NodeId,
+    pool: &store::PoolRow,
+    events: Vec<NodeEvent>,
+) -> AppResult<Option<bc_eventstore::Position>> {
+    let version = events::stream_version(tx, node_id.as_str()).await?;
+    record(tx, caller, node_id.as_str(), &pool.owner_tenant_id, ExpectedVersion::Exact(version), events).await
+}
+
+impl App {
+    /// `nodes.drain`: cordons the node and moves its future bookings elsewhere; running reservations finish
+    /// (or, with `force`, are ended). Within the pool's disruption budget.
+    pub async fn drain_node(
+        &self,
+        caller: &Caller,
+        node_id: &NodeId,
+        force: bool,
+        reason: Option<String>,
+    ) -> AppResult<Committed<()>> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let reason = &reason;
+                async move {
+                    let (node, pool) = operated_node(tx, caller, node_id).await?;
+                    store::lock_pool(tx, &pool.id).await?;
+                    if node.draining && !force {
+                        return Ok(Committed { value: (), position: None });
+                    }
+                    if !node.draining && !node.maintenance {
+                        check_disruption_budget(tx, &pool, node_id).await?;
+                    }
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let event = NodeEvent::DrainStarted(NodeDrainStarted {
+                        node_id: node_id.clone(),
+                        force,
+                        reason: reason.clone(),
+                        at_ms,
+                    });
+                    let position = record_on_node(tx, caller, node_id, &pool, vec![event]).await?;
+                    wake(tx, &replace_key(node_id), None).await?;
+                    Ok(Committed { value: (), position })
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
+    /// `nodes.delete`: removes the node, revoking its credential and ending its session. Refused while
+    /// reservations are placed or running on it, unless `force`: then future ones are placed again (or fail)
+    /// and running ones end.
+    pub async fn delete_node(
+        &self,
+        caller: &Caller,
+        node_id: &NodeId,
+        force: bool,
+        reason: Option<String>,
+    ) -> AppResult<Committed<()>> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let reason = &reason;
+                async move {
+                    let (_, pool) = operated_node(tx, caller, node_id).await?;
+                    store::lock_pool(tx, &pool.id).await?;
+                    let held: Vec<String> = sql::query_scalar(
+                        "SELECT DISTINCT r.id FROM allocations AS a JOIN reservations AS r ON r.id = a.reservation_id
+                         WHERE a.node_id = $1 AND r.state IN ('placed', 'binding', 'active', 'releasing')
+                         ORDER BY r.id LIMIT 20",
+                    )
+                    .bind(node_id.as_str())
+                    .fetch_all(tx.conn())
+                    .await?;
+                    if !held.is_empty() && !force {
+                        return Err(Rejection::Conflict(format!(
+                            "node {node_id} still holds reservations ({}); drain it first, or delete with force",
+                            held.join(", ")
+                        ))
+                        .into());
+                    }
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let event = NodeEvent::Deleted(NodeDeleted {
+                        node_id: node_id.clone(),
+                        pool_id: pool.id.clone(),
+                        force,
+                        reason: reason.clone(),
+                        at_ms,
+                    });
+                    let position = record_on_node(tx, caller, node_id, &pool, vec![event]).await?;
+                    for statement in [
+                        "DELETE FROM node_credentials WHERE node_id = $1",
+                        "DELETE FROM agent_sessions WHERE node_id = $1",
+                        "UPDATE node_commands SET state = 'expired', finished_at = compute_now(), message = 'the node was deleted'
+                         WHERE node_id = $1 AND state = 'queued'",
+                    ] {
+                        sql::query(statement).bind(node_id.as_str()).execute(tx.conn()).await?;
+                    }
+                    if !held.is_empty() {
+                        wake(tx, &replace_key(node_id), None).await?;
+                    }
+                    Ok(Committed { value: (), position })
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
+    /// Changes a node's desired state (its labels, its MIG layout): the generation rises and the agent applies
+    /// it and reports the generation it observed.
+    pub async fn set_node_spec(
+        &self,
+        caller: &Caller,
+        node_id: &NodeId,
+        labels: std::collections::BTreeMap<String, String>,
+        mig_layout: Option<String>,
+    ) -> AppResult<Committed<u64>> {
+        for (key, value) in &labels {
+            if key.is_empty() || key.len() > 63 || value.len() > 253 || key.chars().any(char::is_control) {
+                return Err(Rejection::invalid(
+                    format!("labels.{key}"),
+                    "keys are 1 to 63 characters, values at most 253",
+                )
+                .into());
+            }
+        }
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let (labels, mig_layout) = (&labels, &mig_layout);
+                async move {
+                    let (_, pool) = operated_node(tx, caller, node_id).await?;
+                    let row = sql::query("SELECT generation, spec::text AS spec FROM nodes WHERE id = $1 FOR UPDATE")
+                        .bind(node_id.as_str())
+                        .fetch_one(tx.conn())
+                        .await?;
+                    let generation: i64 = row.try_get("generation")?;
+                    let spec: String = row.try_get("spec")?;
+                    let mut spec: NodeSpec = serde_json::from_str(&spec).unwrap_or_default();
+                    spec.labels = labels.clone();
+                    if mig_layout.is_some() {
+                        spec.mig_layout = mig_layout.clone();
+                    }
+                    let generation = generation as u64 + 1;
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let event =
+                        NodeEvent::SpecChanged(NodeSpecChanged { node_id: node_id.clone(), generation, spec, at_ms });
+                    let position = record_on_node(tx, caller, node_id, &pool, vec![event]).await?;
+                    Ok(Committed { value: generation, position })
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
+    /// Queues an operator's command for a node (`probe`, `refresh-inventory`).
+    pub async fn queue_node_command(
+        &self,
+        caller: &Caller,
+        node_id: &NodeId,
+        command: OperatorCommand,
+    ) -> AppResult<(CommandId, u64)> {
+        if matches!(command.kind, CommandKind::Bind { .. } | CommandKind::Unbind { .. }) {
+            return Err(Rejection::invalid("kind", "bind and unbind come only from reservations").into());
+        }
+        if let (Some(before), Some(after)) = (command.delivery.not_before_ms, command.delivery.not_after_ms)
+            && after < before
+        {
+            return Err(Rejection::invalid("notAfter", "must not be before notBefore").into());
+        }
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let command = &command;
+                async move {
+                    operated_node(tx, caller, node_id).await?;
+                    commands::enqueue(tx, node_id, &command.kind, None, &command.delivery).await
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
+    /// A node's commands, newest first.
+    pub async fn node_commands(&self, caller: &Caller, node_id: &NodeId) -> AppResult<Vec<CommandRecord>> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        operated_node(&mut tx, caller, node_id).await?;
+        let list = commands::list(&mut tx, node_id, 200).await?;
+        tx.commit().await?;
+        Ok(list)
+    }
+
+    /// A node's latest inventory snapshot.
+    pub async fn node_inventory(&self, caller: &Caller, node_id: &NodeId) -> AppResult<InventorySnapshot> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        operated_node(&mut tx, caller, node_id).await?;
+        let row = sql::query(
+            "SELECT snapshot, document::text AS document, ts_ms(received_at) AS received_at_ms
+             FROM node_inventory_snapshots WHERE node_id = $1 ORDER BY snapshot DESC LIMIT 1",
+        )
+        .bind(node_id.as_str())
+        .fetch_optional(tx.conn())
+        .await?;
+        tx.commit().await?;
+        let Some(row) = row else {
+            return Err(Rejection::NotFound { kind: "inventory of node", id: node_id.to_string() }.into());
+        };
+        let document: String = row.try_get("document")?;
+        Ok(InventorySnapshot {
+            snapshot: row.try_get::<i64, _>("snapshot")? as u64,
+            document: serde_json::from_str(&document)
+                .map_err(|err| bc_eventstore::Error::Internal(format!("an inventory snapshot is unreadable: {err}")))?,
+            received_at_ms: row.try_get("received_at_ms")?,
+        })
     }
 }

@@ -9,7 +9,7 @@ use bc_domain::reservation::{
     self, Allocation, Command, Due, NewRequest, Reservation, ReservationEvent, ReservationRequest, placed_start,
 };
 use bc_eventstore::events::{self, ExpectedVersion};
-use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock};
+use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock, sql};
 
 use super::fleet::pending_key;
 use super::store::{self, PoolRow};
@@ -232,7 +232,7 @@ impl App {
 
     /// Releases a reservation after its start (`binding`, `active`).
     pub async fn release_reservation(&self, caller: &Caller, id: &ReservationId) -> AppResult<Committed<Reservation>> {
-        self.reservation_command(caller, id, |now_ms| Command::Release { now_ms }).await
+        self.reservation_command(caller, id, |now_ms| Command::Release { now_ms, awaiting: Vec::new() }).await
     }
 
     /// Renews a reservation's allocation lease (`reservations.renew`); after the deadline it is refused.
@@ -288,7 +288,8 @@ impl App {
                 async move {
                     let now_ms = clock::compute_now_ms(tx).await?;
                     let r = owned_reservation(tx, caller, id).await?;
-                    let events = reservation::decide(&r, &command(now_ms))?;
+                    let command = super::commands::with_awaiting(tx, &r, command(now_ms)).await?;
+                    let events = reservation::decide(&r, &command)?;
                     apply_and_schedule(tx, caller, r, events, now_ms).await
                 }
                 .scope_boxed()
@@ -312,11 +313,25 @@ pub(crate) async fn record_reservation(
     r: Reservation,
     events: Vec<ReservationEvent>,
 ) -> AppResult<(Reservation, Option<Position>)> {
-    let frees_capacity = events.iter().any(|e| e.ends_bookings_at().is_some());
+    let frees_capacity =
+        events.iter().any(|e| e.ends_bookings_at().is_some() || matches!(e, ReservationEvent::Replaced(_)));
+    super::commands::follow_hand_overs(tx, &r, &events).await?;
     let state = events.iter().fold(Some(r.clone()), reservation::evolve).unwrap_or_else(|| r.clone());
     let position = record(tx, caller, r.id.as_str(), &r.tenant_id, ExpectedVersion::Exact(r.version), events).await?;
     if frees_capacity {
         wake(tx, &pending_key(&state.request.pool_id), None).await?;
+        // A drain completes once its node holds nothing running.
+        if state.state.is_terminal() {
+            let nodes: Vec<&str> = state.allocations.iter().map(|a| a.node_id.as_str()).collect();
+            let draining: Vec<String> =
+                sql::query_scalar("SELECT id FROM nodes WHERE id = ANY($1) AND draining ORDER BY id")
+                    .bind(&nodes)
+                    .fetch_all(tx.conn())
+                    .await?;
+            for node in draining {
+                wake(tx, &format!("node:{node}:replace"), None).await?;
+            }
+        }
     }
     Ok((state, position))
 }

@@ -123,10 +123,11 @@ pub struct NodeRow {
     pub pool_id: PoolId,
     pub cordoned: bool,
     pub maintenance: bool,
+    pub draining: bool,
 }
 
 pub async fn node(tx: &mut Tx, node_id: &NodeId) -> AppResult<Option<NodeRow>> {
-    let row = sql::query("SELECT pool_id, cordoned, maintenance FROM nodes WHERE id = $1")
+    let row = sql::query("SELECT pool_id, cordoned, maintenance, draining FROM nodes WHERE id = $1")
         .bind(node_id.as_str())
         .fetch_optional(tx.conn())
         .await?;
@@ -136,6 +137,7 @@ pub async fn node(tx: &mut Tx, node_id: &NodeId) -> AppResult<Option<NodeRow>> {
         pool_id: pool.parse().map_err(|err| corrupt("nodes.pool_id", err))?,
         cordoned: row.try_get("cordoned")?,
         maintenance: row.try_get("maintenance")?,
+        draining: row.try_get("draining")?,
     }))
 }
 

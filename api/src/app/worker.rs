@@ -27,6 +27,8 @@ pub struct WorkerConfig {
     /// The pause when nothing was due.
     pub idle_poll: Duration,
     pub backoff: Backoff,
+    /// How often the liveness sweep runs over this worker's shards.
+    pub liveness_sweep: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -37,6 +39,7 @@ impl Default for WorkerConfig {
             claim_for: Duration::from_secs(30),
             idle_poll: Duration::from_millis(200),
             backoff: Backoff::default(),
+            liveness_sweep: Duration::from_secs(1),
         }
     }
 }
@@ -102,11 +105,27 @@ impl Worker {
         }
     }
 
+    /// One liveness sweep over this worker's shards; returns how many nodes changed connectivity.
+    pub async fn sweep_liveness(&self) -> AppResult<usize> {
+        let mut changed = 0;
+        for &shard in &self.config.shards {
+            changed += self.app.sweep_liveness(shard).await?;
+        }
+        Ok(changed)
+    }
+
     /// Runs until `shutdown` resolves. Not cancel-safe inside a round: it finishes the round first.
     pub async fn run(self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut last_sweep = tokio::time::Instant::now();
         loop {
             if *shutdown.borrow() {
                 return;
+            }
+            if last_sweep.elapsed() >= self.config.liveness_sweep {
+                last_sweep = tokio::time::Instant::now();
+                if let Err(err) = self.sweep_liveness().await {
+                    tracing::warn!(error = %err, "liveness sweep failed");
+                }
             }
             let claimed = match self.run_once().await {
                 Ok(claimed) => claimed,
@@ -116,9 +135,10 @@ impl Worker {
                 }
             };
             if claimed == 0 {
+                let pause = self.config.idle_poll.min(self.config.liveness_sweep);
                 tokio::select! {
                     _ = shutdown.changed() => {}
-                    () = tokio::time::sleep(self.config.idle_poll) => {}
+                    () = tokio::time::sleep(pause) => {}
                 }
             }
         }
@@ -128,6 +148,11 @@ impl Worker {
         if let Some(id) = item.key.strip_prefix("rsv:") {
             let id: ReservationId = id.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
             return self.reconcile_reservation(item, &id).await;
+        }
+        if let Some(node) = super::agents::node_of_replace_key(&item.key) {
+            let node: bc_domain::id::NodeId =
+                node.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
+            return self.app.run_node_item(&self.caller, item, &node).await;
         }
         if let Some(pool) = super::fleet::pool_of_pending_key(&item.key) {
             let pool: PoolId = pool.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
@@ -177,7 +202,7 @@ impl Worker {
                                     }
                                 }
                             }
-                            Due::Apply(command) => command,
+                            Due::Apply(command) => super::commands::with_awaiting(tx, &r, command).await?,
                         };
                         let events = reservation::decide(&r, &command)?;
                         // The worker holds this reservation's key and reschedules it itself, so it records without waking it.

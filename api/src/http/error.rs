@@ -83,6 +83,8 @@ impl From<AppError> for ApiError {
                     | Rejection::IdempotencyKeyReused { .. }
                     | Rejection::QuotaExceeded(_)
                     | Rejection::CapacityUnavailable(_) => StatusCode::CONFLICT,
+                    Rejection::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+                    Rejection::Forbidden(_) => StatusCode::FORBIDDEN,
                 };
                 let details = match &rejection {
                     Rejection::InvalidArgument { field, .. } => json!({ "field": field }),

@@ -2,6 +2,7 @@
 //! errors as `{"error": {"code", "message", "details"}}`, `X-Request-Id` on every response, bearer tokens
 //! decided by the [`Authorizer`](crate::auth::Authorizer) against the method table.
 
+pub mod agent;
 pub mod consistency;
 mod error;
 pub mod events;
@@ -75,6 +76,7 @@ macro_rules! routes {
     (@http get) => { "GET" };
     (@http post) => { "POST" };
     (@http put) => { "PUT" };
+    (@http delete) => { "DELETE" };
     (@method open) => { None };
     (@method $method:literal) => { Some($method) };
 }
@@ -100,6 +102,20 @@ routes! {
     post "/v1/nodes/{node_id}/uncordon" => nodes::uncordon, "nodes.uncordon";
     post "/v1/nodes/{node_id}/maintenance/start" => nodes::start_maintenance, "nodes.maintenance.start";
     post "/v1/nodes/{node_id}/maintenance/end" => nodes::end_maintenance, "nodes.maintenance.end";
+    post "/v1/nodes/{node_id}/drain" => nodes::drain, "nodes.drain";
+    delete "/v1/nodes/{node_id}" => nodes::delete, "nodes.delete";
+    put "/v1/nodes/{node_id}/spec" => nodes::set_spec, "nodes.spec.set";
+    post "/v1/nodes/{node_id}/commands" => nodes::create_command, "nodes.commands.create";
+    get "/v1/nodes/{node_id}/commands" => nodes::list_commands, "nodes.commands.list";
+    get "/v1/nodes/{node_id}/inventory" => nodes::inventory, "nodes.inventory.get";
+    post "/v1/pools/{pool_id}/join-tokens" => nodes::create_join_token, "nodes.join_tokens.create";
+    // The agent's routes: a join token or the node credential, never a tenant's principal.
+    post "/v1/agent/join" => agent::join, open;
+    post "/v1/agent/sessions" => agent::open_session, open;
+    post "/v1/agent/heartbeat" => agent::heartbeat, open;
+    post "/v1/agent/inventory" => agent::inventory, open;
+    get "/v1/agent/commands" => agent::commands, open;
+    post "/v1/agent/commands/{command_id}/ack" => agent::ack, open;
     post "/v1/reservations" => reservations::create, "reservations.create";
     get "/v1/reservations" => reservations::list, "reservations.list";
     get "/v1/reservations/{reservation_id}" => reservations::get, "reservations.get";

@@ -16,8 +16,11 @@ use super::openapi::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, QueryParams, page_json, path_id};
 use super::reservations::OptionalBody;
 use super::{ApiError, AppState};
-use crate::app::nodes::{NodeVerb, RegisterNode};
+use crate::app::commands::Delivery;
+use crate::app::nodes::{NodeVerb, OperatorCommand, RegisterNode};
 use crate::auth::resolve;
+use axum::response::IntoResponse as _;
+use bc_domain::agent::CommandKind;
 
 /// One GPU of a registration.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -241,4 +244,240 @@ pub async fn end_maintenance(
     OptionalBody(body): OptionalBody<VerbBody>,
 ) -> Result<Response, ApiError> {
     verb(state, who, id, body, "nodes.maintenance.end", NodeVerb::EndMaintenance).await
+}
+
+/// Body of `POST /v1/pools/{pool_id}/join-tokens`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinTokenBody {
+    /// How long the token admits a machine, in seconds (60 to 604800; default 3600).
+    pub ttl_seconds: Option<u64>,
+}
+
+/// `POST /v1/pools/{pool_id}/join-tokens`: a single-use join token for one machine.
+#[utoipa::path(
+    post,
+    path = "/v1/pools/{pool_id}/join-tokens",
+    tag = "nodes",
+    summary = "Issue a single-use join token for the pool (the secret is shown once)",
+    params(("pool_id" = String, Path, description = "The pool id")),
+    request_body = inline(Option<JoinTokenBody>),
+    responses((status = 201, description = "The token: id, token, poolId, expiresAt", body = Object), CommonErrors),
+    security(("bearer" = [])),
+)]
+pub async fn create_join_token(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(pool_id): Path<String>,
+    OptionalBody(body): OptionalBody<JoinTokenBody>,
+) -> Result<Response, ApiError> {
+    let pool_id = on_pool(&state, &who, "nodes.join_tokens.create", &pool_id).await?;
+    let done = state.app.create_join_token(&who.caller(), &pool_id, body.ttl_seconds.unwrap_or(3600)).await?;
+    let token = done.value;
+    let body = json!({
+        "id": token.id, "token": token.token, "poolId": token.pool_id, "expiresAt": token.expires_at_ms,
+    });
+    Ok(committed(StatusCode::CREATED, body, done.position, None))
+}
+
+/// Body of `POST /v1/nodes/{node_id}/drain` and `DELETE /v1/nodes/{node_id}`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ForceBody {
+    /// End the reservations running on the node instead of letting them finish.
+    #[serde(default)]
+    pub force: bool,
+    pub reason: Option<String>,
+}
+
+async fn on_node(state: &AppState, who: &Authed, method: &'static str, id: &str) -> Result<NodeId, ApiError> {
+    let id: NodeId = path_id("nodeId", id)?;
+    let resource = resolve::node_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    state.authorize(who, method, resource.as_ref(), "node", id.as_str()).await?;
+    Ok(id)
+}
+
+fn check_reason(reason: &Option<String>) -> Result<(), ApiError> {
+    if reason.as_ref().is_some_and(|r| r.len() > 1024) {
+        return Err(ApiError::invalid_argument("reason", "must be at most 1024 characters"));
+    }
+    Ok(())
+}
+
+/// `POST /v1/nodes/{node_id}/drain`.
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{node_id}/drain",
+    tag = "nodes",
+    summary = "Drain a node: cordon it, move its future bookings, let running ones finish (or end them with force)",
+    params(("node_id" = String, Path, description = "The node id")),
+    request_body = inline(Option<ForceBody>),
+    responses((status = 200, description = "Draining", body = Object), (status = 409, description = "The pool's disruption budget is spent", body = ErrorBody), CommonErrors),
+    security(("bearer" = [])),
+)]
+pub async fn drain(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    OptionalBody(body): OptionalBody<ForceBody>,
+) -> Result<Response, ApiError> {
+    check_reason(&body.reason)?;
+    let id = on_node(&state, &who, "nodes.drain", &id).await?;
+    let done = state.app.drain_node(&who.caller(), &id, body.force, body.reason).await?;
+    Ok(committed(StatusCode::OK, json!({ "id": id }), done.position, None))
+}
+
+/// Query of `DELETE /v1/nodes/{node_id}`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteParams {
+    /// Delete even though reservations are placed or running on it.
+    pub force: Option<bool>,
+    pub reason: Option<String>,
+}
+
+/// `DELETE /v1/nodes/{node_id}`.
+#[utoipa::path(
+    delete,
+    path = "/v1/nodes/{node_id}",
+    tag = "nodes",
+    summary = "Delete a node, revoking its credential (refused while it holds reservations, unless force)",
+    params(("node_id" = String, Path, description = "The node id"), DeleteParams),
+    responses((status = 200, description = "Deleted", body = Object), (status = 409, description = "Reservations remain", body = ErrorBody), CommonErrors),
+    security(("bearer" = [])),
+)]
+pub async fn delete(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    QueryParams(params): QueryParams<DeleteParams>,
+) -> Result<Response, ApiError> {
+    check_reason(&params.reason)?;
+    let id = on_node(&state, &who, "nodes.delete", &id).await?;
+    let done = state.app.delete_node(&who.caller(), &id, params.force.unwrap_or(false), params.reason).await?;
+    Ok(committed(StatusCode::OK, json!({ "id": id, "deleted": true }), done.position, None))
+}
+
+/// Body of `PUT /v1/nodes/{node_id}/spec`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpecBody {
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub mig_layout: Option<String>,
+}
+
+/// `PUT /v1/nodes/{node_id}/spec`.
+#[utoipa::path(
+    put,
+    path = "/v1/nodes/{node_id}/spec",
+    tag = "nodes",
+    summary = "Set a node's desired state (labels, MIG layout); its generation rises",
+    params(("node_id" = String, Path, description = "The node id")),
+    request_body = SpecBody,
+    responses((status = 200, description = "The new generation", body = Object), CommonErrors),
+    security(("bearer" = [])),
+)]
+pub async fn set_spec(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<SpecBody>,
+) -> Result<Response, ApiError> {
+    let id = on_node(&state, &who, "nodes.spec.set", &id).await?;
+    let done = state.app.set_node_spec(&who.caller(), &id, body.labels, body.mig_layout).await?;
+    Ok(committed(StatusCode::OK, json!({ "id": id, "generation": done.value }), done.position, None))
+}
+
+/// Body of `POST /v1/nodes/{node_id}/commands`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommandBody {
+    /// `probe` or `refresh-inventory`.
+    pub kind: String,
+    pub note: Option<String>,
+    /// Epoch ms before which it is not delivered.
+    pub not_before: Option<i64>,
+    /// Epoch ms after which, still undelivered, it expires.
+    pub not_after: Option<i64>,
+    /// Held until the node has observed this generation.
+    pub min_generation: Option<u64>,
+}
+
+/// `POST /v1/nodes/{node_id}/commands`.
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{node_id}/commands",
+    tag = "nodes",
+    summary = "Queue a command for a node (probe, refresh-inventory)",
+    params(("node_id" = String, Path, description = "The node id")),
+    request_body = CommandBody,
+    responses((status = 201, description = "Queued: id and seq", body = Object), CommonErrors),
+    security(("bearer" = [])),
+)]
+pub async fn create_command(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<CommandBody>,
+) -> Result<Response, ApiError> {
+    let kind = match body.kind.as_str() {
+        "probe" => CommandKind::Probe { note: body.note },
+        "refresh-inventory" => CommandKind::RefreshInventory,
+        other => {
+            return Err(ApiError::invalid_argument(
+                "kind",
+                format!("{other:?} is not a command operators send; use probe or refresh-inventory"),
+            ));
+        }
+    };
+    let id = on_node(&state, &who, "nodes.commands.create", &id).await?;
+    let delivery =
+        Delivery { not_before_ms: body.not_before, not_after_ms: body.not_after, min_generation: body.min_generation };
+    let (command_id, seq) =
+        state.app.queue_node_command(&who.caller(), &id, OperatorCommand { kind, delivery }).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": command_id, "nodeId": id, "seq": seq }))).into_response())
+}
+
+/// `GET /v1/nodes/{node_id}/commands`.
+#[utoipa::path(
+    get,
+    path = "/v1/nodes/{node_id}/commands",
+    tag = "nodes",
+    summary = "A node's commands, newest first, with their states",
+    params(("node_id" = String, Path, description = "The node id")),
+    responses((status = 200, description = "items", body = Object), CommonErrors),
+    security(("bearer" = [])),
+)]
+pub async fn list_commands(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = on_node(&state, &who, "nodes.commands.list", &id).await?;
+    let items = state.app.node_commands(&who.caller(), &id).await?;
+    Ok(Json(json!({ "items": items })))
+}
+
+/// `GET /v1/nodes/{node_id}/inventory`.
+#[utoipa::path(
+    get,
+    path = "/v1/nodes/{node_id}/inventory",
+    tag = "nodes",
+    summary = "A node's latest NodeInventory v1 snapshot",
+    params(("node_id" = String, Path, description = "The node id")),
+    responses((status = 200, description = "snapshot, receivedAt, document", body = Object), CommonErrors),
+    security(("bearer" = [])),
+)]
+pub async fn inventory(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = on_node(&state, &who, "nodes.inventory.get", &id).await?;
+    let snapshot = state.app.node_inventory(&who.caller(), &id).await?;
+    Ok(Json(json!({
+        "nodeId": id, "snapshot": snapshot.snapshot, "receivedAt": snapshot.received_at_ms, "document": snapshot.document,
+    })))
 }

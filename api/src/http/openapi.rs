@@ -5,7 +5,7 @@ use serde::Serialize;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use super::{events, fleet, health, nodes, projections, reservations};
+use super::{agent, events, fleet, health, nodes, projections, reservations};
 
 /// Every error: `{"error": {"code", "message", "details"}}`.
 #[derive(Debug, Serialize, ToSchema)]
@@ -50,6 +50,8 @@ impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        // Node agents authenticate with the credential their node got at join (`nc_...`), as a bearer token.
+        components.add_security_scheme("node", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
     }
 }
 
@@ -81,6 +83,19 @@ impl Modify for BearerAuth {
         nodes::uncordon,
         nodes::start_maintenance,
         nodes::end_maintenance,
+        nodes::drain,
+        nodes::delete,
+        nodes::set_spec,
+        nodes::create_command,
+        nodes::list_commands,
+        nodes::inventory,
+        nodes::create_join_token,
+        agent::join,
+        agent::open_session,
+        agent::heartbeat,
+        agent::inventory,
+        agent::commands,
+        agent::ack,
         reservations::create,
         reservations::list,
         reservations::get,

@@ -550,8 +550,13 @@ async fn the_openapi_document_lists_every_route_and_only_routed_paths() {
     for (path, operations) in doc.body["paths"].as_object().expect("paths") {
         for (method, operation) in operations.as_object().expect("operations") {
             documented.insert((method.to_ascii_uppercase(), path.clone()));
-            let open = path == "/v1/healthz" || path == "/v1/openapi.json";
+            // The join carries its join token in the body; the other agent routes use the node credential.
+            let open = path == "/v1/healthz" || path == "/v1/openapi.json" || path == "/v1/agent/join";
             assert_eq!(operation.get("security").is_none(), open, "{method} {path}: bearer security unless open");
+            if let Some(security) = operation.get("security") {
+                let scheme = if path.starts_with("/v1/agent/") { "node" } else { "bearer" };
+                assert!(security[0].get(scheme).is_some(), "{method} {path}: {scheme} security");
+            }
         }
     }
     let routed: std::collections::BTreeSet<(String, String)> =
@@ -564,6 +569,7 @@ async fn the_openapi_document_lists_every_route_and_only_routed_paths() {
             .replace("{node_id}", "node_01m8q000000000000000000001")
             .replace("{tenant_id}", "acme")
             .replace("{site_id}", "site_01m8q000000000000000000001")
+            .replace("{command_id}", "cmd_01m8q000000000000000000001")
             .replace("{reservation_id}", &("rsv_".to_owned() + &"a".repeat(52)));
         let (status, message) = api.status_of(method, &concrete, ROOT).await;
         let unrouted = status == StatusCode::NOT_FOUND && message.is_some_and(|m| m.starts_with("no route"));

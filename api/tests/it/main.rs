@@ -1,11 +1,13 @@
 //! Integration tests of the application against real PostgreSQL: the command handlers, the router in
 //! process, and the `better-compute` binary as a real process.
 
+mod agents;
 mod consistency;
 mod fleet;
 mod health;
 mod http_api;
 mod investigate;
+mod nodes;
 mod process;
 mod read_models;
 mod reservations;

@@ -167,6 +167,33 @@ async fn migrate_then_serve_answers_healthz_and_stops_on_sigterm() {
     assert!(server.wait().success(), "a clean exit on SIGTERM");
 }
 
+/// Lists `path` as `token` until `done` holds for its items (the read models catch up in the background).
+async fn list_until(
+    server: &Server,
+    path: &str,
+    token: &str,
+    done: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let response = reqwest::Client::new()
+            .get(format!("{}{path}", server.base_url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status().as_u16(), 200);
+        let listed: serde_json::Value = response.json().await.expect("json");
+        let mut items = listed["items"].as_array().cloned().unwrap_or_default();
+        if done(&items) {
+            items.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+            return items;
+        }
+        assert!(Instant::now() < deadline, "{path} never reached what was awaited: {listed}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn dev_cluster(data_dir: &Path) -> Cluster {
     let server = testing::server();
     Cluster::new(server.bins().clone(), data_dir.to_path_buf(), server.run_as().clone())
@@ -186,27 +213,20 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     let mut first = Server::start(dev());
     let (status, body) = healthz(&first).await;
     assert_eq!(status, 200, "{body}");
-    // It prints a ready-to-use token for the demo customer, which sees the demo pool offered to it.
+    // It prints ready-to-use tokens; the demo customer sees the two demo pools offered to it.
+    let admin = first.line_containing("platform administrator");
+    let admin = admin.split("Bearer ").nth(1).expect("a bearer token").trim().to_owned();
     let line = first.line_containing("demo customer");
     let token = line.split("Bearer ").nth(1).expect("a bearer token").trim().to_owned();
     first.line_containing("curl");
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let pools = reqwest::Client::new()
-            .get(format!("{}/v1/pools", first.base_url))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .expect("request");
-        assert_eq!(pools.status().as_u16(), 200);
-        let pools: serde_json::Value = pools.json().await.expect("json");
-        if pools["items"].as_array().is_some_and(|items| items.len() == 1) {
-            assert_eq!(pools["items"][0]["name"], "h100");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the demo pool never showed in the read model: {pools}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let names = list_until(&first, "/v1/pools", &token, |items| items.len() == 2).await;
+    assert_eq!(names.iter().map(|p| p["name"].as_str().unwrap_or("")).collect::<Vec<_>>(), ["a100", "h100"]);
+    // Its simulated machines joined through their agents and are live.
+    let nodes = list_until(&first, "/v1/nodes", &admin, |items| {
+        items.len() == 5 && items.iter().all(|n| n["connectivity"] == "connected" && n["schedulable"] == true)
+    })
+    .await;
+    assert!(nodes.iter().all(|n| n["provisionState"] == "adopted"), "{nodes:?}");
     assert!(dev_cluster(&data_dir).is_running());
     let demo = bc_eventstore::Db::connect_lazy_with(
         dev_cluster(&data_dir).connect_options(bc_api::dev::DEV_DATABASE),
@@ -217,15 +237,29 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
         sql::query_scalar("SELECT count(*) FROM devices WHERE bookable").fetch_one(tx.conn()).await.expect("atoms");
     tx.commit().await.expect("commit");
     demo.close().await;
-    assert_eq!(atoms, 16, "dev seeds a demo fleet of two nodes with eight simulated GPUs each");
+    assert_eq!(atoms, 32, "three machines of eight simulated H100s and two of four A100s");
     first.signal("INT");
     assert!(first.wait().success(), "a clean exit on Ctrl-C");
     assert!(!dev_cluster(&data_dir).is_running(), "Ctrl-C stops the embedded cluster too");
 
-    // A second start reuses the cluster and its data.
+    // A second start reuses the cluster and its data: the machines come back as the same nodes.
     let mut second = Server::start(dev());
     let (status, _) = healthz(&second).await;
     assert_eq!(status, 200);
+    second.line_containing("curl");
+    let demo = bc_eventstore::Db::connect_lazy_with(
+        dev_cluster(&data_dir).connect_options(bc_api::dev::DEV_DATABASE),
+        &testing::test_db_config(),
+    );
+    let mut tx = demo.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let (nodes, connected): (i64, i64) =
+        sql::query_as("SELECT count(*), count(*) FILTER (WHERE connectivity = 'connected' AND schedulable) FROM nodes")
+            .fetch_one(tx.conn())
+            .await
+            .expect("nodes");
+    tx.commit().await.expect("commit");
+    demo.close().await;
+    assert_eq!((nodes, connected), (5, 5), "no second node for a machine that came back");
     second.signal("INT");
     assert!(second.wait().success());
     assert!(!dev_cluster(&data_dir).is_running());

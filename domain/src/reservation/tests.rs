@@ -88,17 +88,25 @@ fn every_command() -> Vec<Command> {
     let start = T0 + 10_000;
     vec![
         place(T0),
-        Command::StartBinding { now_ms: start },
+        Command::StartBinding { now_ms: start, awaiting: Vec::new() },
         Command::Activate { now_ms: start },
         Command::Cancel { now_ms: T0 + 1_000, reason: None },
-        Command::Release { now_ms: start + 5_000 },
-        Command::CompleteRelease { now_ms: start + 6_000 },
+        Command::Release { now_ms: start + 5_000, awaiting: Vec::new() },
+        Command::CompleteRelease { now_ms: start + 6_000, unconfirmed: false },
         Command::Expire { cause: ExpiryCause::LeaseLapsed, now_ms: T0 + 600_001 },
         Command::Expire { cause: ExpiryCause::WindowEnded, now_ms: start + HOUR_MS },
+        Command::Expire { cause: ExpiryCause::Preempted, now_ms: start + 1_000 },
         Command::Fail { reason: FailureReason::DeadlinePassed, now_ms: start },
         Command::Fail { reason: FailureReason::MaxPending, now_ms: T0 },
         Command::Fail { reason: FailureReason::NodeLost, now_ms: T0 + 5_000 },
         Command::Fail { reason: FailureReason::BindingTimedOut, now_ms: start + 60_000 },
+        Command::Fail { reason: FailureReason::BindingFailed, now_ms: start + 1_000 },
+        Command::Replace {
+            allocations: vec![allocation(&["GPU-c", "GPU-d"])],
+            from_node: allocation(&["GPU-a"]).node_id,
+            reason: "node lost".into(),
+            now_ms: T0 + 5_000,
+        },
         Command::Renew { now_ms: T0 + 300_000 },
         Command::Extend { end_ms: start + 2 * HOUR_MS, now_ms: T0 + 300_000 },
     ]
@@ -115,10 +123,13 @@ fn is_legal(state: ReservationState, command: &Command) -> bool {
         Command::Release { .. } => matches!(state, S::Binding | S::Active),
         Command::CompleteRelease { .. } => state == S::Releasing,
         Command::Expire { cause: ExpiryCause::LeaseLapsed, .. } => matches!(state, S::Placed | S::Active),
-        Command::Expire { cause: ExpiryCause::WindowEnded, .. } => state == S::Active,
+        Command::Expire { cause: ExpiryCause::WindowEnded | ExpiryCause::Preempted, .. } => state == S::Active,
         Command::Fail { reason: FailureReason::DeadlinePassed | FailureReason::MaxPending, .. } => state == S::Pending,
         Command::Fail { reason: FailureReason::NodeLost, .. } => state == S::Placed,
-        Command::Fail { reason: FailureReason::BindingTimedOut, .. } => state == S::Binding,
+        Command::Fail { reason: FailureReason::BindingTimedOut | FailureReason::BindingFailed, .. } => {
+            state == S::Binding
+        }
+        Command::Replace { .. } => state == S::Placed,
         Command::Renew { .. } | Command::Extend { .. } => matches!(state, S::Placed | S::Binding | S::Active),
     }
 }
@@ -149,7 +160,7 @@ fn every_transition_legal_and_illegal() {
                     Command::CompleteRelease { .. } => ReservationState::Released,
                     Command::Expire { .. } => ReservationState::Expired,
                     Command::Fail { .. } => ReservationState::Failed,
-                    Command::Renew { .. } | Command::Extend { .. } => state,
+                    Command::Renew { .. } | Command::Extend { .. } | Command::Replace { .. } => state,
                 };
                 assert_eq!(after, expected, "{state} + {command:?}");
             } else {
@@ -280,10 +291,10 @@ fn the_full_life_of_a_reservation_and_when_its_bookings_end() {
         request_with(Some(start), None),
         &[
             place(T0),
-            Command::StartBinding { now_ms: start },
+            Command::StartBinding { now_ms: start, awaiting: Vec::new() },
             Command::Activate { now_ms: start + 100 },
-            Command::Release { now_ms: start + 60_000 },
-            Command::CompleteRelease { now_ms: start + 90_000 },
+            Command::Release { now_ms: start + 60_000, awaiting: Vec::new() },
+            Command::CompleteRelease { now_ms: start + 90_000, unconfirmed: false },
         ],
     );
     assert_eq!(r.state, ReservationState::Released);
@@ -310,7 +321,7 @@ fn the_window_end_and_a_lapsed_lease_expire_at_their_recorded_times() {
         request_with(Some(start), None),
         &[
             place(T0),
-            Command::StartBinding { now_ms: start },
+            Command::StartBinding { now_ms: start, awaiting: Vec::new() },
             Command::Activate { now_ms: start },
             Command::Expire { cause: ExpiryCause::WindowEnded, now_ms: start + HOUR_MS + 42_000 },
         ],
@@ -378,7 +389,7 @@ fn due_work_follows_the_recorded_times() {
     let start = T0 + 60_000;
     let (placed, _) = given(request_with(Some(start), None), &[place(T0)]);
     assert_eq!(due(&placed, T0 + 1_000), Due::WakeAt(start));
-    assert_eq!(due(&placed, start), Due::Apply(Command::StartBinding { now_ms: start }));
+    assert_eq!(due(&placed, start), Due::Apply(Command::StartBinding { now_ms: start, awaiting: Vec::new() }));
     let (leased, _) = given(request_with(Some(start), Some(30)), &[place(T0)]);
     assert_eq!(due(&leased, T0 + 1_000), Due::WakeAt(T0 + 30_001));
     assert_eq!(
@@ -387,14 +398,21 @@ fn due_work_follows_the_recorded_times() {
     );
     let (active, _) = given(
         request_with(Some(start), None),
-        &[place(T0), Command::StartBinding { now_ms: start }, Command::Activate { now_ms: start }],
+        &[
+            place(T0),
+            Command::StartBinding { now_ms: start, awaiting: Vec::new() },
+            Command::Activate { now_ms: start },
+        ],
     );
     assert_eq!(due(&active, start + 5), Due::WakeAt(start + HOUR_MS));
     assert_eq!(
         due(&active, start + HOUR_MS),
         Due::Apply(Command::Expire { cause: ExpiryCause::WindowEnded, now_ms: start + HOUR_MS })
     );
-    let (binding, _) = given(request_with(Some(start), None), &[place(T0), Command::StartBinding { now_ms: start }]);
+    let (binding, _) = given(
+        request_with(Some(start), None),
+        &[place(T0), Command::StartBinding { now_ms: start, awaiting: Vec::new() }],
+    );
     assert_eq!(due(&binding, start), Due::Apply(Command::Activate { now_ms: start }));
     let (cancelled, _) = given(request_with(None, None), &[Command::Cancel { now_ms: T0, reason: None }]);
     assert_eq!(due(&cancelled, T0), Due::Done);

@@ -12,7 +12,7 @@ use bc_eventstore::{Result, Tx, sql};
 use futures_util::future::BoxFuture;
 use sqlx::Row as _;
 
-use super::nodes::{Axes, flag_change, registered_axes, schedulable};
+use super::nodes::{Axes, NewNode, change_axes, schedulable};
 use crate::framework::{Envelope, Projection};
 
 /// Version 1 of the capacity rollup.
@@ -25,6 +25,15 @@ const EVENT_TYPES: &[&str] = &[
     "node.uncordoned",
     "node.maintenance_started",
     "node.maintenance_ended",
+    "node.joined",
+    "node.adopted",
+    "node.hardware_changed",
+    "node.connectivity_changed",
+    "node.condition_raised",
+    "node.condition_cleared",
+    "node.spec_observed",
+    "node.drain_started",
+    "node.deleted",
     "reservation.requested",
     "reservation.placed",
     "reservation.binding_started",
@@ -78,68 +87,85 @@ impl Projection for CapacityRollupV1 {
 
 /// Applies one node event to the rollup's node rows; returns the (pool, resource) it touched.
 async fn apply_node(tx: &mut Tx, envelope: &Envelope) -> Result<Option<(String, String)>> {
-    match &envelope.event {
-        Some(AnyEvent::Node(NodeEvent::Registered(e))) => {
-            let atoms: Vec<_> = e.devices.iter().filter(|d| d.bookable).collect();
-            let Some(resource) = atoms.first().map(|d| d.class.as_str().to_owned()) else { return Ok(None) };
-            let pool_owner = envelope.recorded.tenant_id.clone().unwrap_or_default();
-            let axes = registered_axes(e, &pool_owner)?;
-            sql::query(
-                "INSERT INTO pool_capacity_nodes_v1 (node_id, pool_id, pool_owner_tenant_id, resource, atoms, role, trust,
-                                                     owner_tenant_id, provision_state, connectivity, no_schedule_reasons,
-                                                     observed_generation, maintenance, cordoned, schedulable)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, false, false, $13)",
-            )
-            .bind(e.node_id.as_str())
-            .bind(e.pool_id.as_str())
-            .bind(&pool_owner)
-            .bind(&resource)
-            .bind(atoms.len() as i32)
-            .bind(&axes.role)
-            .bind(&axes.trust)
-            .bind(&axes.owner_tenant_id)
-            .bind(&axes.provision_state)
-            .bind(&axes.connectivity)
-            .bind(&axes.no_schedule_reasons)
-            .bind(axes.observed_generation)
-            .bind(schedulable(&axes)?)
-            .execute(tx.conn())
-            .await?;
-            Ok(Some((e.pool_id.to_string(), resource)))
-        }
-        Some(AnyEvent::Node(event)) => {
-            let Some((column, value)) = flag_change(event) else { return Ok(None) };
-            let node_id = match event {
-                NodeEvent::Cordoned(e)
-                | NodeEvent::Uncordoned(e)
-                | NodeEvent::MaintenanceStarted(e)
-                | NodeEvent::MaintenanceEnded(e) => &e.node_id,
-                NodeEvent::Registered(e) => &e.node_id,
-            };
-            let row = sql::query(
-                "SELECT pool_id, resource, role, trust, owner_tenant_id, pool_owner_tenant_id, provision_state, connectivity,
-                        no_schedule_reasons, observed_generation, maintenance, cordoned
-                 FROM pool_capacity_nodes_v1 WHERE node_id = $1",
-            )
-            .bind(node_id.as_str())
-            .fetch_optional(tx.conn())
-            .await?;
-            let Some(row) = row else { return Ok(None) };
-            let mut axes = Axes::from_row(&row)?;
-            axes.set_flag(column, value);
-            sql::query(
-                "UPDATE pool_capacity_nodes_v1 SET cordoned = $2, maintenance = $3, schedulable = $4 WHERE node_id = $1",
-            )
-            .bind(node_id.as_str())
-            .bind(axes.cordoned)
-            .bind(axes.maintenance)
-            .bind(schedulable(&axes)?)
-            .execute(tx.conn())
-            .await?;
-            Ok(Some((row.try_get("pool_id")?, row.try_get("resource")?)))
-        }
-        _ => Ok(None),
+    let Some(AnyEvent::Node(event)) = &envelope.event else { return Ok(None) };
+    let pool_owner = envelope.recorded.tenant_id.clone().unwrap_or_default();
+    if let Some(node) = NewNode::of(event, &pool_owner)? {
+        let (Some(resource), atoms) = node.atoms() else { return Ok(None) };
+        let axes = &node.axes;
+        sql::query(
+            "INSERT INTO pool_capacity_nodes_v1 (node_id, pool_id, pool_owner_tenant_id, resource, atoms, role, trust,
+                                                 owner_tenant_id, provision_state, connectivity, no_schedule_reasons,
+                                                 observed_generation, maintenance, cordoned, schedulable)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, false, false, $13)",
+        )
+        .bind(node.node_id.as_str())
+        .bind(node.pool_id.as_str())
+        .bind(&pool_owner)
+        .bind(resource)
+        .bind(atoms as i32)
+        .bind(&axes.role)
+        .bind(&axes.trust)
+        .bind(&axes.owner_tenant_id)
+        .bind(&axes.provision_state)
+        .bind(&axes.connectivity)
+        .bind(&axes.no_schedule_reasons)
+        .bind(axes.observed_generation)
+        .bind(schedulable(axes)?)
+        .execute(tx.conn())
+        .await?;
+        return Ok(Some((node.pool_id.to_string(), resource.to_owned())));
     }
+    let node_id = event.node_id().as_str();
+    let row = sql::query(
+        "SELECT pool_id, resource, role, trust, owner_tenant_id, pool_owner_tenant_id, provision_state, connectivity,
+                no_schedule_reasons, observed_generation, maintenance, cordoned
+         FROM pool_capacity_nodes_v1 WHERE node_id = $1",
+    )
+    .bind(node_id)
+    .fetch_optional(tx.conn())
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let touched = (row.try_get("pool_id")?, row.try_get("resource")?);
+    match event {
+        NodeEvent::Deleted(_) => {
+            sql::query("DELETE FROM pool_capacity_nodes_v1 WHERE node_id = $1")
+                .bind(node_id)
+                .execute(tx.conn())
+                .await?;
+            return Ok(Some(touched));
+        }
+        NodeEvent::HardwareChanged(e) => {
+            let atoms = e.devices.iter().filter(|d| d.bookable).count();
+            sql::query("UPDATE pool_capacity_nodes_v1 SET atoms = $2 WHERE node_id = $1")
+                .bind(node_id)
+                .bind(atoms as i32)
+                .execute(tx.conn())
+                .await?;
+            return Ok(Some(touched));
+        }
+        _ => {}
+    }
+    let mut axes = Axes::from_row(&row)?;
+    if !change_axes(&mut axes, event)? {
+        return Ok(None);
+    }
+    sql::query(
+        "UPDATE pool_capacity_nodes_v1
+            SET provision_state = $2, connectivity = $3, no_schedule_reasons = $4, observed_generation = $5,
+                maintenance = $6, cordoned = $7, schedulable = $8
+          WHERE node_id = $1",
+    )
+    .bind(node_id)
+    .bind(&axes.provision_state)
+    .bind(&axes.connectivity)
+    .bind(&axes.no_schedule_reasons)
+    .bind(axes.observed_generation)
+    .bind(axes.maintenance)
+    .bind(axes.cordoned)
+    .bind(schedulable(&axes)?)
+    .execute(tx.conn())
+    .await?;
+    Ok(Some(touched))
 }
 
 /// One reservation's hold on its pool's atoms.

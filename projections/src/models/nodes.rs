@@ -1,8 +1,12 @@
 //! `nodes`: every node's axes, its schedulability, and what it has.
 
+use std::collections::BTreeSet;
+
+use bc_domain::device::Device;
+use bc_domain::id::{NodeId, PoolId, SiteId, TenantId};
 use bc_domain::node::{
-    Connectivity, NodeEvent, NodeRegistered, ProvisionState, Role, SchedulingView, Trust, no_schedule_reasons,
-    schedulability,
+    Adapter, Condition, ConditionType, Connectivity, NodeConditionRaised, NodeEvent, ProvisionState, Role,
+    SchedulingView, Trust, no_schedule_reasons, schedulability,
 };
 use bc_domain::stream::AnyEvent;
 use bc_eventstore::{Error, Result, Tx, sql};
@@ -26,7 +30,7 @@ impl Projection for NodesV1 {
     }
 
     fn event_types(&self) -> &'static [&'static str] {
-        &["node.registered", "node.cordoned", "node.uncordoned", "node.maintenance_started", "node.maintenance_ended"]
+        NODE_EVENT_TYPES
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -73,15 +77,6 @@ impl Axes {
             cordoned: row.try_get("cordoned")?,
         })
     }
-
-    /// Sets the flag named by [`flag_change`].
-    pub(crate) fn set_flag(&mut self, column: &str, value: bool) {
-        if column == "cordoned" {
-            self.cordoned = value;
-        } else {
-            self.maintenance = value;
-        }
-    }
 }
 
 fn parse<T: serde::de::DeserializeOwned>(value: &str) -> Result<T> {
@@ -109,98 +104,246 @@ pub(crate) fn schedulable(axes: &Axes) -> Result<bool> {
     Ok(schedulability(&view).is_empty())
 }
 
-/// A registered node's axes; the pool's owner is the tenant its stream belongs to.
-pub(crate) fn registered_axes(e: &NodeRegistered, pool_owner: &str) -> Result<Axes> {
-    Ok(Axes {
-        role: text(&e.role)?,
-        trust: text(&e.trust)?,
-        owner_tenant_id: e.owner_tenant_id.as_ref().map(|t| t.to_string()),
-        pool_owner_tenant_id: pool_owner.to_owned(),
-        provision_state: text(&e.provision_state)?,
-        connectivity: text(&e.connectivity)?,
-        no_schedule_reasons: no_schedule_reasons(&e.conditions),
-        observed_generation: e.observed_generation as i64,
-        maintenance: false,
-        cordoned: false,
-    })
+/// Every node event type: the node read models follow all of them.
+pub(crate) const NODE_EVENT_TYPES: &[&str] = &[
+    "node.registered",
+    "node.cordoned",
+    "node.uncordoned",
+    "node.maintenance_started",
+    "node.maintenance_ended",
+    "node.joined",
+    "node.adopted",
+    "node.rejoined",
+    "node.hardware_changed",
+    "node.inventory_reported",
+    "node.connectivity_changed",
+    "node.condition_raised",
+    "node.condition_cleared",
+    "node.spec_changed",
+    "node.spec_observed",
+    "node.drain_started",
+    "node.drained",
+    "node.deleted",
+];
+
+/// What a node's first event says about it: `node.registered` or `node.joined`.
+pub(crate) struct NewNode<'a> {
+    pub node_id: &'a NodeId,
+    pub pool_id: &'a PoolId,
+    pub site_id: &'a SiteId,
+    pub name: &'a str,
+    pub adapter: Adapter,
+    pub gpus: usize,
+    pub devices: &'a [Device],
+    pub conditions: &'a [Condition],
+    pub axes: Axes,
+    pub at_ms: i64,
 }
 
-/// The flag a cordon or maintenance event sets, as (column, value).
-pub(crate) fn flag_change(event: &NodeEvent) -> Option<(&'static str, bool)> {
+impl<'a> NewNode<'a> {
+    /// The new node of a first event (the pool's owner is the tenant its stream belongs to); `None` for the
+    /// other events.
+    pub(crate) fn of(event: &'a NodeEvent, pool_owner: &str) -> Result<Option<Self>> {
+        let new = |e_role: &Role, e_trust: &Trust, owner: Option<&TenantId>, state: ProvisionState| -> Result<Axes> {
+            Ok(Axes {
+                role: text(e_role)?,
+                trust: text(e_trust)?,
+                owner_tenant_id: owner.map(|t| t.to_string()),
+                pool_owner_tenant_id: pool_owner.to_owned(),
+                provision_state: text(&state)?,
+                connectivity: text(&Connectivity::Connected)?,
+                no_schedule_reasons: Vec::new(),
+                observed_generation: 0,
+                maintenance: false,
+                cordoned: false,
+            })
+        };
+        Ok(Some(match event {
+            NodeEvent::Registered(e) => {
+                let mut axes = new(&e.role, &e.trust, e.owner_tenant_id.as_ref(), e.provision_state)?;
+                axes.connectivity = text(&e.connectivity)?;
+                axes.no_schedule_reasons = no_schedule_reasons(&e.conditions);
+                axes.observed_generation = e.observed_generation as i64;
+                NewNode {
+                    node_id: &e.node_id,
+                    pool_id: &e.pool_id,
+                    site_id: &e.site_id,
+                    name: &e.name,
+                    adapter: e.adapter,
+                    gpus: e.gpus.len(),
+                    devices: &e.devices,
+                    conditions: &e.conditions,
+                    axes,
+                    at_ms: e.at_ms,
+                }
+            }
+            NodeEvent::Joined(e) => {
+                let mut axes = new(&e.role, &e.trust, e.owner_tenant_id.as_ref(), ProvisionState::Adopting)?;
+                axes.no_schedule_reasons = no_schedule_reasons(&e.conditions);
+                NewNode {
+                    node_id: &e.node_id,
+                    pool_id: &e.pool_id,
+                    site_id: &e.site_id,
+                    name: &e.name,
+                    adapter: Adapter::BcdV1,
+                    gpus: e.gpus.len(),
+                    devices: &e.devices,
+                    conditions: &e.conditions,
+                    axes,
+                    at_ms: e.at_ms,
+                }
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// The class and count of its atoms.
+    pub(crate) fn atoms(&self) -> (Option<&'static str>, usize) {
+        let atoms: Vec<&Device> = self.devices.iter().filter(|d| d.bookable).collect();
+        (atoms.first().map(|d| d.class.as_str()), atoms.len())
+    }
+}
+
+/// How a node event moves the axes the schedulability rule reads; `false` when it does not touch them.
+pub(crate) fn change_axes(axes: &mut Axes, event: &NodeEvent) -> Result<bool> {
     match event {
-        NodeEvent::Cordoned(_) => Some(("cordoned", true)),
-        NodeEvent::Uncordoned(_) => Some(("cordoned", false)),
-        NodeEvent::MaintenanceStarted(_) => Some(("maintenance", true)),
-        NodeEvent::MaintenanceEnded(_) => Some(("maintenance", false)),
-        NodeEvent::Registered(_) => None,
+        NodeEvent::Cordoned(_) | NodeEvent::DrainStarted(_) => axes.cordoned = true,
+        NodeEvent::Uncordoned(_) => axes.cordoned = false,
+        NodeEvent::MaintenanceStarted(_) => axes.maintenance = true,
+        NodeEvent::MaintenanceEnded(_) => axes.maintenance = false,
+        NodeEvent::Adopted(_) => axes.provision_state = text(&ProvisionState::Adopted)?,
+        NodeEvent::ConnectivityChanged(e) => axes.connectivity = text(&e.to)?,
+        NodeEvent::SpecObserved(e) => axes.observed_generation = e.observed_generation as i64,
+        NodeEvent::ConditionRaised(e) => axes.set_reason(e.condition.kind, true)?,
+        NodeEvent::ConditionCleared(e) => axes.set_reason(e.kind, false)?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+impl Axes {
+    /// Adds or removes a condition type from `noScheduleReasons` (only the types that block scheduling appear).
+    fn set_reason(&mut self, kind: ConditionType, present: bool) -> Result<()> {
+        let mut kinds: BTreeSet<ConditionType> =
+            self.no_schedule_reasons.iter().map(|r| parse::<ConditionType>(r)).collect::<Result<_>>()?;
+        if present && kind.blocks_scheduling() {
+            kinds.insert(kind);
+        } else {
+            kinds.remove(&kind);
+        }
+        self.no_schedule_reasons = kinds.into_iter().map(|k| k.as_str().to_owned()).collect();
+        Ok(())
     }
 }
 
 async fn apply_one(tx: &mut Tx, envelope: &Envelope) -> Result<()> {
     let Some(AnyEvent::Node(event)) = &envelope.event else { return Ok(()) };
+    let pool_owner = envelope.recorded.tenant_id.clone().unwrap_or_default();
+    if let Some(node) = NewNode::of(event, &pool_owner)? {
+        let (atom_class, atom_count) = node.atoms();
+        let axes = &node.axes;
+        sql::query(
+            "INSERT INTO nodes_v1 (node_id, pool_id, site_id, owner_tenant_id, pool_owner_tenant_id, name, role, trust,
+                                   adapter, provision_state, maintenance, cordoned, connectivity, conditions,
+                                   no_schedule_reasons, observed_generation, schedulable, gpu_count, atom_class,
+                                   atom_count, registered_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, false, false, $11, $12::jsonb, $13, $14, $15, $16, $17,
+                     $18, timestamptz 'epoch' + $19::int8 * interval '1 millisecond')",
+        )
+        .bind(node.node_id.as_str())
+        .bind(node.pool_id.as_str())
+        .bind(node.site_id.as_str())
+        .bind(&axes.owner_tenant_id)
+        .bind(&pool_owner)
+        .bind(node.name)
+        .bind(&axes.role)
+        .bind(&axes.trust)
+        .bind(text(&node.adapter)?)
+        .bind(&axes.provision_state)
+        .bind(&axes.connectivity)
+        .bind(json(&node.conditions)?)
+        .bind(&axes.no_schedule_reasons)
+        .bind(axes.observed_generation)
+        .bind(schedulable(axes)?)
+        .bind(node.gpus as i32)
+        .bind(atom_class)
+        .bind(atom_count as i32)
+        .bind(node.at_ms)
+        .execute(tx.conn())
+        .await?;
+        return Ok(());
+    }
+    let node_id = event.node_id().as_str();
     match event {
-        NodeEvent::Registered(e) => {
-            let pool_owner = envelope.recorded.tenant_id.clone().unwrap_or_default();
-            let axes = registered_axes(e, &pool_owner)?;
-            let atoms: Vec<_> = e.devices.iter().filter(|d| d.bookable).collect();
+        NodeEvent::Deleted(_) => {
+            sql::query("DELETE FROM nodes_v1 WHERE node_id = $1").bind(node_id).execute(tx.conn()).await?;
+            return Ok(());
+        }
+        NodeEvent::HardwareChanged(e) => {
+            let atoms: Vec<&Device> = e.devices.iter().filter(|d| d.bookable).collect();
+            sql::query("UPDATE nodes_v1 SET gpu_count = $2, atom_class = coalesce($3, atom_class), atom_count = $4 WHERE node_id = $1")
+                .bind(node_id)
+                .bind(e.gpus.len() as i32)
+                .bind(atoms.first().map(|d| d.class.as_str()))
+                .bind(atoms.len() as i32)
+                .execute(tx.conn())
+                .await?;
+            return Ok(());
+        }
+        NodeEvent::ConditionRaised(NodeConditionRaised { condition, .. }) => {
             sql::query(
-                "INSERT INTO nodes_v1 (node_id, pool_id, site_id, owner_tenant_id, pool_owner_tenant_id, name, role, trust,
-                                       adapter, provision_state, maintenance, cordoned, connectivity, conditions,
-                                       no_schedule_reasons, observed_generation, schedulable, gpu_count, atom_class,
-                                       atom_count, registered_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, false, false, $11, $12::jsonb, $13, $14, $15, $16, $17,
-                         $18, timestamptz 'epoch' + $19::int8 * interval '1 millisecond')",
+                "UPDATE nodes_v1 SET conditions = (
+                     SELECT coalesce(jsonb_agg(c), '[]'::jsonb) FROM jsonb_array_elements(conditions) AS c
+                     WHERE c ->> 'type' <> $2) || jsonb_build_array($3::jsonb)
+                 WHERE node_id = $1",
             )
-            .bind(e.node_id.as_str())
-            .bind(e.pool_id.as_str())
-            .bind(e.site_id.as_str())
-            .bind(&axes.owner_tenant_id)
-            .bind(&pool_owner)
-            .bind(&e.name)
-            .bind(&axes.role)
-            .bind(&axes.trust)
-            .bind(text(&e.adapter)?)
-            .bind(&axes.provision_state)
-            .bind(&axes.connectivity)
-            .bind(json(&e.conditions)?)
-            .bind(&axes.no_schedule_reasons)
-            .bind(axes.observed_generation)
-            .bind(schedulable(&axes)?)
-            .bind(e.gpus.len() as i32)
-            .bind(atoms.first().map(|d| d.class.as_str()))
-            .bind(atoms.len() as i32)
-            .bind(e.at_ms)
+            .bind(node_id)
+            .bind(condition.kind.as_str())
+            .bind(json(condition)?)
             .execute(tx.conn())
             .await?;
         }
-        other => {
-            let Some((column, value)) = flag_change(other) else { return Ok(()) };
-            let node_id = match other {
-                NodeEvent::Cordoned(e)
-                | NodeEvent::Uncordoned(e)
-                | NodeEvent::MaintenanceStarted(e)
-                | NodeEvent::MaintenanceEnded(e) => &e.node_id,
-                NodeEvent::Registered(e) => &e.node_id,
-            };
-            let row = sql::query(
-                "SELECT role, trust, owner_tenant_id, pool_owner_tenant_id, provision_state, connectivity,
-                        no_schedule_reasons, observed_generation, maintenance, cordoned
-                 FROM nodes_v1 WHERE node_id = $1",
+        NodeEvent::ConditionCleared(e) => {
+            sql::query(
+                "UPDATE nodes_v1 SET conditions = (
+                     SELECT coalesce(jsonb_agg(c), '[]'::jsonb) FROM jsonb_array_elements(conditions) AS c
+                     WHERE c ->> 'type' <> $2)
+                 WHERE node_id = $1",
             )
-            .bind(node_id.as_str())
-            .fetch_optional(tx.conn())
+            .bind(node_id)
+            .bind(e.kind.as_str())
+            .execute(tx.conn())
             .await?;
-            let Some(row) = row else { return Ok(()) };
-            let mut axes = Axes::from_row(&row)?;
-            axes.set_flag(column, value);
-            sql::query("UPDATE nodes_v1 SET cordoned = $2, maintenance = $3, schedulable = $4 WHERE node_id = $1")
-                .bind(node_id.as_str())
-                .bind(axes.cordoned)
-                .bind(axes.maintenance)
-                .bind(schedulable(&axes)?)
-                .execute(tx.conn())
-                .await?;
         }
+        _ => {}
     }
+    let row = sql::query(
+        "SELECT role, trust, owner_tenant_id, pool_owner_tenant_id, provision_state, connectivity,
+                no_schedule_reasons, observed_generation, maintenance, cordoned
+         FROM nodes_v1 WHERE node_id = $1",
+    )
+    .bind(node_id)
+    .fetch_optional(tx.conn())
+    .await?;
+    let Some(row) = row else { return Ok(()) };
+    let mut axes = Axes::from_row(&row)?;
+    if !change_axes(&mut axes, event)? {
+        return Ok(());
+    }
+    sql::query(
+        "UPDATE nodes_v1 SET provision_state = $2, connectivity = $3, no_schedule_reasons = $4, observed_generation = $5,
+                             maintenance = $6, cordoned = $7, schedulable = $8
+         WHERE node_id = $1",
+    )
+    .bind(node_id)
+    .bind(&axes.provision_state)
+    .bind(&axes.connectivity)
+    .bind(&axes.no_schedule_reasons)
+    .bind(axes.observed_generation)
+    .bind(axes.maintenance)
+    .bind(axes.cordoned)
+    .bind(schedulable(&axes)?)
+    .execute(tx.conn())
+    .await?;
     Ok(())
 }

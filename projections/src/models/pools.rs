@@ -1,6 +1,6 @@
 //! `pools`: every pool with its offerings and its node count.
 
-use bc_domain::node::NodeEvent;
+use bc_domain::node::{NodeEvent, NodeJoined, NodeRegistered};
 use bc_domain::pool::PoolEvent;
 use bc_domain::stream::AnyEvent;
 use bc_eventstore::{Result, Tx, sql};
@@ -23,7 +23,7 @@ impl Projection for PoolsV1 {
     }
 
     fn event_types(&self) -> &'static [&'static str] {
-        &["pool.created", "pool.offered", "pool.quota_set", "node.registered"]
+        &["pool.created", "pool.offered", "pool.quota_set", "node.registered", "node.joined", "node.deleted"]
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -95,8 +95,15 @@ async fn apply_one(tx: &mut Tx, envelope: &Envelope) -> Result<()> {
             .execute(tx.conn())
             .await?;
         }
-        Some(AnyEvent::Node(NodeEvent::Registered(e))) => {
+        Some(AnyEvent::Node(NodeEvent::Registered(NodeRegistered { pool_id, .. })))
+        | Some(AnyEvent::Node(NodeEvent::Joined(NodeJoined { pool_id, .. }))) => {
             sql::query("UPDATE pools_v1 SET node_count = node_count + 1 WHERE pool_id = $1")
+                .bind(pool_id.as_str())
+                .execute(tx.conn())
+                .await?;
+        }
+        Some(AnyEvent::Node(NodeEvent::Deleted(e))) => {
+            sql::query("UPDATE pools_v1 SET node_count = node_count - 1 WHERE pool_id = $1")
                 .bind(e.pool_id.as_str())
                 .execute(tx.conn())
                 .await?;

@@ -205,6 +205,7 @@ fn fold(rows: &mut HashMap<String, Row>, id: &str, event: &ReservationEvent) -> 
         ReservationEvent::ReleaseRequested(_) => row.state = ReservationState::Releasing.as_str().to_owned(),
         ReservationEvent::Renewed(e) => row.lease_deadline = Some(e.lease_deadline_ms),
         ReservationEvent::Extended(e) => row.end_at = Some(e.end_ms),
+        ReservationEvent::Replaced(e) => row.allocations = json(&e.allocations)?,
         ReservationEvent::Cancelled(e) => end(row, ReservationState::Cancelled, e.at_ms, e.reason.clone()),
         ReservationEvent::Released(e) => end(row, ReservationState::Released, e.at_ms, None),
         ReservationEvent::Expired(e) => end(row, ReservationState::Expired, e.at_ms, Some(text(&e.cause)?)),

@@ -1,0 +1,15 @@
+//! `bcd`, the node agent, as a library: the `bcd` binary and the control plane's tests and demo fleet run the
+//! same code. It joins the control plane, reports the machine's `NodeInventory v1` (GPUs through NVML, or
+//! simulated ones), holds a session whose heartbeats keep the node connected, applies its NodeSpec and carries
+//! out commands, writing CDI spec files for bound reservations.
+//!
+//! The agent links `bc-domain` for the protocol's types, never sqlx or axum.
+
+pub mod cdi;
+pub mod host;
+pub mod nvml;
+pub mod run;
+pub mod simulate;
+
+/// The agent's version, as it reports it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

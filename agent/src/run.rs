@@ -1,0 +1,400 @@
+//! The agent's life: join once with a join token (or start a session with the saved credential), report the
+//! inventory, heartbeat, apply the NodeSpec, and carry out commands in order, acknowledging each.
+//!
+//! The credential is kept in `<state dir>/credential.json` (mode 0600), so a restarted agent comes back as the
+//! same node without the join token. Losing the control plane for a while is normal: the loop keeps trying.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use bc_domain::agent::{
+    Ack, AgentCommand, CommandKind, Commands, Heartbeat, HeartbeatReply, InventoryAccepted, JoinRequest, Joined,
+    Session, SessionRequest,
+};
+use bc_domain::id::NodeId;
+use bc_domain::inventory::{NodeInventory, SectionHashes};
+use bc_domain::node::NodeSpec;
+use serde::{Deserialize, Serialize};
+
+use crate::cdi;
+
+/// Where the agent's inventory comes from: the machine (NVML and /sys), or a simulated one that tests and
+/// demos may change while the agent runs.
+#[derive(Clone)]
+pub enum InventorySource {
+    Local { hostname: Option<String> },
+    Simulated(Arc<Mutex<NodeInventory>>),
+}
+
+impl std::fmt::Debug for InventorySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InventorySource::Local { hostname } => f.debug_struct("Local").field("hostname", hostname).finish(),
+            InventorySource::Simulated(_) => f.write_str("Simulated"),
+        }
+    }
+}
+
+impl InventorySource {
+    /// A simulated machine, and the handle to change it.
+    pub fn simulated(document: NodeInventory) -> (Self, Arc<Mutex<NodeInventory>>) {
+        let shared = Arc::new(Mutex::new(document));
+        (InventorySource::Simulated(shared.clone()), shared)
+    }
+
+    /// Reads the inventory now.
+    pub fn read(&self) -> NodeInventory {
+        match self {
+            InventorySource::Local { hostname } => {
+                let (document, warnings) = crate::nvml::local_inventory(hostname.as_deref());
+                for warning in warnings {
+                    eprintln!("bcd: {warning}");
+                }
+                document
+            }
+            InventorySource::Simulated(shared) => match shared.lock() {
+                Ok(document) => document.clone(),
+                Err(poisoned) => poisoned.into_inner().clone(),
+            },
+        }
+    }
+}
+
+/// How to run the agent.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The control plane's base URL, such as `http://127.0.0.1:8080`.
+    pub server: String,
+    /// Used only when the state folder holds no credential yet.
+    pub join_token: Option<String>,
+    /// Where the credential is kept.
+    pub state_dir: PathBuf,
+    /// Where CDI spec files for bound reservations are written.
+    pub cdi_dir: PathBuf,
+    pub inventory: InventorySource,
+    /// How often the inventory is read again and reported when it changed, in heartbeats.
+    pub inventory_every: u32,
+}
+
+/// The credential file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Saved {
+    node_id: NodeId,
+    credential: String,
+}
+
+fn credential_path(dir: &Path) -> PathBuf {
+    dir.join("credential.json")
+}
+
+fn load(dir: &Path) -> anyhow::Result<Option<Saved>> {
+    match std::fs::read(credential_path(dir)) {
+        Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).context("credential.json is unreadable")?)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err).context("read credential.json"),
+    }
+}
+
+fn save(dir: &Path, saved: &Saved) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let path = credential_path(dir);
+    let temporary = dir.join(".credential.json.tmp");
+    {
+        use std::io::Write as _;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&temporary).with_context(|| format!("write {}", temporary.display()))?;
+        file.write_all(&serde_json::to_vec_pretty(saved)?)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&temporary, &path).with_context(|| format!("write {}", path.display()))?;
+    Ok(())
+}
+
+/// An error answer of the control plane.
+#[derive(Debug, thiserror::Error)]
+#[error("{status}: {code}: {message}")]
+pub struct ApiError {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+/// The agent's client of the control plane.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    credential: Option<String>,
+}
+
+impl Client {
+    pub fn new(base: &str) -> anyhow::Result<Client> {
+        let http =
+            reqwest::Client::builder().timeout(Duration::from_secs(30)).build().context("build the HTTP client")?;
+        Ok(Client { http, base: base.trim_end_matches('/').to_owned(), credential: None })
+    }
+
+    /// The same client speaking with a node credential.
+    pub fn with_credential(&self, credential: &str) -> Client {
+        Client { credential: Some(credential.to_owned()), ..self.clone() }
+    }
+
+    async fn call<B: Serialize, R: for<'de> Deserialize<'de>>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> anyhow::Result<R> {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(credential) = &self.credential {
+            request = request.bearer_auth(credential);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.with_context(|| format!("call {path}"))?;
+        let status = response.status();
+        let bytes = response.bytes().await.with_context(|| format!("read the answer of {path}"))?;
+        if !status.is_success() {
+            let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            let error = &value["error"];
+            return Err(ApiError {
+                status: status.as_u16(),
+                code: error["code"].as_str().unwrap_or("UNKNOWN").to_owned(),
+                message: error["message"].as_str().unwrap_or_default().to_owned(),
+            }
+            .into());
+        }
+        serde_json::from_slice(&bytes).with_context(|| format!("decode the answer of {path}"))
+    }
+
+    pub async fn join(&self, request: &JoinRequest) -> anyhow::Result<Joined> {
+        self.call(reqwest::Method::POST, "/v1/agent/join", Some(request)).await
+    }
+
+    pub async fn open_session(&self) -> anyhow::Result<Session> {
+        let body = SessionRequest { agent_version: crate::VERSION.to_owned() };
+        self.call(reqwest::Method::POST, "/v1/agent/sessions", Some(&body)).await
+    }
+
+    pub async fn heartbeat(&self, beat: &Heartbeat) -> anyhow::Result<HeartbeatReply> {
+        self.call(reqwest::Method::POST, "/v1/agent/heartbeat", Some(beat)).await
+    }
+
+    pub async fn report(&self, report: &bc_domain::inventory::InventoryReport) -> anyhow::Result<InventoryAccepted> {
+        self.call(reqwest::Method::POST, "/v1/agent/inventory", Some(report)).await
+    }
+
+    pub async fn commands(&self) -> anyhow::Result<Vec<AgentCommand>> {
+        let commands: Commands = self.call::<(), _>(reqwest::Method::GET, "/v1/agent/commands", None).await?;
+        Ok(commands.commands)
+    }
+
+    pub async fn ack(&self, command: &AgentCommand, ack: &Ack) -> anyhow::Result<serde_json::Value> {
+        self.call(reqwest::Method::POST, &format!("/v1/agent/commands/{}/ack", command.id), Some(ack)).await
+    }
+}
+
+/// The status of an error answer, if it was one.
+pub fn status_of(err: &anyhow::Error) -> Option<u16> {
+    err.downcast_ref::<ApiError>().map(|e| e.status)
+}
+
+/// What the agent knows while it runs.
+#[derive(Debug)]
+struct State {
+    client: Client,
+    node_id: NodeId,
+    session: Session,
+    observed_generation: u64,
+    spec: NodeSpec,
+    /// The hashes of the inventory the control plane holds.
+    known: SectionHashes,
+}
+
+/// Joins with the token (when no credential is saved) or opens a session with the saved credential.
+async fn connect(config: &AgentConfig, client: &Client) -> anyhow::Result<State> {
+    if let Some(saved) = load(&config.state_dir)? {
+        let client = client.with_credential(&saved.credential);
+        match client.open_session().await {
+            Ok(session) => return Ok(fresh(client, saved.node_id, session)),
+            // The credential was revoked (the node deleted): join again if a token was given.
+            Err(err) if status_of(&err) == Some(401) && config.join_token.is_some() => {
+                eprintln!("bcd: the saved credential of {} was refused; joining again", saved.node_id);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    let Some(token) = &config.join_token else {
+        bail!("no credential in {} and no join token to join with", config.state_dir.display());
+    };
+    let document = config.inventory.read();
+    let request = JoinRequest {
+        join_token: token.clone(),
+        agent_version: crate::VERSION.to_owned(),
+        inventory: document.report(&SectionHashes::new()),
+    };
+    let joined = client.join(&request).await?;
+    save(&config.state_dir, &Saved { node_id: joined.node_id.clone(), credential: joined.credential.clone() })?;
+    Ok(fresh(client.with_credential(&joined.credential), joined.node_id, joined.session))
+}
+
+fn fresh(client: Client, node_id: NodeId, session: Session) -> State {
+    State {
+        client,
+        node_id,
+        known: session.inventory_hashes.clone(),
+        observed_generation: 0,
+        spec: NodeSpec::default(),
+        session,
+    }
+}
+
+impl State {
+    /// Applies a spec: the simulated agent has nothing to change on the machine; labels and the MIG layout are
+    /// kept and the generation is reported as observed.
+    fn apply_spec(&mut self, generation: u64, spec: NodeSpec) {
+        self.spec = spec;
+        self.observed_generation = generation;
+    }
+
+    /// Reports the inventory if it changed: only the changed sections, or all of them when the control plane
+    /// says it lacks one.
+    async fn report_inventory(&mut self, source: &InventorySource) -> anyhow::Result<()> {
+        let document = source.read();
+        if document.hashes() == self.known {
+            return Ok(());
+        }
+        let accepted = match self.client.report(&document.report(&self.known)).await {
+            Err(err) if status_of(&err) == Some(409) => {
+                self.client.report(&document.report(&SectionHashes::new())).await?
+            }
+            other => other?,
+        };
+        self.known = accepted.hashes;
+        Ok(())
+    }
+
+    /// Runs the commands deliverable now, in order, acknowledging each; stops at the first that cannot be
+    /// acknowledged so that none is overtaken.
+    async fn run_commands(&mut self, config: &AgentConfig) -> anyhow::Result<usize> {
+        let commands = self.client.commands().await?;
+        let count = commands.len();
+        for command in commands {
+            let outcome = match &command.kind {
+                CommandKind::Bind { reservation_id, devices, .. } => {
+                    let devices: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
+                    cdi::write_spec(&config.cdi_dir, reservation_id.as_str(), &devices)
+                        .map(|path| format!("wrote {}", path.display()))
+                        .map_err(|err| format!("could not write the CDI spec: {err}"))
+                }
+                CommandKind::Unbind { reservation_id, .. } => {
+                    cdi::remove_spec(&config.cdi_dir, reservation_id.as_str())
+                        .map(|existed| {
+                            if existed { "removed the CDI spec" } else { "no CDI spec to remove" }.to_owned()
+                        })
+                        .map_err(|err| format!("could not remove the CDI spec: {err}"))
+                }
+                CommandKind::RefreshInventory => self
+                    .report_inventory(&config.inventory)
+                    .await
+                    .map(|()| "reported".to_owned())
+                    .map_err(|e| e.to_string()),
+                CommandKind::Probe { .. } => Ok("alive".to_owned()),
+            };
+            let ack = match outcome {
+                Ok(message) => Ack { ok: true, message: Some(message) },
+                Err(message) => Ack { ok: false, message: Some(message) },
+            };
+            self.client.ack(&command, &ack).await?;
+        }
+        Ok(count)
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
+}
+
+/// Runs the agent until `shutdown` resolves. Errors talking to the control plane are retried; only a
+/// configuration that can never work (no credential and no token, a refused join token) ends it.
+pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let client = Client::new(&config.server)?;
+    tokio::pin!(shutdown);
+    let mut backoff = Duration::from_millis(200);
+    'connect: loop {
+        let mut state = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            connected = connect(&config, &client) => match connected {
+                Ok(state) => state,
+                Err(err) if matches!(status_of(&err), Some(400 | 401 | 409)) => return Err(err),
+                Err(err) if status_of(&err).is_none() && load(&config.state_dir)?.is_none() && config.join_token.is_none() => return Err(err),
+                Err(err) => {
+                    eprintln!("bcd: cannot reach the control plane yet: {err:#}");
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(()),
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    continue;
+                }
+            },
+        };
+        backoff = Duration::from_millis(200);
+        eprintln!("bcd: node {} connected, session {}", state.node_id, state.session.session_id);
+        let (generation, spec) = (state.session.generation, state.session.spec.clone());
+        state.apply_spec(generation, spec);
+        if let Err(err) = state.report_inventory(&config.inventory).await {
+            eprintln!("bcd: inventory report failed: {err:#}");
+        }
+        let every = Duration::from_millis(state.session.heartbeat_ms.max(50));
+        let mut beats: u32 = 0;
+        loop {
+            let beat = Heartbeat {
+                session_id: state.session.session_id.clone(),
+                observed_generation: state.observed_generation,
+                clock_ms: now_ms(),
+            };
+            match state.client.heartbeat(&beat).await {
+                Ok(reply) => {
+                    if let Some(spec) = reply.spec {
+                        state.apply_spec(reply.generation, spec);
+                    }
+                    if reply.commands_waiting
+                        && let Err(err) = state.run_commands(&config).await
+                    {
+                        eprintln!("bcd: commands failed: {err:#}");
+                    }
+                }
+                // The session was replaced or the credential revoked: connect again.
+                Err(err) if matches!(status_of(&err), Some(401 | 404 | 409)) => {
+                    eprintln!("bcd: {err:#}; connecting again");
+                    continue 'connect;
+                }
+                Err(err) => eprintln!("bcd: heartbeat failed: {err:#}"),
+            }
+            beats = beats.wrapping_add(1);
+            if config.inventory_every > 0
+                && beats.is_multiple_of(config.inventory_every)
+                && let Err(err) = state.report_inventory(&config.inventory).await
+            {
+                eprintln!("bcd: inventory report failed: {err:#}");
+            }
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+}
+
+/// The node id the saved credential belongs to, if the agent joined already.
+pub fn saved_node(state_dir: &Path) -> anyhow::Result<Option<NodeId>> {
+    Ok(load(state_dir)?.map(|saved| saved.node_id))
+}

@@ -1,0 +1,315 @@
+//! The liveness controller and the node reconciler.
+//!
+//! Liveness is one sweep query per shard over `agent_sessions`: a node whose agent has been silent past its
+//! lease moves `connected → disconnected → unreachable → lost` (DESIGN.md section 10), one event per change,
+//! raising `NodeUnreachable` once it is unreachable. A heartbeat (see `agents`) brings it back.
+//!
+//! The reconciler runs a node's work-queue key (`node:<id>:replace`) whenever the node stops being able to hold
+//! its future bookings (lost, in maintenance, drained, deleted, devices gone): those reservations are placed
+//! again before their start, or fail with `node-lost`. It also completes drains, and, for a forced drain or
+//! delete, ends the reservations still running there.
+
+use bc_domain::event::DomainEvent as _;
+use bc_domain::id::{NodeId, ReservationId, TenantId};
+use bc_domain::node::{
+    Condition, ConditionType, Connectivity, NodeAt, NodeConditionRaised, NodeConnectivityChanged, NodeEvent,
+    connectivity_after_silence,
+};
+use bc_domain::reservation::{self, Command, ExpiryCause, FailureReason, ReservationState};
+use bc_eventstore::queue::{self, WorkItem};
+use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock, sql};
+use sqlx::Row as _;
+
+use super::agents::replace_key;
+use super::reservations::{apply_and_schedule, try_place};
+use super::{App, AppError, AppResult, Caller, record, store, wake};
+use bc_eventstore::events::{self, ExpectedVersion};
+
+/// A session the sweep found silent past its lease.
+struct Silent {
+    node_id: NodeId,
+    connectivity: Connectivity,
+    silence_ms: i64,
+    lost_after_ms: i64,
+}
+
+fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
+    AppError::Store(bc_eventstore::Error::Internal(format!("{what} is unreadable: {err}")))
+}
+
+fn connectivity(text: &str) -> AppResult<Connectivity> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned())).map_err(|err| corrupt("nodes.connectivity", err))
+}
+
+/// The sweep's one query: the sessions of a shard past their lease whose node is not yet lost.
+const SILENT_SQL: &str = "SELECT s.node_id, n.connectivity, ts_ms(compute_now()) - ts_ms(s.heartbeat_at) AS silence_ms,
+            coalesce((p.policy ->> 'lostAfter')::bigint, 600) * 1000 AS lost_after_ms
+     FROM agent_sessions AS s JOIN nodes AS n ON n.id = s.node_id JOIN pools AS p ON p.id = n.pool_id
+     WHERE s.shard = $1 AND s.expires_at <= compute_now() AND n.connectivity <> 'lost'";
+
+impl App {
+    /// One liveness sweep of a shard: every node whose agent's silence calls for another connectivity gets it.
+    /// Returns how many nodes changed.
+    pub async fn sweep_liveness(&self, shard: i32) -> AppResult<usize> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let rows = sql::query(SILENT_SQL).bind(shard).fetch_all(tx.conn()).await?;
+        tx.commit().await?;
+        let lease_ms = self.liveness.lease.as_millis() as i64;
+        let mut changed = 0;
+        for row in rows {
+            let node_id: String = row.try_get("node_id")?;
+            let silent = Silent {
+                node_id: node_id.parse().map_err(|err| corrupt("agent_sessions.node_id", err))?,
+                connectivity: connectivity(&row.try_get::<String, _>("connectivity")?)?,
+                silence_ms: row.try_get("silence_ms")?,
+                lost_after_ms: row.try_get("lost_after_ms")?,
+            };
+            let due = connectivity_after_silence(silent.silence_ms, lease_ms, silent.lost_after_ms);
+            if due != silent.connectivity && due != Connectivity::Connected {
+                changed += usize::from(self.mark_silent(&silent.node_id, lease_ms).await?);
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Moves one silent node to the connectivity its silence calls for, re-reading the session under a lock so
+    /// a heartbeat that just arrived wins.
+    async fn mark_silent(&self, node_id: &NodeId, lease_ms: i64) -> AppResult<bool> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                async move {
+                    let row = sql::query(
+                        "SELECT n.connectivity, n.pool_id, p.owner_tenant_id,
+                                ts_ms(compute_now()) - ts_ms(s.heartbeat_at) AS silence_ms,
+                                coalesce((p.policy ->> 'lostAfter')::bigint, 600) * 1000 AS lost_after_ms,
+                                n.conditions @> '[{\"type\": \"NodeUnreachable\"}]'::jsonb AS unreachable_raised
+                         FROM agent_sessions AS s JOIN nodes AS n ON n.id = s.node_id JOIN pools AS p ON p.id = n.pool_id
+                         WHERE s.node_id = $1
+                         FOR UPDATE OF s",
+                    )
+                    .bind(node_id.as_str())
+                    .fetch_optional(tx.conn())
+                    .await?;
+                    let Some(row) = row else { return Ok(false) };
+                    let from = connectivity(&row.try_get::<String, _>("connectivity")?)?;
+                    let to = connectivity_after_silence(
+                        row.try_get("silence_ms")?,
+                        lease_ms,
+                        row.try_get("lost_after_ms")?,
+                    );
+                    if to == from || to == Connectivity::Connected {
+                        return Ok(false);
+                    }
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let mut events = vec![NodeEvent::ConnectivityChanged(NodeConnectivityChanged {
+                        node_id: node_id.clone(),
+                        from,
+                        to,
+                        at_ms,
+                    })];
+                    if matches!(to, Connectivity::Unreachable | Connectivity::Lost)
+                        && !row.try_get::<bool, _>("unreachable_raised")?
+                    {
+                        events.push(NodeEvent::ConditionRaised(NodeConditionRaised {
+                            node_id: node_id.clone(),
+                            condition: Condition {
+                                kind: ConditionType::NodeUnreachable,
+                                message: format!(
+                                    "no heartbeat for {} s",
+                                    row.try_get::<i64, _>("silence_ms")? / 1000
+                                ),
+                                since_ms: at_ms,
+                            },
+                        }));
+                    }
+                    let tenant: String = row.try_get("owner_tenant_id")?;
+                    let tenant: TenantId = tenant.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))?;
+                    let version = events::stream_version(tx, node_id.as_str()).await?;
+                    let caller = Caller::system();
+                    record(tx, &caller, node_id.as_str(), &tenant, ExpectedVersion::Exact(version), events).await?;
+                    if to == Connectivity::Lost {
+                        wake(tx, &replace_key(node_id), None).await?;
+                    }
+                    Ok::<_, AppError>(true)
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
+    /// Reconciles a node's reservations (the `node:<id>:replace` work item): future bookings it can no longer
+    /// hold are placed again or failed; a drain whose node holds nothing running completes; a forced drain or
+    /// delete ends what still runs there. Returns when to look again, if ever.
+    pub(crate) async fn reconcile_node(&self, caller: &Caller, node_id: &NodeId) -> AppResult<Option<i64>> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let rows = sql::query(
+            "SELECT DISTINCT r.id, r.state FROM allocations AS a JOIN reservations AS r ON r.id = a.reservation_id
+             WHERE a.node_id = $1 AND r.state IN ('placed', 'binding', 'active', 'releasing')
+             ORDER BY r.id",
+        )
+        .bind(node_id.as_str())
+        .fetch_all(tx.conn())
+        .await?;
+        let node = sql::query("SELECT schedulable, draining FROM nodes WHERE id = $1")
+            .bind(node_id.as_str())
+            .fetch_optional(tx.conn())
+            .await?;
+        tx.commit().await?;
+        let (schedulable, draining) = match &node {
+            Some(row) => (row.try_get::<bool, _>("schedulable")?, row.try_get::<bool, _>("draining")?),
+            None => (false, false),
+        };
+        let force = self.last_node_event_forced(node_id).await?;
+        let mut running = 0;
+        for row in &rows {
+            let id: String = row.try_get("id")?;
+            let id: ReservationId = id.parse().map_err(|err| corrupt("reservations.id", err))?;
+            let state: String = row.try_get("state")?;
+            match state.as_str() {
+                "placed" => self.replace_reservation(caller, &id, node_id, schedulable).await?,
+                "active" if force => self.preempt(caller, &id).await?,
+                _ => running += 1,
+            }
+        }
+        if draining && running == 0 {
+            self.complete_drain(caller, node_id).await?;
+            return Ok(None);
+        }
+        // Something still runs on a draining node: look again when it may have ended.
+        Ok((draining && running > 0).then_some(5_000))
+    }
+
+    /// Whether the node's last drain or delete was forced.
+    async fn last_node_event_forced(&self, node_id: &NodeId) -> AppResult<bool> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let version = events::stream_version(&mut tx, node_id.as_str()).await?;
+        let mut forced = false;
+        if version > 0 {
+            for event in events::read_stream(&mut tx, node_id.as_str(), 0, 100_000).await? {
+                match NodeEvent::decode(&event.event_type, event.schema_version, &event.payload)? {
+                    NodeEvent::DrainStarted(e) => forced = e.force,
+                    NodeEvent::Deleted(e) => forced = e.force,
+                    NodeEvent::Uncordoned(_) | NodeEvent::Drained(_) => forced = false,
+                    _ => {}
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(forced)
+    }
+
+    /// Places a placed reservation again when its node can no longer hold it (or its devices are gone), before
+    /// its start; fails it with `node-lost` when nothing fits.
+    async fn replace_reservation(
+        &self,
+        caller: &Caller,
+        id: &ReservationId,
+        node_id: &NodeId,
+        schedulable: bool,
+    ) -> AppResult<()> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                async move {
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let Some(r) = store::reservation(tx, id).await? else { return Ok(()) };
+                    if r.state != ReservationState::Placed || r.start_ms.is_some_and(|start| start <= now_ms) {
+                        return Ok(());
+                    }
+                    let Some(allocation) = r.allocations.iter().find(|a| &a.node_id == node_id) else {
+                        return Ok(());
+                    };
+                    let devices: Vec<&str> = allocation.devices.iter().map(|d| d.as_str()).collect();
+                    let present: i64 =
+                        sql::query_scalar("SELECT count(*) FROM devices WHERE node_id = $1 AND id = ANY($2)")
+                            .bind(node_id.as_str())
+                            .bind(&devices)
+                            .fetch_one(tx.conn())
+                            .await?;
+                    if schedulable && present == devices.len() as i64 {
+                        return Ok(());
+                    }
+                    let reason = if present < devices.len() as i64 {
+                        format!("devices of node {node_id} are gone")
+                    } else {
+                        format!("node {node_id} can no longer hold it")
+                    };
+                    let Some(pool) = store::pool(tx, &r.request.pool_id).await? else { return Ok(()) };
+                    let command = match try_place(tx, &r, &pool, now_ms).await? {
+                        Some(allocations) => {
+                            Command::Replace { allocations, from_node: node_id.clone(), reason, now_ms }
+                        }
+                        None => Command::Fail { reason: FailureReason::NodeLost, now_ms },
+                    };
+                    let events = reservation::decide(&r, &command)?;
+                    apply_and_schedule(tx, caller, r, events, now_ms).await?;
+                    Ok::<_, AppError>(())
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
+    /// Ends a running reservation whose node was drained or deleted with force.
+    async fn preempt(&self, caller: &Caller, id: &ReservationId) -> AppResult<()> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                async move {
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let Some(r) = store::reservation(tx, id).await? else { return Ok(()) };
+                    if r.state != ReservationState::Active {
+                        return Ok(());
+                    }
+                    let events = reservation::decide(&r, &Command::Expire { cause: ExpiryCause::Preempted, now_ms })?;
+                    apply_and_schedule(tx, caller, r, events, now_ms).await?;
+                    Ok::<_, AppError>(())
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
+    async fn complete_drain(&self, caller: &Caller, node_id: &NodeId) -> AppResult<()> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                async move {
+                    let row = sql::query(
+                        "SELECT n.draining, p.owner_tenant_id FROM nodes AS n JOIN pools AS p ON p.id = n.pool_id
+                         WHERE n.id = $1 FOR UPDATE OF n",
+                    )
+                    .bind(node_id.as_str())
+                    .fetch_optional(tx.conn())
+                    .await?;
+                    let Some(row) = row else { return Ok(()) };
+                    if !row.try_get::<bool, _>("draining")? {
+                        return Ok(());
+                    }
+                    let tenant: String = row.try_get("owner_tenant_id")?;
+                    let tenant: TenantId = tenant.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))?;
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let event = NodeEvent::Drained(NodeAt { node_id: node_id.clone(), reason: None, at_ms });
+                    let version = events::stream_version(tx, node_id.as_str()).await?;
+                    record(tx, caller, node_id.as_str(), &tenant, ExpectedVersion::Exact(version), vec![event]).await?;
+                    Ok::<_, AppError>(())
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
+    /// Runs a node's reconcile work item, in the worker.
+    pub(crate) async fn run_node_item(&self, caller: &Caller, item: &WorkItem, node_id: &NodeId) -> AppResult<()> {
+        let again = self.reconcile_node(caller, node_id).await?;
+        let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
+        match again {
+            Some(delay_ms) => {
+                let now_ms = clock::compute_now_ms(&mut tx).await?;
+                queue::reschedule(&mut tx, item, now_ms + delay_ms).await?;
+            }
+            None => {
+                queue::complete(&mut tx, item).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,155 @@
+//! `/v1/agent/*`: the routes `bcd` calls. The join authenticates with a join token in its body; every other
+//! route with the node credential (`Authorization: Bearer nc_...`), which names the node, so these routes take
+//! no node id from the caller. They sit outside the IAM method table: a node is not a tenant's principal.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use bc_domain::agent::{Ack, Commands, Heartbeat, JoinRequest, SessionRequest};
+use bc_domain::id::CommandId;
+use bc_domain::inventory::InventoryReport;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::openapi::{CommonErrors, ErrorBody};
+use super::request::{JsonBody, QueryParams, path_id};
+use super::{ApiError, AppState};
+use crate::app::agents::NodeAuth;
+
+/// A request authenticated by a node credential.
+#[derive(Debug, Clone)]
+pub struct NodeAuthed(pub NodeAuth);
+
+impl axum::extract::FromRequestParts<AppState> for NodeAuthed {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let header = parts.headers.get("authorization").and_then(|v| v.to_str().ok());
+        let Some(credential) = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+        else {
+            return Err(ApiError::unauthenticated("send the node credential as `Authorization: Bearer nc_...`"));
+        };
+        Ok(NodeAuthed(state.app.authenticate_node(credential.trim()).await?))
+    }
+}
+
+/// `POST /v1/agent/join`: a machine joins the pool of its join token.
+#[utoipa::path(
+    post,
+    path = "/v1/agent/join",
+    tag = "agent",
+    summary = "Join a pool with a join token; answers the node's credential and a first session",
+    request_body(content = Object, description = "JoinRequest: joinToken, agentVersion, inventory (every section)"),
+    responses((status = 201, description = "Joined (or recognised as an existing node)", body = Object), (status = 409, description = "The machine is another pool's node, or its name or devices are taken", body = ErrorBody), CommonErrors),
+)]
+pub async fn join(State(state): State<AppState>, JsonBody(body): JsonBody<JoinRequest>) -> Result<Response, ApiError> {
+    let joined = state.app.join(body).await?;
+    Ok((StatusCode::CREATED, Json(joined)).into_response())
+}
+
+/// `POST /v1/agent/sessions`: an agent (re)starting opens a session.
+#[utoipa::path(
+    post,
+    path = "/v1/agent/sessions",
+    tag = "agent",
+    summary = "Open a session with the node credential (ends any earlier one)",
+    request_body(content = Object, description = "SessionRequest: agentVersion"),
+    responses((status = 201, description = "The session", body = Object), CommonErrors),
+    security(("node" = [])),
+)]
+pub async fn open_session(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+    JsonBody(body): JsonBody<SessionRequest>,
+) -> Result<Response, ApiError> {
+    let session = state.app.open_session(&node, &body.agent_version).await?;
+    Ok((StatusCode::CREATED, Json(session)).into_response())
+}
+
+/// `POST /v1/agent/heartbeat`: renews the session's liveness lease.
+#[utoipa::path(
+    post,
+    path = "/v1/agent/heartbeat",
+    tag = "agent",
+    summary = "Renew the liveness lease; answers the generation, the spec when newer, and whether commands wait",
+    request_body(content = Object, description = "Heartbeat: sessionId, observedGeneration, clockMs"),
+    responses((status = 200, description = "Renewed", body = Object), (status = 409, description = "The session was replaced", body = ErrorBody), CommonErrors),
+    security(("node" = [])),
+)]
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+    JsonBody(body): JsonBody<Heartbeat>,
+) -> Result<Response, ApiError> {
+    Ok(Json(state.app.heartbeat(&node, &body).await?).into_response())
+}
+
+/// `POST /v1/agent/inventory`: the node's inventory, only the changed sections with every hash.
+#[utoipa::path(
+    post,
+    path = "/v1/agent/inventory",
+    tag = "agent",
+    summary = "Report the inventory: every section's hash and the sections the control plane lacks",
+    request_body(content = Object, description = "InventoryReport"),
+    responses((status = 200, description = "Accepted: the current snapshot", body = Object), (status = 409, description = "A section the control plane does not hold is missing: send it whole", body = ErrorBody), CommonErrors),
+    security(("node" = [])),
+)]
+pub async fn inventory(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+    JsonBody(body): JsonBody<InventoryReport>,
+) -> Result<Response, ApiError> {
+    Ok(Json(state.app.report_inventory(&node, body).await?).into_response())
+}
+
+/// Query of `GET /v1/agent/commands`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct CommandsParams {
+    /// At most this many (1 to 100, default 20).
+    pub limit: Option<u32>,
+}
+
+/// `GET /v1/agent/commands`: the commands deliverable now, in `seq` order.
+#[utoipa::path(
+    get,
+    path = "/v1/agent/commands",
+    tag = "agent",
+    summary = "The node's commands deliverable now, in seq order",
+    params(CommandsParams),
+    responses((status = 200, description = "Commands", body = Object), CommonErrors),
+    security(("node" = [])),
+)]
+pub async fn commands(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+    QueryParams(params): QueryParams<CommandsParams>,
+) -> Result<Response, ApiError> {
+    let commands = state.app.agent_commands(&node, params.limit.unwrap_or(20)).await?;
+    Ok(Json(Commands { commands }).into_response())
+}
+
+/// `POST /v1/agent/commands/{command_id}/ack`: the outcome of a command, idempotently.
+#[utoipa::path(
+    post,
+    path = "/v1/agent/commands/{command_id}/ack",
+    tag = "agent",
+    summary = "Acknowledge a command of this node (idempotent)",
+    params(("command_id" = String, Path, description = "The command id")),
+    request_body(content = Object, description = "Ack: ok, message"),
+    responses((status = 200, description = "The command's state", body = Object), CommonErrors),
+    security(("node" = [])),
+)]
+pub async fn ack(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<Ack>,
+) -> Result<Response, ApiError> {
+    let id: CommandId = path_id("commandId", &id)?;
+    let command_state = state.app.acknowledge_command(&node, &id, &body).await?;
+    Ok(Json(json!({ "id": id, "state": command_state })).into_response())
+}

@@ -1,0 +1,466 @@
+//! Nodes and their agents end to end: the server on a real port with its worker, and three `bcd` agents (the
+//! agent library, in process, with simulated GPUs) that join with join tokens, report inventories, heartbeat
+//! and carry out commands, on real PostgreSQL with the real clock and a 2-second liveness lease.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bc_agent::run::{AgentConfig, InventorySource};
+use bc_agent::{cdi, simulate};
+use bc_api::app::App;
+use bc_api::app::agents::LivenessConfig;
+use bc_api::app::fleet::{CreatePool, CreateSite};
+use bc_api::app::worker::{Worker, WorkerConfig};
+use bc_api::auth::BuiltinAuthorizer;
+use bc_api::http::{AppState, router};
+use bc_domain::id::{NodeId, PoolId};
+use bc_domain::inventory::NodeInventory;
+use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
+use bc_domain::site::SiteKind;
+use bc_eventstore::testing::TestDb;
+use bc_eventstore::{Db, TxOptions, sql};
+use serde_json::{Value, json};
+use tokio::sync::{oneshot, watch};
+
+use crate::http_api::{AUTH, ROOT};
+use crate::support::caller;
+
+/// How long any awaited condition may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Polls `check` until it answers `Some`, or fails the test after [`PATIENCE`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A running agent: stop it to make its node go silent.
+struct RunningAgent {
+    host: String,
+    state_dir: PathBuf,
+    cdi_dir: PathBuf,
+    machine: Arc<Mutex<NodeInventory>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl RunningAgent {
+    async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("the agent task").expect("the agent ends cleanly");
+        }
+    }
+}
+
+/// The server, its worker, and the agents started against it.
+struct Cluster {
+    t: TestDb,
+    base: String,
+    pool: PoolId,
+    http: reqwest::Client,
+    root: tempdir::Dir,
+    shutdown: watch::Sender<bool>,
+}
+
+mod tempdir {
+    use std::path::{Path, PathBuf};
+
+    /// A temporary folder removed on drop.
+    pub struct Dir(PathBuf);
+
+    impl Dir {
+        pub fn new(name: &str) -> Dir {
+            let path = std::env::temp_dir().join(format!("bc-agents-{name}-{}", bc_domain::id::new_id("t")));
+            std::fs::create_dir_all(&path).expect("temp dir");
+            Dir(path)
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Cluster {
+    async fn start(name: &str) -> Cluster {
+        let t = TestDb::new().await;
+        let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));
+        let mut state = AppState::new(t.db.clone(), auth).expect("state");
+        state.app.liveness = LivenessConfig { lease: Duration::from_secs(2), heartbeat: Duration::from_millis(150) };
+        let app: App = state.app.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let (shutdown, mut stopped) = watch::channel(false);
+        let mut serving = shutdown.subscribe();
+        tokio::spawn(async move {
+            axum::serve(listener, router(state))
+                .with_graceful_shutdown(async move {
+                    let _ = serving.changed().await;
+                })
+                .await
+                .expect("serve");
+        });
+        let worker = Worker::new(
+            app.clone(),
+            WorkerConfig {
+                idle_poll: Duration::from_millis(50),
+                liveness_sweep: Duration::from_millis(100),
+                ..WorkerConfig::default()
+            },
+        );
+        let worker_stop = shutdown.subscribe();
+        tokio::spawn(worker.run(worker_stop));
+        let _ = stopped.borrow_and_update();
+        let owner = caller("root", "operator@platform");
+        let site = app
+            .create_site(
+                &owner,
+                CreateSite { name: "fra1".into(), iam_region: "eu-central-1".into(), kind: SiteKind::Shared },
+            )
+            .await
+            .expect("site")
+            .value;
+        let policy = PoolPolicy { lost_after: 5, ..PoolPolicy::default() };
+        let pool = app
+            .create_pool(
+                &owner,
+                CreatePool {
+                    site_id: site,
+                    name: "h100".into(),
+                    class: PoolClass::MetalHost,
+                    gpu_model: "H100".into(),
+                    sharing: Sharing::Exclusive,
+                    agent: PoolAgent::Bcd,
+                    policy,
+                    provider_account_id: None,
+                },
+            )
+            .await
+            .expect("pool")
+            .value;
+        Cluster { t, base, pool, http: reqwest::Client::new(), root: tempdir::Dir::new(name), shutdown }
+    }
+
+    fn db(&self) -> &Db {
+        &self.t.db
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(ROOT);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("send");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn join_token(&self) -> String {
+        let (status, body) =
+            self.call(reqwest::Method::POST, &format!("/v1/pools/{}/join-tokens", self.pool), None).await;
+        assert_eq!(status, 201, "{body}");
+        body["token"].as_str().expect("token").to_owned()
+    }
+
+    /// Starts an agent for simulated machine `host` (two H100s), joining with a fresh token when it has no
+    /// credential yet.
+    async fn agent(&self, host: &str) -> RunningAgent {
+        let spec: simulate::Simulated = "2xH100".parse().expect("spec");
+        let (source, machine) = InventorySource::simulated(simulate::inventory(host, &spec));
+        let state_dir = self.root.path().join(host).join("state");
+        let cdi_dir = self.root.path().join(host).join("cdi");
+        self.start_agent(host, state_dir, cdi_dir, source, machine, Some(self.join_token().await))
+    }
+
+    fn start_agent(
+        &self,
+        host: &str,
+        state_dir: PathBuf,
+        cdi_dir: PathBuf,
+        source: InventorySource,
+        machine: Arc<Mutex<NodeInventory>>,
+        join_token: Option<String>,
+    ) -> RunningAgent {
+        let config = AgentConfig {
+            server: self.base.clone(),
+            join_token,
+            state_dir: state_dir.clone(),
+            cdi_dir: cdi_dir.clone(),
+            inventory: source,
+            inventory_every: 5,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(bc_agent::run::run(config, async move {
+            let _ = stopped.await;
+        }));
+        RunningAgent { host: host.to_owned(), state_dir, cdi_dir, machine, stop: Some(stop), task: Some(task) }
+    }
+
+    /// Starts the agent again from its state folder (no join token: it must use its credential).
+    fn restart(&self, agent: &RunningAgent) -> RunningAgent {
+        let source = InventorySource::Simulated(agent.machine.clone());
+        self.start_agent(
+            &agent.host,
+            agent.state_dir.clone(),
+            agent.cdi_dir.clone(),
+            source,
+            agent.machine.clone(),
+            None,
+        )
+    }
+
+    async fn node_of(&self, agent: &RunningAgent) -> NodeId {
+        let dir = agent.state_dir.clone();
+        eventually("the agent's credential", || {
+            let dir = dir.clone();
+            async move { bc_agent::run::saved_node(&dir).ok().flatten() }
+        })
+        .await
+    }
+
+    /// A node's row in the capacity tables: (connectivity, schedulable, provision state, reasons).
+    async fn node_row(&self, node: &NodeId) -> Option<(String, bool, String, Vec<String>)> {
+        let mut tx = self.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+        let row: Option<(String, bool, String, Vec<String>)> = sql::query_as(
+            "SELECT connectivity, schedulable, provision_state, no_schedule_reasons FROM nodes WHERE id = $1",
+        )
+        .bind(node.as_str())
+        .fetch_optional(tx.conn())
+        .await
+        .expect("node");
+        tx.commit().await.expect("commit");
+        row
+    }
+
+    async fn await_node(
+        &self,
+        node: &NodeId,
+        what: &str,
+        wanted: impl Fn(&(String, bool, String, Vec<String>)) -> bool,
+    ) {
+        eventually(what, || async { self.node_row(node).await.filter(|row| wanted(row)) }).await;
+    }
+
+    async fn reservation_state(&self, id: &str) -> String {
+        let mut tx = self.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+        let state: String = sql::query_scalar("SELECT state FROM reservations WHERE id = $1")
+            .bind(id)
+            .fetch_one(tx.conn())
+            .await
+            .expect("state");
+        tx.commit().await.expect("commit");
+        state
+    }
+
+    async fn await_reservation(&self, id: &str, state: &str) {
+        eventually(&format!("reservation {id} {state}"), || async {
+            (self.reservation_state(id).await == state).then_some(())
+        })
+        .await;
+    }
+
+    /// Reserves `count` GPUs over HTTP now, for an hour; returns the reservation's id and its nodes.
+    async fn reserve(&self, key: &str, count: u32) -> (String, Vec<String>) {
+        let body = json!({
+            "poolId": self.pool, "devices": { "class": "gpu", "count": count }, "duration": 3600,
+        });
+        let response = self
+            .http
+            .post(format!("{}/v1/reservations", self.base))
+            .bearer_auth(ROOT)
+            .header("idempotency-key", key)
+            .json(&body)
+            .send()
+            .await
+            .expect("reserve");
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.expect("body");
+        assert_eq!(status, 201, "{body}");
+        let id = body["id"].as_str().expect("id").to_owned();
+        let mut tx = self.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+        let nodes: Vec<String> =
+            sql::query_scalar("SELECT node_id FROM allocations WHERE reservation_id = $1 ORDER BY node_id")
+                .bind(&id)
+                .fetch_all(tx.conn())
+                .await
+                .expect("allocations");
+        tx.commit().await.expect("commit");
+        (id, nodes)
+    }
+
+    async fn count(&self, query: &'static str, node: &NodeId) -> i64 {
+        let mut tx = self.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+        let n: i64 = sql::query_scalar(query).bind(node.as_str()).fetch_one(tx.conn()).await.expect("count");
+        tx.commit().await.expect("commit");
+        n
+    }
+}
+
+/// The connectivity a node's events moved it to, in order.
+async fn connectivity_path(db: &Db, node: &NodeId) -> Vec<String> {
+    use bc_domain::event::DomainEvent as _;
+    use bc_domain::node::NodeEvent;
+    let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let recorded = bc_eventstore::events::read_stream(&mut tx, node.as_str(), 0, 10_000).await.expect("stream");
+    tx.commit().await.expect("commit");
+    recorded
+        .iter()
+        .filter_map(|e| match NodeEvent::decode(&e.event_type, e.schema_version, &e.payload).expect("decode") {
+            NodeEvent::ConnectivityChanged(c) => {
+                Some(serde_json::to_value(c.to).expect("json").as_str().expect("text").to_owned())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+fn schedulable_and_connected(row: &(String, bool, String, Vec<String>)) -> bool {
+    row.0 == "connected" && row.1 && row.2 == "adopted"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_agents_join_and_a_reservation_is_bound_through_its_agent_cdi_file() {
+    let cluster = Cluster::start("bind").await;
+    let mut agents = Vec::new();
+    for host in ["gpu-a", "gpu-b", "gpu-c"] {
+        agents.push(cluster.agent(host).await);
+    }
+    let mut nodes = Vec::new();
+    for agent in &agents {
+        let node = cluster.node_of(agent).await;
+        cluster.await_node(&node, "an adopted, connected, schedulable node", schedulable_and_connected).await;
+        assert_eq!(
+            cluster.count("SELECT count(*) FROM node_inventory_snapshots WHERE node_id = $1", &node).await,
+            1,
+            "the join stored the first snapshot and an unchanged inventory adds none"
+        );
+        nodes.push(node);
+    }
+    // The operator sees them connected and schedulable through the API.
+    crate::read_models::catch_up(cluster.db()).await;
+    let (status, listed) =
+        cluster.call(reqwest::Method::GET, &format!("/v1/nodes?poolId={}", cluster.pool), None).await;
+    assert_eq!(status, 200, "{listed}");
+    let items = listed["items"].as_array().expect("items");
+    assert_eq!(items.len(), 3, "{listed}");
+    assert!(items.iter().all(|n| n["connectivity"] == "connected" && n["schedulable"] == true), "{listed}");
+
+    let (id, on) = cluster.reserve("bind-1", 2).await;
+    assert_eq!(on.len(), 1, "two GPUs of one node");
+    cluster.await_reservation(&id, "active").await;
+    let agent = agents.iter().zip(&nodes).find(|(_, n)| n.as_str() == on[0]).map(|(a, _)| a).expect("the agent");
+    let written = cdi::read_spec(&agent.cdi_dir, &id).expect("the CDI spec of the bound reservation");
+    let mut tx = cluster.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+    let booked: Vec<String> =
+        sql::query_scalar("SELECT device_id FROM device_bookings WHERE reservation_id = $1 ORDER BY device_id")
+            .bind(&id)
+            .fetch_all(tx.conn())
+            .await
+            .expect("bookings");
+    tx.commit().await.expect("commit");
+    let mut in_file: Vec<String> = written.iter().map(|d| d.id.clone()).collect();
+    in_file.sort();
+    assert_eq!(in_file, booked, "the CDI spec names exactly the booked devices");
+
+    let (status, body) =
+        cluster.call(reqwest::Method::POST, &format!("/v1/reservations/{id}/release"), Some(json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+    cluster.await_reservation(&id, "released").await;
+    assert!(!cdi::spec_path(&agent.cdi_dir, &id).exists(), "the release removed the CDI spec");
+    let (status, commands) = cluster.call(reqwest::Method::GET, &format!("/v1/nodes/{}/commands", on[0]), None).await;
+    assert_eq!(status, 200, "{commands}");
+    let kinds: Vec<(&str, &str)> = commands["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .rev()
+        .map(|c| (c["kind"].as_str().unwrap_or(""), c["state"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(kinds, vec![("bind", "succeeded"), ("unbind", "succeeded")]);
+    for agent in &mut agents {
+        agent.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_agent_makes_its_node_unschedulable_and_new_reservations_avoid_it_until_it_comes_back() {
+    let cluster = Cluster::start("liveness").await;
+    let mut agents = Vec::new();
+    for host in ["gpu-a", "gpu-b", "gpu-c"] {
+        agents.push(cluster.agent(host).await);
+    }
+    let mut nodes = Vec::new();
+    for agent in &agents {
+        let node = cluster.node_of(agent).await;
+        cluster.await_node(&node, "a schedulable node", schedulable_and_connected).await;
+        nodes.push(node);
+    }
+    agents[0].stop().await;
+    let silent = nodes[0].clone();
+    cluster.await_node(&silent, "the silent node disconnected", |row| row.0 != "connected" && !row.1).await;
+    // The others keep heartbeating: new reservations land on them only.
+    for key in ["avoid-1", "avoid-2"] {
+        let (_, on) = cluster.reserve(key, 2).await;
+        assert!(!on.contains(&silent.to_string()), "placed on the silent node {silent}");
+    }
+    // Past twice the lease it is unreachable, with the condition; past the pool's lostAfter, lost.
+    cluster
+        .await_node(&silent, "the node lost with NodeUnreachable", |row| {
+            row.0 == "lost" && row.3.contains(&"NodeUnreachable".to_owned())
+        })
+        .await;
+    let path = connectivity_path(cluster.db(), &silent).await;
+    let order = ["disconnected", "unreachable", "lost"];
+    let ranks: Vec<usize> = path.iter().map(|p| order.iter().position(|o| o == p).expect("a silent state")).collect();
+    assert!(ranks.windows(2).all(|w| w[0] < w[1]), "only changes, each further: {path:?}");
+    assert_eq!(
+        (path.first().map(String::as_str), path.last().map(String::as_str)),
+        (Some("disconnected"), Some("lost"))
+    );
+    let heartbeats_are_not_events = cluster
+        .count("SELECT count(*) FROM events WHERE stream_id = $1 AND event_type LIKE '%heartbeat%'", &silent)
+        .await;
+    assert_eq!(heartbeats_are_not_events, 0);
+
+    // The restarted agent comes back as the same node, with its credential and no join token.
+    let mut back = cluster.restart(&agents[0]);
+    cluster
+        .await_node(&silent, "the node connected again", |row| schedulable_and_connected(row) && row.3.is_empty())
+        .await;
+    assert_eq!(cluster.node_of(&back).await, silent);
+    let mut tx = cluster.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+    let total: i64 = sql::query_scalar("SELECT count(*) FROM nodes").fetch_one(tx.conn()).await.expect("count");
+    tx.commit().await.expect("commit");
+    assert_eq!(total, 3, "no second node");
+    back.stop().await;
+    for agent in &mut agents[1..] {
+        agent.stop().await;
+    }
+}

@@ -1,0 +1,183 @@
+//! The protocol between `bcd` and the control plane: the bodies of the `/v1/agent/*` routes. Both sides use
+//! these types, so the agent links only this crate.
+//!
+//! A machine joins once with a join token (`jt_...`) and receives a node credential (`nc_...`); every later
+//! call carries that credential, which names the node, so no body ever says which node it speaks for.
+
+use serde::{Deserialize, Serialize};
+
+use crate::id::{AllocationId, CommandId, DeviceId, NodeId, ReservationId, SessionId};
+use crate::inventory::{InventoryReport, Section, SectionHashes};
+use crate::node::NodeSpec;
+
+/// The prefix of join tokens.
+pub const JOIN_TOKEN_PREFIX: &str = "jt_";
+/// The prefix of node credentials.
+pub const CREDENTIAL_PREFIX: &str = "nc_";
+
+/// `POST /v1/agent/join`: a machine asks to join the pool its token is for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinRequest {
+    pub join_token: String,
+    pub agent_version: String,
+    /// The whole inventory (every section).
+    pub inventory: InventoryReport,
+}
+
+/// What a join answers: the node, its credential (shown once), and a first session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Joined {
+    pub node_id: NodeId,
+    pub credential: String,
+    /// True when the machine was recognised as a node that already existed.
+    pub rejoined: bool,
+    pub session: Session,
+}
+
+/// `POST /v1/agent/sessions`: an agent (re)starting with its credential opens a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionRequest {
+    pub agent_version: String,
+}
+
+/// A session and how to keep it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Session {
+    pub session_id: SessionId,
+    pub node_id: NodeId,
+    /// How often to heartbeat.
+    pub heartbeat_ms: u64,
+    /// The liveness lease each heartbeat renews.
+    pub lease_ms: u64,
+    /// The node's desired state and its generation.
+    pub generation: u64,
+    pub spec: NodeSpec,
+    /// The section hashes of the inventory the control plane holds.
+    pub inventory_hashes: SectionHashes,
+}
+
+/// `POST /v1/agent/heartbeat`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Heartbeat {
+    pub session_id: SessionId,
+    /// The last NodeSpec generation the agent applied.
+    pub observed_generation: u64,
+    /// The agent's wall clock, epoch milliseconds, when it sent the heartbeat.
+    pub clock_ms: i64,
+}
+
+/// What a heartbeat answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatReply {
+    /// When the liveness lease now runs out, epoch milliseconds (the control plane's clock).
+    pub lease_expires_ms: i64,
+    pub generation: u64,
+    /// The spec, when `generation` is newer than what the agent observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<NodeSpec>,
+    /// Whether commands wait for the agent.
+    pub commands_waiting: bool,
+}
+
+/// `POST /v1/agent/inventory`: every section's hash, and the sections the control plane lacks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryAccepted {
+    /// The snapshot now current (unchanged when nothing changed).
+    pub snapshot: u64,
+    pub changed: Vec<Section>,
+    pub hashes: SectionHashes,
+}
+
+/// What a command asks the agent to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", rename_all_fields = "camelCase")]
+pub enum CommandKind {
+    /// Hand a reservation's booked devices on this node over: write their CDI spec.
+    Bind { reservation_id: ReservationId, allocation_id: AllocationId, devices: Vec<DeviceId> },
+    /// Take them back: remove the CDI spec.
+    Unbind { reservation_id: ReservationId, allocation_id: AllocationId, devices: Vec<DeviceId> },
+    /// Read the machine again and report the inventory.
+    RefreshInventory,
+    /// Do nothing but acknowledge: an operator's check that the node's command path works.
+    Probe {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
+}
+
+impl CommandKind {
+    /// The kind's name, as the `kind` field spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CommandKind::Bind { .. } => "bind",
+            CommandKind::Unbind { .. } => "unbind",
+            CommandKind::RefreshInventory => "refresh-inventory",
+            CommandKind::Probe { .. } => "probe",
+        }
+    }
+}
+
+/// One command as delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCommand {
+    pub id: CommandId,
+    pub seq: u64,
+    #[serde(flatten)]
+    pub kind: CommandKind,
+}
+
+/// `GET /v1/agent/commands`: the commands deliverable now, in `seq` order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Commands {
+    pub commands: Vec<AgentCommand>,
+}
+
+/// `POST /v1/agent/commands/{id}/ack`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Ack {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_travels_with_its_kind_flattened() {
+        let command = AgentCommand {
+            id: "cmd_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("id"),
+            seq: 3,
+            kind: CommandKind::Bind {
+                reservation_id: ReservationId::derive(
+                    &"acme".parse().expect("tenant"),
+                    &"alice".parse().expect("identity"),
+                    "k",
+                ),
+                allocation_id: "alloc_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("alloc"),
+                devices: vec!["GPU-a".parse().expect("device")],
+            },
+        };
+        let json = serde_json::to_value(&command).expect("json");
+        assert_eq!(json["kind"], "bind");
+        assert_eq!(json["seq"], 3);
+        assert_eq!(json["devices"][0], "GPU-a");
+        assert!(json["allocationId"].is_string());
+        let back: AgentCommand = serde_json::from_value(json).expect("back");
+        assert_eq!(back, command);
+        let probe: AgentCommand =
+            serde_json::from_str(r#"{"id":"cmd_01jd8w2k3m4n5p6q7r8s9t0v1w","seq":1,"kind":"probe"}"#).expect("probe");
+        assert_eq!(probe.kind, CommandKind::Probe { note: None });
+    }
+}
