@@ -68,7 +68,8 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Inventory { simulate, hostname } => {
             let document = source(simulate, hostname).read();
-            let out = serde_json::json!({ "document": document, "hashes": document.hashes() });
+            let key = bc_domain::hardware::hardware_key(&document.hardware_identity());
+            let out = serde_json::json!({ "document": document, "hashes": document.hashes(), "hardwareKey": key });
             println!("{}", serde_json::to_string_pretty(&out)?);
             Ok(())
         }

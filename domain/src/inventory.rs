@@ -122,6 +122,16 @@ fn digest<T: Serialize>(section: &T) -> String {
 }
 
 impl NodeInventory {
+    /// What the document says identifies the machine, for its hardware key.
+    pub fn hardware_identity(&self) -> crate::hardware::HardwareIdentity {
+        crate::hardware::HardwareIdentity {
+            product_uuid: self.system.product_uuid.clone(),
+            serial_number: self.system.board_serial.clone(),
+            permanent_macs: self.nics.iter().map(|n| n.mac.clone()).collect(),
+            gpu_uuids: self.gpus.iter().map(|g| g.info.uuid.to_string()).collect(),
+        }
+    }
+
     /// An empty document of this schema.
     pub fn new(system: SystemSection) -> Self {
         NodeInventory { schema: SCHEMA.to_owned(), system, gpus: Vec::new(), nics: Vec::new(), disks: Vec::new() }

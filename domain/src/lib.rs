@@ -3,6 +3,7 @@
 //!
 //! The crate stays free of tokio, sqlx and axum so that the `bcd` agent can link it alone.
 
+pub mod acceptance;
 pub mod agent;
 pub mod device;
 pub mod event;

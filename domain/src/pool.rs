@@ -87,7 +87,7 @@ pub struct SharingPolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolPolicy {
-    /// Checks a node must pass to be adopted into the pool.
+    /// Checks a node must pass to be adopted into the pool (see [`crate::acceptance`]).
     #[serde(default)]
     pub acceptance: Vec<String>,
     /// Overcommit ratios for scalar resources (at least 1).
@@ -159,6 +159,8 @@ impl PoolPolicy {
         if self.lost_after == 0 {
             return Err(Rejection::invalid("policy.lostAfter", "must be at least 1 second"));
         }
+        crate::acceptance::parse(&self.acceptance)
+            .map_err(|(i, why)| Rejection::invalid(format!("policy.acceptance[{i}]"), why))?;
         for (resource, ratio) in &self.overcommit {
             if !(ratio.is_finite() && *ratio >= 1.0) {
                 return Err(Rejection::invalid(

@@ -15,7 +15,7 @@ use bc_domain::agent::{
     Joined, Session,
 };
 use bc_domain::device::{GpuInfo, devices_for};
-use bc_domain::hardware::{HardwareIdentity, HardwareKey, hardware_key};
+use bc_domain::hardware::{HardwareKey, hardware_key};
 use bc_domain::id::{CommandId, DeviceId, Identity, JoinTokenId, NodeId, PoolId, SessionId, TenantId};
 use bc_domain::inventory::{InventoryReport, NodeInventory, ReportError, SectionHashes};
 use bc_domain::node::{
@@ -25,7 +25,7 @@ use bc_domain::node::{
 };
 use bc_domain::pool::{JoinTokenIssued, PoolEvent};
 use bc_domain::reservation::{self, Command, FailureReason, ReservationState};
-use bc_domain::{gpu, site::check_name};
+use bc_domain::{acceptance, gpu, site::check_name};
 use bc_eventstore::events::{self, ExpectedVersion};
 use bc_eventstore::queue::shard_for;
 use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock, sql};
@@ -102,16 +102,6 @@ fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
     AppError::Store(bc_eventstore::Error::Internal(format!("{what} is unreadable: {err}")))
 }
 
-/// The hardware identity an inventory reports.
-pub fn identity_of(document: &NodeInventory) -> HardwareIdentity {
-    HardwareIdentity {
-        product_uuid: document.system.product_uuid.clone(),
-        serial_number: document.system.board_serial.clone(),
-        permanent_macs: document.nics.iter().map(|n| n.mac.clone()).collect(),
-        gpu_uuids: document.gpus.iter().map(|g| g.info.uuid.to_string()).collect(),
-    }
-}
-
 /// The GPUs of an inventory as capacity sees them.
 fn gpus_of(document: &NodeInventory) -> Vec<GpuInfo> {
     document.gpus.iter().map(|g| g.info.clone()).collect()
@@ -127,9 +117,17 @@ fn spec_for(pool: &PoolRow) -> NodeSpec {
     }
 }
 
-/// The pool's acceptance checks on an inventory: the GPUs' model fits the pool and no GPU is listed twice.
-/// Returns the checks passed and the conditions to raise (an unknown model is adopted with `GpuModelUnknown`).
-fn acceptance(pool: &PoolRow, gpus: &[GpuInfo], at_ms: i64) -> AppResult<(Vec<String>, Vec<Condition>)> {
+/// The pool's acceptance checks on an inventory: the built-in ones (at least one GPU, none listed twice, the
+/// pool's model) and the pool's own (`policy.acceptance`). A machine that fails one is refused, naming the check,
+/// and nothing is written. Returns the checks passed and the conditions to raise (an unknown model is adopted
+/// with `GpuModelUnknown`).
+fn acceptance(
+    pool: &PoolRow,
+    document: &NodeInventory,
+    hardware: &HardwareKey,
+    at_ms: i64,
+) -> AppResult<(Vec<String>, Vec<Condition>)> {
+    let gpus = gpus_of(document);
     if gpus.is_empty() {
         return Err(Rejection::invalid(
             "inventory.gpus",
@@ -163,7 +161,19 @@ fn acceptance(pool: &PoolRow, gpus: &[GpuInfo], at_ms: i64) -> AppResult<(Vec<St
         }
     }
     conditions.dedup_by_key(|c| c.kind);
-    Ok((vec!["inventory-valid".to_owned(), "gpu-model".to_owned()], conditions))
+    let mut passed = vec!["inventory-valid".to_owned(), "gpu-model".to_owned()];
+    let checks = acceptance::parse(&pool.policy.acceptance)
+        .map_err(|(i, why)| corrupt(&format!("pool {} policy.acceptance[{i}]", pool.id), why))?;
+    let failures: Vec<String> = checks.iter().filter_map(|c| c.failure(document, hardware.trusted)).collect();
+    if !failures.is_empty() {
+        return Err(Rejection::invalid(
+            "inventory",
+            format!("the machine fails pool {}'s acceptance checks: {}", pool.id, failures.join("; ")),
+        )
+        .into());
+    }
+    passed.extend(checks.iter().map(ToString::to_string));
+    Ok((passed, conditions))
 }
 
 /// A stored snapshot: its number, document and hashes.
@@ -553,8 +563,8 @@ impl App {
                         store::pool(tx, &pool_id).await?.ok_or_else(|| corrupt("the join token's pool", "missing"))?;
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let gpus = gpus_of(document);
-                    let (checks, conditions) = acceptance(&pool, &gpus, at_ms)?;
-                    let hardware = hardware_key(&identity_of(document));
+                    let hardware = hardware_key(&document.hardware_identity());
+                    let (checks, conditions) = acceptance(&pool, document, &hardware, at_ms)?;
                     let caller_for = |node: &NodeId| node_caller(node, &pool.owner_tenant_id);
                     let (node_id, rejoined) = match matching_node(tx, &hardware).await? {
                         Some((node_id, matched_pool, matched)) => {
@@ -866,7 +876,7 @@ impl App {
                         changed: changed.clone(),
                         at_ms,
                     })];
-                    let hardware = hardware_key(&identity_of(&document));
+                    let hardware = hardware_key(&document.hardware_identity());
                     let (more, lost_devices) =
                         hardware_events(tx, &node.node_id, &state, &document, &hardware, at_ms).await?;
                     let node_changed = !more.is_empty();

@@ -398,3 +398,180 @@ async fn a_lost_node_fails_the_future_bookings_nothing_else_can_hold_and_delete_
 async fn clock_to(fleet: &Fleet, at_ms: i64) {
     bc_eventstore::clock::set_sim_clock(&fleet.t.db, at_ms).await.expect("clock");
 }
+
+#[tokio::test]
+async fn a_skewed_clock_and_a_missing_gpu_raise_conditions_that_keep_the_node_off_the_scheduler() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("h100", Sharing::Exclusive, None).await;
+    let mut document = machine("gpu-a", 2);
+    let (joined, auth) = join(&fleet, &pool, &document).await;
+    let node = &joined.node_id;
+    let schedulable = |fleet: &Fleet| {
+        let node = node.clone();
+        let db = fleet.t.db.clone();
+        async move {
+            let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+            let row: (bool, Vec<String>) =
+                sql::query_as("SELECT schedulable, no_schedule_reasons FROM nodes WHERE id = $1")
+                    .bind(node.as_str())
+                    .fetch_one(tx.conn())
+                    .await
+                    .expect("node");
+            tx.commit().await.expect("commit");
+            row
+        }
+    };
+    // Five seconds ahead of the database server's clock.
+    let skewed =
+        Heartbeat { session_id: joined.session.session_id.clone(), observed_generation: 1, clock_ms: now_ms() + 5_000 };
+    fleet.app.heartbeat(&auth, &skewed).await.expect("heartbeat");
+    assert_eq!(schedulable(&fleet).await, (false, vec!["ClockSkew".to_owned()]));
+    beat(&fleet, &auth, &joined, 1).await;
+    assert_eq!(schedulable(&fleet).await, (true, vec![]), "cleared once the clock is right");
+    // A GPU fell off the bus: the count no longer matches, and the node keeps its devices until it does.
+    let gone = document.gpus.pop().expect("a GPU");
+    fleet.app.report_inventory(&auth, document.report(&joined.session.inventory_hashes)).await.expect("report");
+    assert_eq!(schedulable(&fleet).await, (false, vec!["GpuCountMismatch".to_owned()]));
+    assert_eq!(scalar_i64(&fleet, "SELECT count(*) FROM devices WHERE node_id = $1", node.as_str()).await, 2);
+    document.gpus.push(gone);
+    let known = fleet.app.node_inventory(&fleet.owner, node).await.expect("inventory").document;
+    let known: NodeInventory = serde_json::from_value(known).expect("document");
+    fleet.app.report_inventory(&auth, document.report(&known.hashes())).await.expect("report");
+    assert_eq!(schedulable(&fleet).await, (true, vec![]));
+}
+
+#[tokio::test]
+async fn a_machine_that_fails_the_pools_acceptance_checks_is_refused_naming_the_check() {
+    let fleet = Fleet::new().await;
+    let policy = PoolPolicy { acceptance: vec!["gpu-count=8".into()], ..PoolPolicy::default() };
+    let pool = fleet.pool_with("h100", Sharing::Exclusive, policy).await;
+    let token = token(&fleet, &pool).await;
+    let refused = join_with(&fleet, &token, &machine("gpu-a", 4)).await.expect_err("four GPUs");
+    assert!(refused.to_string().contains("gpu-count=8: the machine has 4"), "{refused}");
+    let joined = join_with(&fleet, &token, &machine("gpu-b", 8)).await.expect("eight GPUs");
+    let mut tx = fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let recorded: i64 =
+        sql::query_scalar("SELECT count(*) FROM events WHERE stream_id = $1 AND event_type = 'node.adopted'")
+            .bind(joined.node_id.as_str())
+            .fetch_one(tx.conn())
+            .await
+            .expect("events");
+    tx.commit().await.expect("commit");
+    assert_eq!(recorded, 1);
+    let bad = PoolPolicy { acceptance: vec!["colour=red".into()], ..PoolPolicy::default() };
+    let err = fleet
+        .app
+        .create_pool(
+            &fleet.owner,
+            bc_api::app::fleet::CreatePool {
+                site_id: fleet.site.clone(),
+                name: "bad".into(),
+                class: bc_domain::pool::PoolClass::MetalHost,
+                gpu_model: "H100".into(),
+                sharing: Sharing::Exclusive,
+                agent: bc_domain::pool::PoolAgent::Bcd,
+                policy: bad,
+                provider_account_id: None,
+            },
+        )
+        .await
+        .expect_err("an unknown check");
+    assert!(
+        matches!(&err, AppError::Rejected(Rejection::InvalidArgument { field, .. }) if field == "policy.acceptance[0]"),
+        "{err:?}"
+    );
+}
+
+/// Carries out every command waiting for `auth`'s node, acknowledging each as its agent would.
+async fn ack_all(fleet: &Fleet, auth: &NodeAuth) -> Vec<String> {
+    let mut kinds = Vec::new();
+    for command in fleet.app.agent_commands(auth, 100).await.expect("commands") {
+        kinds.push(command.kind.name().to_owned());
+        fleet.app.acknowledge_command(auth, &command.id, &Ack { ok: true, message: None }).await.expect("ack");
+    }
+    kinds
+}
+
+#[tokio::test]
+async fn a_forced_drain_ends_what_runs_and_a_plain_one_lets_it_finish() {
+    let fleet = Fleet::new().await;
+    let pool = fleet
+        .pool_with("h100", Sharing::Exclusive, PoolPolicy { disruption_budget: 1.0, ..PoolPolicy::default() })
+        .await;
+    let mut agents = Vec::new();
+    for host in ["gpu-a", "gpu-b"] {
+        let (joined, auth) = join(&fleet, &pool, &machine(host, 2)).await;
+        beat(&fleet, &auth, &joined, 1).await;
+        agents.push((joined, auth));
+    }
+    let mut running = Vec::new();
+    for key in ["one", "two"] {
+        let placed = fleet.reserve(&fleet.owner, key, request(&pool, DeviceClass::Gpu, 2)).await.expect("reserve");
+        running.push(placed.reservation.id);
+    }
+    fleet.worker().run_until_idle().await.expect("worker");
+    for (_, auth) in &agents {
+        assert_eq!(ack_all(&fleet, auth).await, vec!["bind"]);
+    }
+    for id in &running {
+        let r = fleet.app.reservation(&fleet.owner, id).await.expect("read").value;
+        assert_eq!(r.state, bc_domain::reservation::ReservationState::Active, "active once its agent confirmed");
+    }
+    let (a, b) = (&agents[0].0.node_id, &agents[1].0.node_id);
+    fleet.app.drain_node(&fleet.owner, a, false, None).await.expect("drain");
+    fleet.app.drain_node(&fleet.owner, b, true, Some("rack power".into())).await.expect("forced drain");
+    fleet.worker().run_until_idle().await.expect("worker");
+    let state_on = |node: NodeId| {
+        let fleet = &fleet;
+        let running = &running;
+        async move {
+            for id in running {
+                let r = fleet.app.reservation(&fleet.owner, id).await.expect("read").value;
+                if r.allocations[0].node_id == node {
+                    return (r.state, r.expiry_cause);
+                }
+            }
+            panic!("no reservation on {node}");
+        }
+    };
+    assert_eq!(
+        state_on(a.clone()).await,
+        (bc_domain::reservation::ReservationState::Active, None),
+        "a drain never preempts unless forced"
+    );
+    assert_eq!(
+        state_on(b.clone()).await,
+        (bc_domain::reservation::ReservationState::Expired, Some(bc_domain::reservation::ExpiryCause::Preempted))
+    );
+    // The preempted devices are taken back from the agent, and that drain is complete.
+    assert_eq!(ack_all(&fleet, &agents[1].1).await, vec!["unbind"]);
+    assert_eq!(scalar_i64(&fleet, "SELECT count(*) FROM nodes WHERE id = $1 AND draining", b.as_str()).await, 0);
+    assert_eq!(scalar_i64(&fleet, "SELECT count(*) FROM nodes WHERE id = $1 AND draining", a.as_str()).await, 1);
+}
+
+#[tokio::test]
+async fn maintenance_moves_future_bookings_to_another_node_before_their_start() {
+    let fleet = Fleet::new().await;
+    let pool = fleet
+        .pool_with("h100", Sharing::Exclusive, PoolPolicy { disruption_budget: 1.0, ..PoolPolicy::default() })
+        .await;
+    for host in ["gpu-a", "gpu-b"] {
+        let (joined, auth) = join(&fleet, &pool, &machine(host, 2)).await;
+        beat(&fleet, &auth, &joined, 1).await;
+    }
+    let mut future = request(&pool, DeviceClass::Gpu, 2);
+    future.start_ms = Some(T0 + HOUR);
+    let placed = fleet.reserve(&fleet.owner, "later", future).await.expect("reserve").reservation;
+    let from = placed.allocations[0].node_id.clone();
+    fleet
+        .app
+        .node_verb(&fleet.owner, &from, bc_api::app::nodes::NodeVerb::StartMaintenance, None)
+        .await
+        .expect("maintenance");
+    fleet.worker().run_until_idle().await.expect("worker");
+    let moved = fleet.app.reservation(&fleet.owner, &placed.id).await.expect("read").value;
+    assert_ne!(moved.allocations[0].node_id, from);
+    let booked: Vec<String> = fleet.bookings(placed.id.as_str()).await.into_iter().map(|(d, _, _)| d).collect();
+    let expected: Vec<String> = moved.allocations[0].devices.iter().map(|d| d.to_string()).collect();
+    assert_eq!(booked, expected, "the bookings moved with it");
+}
