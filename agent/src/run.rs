@@ -183,6 +183,12 @@ impl Client {
         self.call(reqwest::Method::POST, "/v1/agent/sessions", Some(&body)).await
     }
 
+    /// A new credential for this node; the current one works until the new one is first used.
+    pub async fn rotate_credential(&self) -> anyhow::Result<String> {
+        let answer: serde_json::Value = self.call::<(), _>(reqwest::Method::POST, "/v1/agent/credential", None).await?;
+        answer["credential"].as_str().map(str::to_owned).context("the rotation answered no credential")
+    }
+
     pub async fn heartbeat(&self, beat: &Heartbeat) -> anyhow::Result<HeartbeatReply> {
         self.call(reqwest::Method::POST, "/v1/agent/heartbeat", Some(beat)).await
     }
@@ -223,7 +229,10 @@ async fn connect(config: &AgentConfig, client: &Client) -> anyhow::Result<State>
     if let Some(saved) = load(&config.state_dir)? {
         let client = client.with_credential(&saved.credential);
         match client.open_session().await {
-            Ok(session) => return Ok(fresh(client, saved.node_id, session)),
+            Ok(session) => {
+                let client = rotate(config, client, &saved.node_id).await;
+                return Ok(fresh(client, saved.node_id, session));
+            }
             // The credential was revoked (the node deleted): join again if a token was given.
             Err(err) if status_of(&err) == Some(401) && config.join_token.is_some() => {
                 eprintln!("bcd: the saved credential of {} was refused; joining again", saved.node_id);
@@ -243,6 +252,24 @@ async fn connect(config: &AgentConfig, client: &Client) -> anyhow::Result<State>
     let joined = client.join(&request).await?;
     save(&config.state_dir, &Saved { node_id: joined.node_id.clone(), credential: joined.credential.clone() })?;
     Ok(fresh(client.with_credential(&joined.credential), joined.node_id, joined.session))
+}
+
+/// Rotates the credential at each start: the new secret is saved before it is used, and the old one keeps
+/// working until then, so a failure anywhere leaves a credential that works. Keeps the current client when the
+/// rotation fails.
+async fn rotate(config: &AgentConfig, client: Client, node_id: &NodeId) -> Client {
+    let rotated = async {
+        let credential = client.rotate_credential().await?;
+        save(&config.state_dir, &Saved { node_id: node_id.clone(), credential: credential.clone() })?;
+        anyhow::Ok(client.with_credential(&credential))
+    };
+    match rotated.await {
+        Ok(rotated) => rotated,
+        Err(err) => {
+            eprintln!("bcd: could not rotate the node credential (keeping the current one): {err:#}");
+            client
+        }
+    }
 }
 
 fn fresh(client: Client, node_id: NodeId, session: Session) -> State {

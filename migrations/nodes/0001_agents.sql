@@ -30,11 +30,14 @@ CREATE TABLE join_tokens (
     node_id text
 );
 
--- Node credentials: a secret issued at join (and at each rotation). Deleting the node deletes them.
+-- Node credentials: a secret issued at join and at each rotation. A rotated secret is unconfirmed until its
+-- first use, which confirms it and revokes the node's other secrets, so a rotation whose answer was lost never
+-- locks the agent out. Deleting the node deletes them.
 CREATE TABLE node_credentials (
     secret_sha256 text PRIMARY KEY,
     node_id text NOT NULL,
-    issued_at timestamptz NOT NULL DEFAULT compute_now()
+    issued_at timestamptz NOT NULL DEFAULT compute_now(),
+    confirmed boolean NOT NULL DEFAULT true
 );
 CREATE INDEX node_credentials_node ON node_credentials (node_id);
 

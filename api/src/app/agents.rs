@@ -612,15 +612,7 @@ impl App {
                                 .into());
                             }
                             let (devices, _) = devices_for(&gpus, pool.sharing, pool.policy.replicas());
-                            let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
-                            let taken = store::devices_taken(tx, &ids).await?;
-                            if !taken.is_empty() {
-                                return Err(Rejection::Conflict(format!(
-                                    "devices already registered on another node: {}",
-                                    taken.join(", ")
-                                ))
-                                .into());
-                            }
+                            store::refuse_taken_devices(tx, &devices).await?;
                             let site_id = store::pool_site(tx, &pool_id).await?;
                             let events = vec![
                                 NodeEvent::Joined(NodeJoined {
@@ -693,30 +685,58 @@ impl App {
         })
     }
 
-    /// The node a credential belongs to, or `UNAUTHENTICATED`.
+    /// The node a credential belongs to, or `UNAUTHENTICATED`. The first use of a rotated credential confirms
+    /// it and revokes the node's other credentials.
     pub async fn authenticate_node(&self, credential: &str) -> AppResult<NodeAuth> {
         if !credential.starts_with(CREDENTIAL_PREFIX) {
             return Err(Rejection::Unauthenticated(format!("a node credential starts with {CREDENTIAL_PREFIX}")).into());
         }
-        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let hash = bc_domain::sha256_hex(credential);
+        let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
         let row = sql::query(
-            "SELECT c.node_id, n.pool_id, p.owner_tenant_id
+            "SELECT c.node_id, n.pool_id, p.owner_tenant_id, c.confirmed
              FROM node_credentials AS c JOIN nodes AS n ON n.id = c.node_id JOIN pools AS p ON p.id = n.pool_id
              WHERE c.secret_sha256 = $1",
         )
-        .bind(bc_domain::sha256_hex(credential))
+        .bind(&hash)
         .fetch_optional(tx.conn())
         .await?;
-        tx.commit().await?;
         let Some(row) = row else {
+            tx.commit().await?;
             return Err(Rejection::Unauthenticated("the node credential is unknown or revoked".to_owned()).into());
         };
         let text = |column: &str| -> AppResult<String> { Ok(row.try_get::<String, _>(column)?) };
-        Ok(NodeAuth {
+        let auth = NodeAuth {
             node_id: text("node_id")?.parse().map_err(|err| corrupt("node_credentials.node_id", err))?,
             pool_id: text("pool_id")?.parse().map_err(|err| corrupt("nodes.pool_id", err))?,
             tenant_id: text("owner_tenant_id")?.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))?,
-        })
+        };
+        if !row.try_get::<bool, _>("confirmed")? {
+            sql::query("DELETE FROM node_credentials WHERE node_id = $1 AND secret_sha256 <> $2")
+                .bind(auth.node_id.as_str())
+                .bind(&hash)
+                .execute(tx.conn())
+                .await?;
+            sql::query("UPDATE node_credentials SET confirmed = true WHERE secret_sha256 = $1")
+                .bind(&hash)
+                .execute(tx.conn())
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(auth)
+    }
+
+    /// Issues the node a new credential. The current one keeps working until the new one is first used.
+    pub async fn rotate_credential(&self, node: &NodeAuth) -> AppResult<String> {
+        let (credential, hash) = new_secret(CREDENTIAL_PREFIX)?;
+        let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
+        sql::query("INSERT INTO node_credentials (secret_sha256, node_id, confirmed) VALUES ($1, $2, false)")
+            .bind(&hash)
+            .bind(node.node_id.as_str())
+            .execute(tx.conn())
+            .await?;
+        tx.commit().await?;
+        Ok(credential)
     }
 
     /// An agent (re)starting opens a session: any earlier session of the node ends, and a node that was not

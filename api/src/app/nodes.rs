@@ -94,15 +94,7 @@ impl App {
                         .into());
                     }
                     let (devices, unknown) = devices_for(&input.gpus, pool.sharing, pool.policy.replicas());
-                    let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
-                    let taken = store::devices_taken(tx, &ids).await?;
-                    if !taken.is_empty() {
-                        return Err(Rejection::Conflict(format!(
-                            "devices already registered on another node: {}",
-                            taken.join(", ")
-                        ))
-                        .into());
-                    }
+                    store::refuse_taken_devices(tx, &devices).await?;
                     let site_id = store::pool_site(tx, &input.pool_id).await?;
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let conditions = unknown

@@ -141,6 +141,20 @@ pub async fn node(tx: &mut Tx, node_id: &NodeId) -> AppResult<Option<NodeRow>> {
     }))
 }
 
+/// Refuses (`CONFLICT`, naming them) devices that another node already has.
+pub async fn refuse_taken_devices(tx: &mut Tx, devices: &[bc_domain::device::Device]) -> AppResult<()> {
+    let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+    let taken = devices_taken(tx, &ids).await?;
+    if !taken.is_empty() {
+        return Err(bc_domain::Rejection::Conflict(format!(
+            "devices already registered on another node: {}",
+            taken.join(", ")
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 pub async fn devices_taken(tx: &mut Tx, ids: &[&str]) -> AppResult<Vec<String>> {
     Ok(sql::query_scalar("SELECT id FROM devices WHERE id = ANY($1) ORDER BY id")
         .bind(ids)

@@ -68,6 +68,23 @@ pub async fn open_session(
     Ok((StatusCode::CREATED, Json(session)).into_response())
 }
 
+/// `POST /v1/agent/credential`: rotates the node credential.
+#[utoipa::path(
+    post,
+    path = "/v1/agent/credential",
+    tag = "agent",
+    summary = "Rotate the node credential: the new one (shown once) replaces the current one at its first use",
+    responses((status = 201, description = "credential", body = Object), CommonErrors),
+    security(("node" = [])),
+)]
+pub async fn rotate_credential(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+) -> Result<Response, ApiError> {
+    let credential = state.app.rotate_credential(&node).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "nodeId": node.node_id, "credential": credential }))).into_response())
+}
+
 /// `POST /v1/agent/heartbeat`: renews the session's liveness lease.
 #[utoipa::path(
     post,

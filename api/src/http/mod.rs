@@ -112,6 +112,7 @@ routes! {
     // The agent's routes: a join token or the node credential, never a tenant's principal.
     post "/v1/agent/join" => agent::join, open;
     post "/v1/agent/sessions" => agent::open_session, open;
+    post "/v1/agent/credential" => agent::rotate_credential, open;
     post "/v1/agent/heartbeat" => agent::heartbeat, open;
     post "/v1/agent/inventory" => agent::inventory, open;
     get "/v1/agent/commands" => agent::commands, open;

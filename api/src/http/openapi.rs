@@ -92,6 +92,7 @@ impl Modify for BearerAuth {
         nodes::create_join_token,
         agent::join,
         agent::open_session,
+        agent::rotate_credential,
         agent::heartbeat,
         agent::inventory,
         agent::commands,

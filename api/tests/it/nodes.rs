@@ -575,3 +575,22 @@ async fn maintenance_moves_future_bookings_to_another_node_before_their_start() 
     let expected: Vec<String> = moved.allocations[0].devices.iter().map(|d| d.to_string()).collect();
     assert_eq!(booked, expected, "the bookings moved with it");
 }
+
+#[tokio::test]
+async fn a_rotated_credential_replaces_the_old_one_at_its_first_use() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("h100", Sharing::Exclusive, None).await;
+    let (joined, auth) = join(&fleet, &pool, &machine("gpu-a", 1)).await;
+    let rotated = fleet.app.rotate_credential(&auth).await.expect("rotate");
+    assert_ne!(rotated, joined.credential);
+    // Until the new one is used, the old one still works: a rotation whose answer was lost locks nobody out.
+    fleet.app.authenticate_node(&joined.credential).await.expect("the old one, before the new one is used");
+    assert_eq!(fleet.app.authenticate_node(&rotated).await.expect("the new one").node_id, joined.node_id);
+    let err = fleet.app.authenticate_node(&joined.credential).await.expect_err("the old one, after");
+    assert_eq!(code(&err), "UNAUTHENTICATED");
+    assert_eq!(
+        scalar_i64(&fleet, "SELECT count(*) FROM node_credentials WHERE node_id = $1", joined.node_id.as_str()).await,
+        1,
+        "stored as one SHA-256"
+    );
+}
