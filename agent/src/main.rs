@@ -20,7 +20,8 @@ enum Command {
     Version,
     /// Print this machine's `NodeInventory v1` document as JSON, with each section's hash.
     Inventory {
-        /// Simulated GPUs instead of NVML: `<count>x<model>`, such as `8xH100` or `4xA100-SXM4-80GB`.
+        /// Simulated GPUs instead of NVML: `<count>x<model>[:<MIG profile>*<n>,...]`, such as `8xH100`,
+        /// `4xA100-SXM4-80GB` or `8xH100:1g.10gb*7`.
         #[arg(long)]
         simulate: Option<simulate::Simulated>,
         /// The host name to report (a simulated machine's identifiers are derived from it).
@@ -41,7 +42,7 @@ enum Command {
         /// Where CDI spec files for bound reservations are written.
         #[arg(long, env = "BCD_CDI_DIR", default_value = "/etc/cdi")]
         cdi_dir: PathBuf,
-        /// Simulated GPUs instead of NVML: `<count>x<model>`.
+        /// Simulated GPUs instead of NVML: `<count>x<model>[:<MIG profile>*<n>,...]`, such as `8xH100:1g.10gb*7`.
         #[arg(long)]
         simulate: Option<simulate::Simulated>,
         /// The host name to report.

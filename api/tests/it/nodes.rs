@@ -594,3 +594,26 @@ async fn a_rotated_credential_replaces_the_old_one_at_its_first_use() {
         "stored as one SHA-256"
     );
 }
+
+#[tokio::test]
+async fn a_simulated_mig_machine_joins_a_mig_pool_with_its_instances_as_atoms() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("h100-mig", Sharing::Mig, None).await;
+    let spec: Simulated = "2xH100:1g.10gb*7".parse().expect("spec");
+    let (joined, auth) = join(&fleet, &pool, &simulate::inventory("gpu-m", &spec)).await;
+    beat(&fleet, &auth, &joined, 1).await;
+    let node = joined.node_id.as_str();
+    assert_eq!(
+        scalar_i64(&fleet, "SELECT count(*) FROM devices WHERE node_id = $1 AND bookable AND class = 'gpu.mig'", node)
+            .await,
+        14
+    );
+    assert_eq!(
+        scalar_i64(&fleet, "SELECT count(*) FROM devices WHERE node_id = $1 AND bookable AND class = 'gpu'", node)
+            .await,
+        0,
+        "a partitioned GPU is not an atom"
+    );
+    let placed = fleet.reserve(&fleet.owner, "mig", request(&pool, DeviceClass::GpuMig, 3)).await.expect("reserve");
+    assert_eq!(placed.reservation.allocations[0].devices.len(), 3);
+}
