@@ -7,6 +7,7 @@
 
 pub mod cdi;
 pub mod host;
+pub mod mig;
 pub mod nvml;
 pub mod run;
 pub mod simulate;

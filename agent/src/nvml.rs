@@ -3,14 +3,15 @@
 //! then has no GPUs. A query that fails for one GPU leaves that detail empty and says so in a warning.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
-use bc_domain::device::GpuInfo;
+use bc_domain::device::{GpuInfo, MigInstance};
 use bc_domain::id::DeviceId;
 use bc_domain::inventory::{GpuSection, NodeInventory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use crate::host;
+use crate::{host, mig};
 
 /// How many NVLink links a GPU can have (`NVML_NVLINK_MAX_LINKS`).
 const NVLINK_MAX_LINKS: u32 = 18;
@@ -152,23 +153,66 @@ fn read_gpu(index: u32, device: &Device<'_>, warnings: &mut Vec<String>) -> Opti
     // Many boards have no serial number (NotSupported): that is not worth a warning.
     let serial = device.serial().ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
     let mig_enabled = matches!(device.mig_mode(), Ok(mode) if mode.current == MIG_ENABLE);
-    if mig_enabled {
-        // nvml-wrapper 0.13 has no safe call for a MIG device's GPU and compute instance ids
-        // (nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId), and this workspace forbids unsafe code, so
-        // the instances cannot be named `<uuid>/gi<g>/ci<c>`; they are left out rather than guessed.
-        warnings.push(format!(
-            "GPU {uuid}: MIG mode is on, but its MIG instances are not reported (NVML's instance ids cannot be read)"
-        ));
-    }
+    let mig_instances = if mig_enabled {
+        match read_mig_instances(device, Path::new(mig::CAPABILITIES_ROOT)) {
+            Ok(instances) if instances.is_empty() => {
+                warnings.push(format!("GPU {uuid}: MIG mode is on, but it has no MIG instances"));
+                instances
+            }
+            Ok(instances) => instances,
+            Err(reason) => {
+                warnings.push(format!("GPU {uuid}: MIG mode is on, but its MIG instances are not reported ({reason})"));
+                Vec::new()
+            }
+        }
+    } else {
+        Vec::new()
+    };
     Some(ReadGpu {
         section: GpuSection {
-            info: GpuInfo { uuid, name, memory_mib, pci_bus_id, mig_instances: Vec::new() },
+            info: GpuInfo { uuid, name, memory_mib, pci_bus_id, mig_instances },
             serial,
             mig_enabled,
             nvlink_peers: Vec::new(),
         },
         nvlink_remotes: nvlink_remotes(device),
     })
+}
+
+/// The MIG instances of a GPU whose MIG mode is on: NVML's MIG devices (every index up to the maximum, an index
+/// without a device answering NotFound), their ids from the driver's capability directories under `root` (see
+/// [`mig`]). An error says what could not be read; then no instance is reported.
+fn read_mig_instances(device: &Device<'_>, root: &Path) -> Result<Vec<MigInstance>, String> {
+    // nvml-wrapper's `mig_device_count` is nvmlDeviceGetMaxMigDeviceCount: how many there can be, not how many
+    // there are.
+    let max = device.mig_device_count().map_err(|e| format!("the MIG device count could not be read ({e})"))?;
+    let mut devices = Vec::new();
+    for index in 0..max {
+        let handle = match device.mig_device_by_index(index) {
+            Ok(handle) => handle,
+            Err(NvmlError::NotFound) => continue,
+            Err(e) => return Err(format!("MIG device {index} could not be read ({e})")),
+        };
+        let read = |what: &str, e: NvmlError| format!("the {what} of MIG device {index} could not be read ({e})");
+        devices.push(mig::MigDevice {
+            name: handle.name().map_err(|e| read("name", e))?,
+            uuid: handle.uuid().map_err(|e| read("UUID", e))?,
+            memory_mib: handle.memory_info().map_err(|e| read("memory size", e))?.total / MIB,
+        });
+    }
+    mig::instances(&devices, || mig::compute_instances(root, minor_number(device)?))
+}
+
+/// The GPU's NVML minor number, that of `/dev/nvidia<minor>`, which names its capability directory.
+#[cfg(target_os = "linux")]
+fn minor_number(device: &Device<'_>) -> Result<u32, String> {
+    device.minor_number().map_err(|e| format!("the GPU's minor number could not be read ({e})"))
+}
+
+/// MIG and the driver's capability directories are Linux's only.
+#[cfg(not(target_os = "linux"))]
+fn minor_number(_device: &Device<'_>) -> Result<u32, String> {
+    Err("MIG instance ids are read from /proc, which this system does not have".to_owned())
 }
 
 /// The far ends of a GPU's active NVLinks. A GPU without NVLink answers NotSupported for every link, and one with

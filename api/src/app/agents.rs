@@ -14,7 +14,7 @@ use bc_domain::agent::{
     Ack, AgentCommand, CREDENTIAL_PREFIX, Heartbeat, HeartbeatReply, InventoryAccepted, JOIN_TOKEN_PREFIX, JoinRequest,
     Joined, Session,
 };
-use bc_domain::device::{GpuInfo, devices_for};
+use bc_domain::device::{Device, GpuInfo, devices_for};
 use bc_domain::hardware::{HardwareKey, hardware_key};
 use bc_domain::id::{CommandId, DeviceId, Identity, JoinTokenId, NodeId, PoolId, SessionId, TenantId};
 use bc_domain::inventory::{InventoryReport, NodeInventory, ReportError, SectionHashes};
@@ -105,6 +105,24 @@ fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
 /// The GPUs of an inventory as capacity sees them.
 fn gpus_of(document: &NodeInventory) -> Vec<GpuInfo> {
     document.gpus.iter().map(|g| g.info.clone()).collect()
+}
+
+/// The devices a machine's GPUs give under the pool's sharing mode. A GPU in MIG mode without instances can run
+/// nothing until it is partitioned, so it is never an atom.
+fn devices_of(document: &NodeInventory, pool: &PoolRow) -> Vec<Device> {
+    let (mut devices, _) = devices_for(&gpus_of(document), pool.sharing, pool.policy.replicas());
+    let idle: BTreeSet<&DeviceId> = document
+        .gpus
+        .iter()
+        .filter(|g| g.mig_enabled && g.info.mig_instances.is_empty())
+        .map(|g| &g.info.uuid)
+        .collect();
+    for device in &mut devices {
+        if idle.contains(&device.id) || device.parent.as_ref().is_some_and(|p| idle.contains(p)) {
+            device.bookable = false;
+        }
+    }
+    devices
 }
 
 /// The NodeSpec a pool gives its nodes.
@@ -377,7 +395,7 @@ async fn hardware_events(
         return Ok((events, false));
     }
     let pool = store::pool(tx, &state.pool_id).await?.ok_or_else(|| corrupt("the node's pool", "missing"))?;
-    let (devices, _) = devices_for(&gpus, pool.sharing, pool.policy.replicas());
+    let devices = devices_of(document, &pool);
     let kept: BTreeSet<&str> = devices.iter().map(|d| d.id.as_str()).collect();
     let removed_devices: Vec<DeviceId> =
         sql::query_scalar::<String>("SELECT id FROM devices WHERE node_id = $1 ORDER BY id")
@@ -611,7 +629,7 @@ impl App {
                                 ))
                                 .into());
                             }
-                            let (devices, _) = devices_for(&gpus, pool.sharing, pool.policy.replicas());
+                            let devices = devices_of(document, &pool);
                             store::refuse_taken_devices(tx, &devices).await?;
                             let site_id = store::pool_site(tx, &pool_id).await?;
                             let events = vec![

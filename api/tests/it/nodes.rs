@@ -617,3 +617,16 @@ async fn a_simulated_mig_machine_joins_a_mig_pool_with_its_instances_as_atoms() 
     let placed = fleet.reserve(&fleet.owner, "mig", request(&pool, DeviceClass::GpuMig, 3)).await.expect("reserve");
     assert_eq!(placed.reservation.allocations[0].devices.len(), 3);
 }
+
+#[tokio::test]
+async fn a_gpu_in_mig_mode_without_instances_is_never_an_atom() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("h100", Sharing::Exclusive, None).await;
+    let mut document = machine("gpu-a", 2);
+    document.gpus[0].mig_enabled = true;
+    let (joined, _) = join(&fleet, &pool, &document).await;
+    let node = joined.node_id.as_str();
+    assert_eq!(scalar_i64(&fleet, "SELECT count(*) FROM devices WHERE node_id = $1 AND bookable", node).await, 1);
+    let idle = document.gpus[0].info.uuid.to_string();
+    assert_eq!(scalar_i64(&fleet, "SELECT count(*) FROM devices WHERE id = $1 AND NOT bookable", &idle).await, 1);
+}
