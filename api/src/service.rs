@@ -89,7 +89,15 @@ pub async fn serve_on(
     let daemon =
         tokio::spawn(framework::run_daemon(db.clone(), models::read_models(), DaemonConfig::default(), stopped));
     let state = AppState::new(db, auth).context("check the method table")?;
+    let hub = Arc::clone(&state.events);
     let router = http::router(state);
+    // On the signal the listener stops accepting, in-flight requests finish, and event streams end with a
+    // `retry:` hint instead of holding the shutdown open; then the worker and the projection daemon stop and
+    // give up their leases at once.
+    let shutdown = async move {
+        shutdown.await;
+        hub.close();
+    };
     let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await.context("serve HTTP");
     let _ = stop_background.send(true);
     worker.await.context("stop the worker")?;

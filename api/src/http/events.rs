@@ -80,12 +80,21 @@ pub struct EventHub {
     started: OnceLock<Position>,
     /// The position of the last event published (or where the hub started).
     published: std::sync::Mutex<Option<Position>>,
+    /// Set when the server shuts down: every stream ends, telling its client when to come back.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl EventHub {
     pub fn new(db: Db, config: EventsConfig) -> Self {
         let (sender, _) = broadcast::channel(config.buffer.max(1));
-        EventHub { db, config, sender, started: OnceLock::new(), published: std::sync::Mutex::new(None) }
+        let (closing, _) = tokio::sync::watch::channel(false);
+        EventHub { db, config, sender, started: OnceLock::new(), published: std::sync::Mutex::new(None), closing }
+    }
+
+    /// Ends every stream (the server is shutting down): each tells its client where to resume and when to
+    /// reconnect, so a graceful shutdown does not wait for subscribers to leave.
+    pub fn close(&self) {
+        self.closing.send_replace(true);
     }
 
     /// How far the hub has published; `None` before it started.
@@ -197,6 +206,9 @@ pub enum Item {
     CutOff { resume_after: Position },
     /// Reading the log failed; the subscriber may resume after `resume_after`.
     Failed { resume_after: Position },
+    /// The server is shutting down; the subscriber may resume after `resume_after` (on another process, or
+    /// this one once it is back).
+    Closing { resume_after: Position },
 }
 
 /// Every event after `after` that `filter` admits, once each, in log order: a catch-up from the log, then the
@@ -204,6 +216,7 @@ pub enum Item {
 pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl Stream<Item = Item> + Send {
     async_stream::stream! {
         let mut live = hub.subscribe();
+        let mut closing = hub.closing.subscribe();
         let mut last = after;
         loop {
             let batch = match read(&hub.db, last, hub.config.batch).await {
@@ -260,7 +273,16 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
                     };
                 }
             }
-            match live.recv().await {
+            let received = tokio::select! {
+                biased;
+                _ = closing.wait_for(|closed| *closed) => None,
+                received = live.recv() => Some(received),
+            };
+            let Some(received) = received else {
+                yield Item::Closing { resume_after: last };
+                return;
+            };
+            match received {
                 Ok(delivered) if delivered.position <= last => {}
                 Ok(delivered) => {
                     fill_to = delivered.prev;
@@ -276,6 +298,9 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
         }
     }
 }
+
+/// The `retry:` a stream ends with when the server shuts down: when an EventSource client reconnects.
+pub const CLOSING_RETRY: Duration = Duration::from_secs(1);
 
 /// Query of `GET /v1/events`.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
@@ -346,6 +371,9 @@ pub async fn stream(
             Item::Failed { resume_after } => Event::default().event("error").data(
                 json!({ "reason": "reading the event log failed", "resumeAfter": resume_after.to_string() })
                     .to_string(),
+            ),
+            Item::Closing { resume_after } => Event::default().event("closing").retry(CLOSING_RETRY).data(
+                json!({ "reason": "the server is shutting down", "resumeAfter": resume_after.to_string() }).to_string(),
             ),
         })
     });

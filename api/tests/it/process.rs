@@ -163,8 +163,30 @@ async fn migrate_then_serve_answers_healthz_and_stops_on_sigterm() {
     });
     let (status, body) = healthz(&server).await;
     assert_eq!(status, 200, "{body}");
+    // An open event stream does not hold the shutdown: it ends with where to resume and when to reconnect.
+    let mut stream = reqwest::Client::new()
+        .get(format!("{}/v1/events", server.base_url))
+        .bearer_auth(crate::http_api::ROOT)
+        .send()
+        .await
+        .expect("the event stream");
+    assert_eq!(stream.status().as_u16(), 200);
     server.signal("TERM");
+    let mut text = String::new();
+    while let Some(chunk) = tokio::time::timeout(WAIT, stream.chunk()).await.expect("the stream ends").expect("read") {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(text.contains("event: closing") && text.contains("retry: 1000"), "{text}");
+    assert!(text.contains("resumeAfter"), "{text}");
     assert!(server.wait().success(), "a clean exit on SIGTERM");
+    // Its leases were given up at once, for another process to take without waiting for them to expire.
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let held: i64 = sql::query_scalar("SELECT count(*) FROM leases WHERE expires_at > compute_now()")
+        .fetch_one(tx.conn())
+        .await
+        .expect("leases");
+    tx.commit().await.expect("commit");
+    assert_eq!(held, 0, "no lease is still held after a graceful shutdown");
 }
 
 /// Lists `path` as `token` until `done` holds for its items (the read models catch up in the background).
