@@ -287,3 +287,56 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     assert!(!dev_cluster(&data_dir).is_running());
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+/// A call to the server as the platform: its status and error code.
+async fn call(server: &Server, method: reqwest::Method, path: &str, body: Option<serde_json::Value>) -> (u16, String) {
+    let mut request = reqwest::Client::new()
+        .request(method, format!("{}{path}", server.base_url))
+        .bearer_auth(crate::http_api::ROOT)
+        .header("idempotency-key", bc_domain::id::new_id("k"));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("the server answers");
+    let status = response.status().as_u16();
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    (status, body["error"]["code"].as_str().unwrap_or_default().to_owned())
+}
+
+#[tokio::test]
+async fn serve_answers_unavailable_while_its_database_restarts_and_recovers_by_itself() {
+    let scratch = testing::ScratchCluster::start(None);
+    scratch.create_database("bc").await;
+    let mut server = Server::start({
+        let mut c = command(&["serve", "--listen", "127.0.0.1:0", "--auth-config"]);
+        c.arg(auth_file("restart", crate::http_api::AUTH))
+            .env("BETTER_COMPUTE_DATABASE_URL", scratch.cluster.url("bc"));
+        c
+    });
+    let site = |name: &str| serde_json::json!({ "name": name, "iamRegion": "eu-central-1" });
+    assert_eq!(call(&server, reqwest::Method::POST, "/v1/sites", Some(site("before"))).await.0, 201);
+
+    scratch.cluster.stop(bc_eventstore::cluster::StopMode::Fast).expect("stop the database");
+    for path in ["/v1/sites", "/v1/healthz"] {
+        let (status, code) = call(&server, reqwest::Method::GET, path, None).await;
+        assert_eq!((status, code.as_str()), (503, "UNAVAILABLE"), "{path} while the database is down");
+    }
+    let (status, code) = call(&server, reqwest::Method::POST, "/v1/sites", Some(site("during"))).await;
+    assert_eq!((status, code.as_str()), (503, "UNAVAILABLE"), "a command while the database is down");
+
+    scratch.cluster.start().expect("start the database again");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, code) = call(&server, reqwest::Method::POST, "/v1/sites", Some(site("after"))).await;
+        if status == 201 {
+            break;
+        }
+        assert_eq!((status, code.as_str()), (503, "UNAVAILABLE"), "only a clear 503 until the pool reconnects");
+        assert!(Instant::now() < deadline, "the service never resumed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, _) = call(&server, reqwest::Method::GET, "/v1/sites", None).await;
+    assert_eq!(status, 200);
+    server.signal("TERM");
+    assert!(server.wait().success(), "it never crashed, and stops cleanly");
+}
