@@ -119,6 +119,36 @@ enum BenchCommand {
     /// Reserve-then-release cycles through the HTTP API next to the command layer at 16 clients, and SSE fan-out:
     /// commit-to-delivery latency to many subscribers while reservations are made.
     Http(BenchHttpArgs),
+    /// Simulated machines joined through the join command, heartbeats per second through the command layer and
+    /// the HTTP API beside pgbench's one-row INSERT, and how long a stopped agent's node stays schedulable.
+    Agents(BenchAgentsArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchAgentsArgs {
+    /// Simulated machines (1xH100 each) joined before the runs.
+    #[arg(long, default_value_t = 5000)]
+    agents: usize,
+
+    /// Seconds per heartbeat throughput run (eight runs, plus two pgbench runs).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+
+    /// The liveness lease in milliseconds during the detection run; agents heartbeat every quarter of it.
+    #[arg(long, default_value_t = 4000)]
+    lease_ms: u64,
+
+    /// Agents stopped one at a time in the detection run.
+    #[arg(long, default_value_t = 5)]
+    samples: usize,
+
+    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+
+    /// Keep the cluster's folder afterwards.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Debug, Args)]
@@ -356,6 +386,17 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 run_for: Duration::from_secs(args.seconds.max(1)),
                 subscribers: args.subscribers,
                 rate: args.rate.max(1),
+                data_dir: args.data_dir,
+                keep: args.keep,
+            })
+            .await
+        }
+        Command::Bench(BenchCommand::Agents(args)) => {
+            bc_api::bench::agents(bc_api::bench::AgentsBenchConfig {
+                agents: args.agents.max(1),
+                run_for: Duration::from_secs(args.seconds.max(1)),
+                lease: Duration::from_millis(args.lease_ms.max(100)),
+                samples: args.samples.max(1),
                 data_dir: args.data_dir,
                 keep: args.keep,
             })

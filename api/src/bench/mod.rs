@@ -1,6 +1,7 @@
 //! Benchmarks, each on a durable private cluster of its own, printing ratios against baselines measured in the
 //! same run on the same cluster (the machine is shared and noisy, so raw rates mean little).
 
+pub mod agents;
 pub mod append;
 pub mod http;
 pub mod projections;
@@ -17,6 +18,7 @@ use bc_eventstore::migrate::Migrator;
 use bc_eventstore::{Db, DbConfig};
 use sqlx::{ConnectOptions as _, Connection as _};
 
+pub use agents::{AgentsBenchConfig, agents};
 pub use append::{AppendBenchConfig, append};
 pub use http::{HttpBenchConfig, http};
 pub use projections::{ProjectionsBenchConfig, projections};
