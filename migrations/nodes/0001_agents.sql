@@ -102,3 +102,33 @@ CREATE TABLE node_commands (
 );
 CREATE INDEX node_commands_queued ON node_commands (node_id, seq) WHERE state = 'queued';
 CREATE INDEX node_commands_reservation ON node_commands (reservation_id) WHERE reservation_id IS NOT NULL;
+
+-- A heartbeat in one call, keyed by the SHA-256 of the node's (confirmed) credential: renew the current session's
+-- lease and answer what the reply needs. A function so that PostgreSQL keeps its plan for the session (an
+-- unnamed statement would be planned on every heartbeat). No row: the credential is unknown or not yet
+-- confirmed, or the session is not the node's current one; the caller then takes the slow path that says which.
+CREATE FUNCTION agent_heartbeat(p_secret_sha256 text, p_session_id text, p_lease_secs double precision, p_clock_ms bigint)
+RETURNS TABLE (
+    node_id text, pool_id text, tenant_id text, expires_ms bigint, clock_skew_ms bigint, connectivity text,
+    generation bigint, observed_generation bigint, spec text, skew_raised boolean, waiting boolean
+)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH s AS (
+        UPDATE agent_sessions AS a
+           SET heartbeat_at = compute_now(), expires_at = compute_now() + make_interval(secs => p_lease_secs),
+               heartbeats = a.heartbeats + 1, clock_skew_ms = p_clock_ms - ts_ms(compute_db_clock())
+          FROM node_credentials AS c
+         WHERE c.secret_sha256 = p_secret_sha256 AND c.confirmed AND a.node_id = c.node_id
+           AND a.session_id = p_session_id
+        RETURNING a.node_id, a.clock_skew_ms, ts_ms(a.expires_at) AS expires_ms)
+    SELECT s.node_id, n.pool_id, p.owner_tenant_id, s.expires_ms, s.clock_skew_ms, n.connectivity, n.generation,
+           n.observed_generation, n.spec::text, n.conditions @> '[{"type": "ClockSkew"}]'::jsonb,
+           EXISTS (SELECT 1 FROM node_commands AS q
+                   WHERE q.node_id = n.id AND q.state = 'queued' AND q.not_before <= compute_now())
+    FROM s JOIN nodes AS n ON n.id = s.node_id JOIN pools AS p ON p.id = n.pool_id;
+END
+$$;

@@ -499,8 +499,10 @@ impl App {
                         expires_at_ms,
                         at_ms,
                     });
+                    // Each token is a stream of its own, so that tokens issued at once for one pool never race
+                    // for the pool stream's next version.
                     let position =
-                        record(tx, caller, pool_id.as_str(), &pool.owner_tenant_id, ExpectedVersion::Any, vec![event])
+                        record(tx, caller, id.as_str(), &pool.owner_tenant_id, ExpectedVersion::Exact(0), vec![event])
                             .await?;
                     Ok(Committed {
                         value: IssuedJoinToken {
@@ -800,6 +802,45 @@ impl App {
             ))
             .into());
         };
+        self.finish_heartbeat(node, beat, &row).await
+    }
+
+    /// A heartbeat authenticated by the node credential itself, in one call of `agent_heartbeat` (the lookup and
+    /// the renewal together, with a plan PostgreSQL keeps). A credential that is unknown or not yet confirmed, or
+    /// a session that is not current, takes the slow path, which says which it is (or confirms the credential).
+    pub async fn heartbeat_with_credential(&self, credential: &str, beat: &Heartbeat) -> AppResult<HeartbeatReply> {
+        if !credential.starts_with(CREDENTIAL_PREFIX) {
+            return Err(Rejection::Unauthenticated(format!("a node credential starts with {CREDENTIAL_PREFIX}")).into());
+        }
+        let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
+        let row = sql::query("SELECT * FROM agent_heartbeat($1, $2, $3, $4)")
+            .bind(bc_domain::sha256_hex(credential))
+            .bind(beat.session_id.as_str())
+            .bind(self.liveness.lease.as_secs_f64())
+            .bind(beat.clock_ms)
+            .fetch_optional(tx.conn())
+            .await?;
+        tx.commit().await?;
+        let Some(row) = row else {
+            let node = self.authenticate_node(credential).await?;
+            return self.heartbeat(&node, beat).await;
+        };
+        let text = |column: &str| -> AppResult<String> { Ok(row.try_get::<String, _>(column)?) };
+        let node = NodeAuth {
+            node_id: text("node_id")?.parse().map_err(|err| corrupt("agent_heartbeat.node_id", err))?,
+            pool_id: text("pool_id")?.parse().map_err(|err| corrupt("agent_heartbeat.pool_id", err))?,
+            tenant_id: text("tenant_id")?.parse().map_err(|err| corrupt("agent_heartbeat.tenant_id", err))?,
+        };
+        self.finish_heartbeat(&node, beat, &row).await
+    }
+
+    /// What a renewed session's row calls for: the log's changes when there are any, and the reply.
+    async fn finish_heartbeat(
+        &self,
+        node: &NodeAuth,
+        beat: &Heartbeat,
+        row: &sqlx::postgres::PgRow,
+    ) -> AppResult<HeartbeatReply> {
         let connectivity: String = row.try_get("connectivity")?;
         let generation = row.try_get::<i64, _>("generation")?.max(0) as u64;
         let observed = row.try_get::<i64, _>("observed_generation")?.max(0) as u64;

@@ -26,12 +26,25 @@ impl axum::extract::FromRequestParts<AppState> for NodeAuthed {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let NodeCredential(credential) = NodeCredential::from_request_parts(parts, state).await?;
+        Ok(NodeAuthed(state.app.authenticate_node(&credential).await?))
+    }
+}
+
+/// The node credential a request carries, not yet looked up (the heartbeat looks it up in its own statement).
+#[derive(Debug, Clone)]
+pub struct NodeCredential(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for NodeCredential {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         let header = parts.headers.get("authorization").and_then(|v| v.to_str().ok());
         let Some(credential) = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
         else {
             return Err(ApiError::unauthenticated("send the node credential as `Authorization: Bearer nc_...`"));
         };
-        Ok(NodeAuthed(state.app.authenticate_node(credential.trim()).await?))
+        Ok(NodeCredential(credential.trim().to_owned()))
     }
 }
 
@@ -97,10 +110,10 @@ pub async fn rotate_credential(
 )]
 pub async fn heartbeat(
     State(state): State<AppState>,
-    NodeAuthed(node): NodeAuthed,
+    NodeCredential(credential): NodeCredential,
     JsonBody(body): JsonBody<Heartbeat>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(state.app.heartbeat(&node, &body).await?).into_response())
+    Ok(Json(state.app.heartbeat_with_credential(&credential, &body).await?).into_response())
 }
 
 /// `POST /v1/agent/inventory`: the node's inventory, only the changed sections with every hash.

@@ -630,3 +630,46 @@ async fn a_gpu_in_mig_mode_without_instances_is_never_an_atom() {
     let idle = document.gpus[0].info.uuid.to_string();
     assert_eq!(scalar_i64(&fleet, "SELECT count(*) FROM devices WHERE id = $1 AND NOT bookable", &idle).await, 1);
 }
+
+#[tokio::test]
+async fn a_heartbeat_by_credential_renews_in_one_call_and_says_what_is_wrong_otherwise() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("h100", Sharing::Exclusive, None).await;
+    let (a, _) = join(&fleet, &pool, &machine("gpu-a", 1)).await;
+    let (b, _) = join(&fleet, &pool, &machine("gpu-b", 1)).await;
+    let beat = |session: &Joined| Heartbeat {
+        session_id: session.session.session_id.clone(),
+        observed_generation: 1,
+        clock_ms: now_ms(),
+    };
+    let reply = fleet.app.heartbeat_with_credential(&a.credential, &beat(&a)).await.expect("heartbeat");
+    assert_eq!((reply.generation, reply.spec.is_none()), (1, true));
+    assert_eq!(
+        scalar_i64(&fleet, "SELECT count(*) FROM nodes WHERE id = $1 AND schedulable", a.node_id.as_str()).await,
+        1
+    );
+    // A's credential with B's session: refused, B untouched.
+    let err = fleet.app.heartbeat_with_credential(&a.credential, &beat(&b)).await.expect_err("B's session");
+    assert_eq!(code(&err), "CONFLICT");
+    assert_eq!(
+        scalar_i64(&fleet, "SELECT heartbeats FROM agent_sessions WHERE node_id = $1", b.node_id.as_str()).await,
+        0
+    );
+    let err = fleet.app.heartbeat_with_credential("nc_unknown", &beat(&a)).await.expect_err("unknown");
+    assert_eq!(code(&err), "UNAUTHENTICATED");
+    // A rotated credential's first heartbeat confirms it.
+    let auth = fleet.app.authenticate_node(&a.credential).await.expect("auth");
+    let rotated = fleet.app.rotate_credential(&auth).await.expect("rotate");
+    fleet.app.heartbeat_with_credential(&rotated, &beat(&a)).await.expect("with the new credential");
+    assert_eq!(code(&fleet.app.authenticate_node(&a.credential).await.expect_err("old")), "UNAUTHENTICATED");
+}
+
+#[tokio::test]
+async fn join_tokens_for_one_pool_can_be_issued_at_once() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("h100", Sharing::Exclusive, None).await;
+    let issues = (0..16).map(|_| fleet.app.create_join_token(&fleet.owner, &pool, 3600));
+    let tokens = futures_util::future::try_join_all(issues).await.expect("every token");
+    let distinct: std::collections::BTreeSet<_> = tokens.iter().map(|t| t.value.token.clone()).collect();
+    assert_eq!(distinct.len(), 16);
+}
