@@ -313,3 +313,79 @@ mod tests {
         assert!(matches!(report.apply(None), Err(ReportError::Schema(_))));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::device::GpuInfo;
+
+    fn document() -> impl Strategy<Value = NodeInventory> {
+        let gpu = ("[0-9a-f]{8}", 0u64..200_000, proptest::option::of("[0-9A-Z]{6}"), any::<bool>()).prop_map(
+            |(id, memory_mib, serial, mig_enabled)| GpuSection {
+                info: GpuInfo {
+                    uuid: format!("GPU-{id}").parse().expect("a GPU id"),
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    memory_mib,
+                    pci_bus_id: None,
+                    mig_instances: Vec::new(),
+                },
+                serial,
+                mig_enabled,
+                nvlink_peers: Vec::new(),
+            },
+        );
+        let nic = ("[a-z]{2,5}[0-9]", "[0-9a-f]{2}(:[0-9a-f]{2}){5}").prop_map(|(name, mac)| NicSection {
+            name,
+            mac,
+            speed_mbps: None,
+            pci_bus_id: None,
+        });
+        let disk = ("[a-z]{3}[0-9]", any::<u64>()).prop_map(|(name, size_bytes)| DiskSection {
+            name,
+            serial: None,
+            size_bytes,
+        });
+        (
+            "[a-z][a-z0-9-]{0,12}",
+            proptest::collection::vec(gpu, 0..4),
+            proptest::collection::vec(nic, 0..3),
+            proptest::collection::vec(disk, 0..3),
+        )
+            .prop_map(|(hostname, gpus, nics, disks)| {
+                let mut document = NodeInventory::new(SystemSection { hostname, ..SystemSection::default() });
+                document.gpus = gpus;
+                document.nics = nics;
+                document.disks = disks;
+                document
+            })
+    }
+
+    proptest! {
+        /// Whatever the control plane holds and whatever the machine has now, a report built against the held
+        /// hashes carries only the sections that differ, and applying it rebuilds exactly the new document.
+        #[test]
+        fn a_report_against_the_held_document_rebuilds_the_new_one(held in document(), now in document()) {
+            let report = now.report(&held.hashes());
+            for section in Section::ALL {
+                let sent = match section {
+                    Section::System => report.system.is_some(),
+                    Section::Gpus => report.gpus.is_some(),
+                    Section::Nics => report.nics.is_some(),
+                    Section::Disks => report.disks.is_some(),
+                };
+                prop_assert_eq!(sent, held.hash(section) != now.hash(section), "{:?}", section);
+            }
+            prop_assert_eq!(report.apply(Some(&held)).expect("applies"), now);
+        }
+
+        /// Any JSON body is either refused or applied, never a panic.
+        #[test]
+        fn any_report_body_is_refused_or_applied(body in "\\PC{0,200}") {
+            if let Ok(report) = serde_json::from_str::<InventoryReport>(&body) {
+                let _ = report.apply(None);
+            }
+        }
+    }
+}

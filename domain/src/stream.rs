@@ -73,3 +73,48 @@ macro_rules! into_any {
 }
 
 into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation);
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::AnyEvent;
+    use crate::event::DomainEvent as _;
+
+    fn every_type() -> Vec<&'static str> {
+        [
+            crate::site::SiteEvent::event_types(),
+            crate::site::ProjectEvent::event_types(),
+            crate::pool::PoolEvent::event_types(),
+            crate::node::NodeEvent::event_types(),
+            crate::reservation::ReservationEvent::event_types(),
+        ]
+        .concat()
+    }
+
+    proptest! {
+        /// Payload bytes of any shape, under any event type and schema version, decode or are refused: a
+        /// corrupt or hostile payload never panics a reader.
+        #[test]
+        fn any_payload_decodes_or_is_refused(index in 0usize..1000, version in -2i16..4, payload in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let types = every_type();
+            let event_type = types[index % types.len()];
+            let _ = AnyEvent::decode(event_type, version, &payload);
+        }
+
+        /// MessagePack maps with the right field names but values of any type are refused cleanly too.
+        #[test]
+        fn well_formed_maps_with_wrong_values_are_refused_cleanly(index in 0usize..1000, value in any::<i64>(), text in "\\PC{0,20}") {
+            let types = every_type();
+            let event_type = types[index % types.len()];
+            let map = rmpv::Value::Map(vec![
+                (rmpv::Value::from("nodeId"), rmpv::Value::from(text.as_str())),
+                (rmpv::Value::from("atMs"), rmpv::Value::from(value)),
+                (rmpv::Value::from("poolId"), rmpv::Value::from(value)),
+            ]);
+            let mut bytes = Vec::new();
+            rmpv::encode::write_value(&mut bytes, &map).expect("encode");
+            let _ = AnyEvent::decode(event_type, 1, &bytes);
+        }
+    }
+}

@@ -162,3 +162,33 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::Position;
+
+    proptest! {
+        /// Every position a reader can hand out parses back to itself.
+        #[test]
+        fn a_position_round_trips_through_its_text(epoch in 0..=i32::MAX as u32, txid: u64, seq in 0..=i64::MAX as u64) {
+            let position = Position { epoch, txid, seq };
+            prop_assert_eq!(position.to_string().parse::<Position>().expect("parses"), position);
+        }
+
+        /// Any text is answered, never a panic; what parses prints back to the same text.
+        #[test]
+        fn any_text_parses_or_is_refused(text in "\\PC{0,40}") {
+            if let Ok(position) = text.parse::<Position>() {
+                prop_assert_eq!(position.to_string(), text);
+            }
+        }
+
+        /// Texts shaped like positions, with leading zeros, signs and huge numbers, never panic either.
+        #[test]
+        fn near_misses_are_refused_cleanly(text in "[-+0-9]{0,25}(-[-+0-9]{0,25}){0,3}") {
+            let _ = text.parse::<Position>();
+        }
+    }
+}
