@@ -581,3 +581,57 @@ async fn the_openapi_document_lists_every_route_and_only_routed_paths() {
     }
     assert_eq!(doc.body["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
 }
+
+#[tokio::test]
+async fn a_customer_offered_a_pool_cannot_operate_its_nodes_and_nothing_is_written() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let mut tx = api.fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let node: String =
+        sql::query_scalar("SELECT id FROM nodes ORDER BY id LIMIT 1").fetch_one(tx.conn()).await.expect("a node");
+    tx.commit().await.expect("commit");
+    let missing = "node_01m8q000000000000000000001";
+    let before = api.events().await;
+    let calls: [(&str, &str, Option<Value>); 8] = [
+        ("POST", "/drain", Some(json!({ "force": true }))),
+        ("DELETE", "?force=true", None),
+        ("PUT", "/spec", Some(json!({ "labels": { "a": "b" } }))),
+        ("POST", "/commands", Some(json!({ "kind": "probe" }))),
+        ("GET", "/commands", None),
+        ("GET", "/inventory", None),
+        ("POST", "/cordon", None),
+        ("POST", "/maintenance/start", None),
+    ];
+    for token in [ALICE, GUS] {
+        for (method, tail, body) in &calls {
+            let theirs = api
+                .call(method, &format!("/v1/nodes/{node}{tail}"), Some(token), &[], body.as_ref().map(Value::to_string))
+                .await;
+            // The node is in a pool offered to them, so they may see it: refused with the reason, not hidden.
+            assert_eq!(theirs.status, StatusCode::FORBIDDEN, "{method} {tail}: {:?}", theirs.body);
+            assert!(
+                theirs.body["error"]["message"].as_str().is_some_and(|m| m.contains("operator")),
+                "{:?}",
+                theirs.body
+            );
+            let nobody = api
+                .call(
+                    method,
+                    &format!("/v1/nodes/{missing}{tail}"),
+                    Some(token),
+                    &[],
+                    body.as_ref().map(Value::to_string),
+                )
+                .await;
+            assert_eq!(nobody.status, StatusCode::NOT_FOUND, "{method} {tail}");
+        }
+        // Offered the pool as a user, a customer may not admit machines into it.
+        let token_call = api.post(&format!("/v1/pools/{pool}/join-tokens"), token, json!({})).await;
+        assert!(matches!(token_call.status, StatusCode::FORBIDDEN | StatusCode::NOT_FOUND), "{:?}", token_call.body);
+    }
+    assert_eq!(api.events().await, before, "nothing was written");
+    // The platform's operator can.
+    let issued = api.post(&format!("/v1/pools/{pool}/join-tokens"), ROOT, json!({ "ttlSeconds": 600 })).await;
+    assert_eq!(issued.status, StatusCode::CREATED, "{:?}", issued.body);
+    assert!(issued.body["token"].as_str().is_some_and(|t| t.starts_with("jt_")));
+}
