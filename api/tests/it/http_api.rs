@@ -635,3 +635,97 @@ async fn a_customer_offered_a_pool_cannot_operate_its_nodes_and_nothing_is_writt
     assert_eq!(issued.status, StatusCode::CREATED, "{:?}", issued.body);
     assert!(issued.body["token"].as_str().is_some_and(|t| t.starts_with("jt_")));
 }
+
+/// A body each route accepts far enough to reach its authorization.
+fn body_for(method: &str, path: &str, pool: &str) -> Option<Value> {
+    if method == "GET" || method == "DELETE" {
+        return None;
+    }
+    Some(match path {
+        "/v1/reservations" => reservation(pool, 1, 3600),
+        "/v1/pools" => json!({ "siteId": "site_01m8q000000000000000000001", "name": "p", "class": "metal-host",
+                               "gpuModel": "H100", "sharing": "exclusive" }),
+        "/v1/nodes" => json!({ "poolId": pool, "name": "n", "role": "host", "trust": "platform",
+                               "gpus": [{ "uuid": "GPU-x", "name": "NVIDIA H100 80GB HBM3" }] }),
+        "/v1/pools/{pool_id}/offers" => json!({ "tenantId": "globex", "quota": { "gpu": 1 } }),
+        "/v1/pools/{pool_id}/offers/{tenant_id}/quota" => json!({ "quota": { "gpu": 99 } }),
+        "/v1/reservations/{reservation_id}/extend" => json!({ "end": T0 + 5 * HOUR }),
+        "/v1/nodes/{node_id}/spec" => json!({ "labels": {} }),
+        "/v1/nodes/{node_id}/commands" => json!({ "kind": "probe" }),
+        _ => json!({}),
+    })
+}
+
+#[tokio::test]
+async fn every_route_answers_another_tenants_ids_exactly_as_ids_that_do_not_exist() {
+    let api = Api::new().await;
+    // A pool of the platform offered to acme only, with nodes, and acme's reservation in it.
+    let pool = api.fleet.pool("private", Sharing::Exclusive, None).await;
+    api.fleet.node(&pool, "p", 2, 0).await;
+    api.fleet.offer(&pool, "acme", 4).await;
+    let pool = pool.to_string();
+    let made = api.reserve(ALICE, "theirs", reservation(&pool, 1, 3600)).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let reservation_id = made.body["id"].as_str().expect("id").to_owned();
+    let mut tx = api.fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let node: String = sql::query_scalar("SELECT id FROM nodes WHERE pool_id = $1 LIMIT 1")
+        .bind(&pool)
+        .fetch_one(tx.conn())
+        .await
+        .expect("node");
+    tx.commit().await.expect("commit");
+    let site = api.fleet.site.to_string();
+    let real = [
+        ("{pool_id}", pool.clone()),
+        ("{node_id}", node.clone()),
+        ("{reservation_id}", reservation_id.clone()),
+        ("{site_id}", site.clone()),
+        ("{tenant_id}", "acme".to_owned()),
+        ("{command_id}", "cmd_01m8q000000000000000000002".to_owned()),
+    ];
+    let fake = [
+        ("{pool_id}", "pool_01m8q000000000000000000009".to_owned()),
+        ("{node_id}", "node_01m8q000000000000000000009".to_owned()),
+        ("{reservation_id}", "rsv_".to_owned() + &"b".repeat(52)),
+        ("{site_id}", "site_01m8q000000000000000000009".to_owned()),
+        ("{tenant_id}", "acme".to_owned()),
+        ("{command_id}", "cmd_01m8q000000000000000000002".to_owned()),
+    ];
+    let fill = |path: &str, ids: &[(&str, String)]| ids.iter().fold(path.to_owned(), |p, (k, v)| p.replace(k, v));
+    let secret_ids = [pool.as_str(), node.as_str(), reservation_id.as_str()];
+    catch_up(&api.fleet.t.db).await;
+    let before = api.events().await;
+    let mut checked = 0;
+    for route in bc_api::http::ROUTES {
+        // Routes a tenant uses on its own scope, which create in it, and the event stream (its own test).
+        if matches!(route.method, Some("sites.create" | "projects.create" | "events.stream")) {
+            continue;
+        }
+        let body = |ids: &[(&str, String)]| body_for(route.http, route.path, &fill("{pool_id}", ids));
+        let theirs =
+            api.call(route.http, &fill(route.path, &real), Some(GUS), &[], body(&real).map(|b| b.to_string())).await;
+        let nobody =
+            api.call(route.http, &fill(route.path, &fake), Some(GUS), &[], body(&fake).map(|b| b.to_string())).await;
+        let what = format!("{} {}", route.http, route.path);
+        let text = theirs.body.to_string();
+        for id in secret_ids {
+            // An id the caller sent may come back in a not-found message; anything else would leak it.
+            let sent = route.path.contains("{") && fill(route.path, &real).contains(id)
+                || body(&real).is_some_and(|b| b.to_string().contains(id));
+            assert!(sent || !text.contains(id), "{what} reveals {id}: {text}");
+        }
+        assert_eq!(theirs.status, nobody.status, "{what}: {} against {}", theirs.body, nobody.body);
+        if theirs.status.is_success() {
+            assert_eq!(route.http, "GET", "{what} succeeded for another tenant: {text}");
+        } else {
+            let strip = |reply: &Reply, ids: &[(&str, String)]| {
+                let message = reply.body["error"]["message"].as_str().unwrap_or_default().to_owned();
+                ids.iter().fold(message, |m, (_, v)| m.replace(v, "ID"))
+            };
+            assert_eq!(strip(&theirs, &real), strip(&nobody, &fake), "{what}: the answers differ");
+        }
+        checked += 1;
+    }
+    assert!(checked >= 40, "{checked} routes checked");
+    assert_eq!(api.events().await, before, "globex wrote nothing");
+}
