@@ -340,3 +340,89 @@ async fn serve_answers_unavailable_while_its_database_restarts_and_recovers_by_i
     server.signal("TERM");
     assert!(server.wait().success(), "it never crashed, and stops cleanly");
 }
+
+#[tokio::test]
+async fn a_backup_restored_into_a_younger_cluster_serves_new_events_to_read_models_and_resuming_streams() {
+    // The source: a fleet, a reservation, the read models caught up, and the position a client holds.
+    let api = crate::http_api::Api::new().await;
+    let pool = api.pool().await;
+    let body = serde_json::json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 3600 });
+    let made = api.reserve(crate::http_api::ALICE, "before", body).await;
+    assert_eq!(made.status.as_u16(), 201, "{:?}", made.body);
+    crate::read_models::catch_up(&api.fleet.t.db).await;
+    let held: String = made.header("x-position").expect("a position").to_owned();
+
+    // pg_dump, then pg_restore into a cluster whose transaction ids start lower, then migrate (which raises the
+    // log's epoch), then serve: the procedure of docs/operations.md.
+    let server = testing::server();
+    let dump = server.scratch_dir("backup").join("bc.dump");
+    std::fs::create_dir_all(dump.parent().expect("folder")).expect("folder");
+    let status = Command::new(server.bins().tool("pg_dump"))
+        .args(["-Fc", "-f"])
+        .arg(&dump)
+        .arg(api.fleet.t.url())
+        .status()
+        .expect("pg_dump");
+    assert!(status.success());
+    let target = testing::ScratchCluster::start(None);
+    target.create_database("restored").await;
+    let status = Command::new(server.bins().tool("pg_restore"))
+        .args(["--no-owner", "-d"])
+        .arg(target.cluster.url("restored"))
+        .arg(&dump)
+        .status()
+        .expect("pg_restore");
+    assert!(status.success());
+    let url = target.cluster.url("restored");
+    let migrated = command(&["migrate"]).env("BETTER_COMPUTE_DATABASE_URL", &url).output().expect("migrate");
+    assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+    let mut serve = Server::start({
+        let mut c = command(&["serve", "--no-migrate", "--listen", "127.0.0.1:0", "--auth-config"]);
+        c.arg(auth_file("restored", crate::http_api::AUTH)).env("BETTER_COMPUTE_DATABASE_URL", &url);
+        c
+    });
+    let client = reqwest::Client::new();
+    // A stream resumed from the position handed out before the restore gets exactly what comes after it.
+    let mut stream = client
+        .get(format!("{}/v1/events?types=reservation.*", serve.base_url))
+        .bearer_auth(crate::http_api::ALICE)
+        .header("last-event-id", &held)
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(stream.status().as_u16(), 200);
+    let created = client
+        .post(format!("{}/v1/reservations", serve.base_url))
+        .bearer_auth(crate::http_api::ALICE)
+        .header("idempotency-key", "after")
+        .json(&serde_json::json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 3600 }))
+        .send()
+        .await
+        .expect("reserve");
+    assert_eq!(created.status().as_u16(), 201);
+    let position = created.headers()["x-position"].to_str().expect("position").to_owned();
+    let id = created.json::<serde_json::Value>().await.expect("json")["id"].as_str().expect("id").to_owned();
+    assert!(position.starts_with("2-"), "new events carry the raised epoch: {position}");
+    let mut text = String::new();
+    while !text.contains(&position) {
+        let chunk = tokio::time::timeout(WAIT, stream.chunk()).await.expect("the new event arrives").expect("read");
+        text.push_str(&String::from_utf8_lossy(&chunk.expect("the stream stays open")));
+    }
+    assert!(text.contains(&id), "the new reservation streamed: {text}");
+    assert!(!text.contains(&format!("id: {held}\n")), "nothing at or before the held position again: {text}");
+    // The read models follow the new events: reading after the new position shows the new reservation.
+    let listed: serde_json::Value = client
+        .get(format!("{}/v1/reservations?after={position}", serve.base_url))
+        .bearer_auth(crate::http_api::ALICE)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    let ids: Vec<&str> = listed["items"].as_array().expect("items").iter().filter_map(|r| r["id"].as_str()).collect();
+    assert!(ids.contains(&id.as_str()) && ids.len() == 2, "both reservations, old and new: {listed}");
+    drop(stream);
+    serve.signal("TERM");
+    assert!(serve.wait().success());
+}
