@@ -245,43 +245,10 @@ fn disk(dir: &Path, name: &str) -> Option<DiskSection> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
 
     use super::*;
 
-    /// A fixture tree under the temporary directory, removed when dropped.
-    struct Fixture(PathBuf);
-
-    impl Fixture {
-        fn new(name: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("bc-agent-host-{name}-{}", std::process::id()));
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir_all(&dir).expect("create the fixture directory");
-            Fixture(dir)
-        }
-
-        fn file(&self, relative: &str, text: &str) {
-            let path = self.0.join(relative);
-            fs::create_dir_all(path.parent().expect("a parent")).expect("create directories");
-            fs::write(path, text).expect("write a fixture file");
-        }
-
-        fn dir(&self, relative: &str) {
-            fs::create_dir_all(self.0.join(relative)).expect("create a fixture directory");
-        }
-
-        fn link(&self, relative: &str, target: &str) {
-            let path = self.0.join(relative);
-            fs::create_dir_all(path.parent().expect("a parent")).expect("create directories");
-            std::os::unix::fs::symlink(target, path).expect("create a fixture link");
-        }
-    }
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::fixture::Fixture;
 
     const X86_CPUINFO: &str = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9454 48-Core \
         Processor\ncpu cores\t: 48\n\nprocessor\t: 1\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9454 \
@@ -333,7 +300,7 @@ mod tests {
 
     #[test]
     fn a_fixture_machine_reads_into_its_sections() {
-        let root = Fixture::new("machine");
+        let root = Fixture::new("host-machine");
         root.file("proc/sys/kernel/hostname", "gpu-01\n");
         root.file("etc/machine-id", "0f1e2d3c4b5a69788796a5b4c3d2e1f0\n");
         root.file("sys/class/dmi/id/product_uuid", "4c4c4544-0042-3510-8051-b4c04f4e3332\n");
@@ -361,7 +328,7 @@ mod tests {
 
     #[test]
     fn an_empty_root_gives_defaults_without_failing() {
-        let root = Fixture::new("empty");
+        let root = Fixture::new("host-empty");
         let system = system_section_at(&root.0, None);
         assert_eq!(system.hostname, "localhost");
         assert_eq!((system.machine_id, system.product_uuid, system.board_serial), (None, None, None));
@@ -377,7 +344,7 @@ mod tests {
 
     #[test]
     fn only_physical_nics_are_listed_with_their_permanent_mac_and_pci_address() {
-        let root = Fixture::new("nics");
+        let root = Fixture::new("host-nics");
         root.dir("sys/devices/pci0000:00/0000:00:03.0/virtio2");
         root.dir("sys/devices/pci0000:17/0000:18:00.0");
         root.dir("sys/devices/pci0000:17/0000:18:00.1");
@@ -418,7 +385,7 @@ mod tests {
 
     #[test]
     fn only_physical_disks_are_listed_with_size_and_serial() {
-        let root = Fixture::new("disks");
+        let root = Fixture::new("host-disks");
         root.file("sys/block/nvme1n1/size", "7501476528\n");
         root.file("sys/block/nvme1n1/device/serial", "  S64ANS0T512345  \n");
         root.file("sys/block/nvme1n1/wwid", "eui.36344730545123450025384500000001\n");

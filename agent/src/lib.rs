@@ -6,6 +6,8 @@
 //! The agent links `bc-domain` for the protocol's types, never sqlx or axum.
 
 pub mod cdi;
+#[cfg(test)]
+mod fixture;
 pub mod host;
 pub mod mig;
 pub mod nvml;

@@ -179,33 +179,10 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
 
     use super::*;
 
-    /// A fixture tree under the temporary directory, removed when dropped.
-    struct Fixture(PathBuf);
-
-    impl Fixture {
-        fn new(name: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("bc-agent-mig-{name}-{}", std::process::id()));
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir_all(&dir).expect("create the fixture directory");
-            Fixture(dir)
-        }
-
-        fn file(&self, relative: &str, text: &str) {
-            let path = self.0.join(relative);
-            fs::create_dir_all(path.parent().expect("a parent")).expect("create directories");
-            fs::write(path, text).expect("write a fixture file");
-        }
-    }
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::fixture::Fixture;
 
     const ACCESS: &str = "DeviceFileMinor: 66\nDeviceFileMode: 292\nDeviceFileModify: 1\n";
 
@@ -223,7 +200,7 @@ mod tests {
 
     #[test]
     fn the_capability_tree_lists_each_compute_instance_sorted() {
-        let root = Fixture::new("tree");
+        let root = Fixture::new("mig-tree");
         // GPU 1 (minor 1): GPU instances 1, 2 and 10; instance 2 has two compute instances, instance 5 none.
         for gi in ["gi1", "gi2", "gi10", "gi5"] {
             root.file(&format!("gpu1/mig/{gi}/access"), ACCESS);

@@ -328,6 +328,28 @@ async fn record_node(
     Ok(())
 }
 
+/// The event that makes a node's condition `kind` follow `active`: raised (with `message`) when it becomes true,
+/// cleared when it stops being so, nothing when the node already agrees.
+fn follow_condition(
+    node_id: &NodeId,
+    state: &NodeState,
+    kind: ConditionType,
+    active: bool,
+    message: impl FnOnce() -> String,
+    at_ms: i64,
+) -> Option<NodeEvent> {
+    match (active, state.has(kind)) {
+        (true, false) => Some(NodeEvent::ConditionRaised(NodeConditionRaised {
+            node_id: node_id.clone(),
+            condition: Condition { kind, message: message(), since_ms: at_ms },
+        })),
+        (false, true) => {
+            Some(NodeEvent::ConditionCleared(NodeConditionCleared { node_id: node_id.clone(), kind, at_ms }))
+        }
+        _ => None,
+    }
+}
+
 /// The GPU changes between what a node has and what its inventory now reports.
 struct GpuChange {
     /// GPUs that are gone, and new ones.
@@ -369,22 +391,14 @@ async fn hardware_events(
     let change = gpu_change(&held, &gpus);
     let mut events = Vec::new();
     let count_mismatch = !held.is_empty() && held.len() != gpus.len();
-    if count_mismatch && !state.has(ConditionType::GpuCountMismatch) {
-        events.push(NodeEvent::ConditionRaised(NodeConditionRaised {
-            node_id: node_id.clone(),
-            condition: Condition {
-                kind: ConditionType::GpuCountMismatch,
-                message: format!("the inventory reports {} GPUs; the node holds {}", gpus.len(), held.len()),
-                since_ms: at_ms,
-            },
-        }));
-    } else if !count_mismatch && state.has(ConditionType::GpuCountMismatch) {
-        events.push(NodeEvent::ConditionCleared(NodeConditionCleared {
-            node_id: node_id.clone(),
-            kind: ConditionType::GpuCountMismatch,
-            at_ms,
-        }));
-    }
+    events.extend(follow_condition(
+        node_id,
+        state,
+        ConditionType::GpuCountMismatch,
+        count_mismatch,
+        || format!("the inventory reports {} GPUs; the node holds {}", gpus.len(), held.len()),
+        at_ms,
+    ));
     let stored_key: Option<String> = sql::query_scalar("SELECT hardware_key FROM nodes WHERE id = $1")
         .bind(node_id.as_str())
         .fetch_one(tx.conn())
@@ -887,25 +901,18 @@ impl App {
                             at_ms,
                         }));
                     }
-                    let skewed = skew_ms.abs() > MAX_CLOCK_SKEW_MS;
-                    if skewed && !state.has(ConditionType::ClockSkew) {
-                        events.push(NodeEvent::ConditionRaised(NodeConditionRaised {
-                            node_id: node_id.clone(),
-                            condition: Condition {
-                                kind: ConditionType::ClockSkew,
-                                message: format!(
-                                    "the agent's clock is {skew_ms} ms off the database server's (limit {MAX_CLOCK_SKEW_MS} ms)"
-                                ),
-                                since_ms: at_ms,
-                            },
-                        }));
-                    } else if !skewed && state.has(ConditionType::ClockSkew) {
-                        events.push(NodeEvent::ConditionCleared(NodeConditionCleared {
-                            node_id: node_id.clone(),
-                            kind: ConditionType::ClockSkew,
-                            at_ms,
-                        }));
-                    }
+                    events.extend(follow_condition(
+                        node_id,
+                        &state,
+                        ConditionType::ClockSkew,
+                        skew_ms.abs() > MAX_CLOCK_SKEW_MS,
+                        || {
+                            format!(
+                                "the agent's clock is {skew_ms} ms off the database server's (limit {MAX_CLOCK_SKEW_MS} ms)"
+                            )
+                        },
+                        at_ms,
+                    ));
                     let frees = !events.is_empty();
                     record_node(tx, &node.caller(), node_id, &node.tenant_id, events).await?;
                     if frees {

@@ -161,6 +161,21 @@ impl Cluster {
         Cluster { t, base, pool, http: reqwest::Client::new(), root: tempdir::Dir::new(name), shutdown }
     }
 
+    /// Starts the agents of three machines and waits until their nodes are adopted, connected and schedulable.
+    async fn three_agents(&self) -> (Vec<RunningAgent>, Vec<NodeId>) {
+        let mut agents = Vec::new();
+        for host in ["gpu-a", "gpu-b", "gpu-c"] {
+            agents.push(self.agent(host).await);
+        }
+        let mut nodes = Vec::new();
+        for agent in &agents {
+            let node = self.node_of(agent).await;
+            self.await_node(&node, "an adopted, connected, schedulable node", schedulable_and_connected).await;
+            nodes.push(node);
+        }
+        (agents, nodes)
+    }
+
     fn db(&self) -> &Db {
         &self.t.db
     }
@@ -348,20 +363,13 @@ fn schedulable_and_connected(row: &(String, bool, String, Vec<String>)) -> bool 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_agents_join_and_a_reservation_is_bound_through_its_agent_cdi_file() {
     let cluster = Cluster::start("bind").await;
-    let mut agents = Vec::new();
-    for host in ["gpu-a", "gpu-b", "gpu-c"] {
-        agents.push(cluster.agent(host).await);
-    }
-    let mut nodes = Vec::new();
-    for agent in &agents {
-        let node = cluster.node_of(agent).await;
-        cluster.await_node(&node, "an adopted, connected, schedulable node", schedulable_and_connected).await;
+    let (mut agents, nodes) = cluster.three_agents().await;
+    for node in &nodes {
         assert_eq!(
-            cluster.count("SELECT count(*) FROM node_inventory_snapshots WHERE node_id = $1", &node).await,
+            cluster.count("SELECT count(*) FROM node_inventory_snapshots WHERE node_id = $1", node).await,
             1,
             "the join stored the first snapshot and an unchanged inventory adds none"
         );
-        nodes.push(node);
     }
     // The operator sees them connected and schedulable through the API.
     crate::read_models::catch_up(cluster.db()).await;
@@ -412,16 +420,7 @@ async fn three_agents_join_and_a_reservation_is_bound_through_its_agent_cdi_file
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_agent_makes_its_node_unschedulable_and_new_reservations_avoid_it_until_it_comes_back() {
     let cluster = Cluster::start("liveness").await;
-    let mut agents = Vec::new();
-    for host in ["gpu-a", "gpu-b", "gpu-c"] {
-        agents.push(cluster.agent(host).await);
-    }
-    let mut nodes = Vec::new();
-    for agent in &agents {
-        let node = cluster.node_of(agent).await;
-        cluster.await_node(&node, "a schedulable node", schedulable_and_connected).await;
-        nodes.push(node);
-    }
+    let (mut agents, nodes) = cluster.three_agents().await;
     agents[0].stop().await;
     let silent = nodes[0].clone();
     cluster.await_node(&silent, "the silent node disconnected", |row| row.0 != "connected" && !row.1).await;
