@@ -62,6 +62,12 @@ enum ProjectionsCommand {
         /// Crash-recovery test hook: abort in the middle of the n-th batch that applies events.
         #[arg(long, env = "BETTER_COMPUTE_FAILPOINT_ABORT_MID_BATCH", hide = true)]
         abort_mid_batch: Option<u64>,
+        /// How long each projection's lease lives without renewal, in milliseconds (the seed default: 15 s).
+        #[arg(long, default_value_t = 15_000)]
+        lease_ttl_ms: u64,
+        /// How often the leases are renewed, in milliseconds; less than the lease's life (default 5 s).
+        #[arg(long, default_value_t = 5_000)]
+        lease_renew_ms: u64,
         #[command(flatten)]
         database: DatabaseArgs,
     },
@@ -357,11 +363,20 @@ async fn run(command: Command) -> anyhow::Result<()> {
             ProjectionsCommand::Rebuild { name, database } => {
                 bc_api::ops::projections_rebuild(&connect(&database)?, &name).await
             }
-            ProjectionsCommand::Run { batch, abort_mid_batch, database } => {
+            ProjectionsCommand::Run { batch, abort_mid_batch, lease_ttl_ms, lease_renew_ms, database } => {
+                if lease_renew_ms == 0 || lease_renew_ms >= lease_ttl_ms {
+                    anyhow::bail!(
+                        "--lease-renew-ms ({lease_renew_ms}) must be above 0 and below --lease-ttl-ms ({lease_ttl_ms})"
+                    );
+                }
                 let config = bc_projections::framework::DaemonConfig {
                     batch: batch.max(1),
                     poll: Duration::from_millis(50),
                     abort_mid_batch,
+                    lease: bc_eventstore::lease::LeaseConfig {
+                        ttl: Duration::from_millis(lease_ttl_ms),
+                        renew_every: Duration::from_millis(lease_renew_ms),
+                    },
                     ..Default::default()
                 };
                 bc_api::ops::projections_run(connect(&database)?, config).await

@@ -235,3 +235,105 @@ async fn status_rebuild_show_replay_and_tail_answer_an_investigator() {
     assert_eq!(first["eventType"], "reservation.requested");
     assert_eq!(second["eventType"], "reservation.placed");
 }
+
+/// The owners of the projection leases.
+async fn lease_owners(db: &Db) -> Vec<(String, i64)> {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let owners: Vec<(String, i64)> =
+        sql::query_as("SELECT owner, epoch FROM leases WHERE name LIKE 'singleton:projection:%' ORDER BY name")
+            .fetch_all(tx.conn())
+            .await
+            .expect("leases");
+    tx.commit().await.expect("commit");
+    owners
+}
+
+/// Whether a transaction of this database has been open for a while (a stopped process's, not a running one's).
+async fn a_transaction_is_held_open(db: &Db) -> bool {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let held: i64 = sql::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND xact_start < compute_db_clock() - interval '300 milliseconds'",
+    )
+    .fetch_one(tx.conn())
+    .await
+    .expect("activity");
+    tx.commit().await.expect("commit");
+    held > 0
+}
+
+fn signal(child: &std::process::Child, name: &str) {
+    let status = Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status();
+    assert!(status.expect("kill").success());
+}
+
+#[tokio::test]
+async fn a_daemon_paused_past_its_lease_is_fenced_out_and_nothing_is_applied_twice() {
+    let fleet = Fleet::new().await;
+    some_history(&fleet, "a").await;
+    let daemon = |fleet: &Fleet| {
+        let args = ["projections", "run", "--batch", "3", "--lease-ttl-ms", "2000", "--lease-renew-ms", "200"];
+        Daemon(
+            command(fleet, &args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn"),
+        )
+    };
+    let first = daemon(&fleet);
+    let total = total_events(&fleet.t.db).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while slowest_checkpoint(&fleet.t.db).await < total {
+        assert!(Instant::now() < deadline, "the first daemon never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held_by_first = lease_owners(&fleet.t.db).await;
+    assert!(!held_by_first.is_empty());
+    let second = daemon(&fleet);
+
+    // Pause the owner between transactions: a pause inside one would hold the takeover up until it resumes,
+    // which is the fence working, but not what this test is after.
+    loop {
+        signal(&first.0, "STOP");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        if !a_transaction_is_held_open(&fleet.t.db).await {
+            break;
+        }
+        signal(&first.0, "CONT");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Its leases lapse (the simulated clock moves past them); the second daemon takes every one over.
+    bc_eventstore::clock::set_sim_clock(&fleet.t.db, T0 + 60_000).await.expect("move the clock");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let owners = lease_owners(&fleet.t.db).await;
+        let taken = owners
+            .iter()
+            .zip(&held_by_first)
+            .all(|((owner, epoch), (old, old_epoch))| owner != old && epoch > old_epoch);
+        if taken {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the second daemon never took over: {owners:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    some_history(&fleet, "b").await;
+    // The stale owner resumes: its next transaction is refused, and it cannot take the leases back.
+    signal(&first.0, "CONT");
+    let total = total_events(&fleet.t.db).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while slowest_checkpoint(&fleet.t.db).await < total {
+        assert!(Instant::now() < deadline, "the second daemon never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A few of the stale owner's renewal periods later, the second still holds every lease.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let owners = lease_owners(&fleet.t.db).await;
+    assert!(owners.iter().zip(&held_by_first).all(|((owner, _), (old, _))| owner != old), "{owners:?}");
+    drop(first);
+    drop(second);
+    assert_models_equal_rebuilds(&fleet.t.db, "after the takeover").await;
+}
