@@ -9,7 +9,7 @@
 //! `BETTER_COMPUTE_TEST_KEEP=1` keeps everything for inspection.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -78,6 +78,62 @@ pub struct TestServer {
     run_id: String,
     supervisor: Mutex<ChildStdin>,
     keep: bool,
+    /// With [`VIA_PGBOUNCER_VAR`] set: the PgBouncer the tests' own pools connect through (its socket folder).
+    bouncer: Option<PathBuf>,
+}
+
+/// Set to 1 to run the tests' databases through a PgBouncer in transaction mode in front of the private cluster
+/// (the admin connections that create and drop databases stay direct). `.ci/run` runs the API suite this way.
+pub const VIA_PGBOUNCER_VAR: &str = "BETTER_COMPUTE_TEST_VIA_PGBOUNCER";
+
+/// The port PgBouncer listens on (a Unix socket in its own folder).
+pub const BOUNCER_PORT: u16 = 6432;
+
+/// Debian's PgBouncer, if installed.
+pub fn pgbouncer_binary() -> Option<PathBuf> {
+    ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer", "/usr/local/bin/pgbouncer"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|path| path.is_file())
+}
+
+/// A PgBouncer in transaction mode in front of the server whose socket is in `backend_socket_dir`, listening on
+/// a socket in `dir`, with `pool_size` server connections per database; killed when the test process ends.
+pub fn start_pgbouncer(
+    bins_run_as: &RunAs,
+    dir: &Path,
+    backend_socket_dir: &Path,
+    pool_size: u32,
+) -> std::process::Child {
+    let binary = pgbouncer_binary()
+        .unwrap_or_else(|| harness_failure("find pgbouncer", "apt-get install pgbouncer (.ci/run does)"));
+    std::fs::create_dir_all(dir).unwrap_or_else(|err| harness_failure("create pgbouncer's folder", err));
+    std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n")
+        .unwrap_or_else(|err| harness_failure("auth file", err));
+    let ini = format!(
+        "[databases]\n* = host={backend} port=5432 user=postgres\n\n[pgbouncer]\nlisten_addr =\n\
+         unix_socket_dir = {dir}\nlisten_port = {BOUNCER_PORT}\nauth_type = trust\nauth_file = {dir}/users.txt\n\
+         pool_mode = transaction\nmax_client_conn = 2000\ndefault_pool_size = {pool_size}\nreserve_pool_size = 0\n\
+         server_reset_query =\nlogfile = {dir}/pgbouncer.log\npidfile = {dir}/pgbouncer.pid\n",
+        backend = backend_socket_dir.display(),
+        dir = dir.display(),
+    );
+    std::fs::write(dir.join("pgbouncer.ini"), ini).unwrap_or_else(|err| harness_failure("pgbouncer.ini", err));
+    if let RunAs::User { uid, gid, .. } = bins_run_as {
+        for file in ["users.txt", "pgbouncer.ini"] {
+            std::os::unix::fs::chown(dir.join(file), Some(*uid), Some(*gid))
+                .unwrap_or_else(|err| harness_failure("chown pgbouncer's files", err));
+        }
+        std::os::unix::fs::chown(dir, Some(*uid), Some(*gid)).unwrap_or_else(|err| harness_failure("chown", err));
+    }
+    bins_run_as
+        .command(binary)
+        .arg(dir.join("pgbouncer.ini"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|err| harness_failure("start pgbouncer", err))
 }
 
 impl std::fmt::Debug for TestServer {
@@ -154,7 +210,7 @@ fn start_server() -> TestServer {
 
     // The supervisor starts before the cluster exists, so a failure half-way still cleans up.
     let mut child = supervisor.spawn().unwrap_or_else(|err| harness_failure("start the supervisor", err));
-    let stdin = child.stdin.take().unwrap_or_else(|| harness_failure("start the supervisor", "no stdin pipe"));
+    let mut stdin = child.stdin.take().unwrap_or_else(|| harness_failure("start the supervisor", "no stdin pipe"));
     // The child is reaped by nobody: it outlives this process on purpose.
     std::mem::forget(child);
 
@@ -174,6 +230,19 @@ fn start_server() -> TestServer {
         cluster.start().unwrap_or_else(|err| harness_failure("start the cluster", err));
     }
 
+    let via_bouncer = std::env::var_os(VIA_PGBOUNCER_VAR).is_some_and(|v| !v.is_empty() && v != "0");
+    let bouncer = match (&cluster, &run_as) {
+        (Some(cluster), Some(run_as)) if via_bouncer => {
+            let dir = cluster.root().join("pgbouncer");
+            let child = start_pgbouncer(run_as, &dir, &cluster.socket_dir(), 8);
+            // The supervisor kills it when this process ends.
+            let _ = writeln!(stdin, "kill {}", child.id());
+            std::mem::forget(child);
+            Some(dir)
+        }
+        (None, _) if via_bouncer => harness_failure(VIA_PGBOUNCER_VAR, "needs the harness's private cluster"),
+        _ => None,
+    };
     let server = TestServer {
         bins,
         run_as,
@@ -185,6 +254,7 @@ fn start_server() -> TestServer {
         run_id,
         supervisor: Mutex::new(stdin),
         keep,
+        bouncer,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -217,15 +287,24 @@ impl TestServer {
 
     /// Connect options for `database` with the harness's credentials.
     pub fn connect_options(&self, database: &str) -> PgConnectOptions {
-        self.admin.clone().database(database)
+        match &self.bouncer {
+            Some(dir) => PgConnectOptions::new().socket(dir).port(BOUNCER_PORT).username("postgres").database(database),
+            None => self.admin.clone().database(database),
+        }
     }
 
     /// A URL for `database`.
     pub fn url(&self, database: &str) -> String {
-        match &self.cluster {
-            Some(cluster) => cluster.url(database),
-            None => replace_url_database(&self.admin_url, database),
+        match (&self.bouncer, &self.cluster) {
+            (Some(dir), _) => format!("postgres://postgres@localhost:{BOUNCER_PORT}/{database}?host={}", dir.display()),
+            (None, Some(cluster)) => cluster.url(database),
+            (None, None) => replace_url_database(&self.admin_url, database),
         }
+    }
+
+    /// Whether the tests' databases are reached through PgBouncer ([`VIA_PGBOUNCER_VAR`]).
+    pub fn via_pgbouncer(&self) -> bool {
+        self.bouncer.is_some()
     }
 
     fn next_name(&self, prefix: &str) -> String {
@@ -295,7 +374,7 @@ impl TestServer {
 
     /// Makes the supervisor stop the private cluster in `root` (a `Cluster` folder) when the process ends, for
     /// clusters that programs under test create themselves.
-    pub fn stop_cluster_at_exit(&self, root: &std::path::Path) {
+    pub fn stop_cluster_at_exit(&self, root: &Path) {
         self.tell_supervisor(&format!("stop {}", root.display()));
     }
 

@@ -4,7 +4,7 @@
 //! fail here.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use bc_eventstore::events::{self, ExpectedVersion, SubscribeOptions};
@@ -17,15 +17,7 @@ use sqlx::postgres::PgConnectOptions;
 
 use crate::support::{self, event};
 
-const BOUNCER_PORT: u16 = 6432;
-
-fn pgbouncer_binary() -> PathBuf {
-    ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer", "/usr/local/bin/pgbouncer"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|path| path.is_file())
-        .expect("pgbouncer is not installed: apt-get install pgbouncer (.ci/run does)")
-}
+use bc_eventstore::testing::BOUNCER_PORT;
 
 struct Bouncer {
     child: Child,
@@ -39,33 +31,11 @@ impl Drop for Bouncer {
     }
 }
 
+/// The harness's PgBouncer with three server connections, in front of `backend_socket_dir`.
 fn start_bouncer(backend_socket_dir: &Path) -> Bouncer {
     let server = testing::server();
     let dir = server.scratch_dir("pgbouncer");
-    std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").expect("auth file");
-    let ini = format!(
-        "[databases]\n* = host={backend} port=5432 user=postgres\n\n[pgbouncer]\nlisten_addr =\n\
-         unix_socket_dir = {dir}\nlisten_port = {BOUNCER_PORT}\nauth_type = trust\nauth_file = {dir}/users.txt\n\
-         pool_mode = transaction\nmax_client_conn = 200\ndefault_pool_size = 3\nreserve_pool_size = 0\n\
-         server_reset_query =\nlogfile = {dir}/pgbouncer.log\npidfile = {dir}/pgbouncer.pid\n",
-        backend = backend_socket_dir.display(),
-        dir = dir.display(),
-    );
-    std::fs::write(dir.join("pgbouncer.ini"), ini).expect("ini");
-    if let bc_eventstore::cluster::RunAs::User { uid, gid, .. } = server.run_as() {
-        for file in ["users.txt", "pgbouncer.ini"] {
-            std::os::unix::fs::chown(dir.join(file), Some(*uid), Some(*gid)).expect("chown");
-        }
-    }
-    let child = server
-        .run_as()
-        .command(pgbouncer_binary())
-        .arg(dir.join("pgbouncer.ini"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start pgbouncer");
+    let child = testing::start_pgbouncer(server.run_as(), &dir, backend_socket_dir, 3);
     server.kill_at_exit(child.id());
     Bouncer { child, dir }
 }
