@@ -49,7 +49,7 @@ async fn slowest_checkpoint(db: &Db) -> i64 {
     n.unwrap_or(0)
 }
 
-async fn assert_models_equal_rebuilds(db: &Db, when: &str) {
+pub(crate) async fn assert_models_equal_rebuilds(db: &Db, when: &str) {
     for projection in models::read_models() {
         for (table, differences) in rebuild::verify(db, projection.as_ref()).await.expect("verify") {
             assert_eq!(differences, 0, "{when}: {table} differs from its rebuild");
