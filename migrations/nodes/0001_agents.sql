@@ -4,6 +4,8 @@
 -- Inline columns, kept from node events like the rest of the nodes table.
 ALTER TABLE nodes
     ADD COLUMN draining boolean NOT NULL DEFAULT false,
+    -- The current drain was forced: what still runs on the node is ended rather than waited for.
+    ADD COLUMN drain_forced boolean NOT NULL DEFAULT false,
     ADD COLUMN hardware_key text,
     ADD COLUMN hardware_trusted boolean NOT NULL DEFAULT false,
     ADD COLUMN spec jsonb NOT NULL DEFAULT '{}';
@@ -103,11 +105,12 @@ CREATE TABLE node_commands (
 CREATE INDEX node_commands_queued ON node_commands (node_id, seq) WHERE state = 'queued';
 CREATE INDEX node_commands_reservation ON node_commands (reservation_id) WHERE reservation_id IS NOT NULL;
 
--- A heartbeat in one call, keyed by the SHA-256 of the node's (confirmed) credential: renew the current session's
--- lease and answer what the reply needs. A function so that PostgreSQL keeps its plan for the session (an
--- unnamed statement would be planned on every heartbeat). No row: the credential is unknown or not yet
--- confirmed, or the session is not the node's current one; the caller then takes the slow path that says which.
-CREATE FUNCTION agent_heartbeat(p_secret_sha256 text, p_session_id text, p_lease_secs double precision, p_clock_ms bigint)
+-- A heartbeat in one call: renew the session `p_session_id` of node `p_node_id` and answer what the reply needs.
+-- A function so that PostgreSQL keeps its plan for the session (an unnamed statement would be planned on every
+-- heartbeat). Over HTTP the node comes from its credential in the calling statement
+-- (`agent_heartbeat((SELECT node_id FROM node_credentials WHERE ...), ...)`). No row: no such node, or the session
+-- is not the node's current one.
+CREATE FUNCTION agent_heartbeat(p_node_id text, p_session_id text, p_lease_secs double precision, p_clock_ms bigint)
 RETURNS TABLE (
     node_id text, pool_id text, tenant_id text, expires_ms bigint, clock_skew_ms bigint, connectivity text,
     generation bigint, observed_generation bigint, spec text, skew_raised boolean, waiting boolean
@@ -121,9 +124,7 @@ BEGIN
         UPDATE agent_sessions AS a
            SET heartbeat_at = compute_now(), expires_at = compute_now() + make_interval(secs => p_lease_secs),
                heartbeats = a.heartbeats + 1, clock_skew_ms = p_clock_ms - ts_ms(compute_db_clock())
-          FROM node_credentials AS c
-         WHERE c.secret_sha256 = p_secret_sha256 AND c.confirmed AND a.node_id = c.node_id
-           AND a.session_id = p_session_id
+         WHERE a.node_id = p_node_id AND a.session_id = p_session_id
         RETURNING a.node_id, a.clock_skew_ms, ts_ms(a.expires_at) AS expires_ms)
     SELECT s.node_id, n.pool_id, p.owner_tenant_id, s.expires_ms, s.clock_skew_ms, n.connectivity, n.generation,
            n.observed_generation, n.spec::text, n.conditions @> '[{"type": "ClockSkew"}]'::jsonb,

@@ -337,7 +337,8 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
         }
         NodeEvent::Cordoned(_) => set_flags(tx, node_id, "UPDATE nodes SET cordoned = true WHERE id = $1").await?,
         NodeEvent::Uncordoned(_) => {
-            set_flags(tx, node_id, "UPDATE nodes SET cordoned = false, draining = false WHERE id = $1").await?
+            let statement = "UPDATE nodes SET cordoned = false, draining = false, drain_forced = false WHERE id = $1";
+            set_flags(tx, node_id, statement).await?
         }
         NodeEvent::MaintenanceStarted(_) => {
             set_flags(tx, node_id, "UPDATE nodes SET maintenance = true WHERE id = $1").await?
@@ -345,10 +346,16 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
         NodeEvent::MaintenanceEnded(_) => {
             set_flags(tx, node_id, "UPDATE nodes SET maintenance = false WHERE id = $1").await?
         }
-        NodeEvent::DrainStarted(_) => {
-            set_flags(tx, node_id, "UPDATE nodes SET cordoned = true, draining = true WHERE id = $1").await?
+        NodeEvent::DrainStarted(e) => {
+            sql::query("UPDATE nodes SET cordoned = true, draining = true, drain_forced = $2 WHERE id = $1")
+                .bind(node_id)
+                .bind(e.force)
+                .execute(tx.conn())
+                .await?;
         }
-        NodeEvent::Drained(_) => set_flags(tx, node_id, "UPDATE nodes SET draining = false WHERE id = $1").await?,
+        NodeEvent::Drained(_) => {
+            set_flags(tx, node_id, "UPDATE nodes SET draining = false, drain_forced = false WHERE id = $1").await?
+        }
         NodeEvent::Adopted(_) => {
             set_flags(tx, node_id, "UPDATE nodes SET provision_state = 'adopted' WHERE id = $1").await?
         }

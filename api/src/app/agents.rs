@@ -26,15 +26,16 @@ use bc_domain::node::{
 use bc_domain::pool::{JoinTokenIssued, PoolEvent};
 use bc_domain::reservation::{self, Command, FailureReason, ReservationState};
 use bc_domain::{acceptance, gpu, site::check_name};
-use bc_eventstore::events::{self, ExpectedVersion};
+use bc_eventstore::events::ExpectedVersion;
 use bc_eventstore::queue::shard_for;
 use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock, sql};
 use sqlx::Row as _;
 
 use super::commands;
 use super::fleet::{owned_pool, pending_key};
+use super::nodes::record_node;
 use super::reservations::apply_and_schedule;
-use super::store::{self, PoolRow};
+use super::store::{self, PoolRow, corrupt};
 use super::{App, AppError, AppResult, Caller, Committed, SHARDS, record, wake};
 
 /// How agents keep their sessions.
@@ -96,10 +97,6 @@ fn new_secret(prefix: &str) -> AppResult<(String, String)> {
     let secret = format!("{prefix}{}", bc_domain::id::crockford_base32(&bytes));
     let hash = bc_domain::sha256_hex(&secret);
     Ok((secret, hash))
-}
-
-fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
-    AppError::Store(bc_eventstore::Error::Internal(format!("{what} is unreadable: {err}")))
 }
 
 /// The GPUs of an inventory as capacity sees them.
@@ -254,23 +251,17 @@ async fn upsert_session(tx: &mut Tx, node_id: &NodeId, agent_version: &str, leas
 }
 
 /// The node's events that bring it back to `connected` (and clear `NodeUnreachable`), if it was not.
-fn reconnect(node_id: &NodeId, from: Connectivity, unreachable_raised: bool, at_ms: i64) -> Vec<NodeEvent> {
+fn reconnect(node_id: &NodeId, state: &NodeState, at_ms: i64) -> Vec<NodeEvent> {
     let mut events = Vec::new();
-    if from != Connectivity::Connected {
+    if state.connectivity != Connectivity::Connected {
         events.push(NodeEvent::ConnectivityChanged(NodeConnectivityChanged {
             node_id: node_id.clone(),
-            from,
+            from: state.connectivity,
             to: Connectivity::Connected,
             at_ms,
         }));
     }
-    if unreachable_raised {
-        events.push(NodeEvent::ConditionCleared(NodeConditionCleared {
-            node_id: node_id.clone(),
-            kind: ConditionType::NodeUnreachable,
-            at_ms,
-        }));
-    }
+    events.extend(follow_condition(node_id, state, ConditionType::NodeUnreachable, false, String::new, at_ms));
     events
 }
 
@@ -310,22 +301,6 @@ async fn node_state(tx: &mut Tx, node_id: &NodeId) -> AppResult<NodeState> {
         spec: serde_json::from_str(&text("spec")?).unwrap_or_default(),
         conditions: serde_json::from_str(&text("conditions")?).map_err(|err| corrupt("nodes.conditions", err))?,
     })
-}
-
-/// Records node events with the stream's version as expected.
-async fn record_node(
-    tx: &mut Tx,
-    caller: &Caller,
-    node: &NodeId,
-    tenant: &TenantId,
-    events: Vec<NodeEvent>,
-) -> AppResult<()> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    let version = events::stream_version(tx, node.as_str()).await?;
-    record(tx, caller, node.as_str(), tenant, ExpectedVersion::Exact(version), events).await?;
-    Ok(())
 }
 
 /// The event that makes a node's condition `kind` follow `active`: raised (with `message`) when it becomes true,
@@ -618,12 +593,7 @@ impl App {
                             let (hardware_events, lost_devices) =
                                 hardware_events(tx, &node_id, &state, document, &hardware, at_ms).await?;
                             events.extend(hardware_events);
-                            events.extend(reconnect(
-                                &node_id,
-                                state.connectivity,
-                                state.has(ConditionType::NodeUnreachable),
-                                at_ms,
-                            ));
+                            events.extend(reconnect(&node_id, &state, at_ms));
                             record_node(tx, &caller_for(&node_id), &node_id, &pool.owner_tenant_id, events).await?;
                             if lost_devices {
                                 wake(tx, &replace_key(&node_id), None).await?;
@@ -693,21 +663,20 @@ impl App {
                         .await?;
                     let session_id = upsert_session(tx, &node_id, &request.agent_version, lease).await?;
                     wake(tx, &pending_key(&pool_id), None).await?;
-                    Ok::<_, AppError>((node_id, rejoined, session_id))
+                    let session = self.session(tx, &node_id, session_id).await?;
+                    Ok::<_, AppError>((node_id, rejoined, session))
                 }
                 .scope_boxed()
             })
             .await?;
-        let (node_id, rejoined, session_id) = joined;
-        let session = self.session_reply(&node_id, session_id).await?;
+        let (node_id, rejoined, session) = joined;
         Ok(Joined { node_id, credential, rejoined, session })
     }
 
-    async fn session_reply(&self, node_id: &NodeId, session_id: SessionId) -> AppResult<Session> {
-        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let state = node_state(&mut tx, node_id).await?;
-        let hashes = latest_snapshot(&mut tx, node_id).await?.map(|s| s.hashes).unwrap_or_default();
-        tx.commit().await?;
+    /// The session as the agent gets it, read in the transaction that opened it.
+    async fn session(&self, tx: &mut Tx, node_id: &NodeId, session_id: SessionId) -> AppResult<Session> {
+        let state = node_state(tx, node_id).await?;
+        let hashes = latest_snapshot(tx, node_id).await?.map(|s| s.hashes).unwrap_or_default();
         Ok(Session {
             session_id,
             node_id: node_id.clone(),
@@ -777,23 +746,20 @@ impl App {
     /// connected is connected again.
     pub async fn open_session(&self, node: &NodeAuth, agent_version: &str) -> AppResult<Session> {
         let lease = self.liveness.lease;
-        let session_id = self
-            .db
+        self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 async move {
                     let state = node_state(tx, &node.node_id).await?;
                     let at_ms = clock::compute_now_ms(tx).await?;
-                    let events =
-                        reconnect(&node.node_id, state.connectivity, state.has(ConditionType::NodeUnreachable), at_ms);
+                    let events = reconnect(&node.node_id, &state, at_ms);
                     record_node(tx, &node.caller(), &node.node_id, &node.tenant_id, events).await?;
-                    let session = upsert_session(tx, &node.node_id, agent_version, lease).await?;
+                    let session_id = upsert_session(tx, &node.node_id, agent_version, lease).await?;
                     wake(tx, &pending_key(&node.pool_id), None).await?;
-                    Ok::<_, AppError>(session)
+                    self.session(tx, &node.node_id, session_id).await
                 }
                 .scope_boxed()
             })
-            .await?;
-        self.session_reply(&node.node_id, session_id).await
+            .await
     }
 
     /// A heartbeat renews the session's liveness lease in one statement; only when the log must record
@@ -801,7 +767,7 @@ impl App {
     /// does it run a command transaction as well.
     pub async fn heartbeat(&self, node: &NodeAuth, beat: &Heartbeat) -> AppResult<HeartbeatReply> {
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
-        let row = sql::query(HEARTBEAT_SQL)
+        let row = sql::query("SELECT * FROM agent_heartbeat($1, $2, $3, $4)")
             .bind(node.node_id.as_str())
             .bind(beat.session_id.as_str())
             .bind(self.liveness.lease.as_secs_f64())
@@ -819,21 +785,24 @@ impl App {
         self.finish_heartbeat(node, beat, &row).await
     }
 
-    /// A heartbeat authenticated by the node credential itself, in one call of `agent_heartbeat` (the lookup and
-    /// the renewal together, with a plan PostgreSQL keeps). A credential that is unknown or not yet confirmed, or
-    /// a session that is not current, takes the slow path, which says which it is (or confirms the credential).
+    /// A heartbeat authenticated by the node credential itself, in one statement: the credential's node is looked
+    /// up in the call of `agent_heartbeat`. A credential that is unknown or not yet confirmed, or a session that
+    /// is not current, takes the slow path, which says which it is (or confirms the credential).
     pub async fn heartbeat_with_credential(&self, credential: &str, beat: &Heartbeat) -> AppResult<HeartbeatReply> {
         if !credential.starts_with(CREDENTIAL_PREFIX) {
             return Err(Rejection::Unauthenticated(format!("a node credential starts with {CREDENTIAL_PREFIX}")).into());
         }
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
-        let row = sql::query("SELECT * FROM agent_heartbeat($1, $2, $3, $4)")
-            .bind(bc_domain::sha256_hex(credential))
-            .bind(beat.session_id.as_str())
-            .bind(self.liveness.lease.as_secs_f64())
-            .bind(beat.clock_ms)
-            .fetch_optional(tx.conn())
-            .await?;
+        let row = sql::query(
+            "SELECT * FROM agent_heartbeat(
+                 (SELECT node_id FROM node_credentials WHERE secret_sha256 = $1 AND confirmed), $2, $3, $4)",
+        )
+        .bind(bc_domain::sha256_hex(credential))
+        .bind(beat.session_id.as_str())
+        .bind(self.liveness.lease.as_secs_f64())
+        .bind(beat.clock_ms)
+        .fetch_optional(tx.conn())
+        .await?;
         tx.commit().await?;
         let Some(row) = row else {
             let node = self.authenticate_node(credential).await?;
@@ -892,8 +861,7 @@ impl App {
                     let state = node_state(tx, &node.node_id).await?;
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let node_id = &node.node_id;
-                    let mut events =
-                        reconnect(node_id, state.connectivity, state.has(ConditionType::NodeUnreachable), at_ms);
+                    let mut events = reconnect(node_id, &state, at_ms);
                     if observed_generation > state.observed_generation && observed_generation <= state.generation {
                         events.push(NodeEvent::SpecObserved(NodeSpecObserved {
                             node_id: node_id.clone(),
@@ -1034,19 +1002,6 @@ impl App {
             .await
     }
 }
-
-/// The heartbeat's one statement: renew the lease of the current session and read what the reply needs.
-const HEARTBEAT_SQL: &str = "WITH s AS (
-         UPDATE agent_sessions
-            SET heartbeat_at = compute_now(), expires_at = compute_now() + make_interval(secs => $3),
-                heartbeats = heartbeats + 1, clock_skew_ms = $4 - ts_ms(compute_db_clock())
-          WHERE node_id = $1 AND session_id = $2
-         RETURNING node_id, clock_skew_ms, ts_ms(expires_at) AS expires_ms)
-     SELECT s.expires_ms, s.clock_skew_ms, n.connectivity, n.generation, n.observed_generation, n.spec::text AS spec,
-            n.conditions @> '[{\"type\": \"ClockSkew\"}]'::jsonb AS skew_raised,
-            EXISTS (SELECT 1 FROM node_commands AS c
-                    WHERE c.node_id = n.id AND c.state = 'queued' AND c.not_before <= compute_now()) AS waiting
-     FROM s JOIN nodes AS n ON n.id = s.node_id";
 
 fn section_name(section: bc_domain::inventory::Section) -> &'static str {
     match section {

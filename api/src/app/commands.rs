@@ -11,7 +11,8 @@ use bc_eventstore::{Tx, sql};
 use serde::Serialize;
 use sqlx::Row as _;
 
-use super::{AppError, AppResult};
+use super::AppResult;
+use super::store::corrupt;
 
 /// When and under which condition a command may be delivered.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,10 +48,6 @@ pub struct CommandRecord {
     pub message: Option<String>,
 }
 
-fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
-    AppError::Store(bc_eventstore::Error::Internal(format!("node_commands.{what} is unreadable: {err}")))
-}
-
 /// Queues a command for a node, in the caller's transaction: the node's next `seq`.
 pub(crate) async fn enqueue(
     tx: &mut Tx,
@@ -68,7 +65,7 @@ pub(crate) async fn enqueue(
     .fetch_one(tx.conn())
     .await?;
     let id = CommandId::generate();
-    let body = serde_json::to_string(kind).map_err(|err| corrupt("body", err))?;
+    let body = serde_json::to_string(kind).map_err(|err| corrupt("node_commands.body", err))?;
     sql::query(
         "INSERT INTO node_commands (id, node_id, seq, kind, body, reservation_id, not_before, not_after, min_generation)
          VALUES ($1, $2, $3, $4, $5::jsonb, $6, coalesce(ms_ts($7), compute_now()), ms_ts($8), $9)",
@@ -119,9 +116,9 @@ pub(crate) async fn deliverable(tx: &mut Tx, node_id: &NodeId, limit: i64) -> Ap
         let id: String = row.try_get("id")?;
         let body: String = row.try_get("body")?;
         commands.push(AgentCommand {
-            id: id.parse().map_err(|err| corrupt("id", err))?,
+            id: id.parse().map_err(|err| corrupt("node_commands.id", err))?,
             seq: row.try_get::<i64, _>("seq")? as u64,
-            kind: serde_json::from_str(&body).map_err(|err| corrupt("body", err))?,
+            kind: serde_json::from_str(&body).map_err(|err| corrupt("node_commands.body", err))?,
         });
     }
     if !commands.is_empty() {
@@ -166,7 +163,8 @@ pub(crate) async fn acknowledge(
     };
     let kind: String = row.try_get("kind")?;
     let reservation_id: Option<String> = row.try_get("reservation_id")?;
-    let reservation_id = reservation_id.map(|r| r.parse()).transpose().map_err(|err| corrupt("reservation_id", err))?;
+    let reservation_id =
+        reservation_id.map(|r| r.parse()).transpose().map_err(|err| corrupt("node_commands.reservation_id", err))?;
     let state: String = row.try_get("state")?;
     if state != "queued" {
         return Ok(Acked { kind, reservation_id, state, changed: false });
@@ -209,11 +207,11 @@ pub(crate) async fn list(tx: &mut Tx, node_id: &NodeId, limit: i64) -> AppResult
             let id: String = row.try_get("id")?;
             let body: String = row.try_get("body")?;
             Ok(CommandRecord {
-                id: id.parse().map_err(|err| corrupt("id", err))?,
+                id: id.parse().map_err(|err| corrupt("node_commands.id", err))?,
                 node_id: node_id.clone(),
                 seq: row.try_get::<i64, _>("seq")? as u64,
                 kind: row.try_get("kind")?,
-                body: serde_json::from_str(&body).map_err(|err| corrupt("body", err))?,
+                body: serde_json::from_str(&body).map_err(|err| corrupt("node_commands.body", err))?,
                 state: row.try_get("state")?,
                 not_before: row.try_get("not_before")?,
                 not_after: row.try_get("not_after")?,
@@ -237,7 +235,7 @@ pub(crate) async fn agent_nodes(tx: &mut Tx, nodes: &[&NodeId]) -> AppResult<Vec
             .bind(&ids)
             .fetch_all(tx.conn())
             .await?;
-    rows.into_iter().map(|id| id.parse().map_err(|err| corrupt("node_id", err))).collect()
+    rows.into_iter().map(|id| id.parse().map_err(|err| corrupt("node_credentials.node_id", err))).collect()
 }
 
 /// The agent nodes a reservation's allocations are on.

@@ -6,10 +6,9 @@
 //!
 //! The reconciler runs a node's work-queue key (`node:<id>:replace`) whenever the node stops being able to hold
 //! its future bookings (lost, in maintenance, drained, deleted, devices gone): those reservations are placed
-//! again before their start, or fail with `node-lost`. It also completes drains, and, for a forced drain or
-//! delete, ends the reservations still running there.
+//! again before their start, or fail with `node-lost`. It also completes drains, and, for a forced drain, ends
+//! the reservations still running there (a forced delete ends them in its own transaction).
 
-use bc_domain::event::DomainEvent as _;
 use bc_domain::id::{NodeId, ReservationId, TenantId};
 use bc_domain::node::{
     Condition, ConditionType, Connectivity, NodeAt, NodeConditionRaised, NodeConnectivityChanged, NodeEvent,
@@ -17,13 +16,14 @@ use bc_domain::node::{
 };
 use bc_domain::reservation::{self, Command, ExpiryCause, FailureReason, ReservationState};
 use bc_eventstore::queue::{self, WorkItem};
-use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock, sql};
+use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock, sql};
 use sqlx::Row as _;
 
 use super::agents::replace_key;
+use super::nodes::record_node;
 use super::reservations::{apply_and_schedule, try_place};
-use super::{App, AppError, AppResult, Caller, record, store, wake};
-use bc_eventstore::events::{self, ExpectedVersion};
+use super::store::corrupt;
+use super::{App, AppError, AppResult, Caller, store, wake};
 
 /// A session the sweep found silent past its lease.
 struct Silent {
@@ -31,10 +31,6 @@ struct Silent {
     connectivity: Connectivity,
     silence_ms: i64,
     lost_after_ms: i64,
-}
-
-fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
-    AppError::Store(bc_eventstore::Error::Internal(format!("{what} is unreadable: {err}")))
 }
 
 fn connectivity(text: &str) -> AppResult<Connectivity> {
@@ -124,9 +120,7 @@ impl App {
                     }
                     let tenant: String = row.try_get("owner_tenant_id")?;
                     let tenant: TenantId = tenant.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))?;
-                    let version = events::stream_version(tx, node_id.as_str()).await?;
-                    let caller = Caller::system();
-                    record(tx, &caller, node_id.as_str(), &tenant, ExpectedVersion::Exact(version), events).await?;
+                    record_node(tx, &Caller::system(), node_id, &tenant, events).await?;
                     if to == Connectivity::Lost {
                         wake(tx, &replace_key(node_id), None).await?;
                     }
@@ -150,16 +144,16 @@ impl App {
         .bind(node_id.as_str())
         .fetch_all(tx.conn())
         .await?;
-        let node = sql::query("SELECT schedulable, draining FROM nodes WHERE id = $1")
+        let node = sql::query("SELECT schedulable, draining, drain_forced FROM nodes WHERE id = $1")
             .bind(node_id.as_str())
             .fetch_optional(tx.conn())
             .await?;
         tx.commit().await?;
-        let (schedulable, draining) = match &node {
-            Some(row) => (row.try_get::<bool, _>("schedulable")?, row.try_get::<bool, _>("draining")?),
-            None => (false, false),
+        // A deleted node has no row: its future bookings move; what ran there was ended by a forced delete.
+        let (schedulable, draining, force) = match &node {
+            Some(row) => (row.try_get("schedulable")?, row.try_get("draining")?, row.try_get("drain_forced")?),
+            None => (false, false, false),
         };
-        let force = self.last_node_event_forced(node_id).await?;
         let mut running = 0;
         for row in &rows {
             let id: String = row.try_get("id")?;
@@ -177,25 +171,6 @@ impl App {
         }
         // Something still runs on a draining node: look again when it may have ended.
         Ok((draining && running > 0).then_some(5_000))
-    }
-
-    /// Whether the node's last drain or delete was forced.
-    async fn last_node_event_forced(&self, node_id: &NodeId) -> AppResult<bool> {
-        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let version = events::stream_version(&mut tx, node_id.as_str()).await?;
-        let mut forced = false;
-        if version > 0 {
-            for event in events::read_stream(&mut tx, node_id.as_str(), 0, 100_000).await? {
-                match NodeEvent::decode(&event.event_type, event.schema_version, &event.payload)? {
-                    NodeEvent::DrainStarted(e) => forced = e.force,
-                    NodeEvent::Deleted(e) => forced = e.force,
-                    NodeEvent::Uncordoned(_) | NodeEvent::Drained(_) => forced = false,
-                    _ => {}
-                }
-            }
-        }
-        tx.commit().await?;
-        Ok(forced)
     }
 
     /// Places a placed reservation again when its node can no longer hold it (or its devices are gone), before
@@ -249,21 +224,11 @@ impl App {
             .await
     }
 
-    /// Ends a running reservation whose node was drained or deleted with force.
+    /// Ends a running reservation whose node was drained with force.
     async fn preempt(&self, caller: &Caller, id: &ReservationId) -> AppResult<()> {
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
-                async move {
-                    let now_ms = clock::compute_now_ms(tx).await?;
-                    let Some(r) = store::reservation(tx, id).await? else { return Ok(()) };
-                    if r.state != ReservationState::Active {
-                        return Ok(());
-                    }
-                    let events = reservation::decide(&r, &Command::Expire { cause: ExpiryCause::Preempted, now_ms })?;
-                    apply_and_schedule(tx, caller, r, events, now_ms).await?;
-                    Ok::<_, AppError>(())
-                }
-                .scope_boxed()
+                async move { preempt(tx, caller, id).await }.scope_boxed()
             })
             .await
     }
@@ -287,8 +252,7 @@ impl App {
                     let tenant: TenantId = tenant.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))?;
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let event = NodeEvent::Drained(NodeAt { node_id: node_id.clone(), reason: None, at_ms });
-                    let version = events::stream_version(tx, node_id.as_str()).await?;
-                    record(tx, caller, node_id.as_str(), &tenant, ExpectedVersion::Exact(version), vec![event]).await?;
+                    record_node(tx, caller, node_id, &tenant, vec![event]).await?;
                     Ok::<_, AppError>(())
                 }
                 .scope_boxed()
@@ -312,4 +276,17 @@ impl App {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// Ends a reservation still active on a node drained or deleted with force (`expired`, `preempted`), in the
+/// caller's transaction.
+pub(crate) async fn preempt(tx: &mut Tx, caller: &Caller, id: &ReservationId) -> AppResult<()> {
+    let now_ms = clock::compute_now_ms(tx).await?;
+    let Some(r) = store::reservation(tx, id).await? else { return Ok(()) };
+    if r.state != ReservationState::Active {
+        return Ok(());
+    }
+    let events = reservation::decide(&r, &Command::Expire { cause: ExpiryCause::Preempted, now_ms })?;
+    apply_and_schedule(tx, caller, r, events, now_ms).await?;
+    Ok(())
 }

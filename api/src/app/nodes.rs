@@ -175,16 +175,7 @@ impl App {
                         NodeVerb::StartMaintenance => NodeEvent::MaintenanceStarted(flag),
                         NodeVerb::EndMaintenance => NodeEvent::MaintenanceEnded(flag),
                     };
-                    let version = events::stream_version(tx, node_id.as_str()).await?;
-                    let position = record(
-                        tx,
-                        caller,
-                        node_id.as_str(),
-                        &pool.owner_tenant_id,
-                        ExpectedVersion::Exact(version),
-                        vec![event],
-                    )
-                    .await?;
+                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
                     if matches!(verb, NodeVerb::Uncordon | NodeVerb::EndMaintenance) {
                         wake(tx, &pending_key(&node.pool_id), None).await?;
                     }
@@ -252,15 +243,19 @@ async fn operated_node(tx: &mut Tx, caller: &Caller, node_id: &NodeId) -> AppRes
     Ok((node, pool))
 }
 
-async fn record_on_node(
+/// Records events on a node's stream, expecting its current version, in the caller's transaction.
+pub(crate) async fn record_node(
     tx: &mut Tx,
     caller: &Caller,
     node_id: &NodeId,
-    pool: &store::PoolRow,
+    tenant: &TenantId,
     events: Vec<NodeEvent>,
 ) -> AppResult<Option<bc_eventstore::Position>> {
+    if events.is_empty() {
+        return Ok(None);
+    }
     let version = events::stream_version(tx, node_id.as_str()).await?;
-    record(tx, caller, node_id.as_str(), &pool.owner_tenant_id, ExpectedVersion::Exact(version), events).await
+    record(tx, caller, node_id.as_str(), tenant, ExpectedVersion::Exact(version), events).await
 }
 
 impl App {
@@ -292,7 +287,7 @@ impl App {
                         reason: reason.clone(),
                         at_ms,
                     });
-                    let position = record_on_node(tx, caller, node_id, &pool, vec![event]).await?;
+                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
                     wake(tx, &replace_key(node_id), None).await?;
                     Ok(Committed { value: (), position })
                 }
@@ -332,6 +327,18 @@ impl App {
                         ))
                         .into());
                     }
+                    // What still runs there ends now; future bookings move (the reconciler, below).
+                    let active: Vec<String> = sql::query_scalar(
+                        "SELECT DISTINCT r.id FROM allocations AS a JOIN reservations AS r ON r.id = a.reservation_id
+                         WHERE a.node_id = $1 AND r.state = 'active' ORDER BY r.id",
+                    )
+                    .bind(node_id.as_str())
+                    .fetch_all(tx.conn())
+                    .await?;
+                    for id in active {
+                        let id = id.parse().map_err(|err| store::corrupt("reservations.id", err))?;
+                        super::liveness::preempt(tx, caller, &id).await?;
+                    }
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let event = NodeEvent::Deleted(NodeDeleted {
                         node_id: node_id.clone(),
@@ -340,7 +347,7 @@ impl App {
                         reason: reason.clone(),
                         at_ms,
                     });
-                    let position = record_on_node(tx, caller, node_id, &pool, vec![event]).await?;
+                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
                     for statement in [
                         "DELETE FROM node_credentials WHERE node_id = $1",
                         "DELETE FROM agent_sessions WHERE node_id = $1",
@@ -397,7 +404,7 @@ impl App {
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let event =
                         NodeEvent::SpecChanged(NodeSpecChanged { node_id: node_id.clone(), generation, spec, at_ms });
-                    let position = record_on_node(tx, caller, node_id, &pool, vec![event]).await?;
+                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
                     Ok(Committed { value: generation, position })
                 }
                 .scope_boxed()

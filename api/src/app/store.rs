@@ -11,7 +11,8 @@ use sqlx::Row as _;
 
 use super::{AppError, AppResult};
 
-fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
+/// A stored value that does not read back: an internal error naming what.
+pub(crate) fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
     AppError::Store(Error::Internal(format!("{what}: {err}")))
 }
 

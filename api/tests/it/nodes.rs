@@ -547,6 +547,12 @@ async fn a_forced_drain_ends_what_runs_and_a_plain_one_lets_it_finish() {
     assert_eq!(ack_all(&fleet, &agents[1].1).await, vec!["unbind"]);
     assert_eq!(scalar_i64(&fleet, "SELECT count(*) FROM nodes WHERE id = $1 AND draining", b.as_str()).await, 0);
     assert_eq!(scalar_i64(&fleet, "SELECT count(*) FROM nodes WHERE id = $1 AND draining", a.as_str()).await, 1);
+    // Deleting that node with force ends what still runs there in the same command.
+    fleet.app.delete_node(&fleet.owner, a, true, Some("retired".into())).await.expect("forced delete");
+    assert_eq!(
+        state_on(a.clone()).await,
+        (bc_domain::reservation::ReservationState::Expired, Some(bc_domain::reservation::ExpiryCause::Preempted))
+    );
 }
 
 #[tokio::test]
