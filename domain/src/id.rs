@@ -112,6 +112,8 @@ macro_rules! generated_id {
 
         impl $name {
             pub const PREFIX: &'static str = $prefix;
+            /// The id's text as a regular expression (for schemas that describe it).
+            pub const PATTERN: &'static str = concat!("^", $prefix, "_[0-9a-hjkmnp-tv-z]{26}$");
 
             /// A new id, later than every id this process made before.
             pub fn generate() -> Self {
@@ -185,6 +187,8 @@ pub struct ReservationId(String);
 
 impl ReservationId {
     pub const PREFIX: &'static str = "rsv";
+    /// The id's text as a regular expression (for schemas that describe it).
+    pub const PATTERN: &'static str = "^rsv_[0-9a-hjkmnp-tv-z]{52}$";
 
     /// The id a reservation request gets: the same three inputs always give the same id.
     pub fn derive(tenant: &TenantId, identity: &Identity, idempotency_key: &str) -> Self {
@@ -270,6 +274,11 @@ external_id!(
     /// A Better IAM tenant. The root tenant is the platform; organizations are customers.
     TenantId, "tenant id", 128, is_token_char, "letters, digits, '_', '-', '.' and ':'"
 );
+
+impl TenantId {
+    /// The id's text as a regular expression (for schemas that describe it).
+    pub const PATTERN: &'static str = "^[A-Za-z0-9_.:-]{1,128}$";
+}
 external_id!(
     /// The authenticated caller, as the authorizer names it.
     Identity, "identity", 256, is_printable, "printable characters"

@@ -301,6 +301,23 @@ pub async fn current_epoch(tx: &mut Tx) -> Result<u32> {
     Ok(epoch as u32)
 }
 
+/// Whether this log can have handed `position` out: its epoch is not past the current one, and in the current
+/// epoch its transaction id was assigned already. A position past that was never given out (mistyped, or taken
+/// from another deployment): a read waiting for it would wait for ever, and a stream resuming after it would
+/// skip events that are still to come.
+pub async fn within_log(tx: &mut Tx, position: Position) -> Result<bool> {
+    let (epoch, txid, _) = position.binds();
+    let within: bool = sql::query_scalar(
+        "SELECT $1 < cur.epoch OR ($1 = cur.epoch AND $2::text::xid8 < pg_snapshot_xmax(pg_current_snapshot()))
+         FROM event_log_epoch AS cur",
+    )
+    .bind(epoch)
+    .bind(txid)
+    .fetch_one(tx.conn())
+    .await?;
+    Ok(within)
+}
+
 /// Whether the current epoch holds a `txid` above this cluster's current one: the log was restored into a
 /// cluster whose transaction ids start lower, and the epoch must rise before anything appends.
 async fn epoch_is_behind(tx: &mut Tx) -> Result<bool> {

@@ -17,6 +17,9 @@ pub struct Position {
 impl Position {
     /// The beginning of the log, before every event.
     pub const START: Position = Position { epoch: 0, txid: 0, seq: 0 };
+    /// The written form as a regular expression (for schemas that describe it): three decimal parts, of at
+    /// most the digits each part's range allows.
+    pub const PATTERN: &'static str = "^[0-9]{1,10}-[0-9]{1,20}-[0-9]{1,19}$";
 
     pub fn new(epoch: u32, txid: u64, seq: u64) -> Self {
         Self { epoch, txid, seq }

@@ -140,6 +140,7 @@ pub async fn inventory(
 #[into_params(parameter_in = Query)]
 pub struct CommandsParams {
     /// At most this many (1 to 100, default 20).
+    #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
 }
 
@@ -158,7 +159,11 @@ pub async fn commands(
     NodeAuthed(node): NodeAuthed,
     QueryParams(params): QueryParams<CommandsParams>,
 ) -> Result<Response, ApiError> {
-    let commands = state.app.agent_commands(&node, params.limit.unwrap_or(20)).await?;
+    let limit = params.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::invalid_argument("limit", "must be from 1 to 100"));
+    }
+    let commands = state.app.agent_commands(&node, limit).await?;
     Ok(Json(Commands { commands }).into_response())
 }
 

@@ -2,12 +2,14 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use bc_eventstore::Position;
+use bc_eventstore::{Db, Position, TxOptions, events};
 use serde_json::json;
 
-use super::ApiError;
+use super::{ApiError, AppState};
 
-/// The position a read must reflect, if the caller named one.
+/// The position a read must reflect, if the caller named one. Both forms are checked when both are sent, and
+/// the later position is the one waited for; a position this log never handed out is refused, since waiting
+/// for it could only time out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MinPosition(pub Option<Position>);
 
@@ -15,24 +17,48 @@ fn invalid(field: &str, err: impl std::fmt::Display) -> ApiError {
     ApiError::invalid_argument(field, err.to_string())
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for MinPosition {
+/// The positions named in a request's `?after=` and `X-Min-Position`, each with its field's name.
+fn named_positions(parts: &Parts) -> Result<Vec<(&'static str, Position)>, ApiError> {
+    let mut named = Vec::new();
+    let query = parts.uri.query().unwrap_or_default();
+    for (key, text) in form_urlencoded::parse(query.as_bytes()) {
+        if key == "after" {
+            named.push(("after", text.parse().map_err(|err| invalid("after", err))?));
+        }
+    }
+    for value in parts.headers.get_all("x-min-position") {
+        let text = value.to_str().map_err(|_| invalid("X-Min-Position", "is not text"))?;
+        named.push(("X-Min-Position", text.trim().parse().map_err(|err| invalid("X-Min-Position", err))?));
+    }
+    Ok(named)
+}
+
+/// Refuses a position this log cannot have handed out (see [`events::within_log`]).
+pub async fn check_within_log(db: &Db, field: &str, position: Position) -> Result<(), ApiError> {
+    let within = async {
+        let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+        let within = events::within_log(&mut tx, position).await?;
+        tx.commit().await?;
+        Ok::<_, bc_eventstore::Error>(within)
+    }
+    .await
+    .map_err(|err| ApiError::from_store(&err))?;
+    if within {
+        Ok(())
+    } else {
+        Err(invalid(field, format!("{position} is beyond the end of this event log: it was not handed out by it")))
+    }
+}
+
+impl FromRequestParts<AppState> for MinPosition {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let from_query = parts
-            .uri
-            .query()
-            .and_then(|query| query.split('&').find_map(|pair| pair.strip_prefix("after=").map(str::to_owned)));
-        if let Some(text) = from_query {
-            return text.parse().map(|p| MinPosition(Some(p))).map_err(|err| invalid("after", err));
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let named = named_positions(parts)?;
+        for (field, position) in &named {
+            check_within_log(state.db(), field, *position).await?;
         }
-        match parts.headers.get("x-min-position") {
-            Some(value) => {
-                let text = value.to_str().map_err(|_| invalid("X-Min-Position", "is not text"))?;
-                text.parse().map(|p| MinPosition(Some(p))).map_err(|err| invalid("X-Min-Position", err))
-            }
-            None => Ok(MinPosition(None)),
-        }
+        Ok(MinPosition(named.into_iter().map(|(_, position)| position).max()))
     }
 }
 

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast;
 
+use super::consistency::check_within_log;
 use super::openapi::CommonErrors;
 use super::request::{Authed, QueryParams, path_id};
 use super::{ApiError, AppState};
@@ -337,9 +338,17 @@ pub async fn stream(
             .map_err(|_| ApiError::invalid_argument("Last-Event-ID", "is not text"))
             .and_then(|text| path_id::<Position>("Last-Event-ID", text.trim()))
     });
-    let after = match (from_header.transpose()?, params.after.as_deref()) {
-        (Some(position), _) => position,
-        (None, Some(text)) => path_id::<Position>("after", text)?,
+    // Both forms are checked when both are sent; the header wins, as browsers send it on reconnecting.
+    let from_query = params.after.as_deref().map(|text| path_id::<Position>("after", text)).transpose()?;
+    let after = match (from_header.transpose()?, from_query) {
+        (Some(position), _) => {
+            check_within_log(state.db(), "Last-Event-ID", position).await?;
+            position
+        }
+        (None, Some(position)) => {
+            check_within_log(state.db(), "after", position).await?;
+            position
+        }
         // Without a position the stream starts at the log's head as of this request, fixed before the
         // response starts, so whatever commits after the subscriber has its headers is delivered.
         (None, None) => head(state.db()).await.map_err(|err| ApiError::from_store(&err))?,

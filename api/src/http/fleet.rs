@@ -110,6 +110,8 @@ pub async fn create_site(
 pub async fn list_sites(
     State(state): State<AppState>,
     who: Authed,
+    // Sites are read where they are written, so every token is already reached; it is still checked.
+    MinPosition(_): MinPosition,
     QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<Value>, ApiError> {
     in_own_tenant(&state, &who, "sites.list").await?;
@@ -131,6 +133,7 @@ pub async fn get_site(
     State(state): State<AppState>,
     who: Authed,
     Path(id): Path<String>,
+    MinPosition(_): MinPosition,
     QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
 ) -> Result<Json<Value>, ApiError> {
     let id: SiteId = path_id("siteId", &id)?;
@@ -245,7 +248,7 @@ pub async fn list_pools(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ReadParams {
-    /// The consistency token, read by [`MinPosition`]; listed so that it is not an unknown parameter.
+    /// A consistency token: answer once the read models have passed this position (as `X-Min-Position`).
     #[allow(dead_code)]
     pub after: Option<String>,
 }

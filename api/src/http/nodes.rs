@@ -91,9 +91,10 @@ pub async fn register(
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
     pub cursor: Option<String>,
-    /// The consistency token, read by [`MinPosition`]; listed so that it is not an unknown parameter.
+    /// A consistency token: answer once the read models have passed this position (as `X-Min-Position`).
     #[allow(dead_code)]
     pub after: Option<String>,
     pub pool_id: Option<String>,

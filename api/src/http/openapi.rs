@@ -1,8 +1,12 @@
 //! `GET /v1/openapi.json`: the OpenAPI document, generated from the handlers' annotations.
 
 use axum::Json;
+use bc_domain::id::{CommandId, NodeId, PoolId, ProjectId, ReservationId, SessionId, SiteId, TenantId};
+use bc_eventstore::Position;
 use serde::Serialize;
+use utoipa::openapi::schema::{ArrayItems, Schema};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{Content, RefOr};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use super::{agent, events, fleet, health, nodes, projections, reservations};
@@ -52,6 +56,93 @@ impl Modify for BearerAuth {
         components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
         // Node agents authenticate with the credential their node got at join (`nc_...`), as a bearer token.
         components.add_security_scheme("node", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    }
+}
+
+/// The text form of ids and positions, wherever a parameter or a property carries one, as a `pattern`: clients
+/// (and schema-driven fuzzers) learn what the server will parse, and every id in a response is checked against
+/// it by schema validation.
+struct TextPatterns;
+
+/// The pattern of a parameter or property, by its name (the same name always carries the same kind of text).
+fn pattern_of(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "siteId" | "site_id" => SiteId::PATTERN,
+        "poolId" | "pool_id" => PoolId::PATTERN,
+        "nodeId" | "node_id" => NodeId::PATTERN,
+        "projectId" | "project_id" => ProjectId::PATTERN,
+        "commandId" | "command_id" => CommandId::PATTERN,
+        "sessionId" | "session_id" => SessionId::PATTERN,
+        "reservationId" | "reservation_id" => ReservationId::PATTERN,
+        "tenantId" | "tenant_id" | "ownerTenantId" => TenantId::PATTERN,
+        "after" | "X-Min-Position" | "Last-Event-ID" => Position::PATTERN,
+        // URL-safe base64 without padding, as `encode_cursor` writes it.
+        "cursor" | "nextCursor" => "^[A-Za-z0-9_-]+$",
+        _ => return None,
+    })
+}
+
+/// Sets the pattern of `schema`, a string (or nullable string), and of every property below it.
+fn set_patterns(schema: &mut RefOr<Schema>, name: Option<&str>) {
+    let RefOr::T(schema) = schema else { return };
+    match schema {
+        Schema::Object(object) => {
+            if let Some(pattern) = name.and_then(pattern_of)
+                && object.properties.is_empty()
+            {
+                object.pattern = Some(pattern.to_owned());
+            }
+            for (property, schema) in object.properties.iter_mut() {
+                set_patterns(schema, Some(property));
+            }
+        }
+        Schema::Array(array) => {
+            if let ArrayItems::RefOrSchema(items) = &mut array.items {
+                set_patterns(items, None);
+            }
+        }
+        Schema::OneOf(one_of) => one_of.items.iter_mut().for_each(|s| set_patterns(s, name)),
+        Schema::AllOf(all_of) => all_of.items.iter_mut().for_each(|s| set_patterns(s, name)),
+        Schema::AnyOf(any_of) => any_of.items.iter_mut().for_each(|s| set_patterns(s, name)),
+        _ => {}
+    }
+}
+
+fn set_content_patterns<'a>(content: impl Iterator<Item = &'a mut RefOr<Content>>) {
+    for content in content {
+        if let RefOr::T(Content { schema: Some(schema), .. }) = content {
+            set_patterns(schema, None);
+        }
+    }
+}
+
+impl Modify for TextPatterns {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
+            for operation in operations.into_iter().flatten() {
+                for parameter in operation.parameters.iter_mut().flatten() {
+                    if let RefOr::T(parameter) = parameter
+                        && let Some(schema) = &mut parameter.schema
+                    {
+                        set_patterns(schema, Some(&parameter.name));
+                    }
+                }
+                if let Some(RefOr::T(body)) = &mut operation.request_body {
+                    set_content_patterns(body.content.values_mut());
+                }
+                for response in operation.responses.responses.values_mut() {
+                    if let RefOr::T(response) = response {
+                        set_content_patterns(response.content.values_mut());
+                    }
+                }
+            }
+        }
+        if let Some(components) = &mut openapi.components {
+            for schema in components.schemas.values_mut() {
+                set_patterns(schema, None);
+            }
+        }
     }
 }
 
@@ -110,7 +201,7 @@ impl Modify for BearerAuth {
         document,
     ),
     components(schemas(ErrorBody, ErrorDetail)),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &TextPatterns)
 )]
 pub struct ApiDoc;
 

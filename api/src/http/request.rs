@@ -213,6 +213,7 @@ fn form_urlencoded_parse(query: &str) -> form_urlencoded::Parse<'_> {
 #[into_params(parameter_in = Query)]
 pub struct PageParams {
     /// Items per page, 1 to 500 (100 by default).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
     /// The `nextCursor` of the previous page.
     pub cursor: Option<String>,

@@ -44,6 +44,12 @@ async fn a_read_after_a_commands_position_sees_its_effect() {
     // No daemon yet: the read model cannot have the offer, and the read says how far it got.
     let err = fleet.app.list_pools(&acme, &Page::first(10), Some(position)).await.expect_err("not yet");
     assert_eq!(err.code(), "NOT_YET_CONSISTENT");
+    let auth = std::sync::Arc::new(BuiltinAuthorizer::from_toml(crate::http_api::AUTH).expect("auth"));
+    let state = AppState::new(fleet.t.db.clone(), auth).expect("state");
+    let (status, body) = get(state.clone(), &format!("/v1/projections?after={position}"), None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "NOT_YET_CONSISTENT");
+    assert!(body["error"]["details"]["reached"].as_str().is_some());
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let config = DaemonConfig { poll: Duration::from_millis(10), ..DaemonConfig::default() };
@@ -56,8 +62,6 @@ async fn a_read_after_a_commands_position_sees_its_effect() {
     assert!(elsewhere.items.is_empty(), "another tenant sees nothing");
 
     // The same through HTTP, with ?after= and with X-Min-Position.
-    let auth = std::sync::Arc::new(BuiltinAuthorizer::from_toml(crate::http_api::AUTH).expect("auth"));
-    let state = AppState::new(fleet.t.db.clone(), auth).expect("state");
     let (status, body) = get(state.clone(), &format!("/v1/projections?after={position}"), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(
@@ -71,14 +75,31 @@ async fn a_read_after_a_commands_position_sees_its_effect() {
     let (status, _) = get(state.clone(), "/v1/projections", Some(&position.to_string())).await;
     assert_eq!(status, StatusCode::OK);
 
-    let far = bc_eventstore::Position::new(position.epoch + 5, 1, 1);
-    let (status, body) = get(state.clone(), &format!("/v1/projections?after={far}"), None).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(body["error"]["code"], "NOT_YET_CONSISTENT");
-    assert!(body["error"]["details"]["reached"].as_str().is_some());
+    // Positions this log never handed out, in a later epoch or a transaction not yet begun, could only time
+    // out: they are refused at once, naming the field.
+    let later_epoch = bc_eventstore::Position::new(position.epoch + 5, 1, 1);
+    let later_txid = bc_eventstore::Position::new(position.epoch, position.txid + 1_000_000, 1);
+    for far in [later_epoch, later_txid] {
+        let (status, body) = get(state.clone(), &format!("/v1/projections?after={far}"), None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(body["error"]["details"]["field"], "after");
+        let (status, body) = get(state.clone(), "/v1/pools", Some(&far.to_string())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(body["error"]["details"]["field"], "X-Min-Position");
+    }
 
-    let (status, body) = get(state, "/v1/projections?after=1-2", None).await;
+    let (status, body) = get(state.clone(), "/v1/projections?after=1-2", None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["details"]["field"], "after");
+    // Both forms are checked when both are sent, and a percent-encoded position is read as the position.
+    let (status, body) = get(state.clone(), &format!("/v1/projections?after={position}"), Some("")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["details"]["field"], "X-Min-Position");
+    let encoded = position.to_string().replace('-', "%2D");
+    let (status, body) = get(state.clone(), &format!("/v1/sites?after={encoded}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = get(state, "/v1/sites?after=", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "sites check the token too: {body}");
     assert_eq!(body["error"]["details"]["field"], "after");
 
     let _ = stop.send(true);

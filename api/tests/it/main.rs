@@ -5,6 +5,7 @@ mod agents;
 mod consistency;
 mod fleet;
 mod health;
+mod hostile;
 mod http_api;
 mod investigate;
 mod nodes;

@@ -14,23 +14,23 @@ use bc_eventstore::{TxOptions, sql};
 const BINARY: &str = env!("CARGO_BIN_EXE_better-compute");
 const WAIT: Duration = Duration::from_secs(120);
 
-fn command(args: &[&str]) -> Command {
+pub(crate) fn command(args: &[&str]) -> Command {
     let mut command = Command::new(BINARY);
     command.args(args).env_remove("BETTER_COMPUTE_DATABASE_URL").env("BETTER_COMPUTE_LOG", "warn");
     command
 }
 
 /// A running server process, killed on drop if a test fails half-way.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    base_url: String,
+    pub(crate) base_url: String,
     /// Its later standard output lines (kept open, so the process can go on writing).
     lines: mpsc::Receiver<String>,
 }
 
 impl Server {
     /// Starts the process and waits for the line that says where it serves.
-    fn start(mut command: Command) -> Server {
+    pub(crate) fn start(mut command: Command) -> Server {
         let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn");
         let stdout = child.stdout.take().expect("stdout");
         let (lines, received) = mpsc::channel();
@@ -66,12 +66,12 @@ impl Server {
         }
     }
 
-    fn signal(&self, name: &str) {
+    pub(crate) fn signal(&self, name: &str) {
         let status = Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status();
         assert!(status.expect("kill").success());
     }
 
-    fn wait(&mut self) -> ExitStatus {
+    pub(crate) fn wait(&mut self) -> ExitStatus {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
@@ -107,7 +107,7 @@ fn help_lists_the_commands() {
 }
 
 /// Writes the tests' authorization file into a scratch folder and returns its path.
-fn auth_file(name: &str, text: &str) -> std::path::PathBuf {
+pub(crate) fn auth_file(name: &str, text: &str) -> std::path::PathBuf {
     let dir = testing::server().scratch_dir(name);
     std::fs::create_dir_all(&dir).expect("scratch folder");
     let path = dir.join("auth.toml");

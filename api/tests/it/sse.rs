@@ -177,6 +177,19 @@ async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_or
     assert_eq!(bad.status().as_u16(), 400);
     let body: serde_json::Value = bad.json().await.expect("json");
     assert_eq!(body["error"]["details"]["field"], "Last-Event-ID");
+    // A position past the log's end was never handed out: resuming after it would skip events still to come.
+    for (name, value) in [("last-event-id", "99-1-1"), ("after", "1-18446744073709551615-1")] {
+        let request = if name == "after" {
+            client.get(format!("{base}/v1/events?after={value}"))
+        } else {
+            client.get(format!("{base}/v1/events")).header(name, value)
+        };
+        let request = request.bearer_auth(ALICE);
+        let ahead = request.send().await.expect("request");
+        assert_eq!(ahead.status().as_u16(), 400, "{name}: {value}");
+        let body: serde_json::Value = ahead.json().await.expect("json");
+        assert_eq!(body["error"]["details"]["field"], if name == "after" { "after" } else { "Last-Event-ID" });
+    }
     let unauthenticated = client.get(format!("{base}/v1/events")).send().await.expect("request");
     assert_eq!(unauthenticated.status().as_u16(), 401);
 

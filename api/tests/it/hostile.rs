@@ -1,0 +1,117 @@
+//! Hostile input against the real binary: schemathesis (from PyPI) sends requests generated from the OpenAPI
+//! document the server serves, valid ones and ones that break it on purpose, as three callers: the platform's
+//! operator, a customer of another tenant, and a node's agent. Slow (a minute a caller), so it runs only with
+//! `BETTER_COMPUTE_SLOW_TESTS=1`, which `.ci/run` sets; `BETTER_COMPUTE_SCHEMATHESIS_SECONDS` sets the budget
+//! of each caller and `BC_SCHEMATHESIS_SEED` replays a run.
+
+use std::process::Command;
+
+use bc_agent::simulate::{self, Simulated};
+use bc_domain::agent::JoinRequest;
+use bc_domain::inventory::SectionHashes;
+use bc_domain::pool::Sharing;
+use bc_eventstore::clock;
+
+use crate::http_api::{ALICE, AUTH, ROOT};
+use crate::process::{Server, auth_file, command};
+use crate::support::Fleet;
+
+/// The switch that turns the slow tests on.
+pub const SLOW_TESTS: &str = "BETTER_COMPUTE_SLOW_TESTS";
+
+fn slow_tests_enabled(test: &str) -> bool {
+    let enabled = std::env::var(SLOW_TESTS).is_ok_and(|v| v == "1");
+    if !enabled {
+        eprintln!("{test}: skipped; set {SLOW_TESTS}=1 to run it");
+    }
+    enabled
+}
+
+/// Every check schemathesis has but one: `positive_data_acceptance` expects every schema-valid request to be
+/// accepted, which no API with opaque cursors, ids that must exist and rules across fields can promise.
+const CHECKS: &[&str] = &["--checks", "all", "--exclude-checks", "positive_data_acceptance"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_schema() {
+    if !slow_tests_enabled("schemathesis") {
+        return;
+    }
+    let st = std::env::var("BETTER_COMPUTE_SCHEMATHESIS").unwrap_or_else(|_| "st".to_owned());
+    let version = Command::new(&st).arg("--version").output().unwrap_or_else(|err| {
+        panic!("schemathesis ({st}) cannot run: {err}; install it with `pip install schemathesis`")
+    });
+    assert!(version.status.success(), "`{st} --version` failed");
+    let seconds = std::env::var("BETTER_COMPUTE_SCHEMATHESIS_SECONDS").unwrap_or_else(|_| "60".to_owned());
+    let seed = std::env::var("BC_SCHEMATHESIS_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("schemathesis seed {seed} (BC_SCHEMATHESIS_SEED={seed} replays it)");
+
+    // A fleet on the real clock: a pool offered to acme with two registered nodes, and a machine that joined
+    // through the agent protocol, whose credential the agent's pass uses.
+    let fleet = Fleet::new().await;
+    clock::restore_system_clock(&fleet.t.db).await.expect("system clock");
+    let pool = fleet.pool("h100", Sharing::Exclusive, None).await;
+    fleet.offer(&pool, "acme", 8).await;
+    fleet.node(&pool, "a", 8, 0).await;
+    fleet.node(&pool, "b", 8, 0).await;
+    let token = fleet.app.create_join_token(&fleet.owner, &pool, 3600).await.expect("join token").value.token;
+    let spec: Simulated = "8xH100".parse().expect("spec");
+    let machine = simulate::inventory("sim-1", &spec);
+    let joined = fleet
+        .app
+        .join(JoinRequest {
+            join_token: token,
+            agent_version: "test".into(),
+            inventory: machine.report(&SectionHashes::new()),
+        })
+        .await
+        .expect("join");
+
+    let auth = auth_file("schemathesis", AUTH);
+    let mut serve = command(&["serve", "--no-migrate", "--listen", "127.0.0.1:0", "--auth-config"]);
+    serve.arg(&auth).env("BETTER_COMPUTE_DATABASE_URL", fleet.t.url());
+    let mut server = tokio::task::block_in_place(|| Server::start(serve));
+    let schema = format!("{}/v1/openapi.json", server.base_url);
+    // The event stream never ends, so a generated request could only time out; its input is checked by the SSE
+    // tests. Agents' routes take a node credential, which only the agent's pass has.
+    let passes = [
+        ("the platform's operator", ROOT, ["--exclude-path-regex", "^/v1/(agent/|events$)"]),
+        ("a customer", ALICE, ["--exclude-path-regex", "^/v1/(agent/|events$)"]),
+        ("a node's agent", joined.credential.as_str(), ["--include-path-regex", "^/v1/agent/"]),
+    ];
+    let scratch = bc_eventstore::testing::server().scratch_dir("schemathesis-runs");
+    std::fs::create_dir_all(&scratch).expect("scratch folder");
+    for (who, bearer, filter) in passes {
+        let output = tokio::task::block_in_place(|| {
+            Command::new(&st)
+                .current_dir(&scratch)
+                .args(["run", &schema])
+                .args(["--header", &format!("Authorization: Bearer {bearer}")])
+                .args(CHECKS)
+                .args(filter)
+                .args(["--max-time", &seconds, "--seed", &seed.to_string()])
+                // One worker: schemathesis's threads can trip over Python's parser (a spurious "AST
+                // constructor recursion depth mismatch"), and two cores are shared with the server anyway.
+                .args(["--workers", "1", "--request-timeout", "10", "--generation-database", "none"])
+                .args(["--no-color", "--report-dir", "reports"])
+                .output()
+                .expect("run schemathesis")
+        });
+        let text = String::from_utf8_lossy(&output.stdout);
+        let summary: Vec<&str> =
+            text.lines().map(str::trim).filter(|l| l.starts_with("Tested:") || l.contains(" generated, ")).collect();
+        println!("schemathesis as {who}: {}", summary.join("; "));
+        assert!(
+            output.status.success(),
+            "schemathesis as {who} found failures (seed {seed}):\n{text}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    server.signal("TERM");
+    assert!(server.wait().success(), "the server stopped cleanly after the run");
+    // Whatever was accepted went through the commands: every read model still equals its rebuild.
+    crate::read_models::catch_up(&fleet.t.db).await;
+    crate::investigate::assert_models_equal_rebuilds(&fleet.t.db, "after schemathesis").await;
+}
