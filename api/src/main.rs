@@ -280,8 +280,42 @@ struct ServeArgs {
     #[arg(long)]
     no_migrate: bool,
 
+    /// What this process runs: `api` (the HTTP API and event stream), `worker` (the work queue's shards and the
+    /// projections, with a health check over HTTP) or `all`. Run as many of each as needed on one database.
+    #[arg(long, env = "BETTER_COMPUTE_ROLE", default_value = "all")]
+    role: service::Role,
+
+    /// How long shard, projection and gateway leases live without renewal, in milliseconds (seed: 15 s for
+    /// shards and projections, 20 s for gateways); a dead process's work is taken over after this.
+    #[arg(long)]
+    lease_ttl_ms: Option<u64>,
+
+    /// How often those leases are renewed, in milliseconds (seed: 5 s); less than their life.
+    #[arg(long)]
+    lease_renew_ms: Option<u64>,
+
     #[command(flatten)]
     database: DatabaseArgs,
+}
+
+impl ServeArgs {
+    fn options(&self) -> anyhow::Result<service::ServeOptions> {
+        let mut options = service::ServeOptions { role: self.role, ..Default::default() };
+        if self.lease_ttl_ms.is_some() || self.lease_renew_ms.is_some() {
+            let ttl = self.lease_ttl_ms.unwrap_or(15_000);
+            let renew = self.lease_renew_ms.unwrap_or(5_000);
+            if renew == 0 || renew >= ttl {
+                anyhow::bail!("--lease-renew-ms ({renew}) must be above 0 and below --lease-ttl-ms ({ttl})");
+            }
+            let config = bc_eventstore::lease::LeaseConfig {
+                ttl: Duration::from_millis(ttl),
+                renew_every: Duration::from_millis(renew),
+            };
+            options.work_lease = config;
+            options.gateway_lease = config;
+        }
+        Ok(options)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -329,11 +363,12 @@ fn main() -> anyhow::Result<()> {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => {
+            let options = args.options()?;
             let auth = service::load_authorizer(&args.auth_config)?;
             let db = Db::connect_lazy(args.database.required_url()?, &args.database.config())?;
             service::prepare(&db, migrate_on_start(args.no_migrate)).await?;
             let listener = service::bind(args.listen).await?;
-            service::serve_on(db, auth, listener, service::shutdown_signal()).await
+            service::serve_with(db, auth, listener, options, service::shutdown_signal()).await
         }
         Command::Migrate(args) => {
             // The method table against Better Compute's own catalog, before anything touches the store.

@@ -8,15 +8,17 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use bc_eventstore::clock::ClockAnchor;
+use bc_eventstore::lease::{self, LeaseConfig, LeaseKeeper};
 use bc_eventstore::migrate::Migrator;
+use bc_eventstore::shards::{ShardConfig, ShardKeeper};
 use bc_eventstore::{Db, events};
 use tokio::net::TcpListener;
 
 use bc_projections::framework::{self, DaemonConfig};
 use bc_projections::models;
 
-use crate::app::App;
 use crate::app::worker::{Worker, WorkerConfig};
+use crate::app::{App, SHARDS};
 use crate::auth::{Authorizer, BuiltinAuthorizer};
 use crate::http::{self, AppState};
 
@@ -76,6 +78,57 @@ pub async fn bind(listen: SocketAddr) -> anyhow::Result<TcpListener> {
     Ok(listener)
 }
 
+/// What a `serve` process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// The HTTP API and the event stream (holding a gateway lease), with no background work.
+    Api,
+    /// The work queue's shards and the projections, with only a health check over HTTP.
+    Worker,
+    /// Both.
+    #[default]
+    All,
+}
+
+impl Role {
+    fn serves_api(self) -> bool {
+        matches!(self, Role::Api | Role::All)
+    }
+
+    fn works(self) -> bool {
+        matches!(self, Role::Worker | Role::All)
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "api" => Ok(Role::Api),
+            "worker" => Ok(Role::Worker),
+            "all" => Ok(Role::All),
+            other => Err(format!("unknown role {other:?}: expected api, worker or all")),
+        }
+    }
+}
+
+/// How a `serve` process runs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub role: Role,
+    /// The shard leases of the work queue, and the projections' leases (seed: 15 s, renewed every 5 s).
+    pub work_lease: LeaseConfig,
+    /// The gateway lease of the event stream's poller (seed: 20 s, renewed every 5 s).
+    pub gateway_lease: LeaseConfig,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self { role: Role::All, work_lease: LeaseConfig::SHARD, gateway_lease: LeaseConfig::GATEWAY }
+    }
+}
+
 /// Serves the API on a bound listener, with the work-queue worker and the projection daemon beside it, until
 /// `shutdown` completes; in-flight requests, the worker's current round and the daemon's batches finish first.
 pub async fn serve_on(
@@ -84,13 +137,47 @@ pub async fn serve_on(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve_with(db, auth, listener, ServeOptions::default(), shutdown).await
+}
+
+/// [`serve_on`] in a role. Workers spread the work queue's shards among themselves through `shard:<n>` leases
+/// and run the projections under theirs; API processes hold a `gateway:<owner>` lease for their event-stream
+/// poller. Every lease is given up at once on shutdown, so the other processes take over without waiting.
+pub async fn serve_with(
+    db: Db,
+    auth: Arc<dyn Authorizer>,
+    listener: TcpListener,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let owner = lease::process_owner_id().to_owned();
     let (stop_background, stopped) = tokio::sync::watch::channel(false);
-    let worker = tokio::spawn(Worker::new(App::new(db.clone()), WorkerConfig::default()).run(stopped.clone()));
-    let daemon =
-        tokio::spawn(framework::run_daemon(db.clone(), models::read_models(), DaemonConfig::default(), stopped));
+    let mut background = Vec::new();
+    let mut shards = None;
+    if options.role.works() {
+        let keeper = ShardKeeper::start(
+            db.clone(),
+            owner.clone(),
+            ShardConfig { lease: options.work_lease, ..ShardConfig::workers(SHARDS) },
+        );
+        let worker = Worker::new(App::new(db.clone()), WorkerConfig::default()).with_shard_leases(keeper.watch());
+        background.push(tokio::spawn(worker.run(stopped.clone())));
+        let daemon = DaemonConfig { lease: options.work_lease, ..DaemonConfig::default() };
+        background.push(tokio::spawn(framework::run_daemon(
+            db.clone(),
+            models::read_models(),
+            daemon,
+            stopped.clone(),
+        )));
+        shards = Some(keeper);
+    }
+    let gateway = options
+        .role
+        .serves_api()
+        .then(|| LeaseKeeper::start(db.clone(), format!("gateway:{owner}"), owner.clone(), options.gateway_lease));
     let state = AppState::new(db, auth).context("check the method table")?;
     let hub = Arc::clone(&state.events);
-    let router = http::router(state);
+    let router = if options.role.serves_api() { http::router(state) } else { http::worker_router(state) };
     // On the signal the listener stops accepting, in-flight requests finish, and event streams end with a
     // `retry:` hint instead of holding the shutdown open; then the worker and the projection daemon stop and
     // give up their leases at once.
@@ -100,8 +187,16 @@ pub async fn serve_on(
     };
     let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await.context("serve HTTP");
     let _ = stop_background.send(true);
-    worker.await.context("stop the worker")?;
-    daemon.await.context("stop the projection daemon")?;
+    for task in background {
+        task.await.context("stop the background work")?;
+    }
+    // The worker's last round is over: nothing runs under the shard leases any more.
+    if let Some(keeper) = shards {
+        keeper.stop().await;
+    }
+    if let Some(gateway) = gateway {
+        gateway.stop().await;
+    }
     served
 }
 

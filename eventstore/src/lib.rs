@@ -14,6 +14,7 @@ pub mod lease;
 pub mod migrate;
 pub mod position;
 pub mod queue;
+pub mod shards;
 pub mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -15,6 +15,7 @@ use bc_domain::node::{
     connectivity_after_silence,
 };
 use bc_domain::reservation::{self, Command, ExpiryCause, FailureReason, ReservationState};
+use bc_eventstore::lease::Lease;
 use bc_eventstore::queue::{self, WorkItem};
 use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock, sql};
 use sqlx::Row as _;
@@ -46,7 +47,8 @@ const SILENT_SQL: &str = "SELECT s.node_id, n.connectivity, ts_ms(compute_now())
 impl App {
     /// One liveness sweep of a shard: every node whose agent's silence calls for another connectivity gets it.
     /// Returns how many nodes changed.
-    pub async fn sweep_liveness(&self, shard: i32) -> AppResult<usize> {
+    /// With `fence`, each change commits only while this process still holds the shard's lease.
+    pub async fn sweep_liveness(&self, shard: i32, fence: Option<&Lease>) -> AppResult<usize> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let rows = sql::query(SILENT_SQL).bind(shard).fetch_all(tx.conn()).await?;
         tx.commit().await?;
@@ -62,7 +64,7 @@ impl App {
             };
             let due = connectivity_after_silence(silent.silence_ms, lease_ms, silent.lost_after_ms);
             if due != silent.connectivity && due != Connectivity::Connected {
-                changed += usize::from(self.mark_silent(&silent.node_id, lease_ms).await?);
+                changed += usize::from(self.mark_silent(&silent.node_id, lease_ms, fence).await?);
             }
         }
         Ok(changed)
@@ -70,10 +72,11 @@ impl App {
 
     /// Moves one silent node to the connectivity its silence calls for, re-reading the session under a lock so
     /// a heartbeat that just arrived wins.
-    async fn mark_silent(&self, node_id: &NodeId, lease_ms: i64) -> AppResult<bool> {
+    async fn mark_silent(&self, node_id: &NodeId, lease_ms: i64, fence: Option<&Lease>) -> AppResult<bool> {
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 async move {
+                    super::worker::fenced(tx, fence).await?;
                     let row = sql::query(
                         "SELECT n.connectivity, n.pool_id, p.owner_tenant_id,
                                 ts_ms(compute_now()) - ts_ms(s.heartbeat_at) AS silence_ms,
@@ -261,9 +264,21 @@ impl App {
     }
 
     /// Runs a node's reconcile work item, in the worker.
-    pub(crate) async fn run_node_item(&self, caller: &Caller, item: &WorkItem, node_id: &NodeId) -> AppResult<()> {
+    /// The node's own writes are guarded by its stream's version, so a stale process cannot apply them twice; the
+    /// item's completion is fenced by the shard's lease.
+    pub(crate) async fn run_node_item(
+        &self,
+        caller: &Caller,
+        item: &WorkItem,
+        node_id: &NodeId,
+        fence: Option<&Lease>,
+    ) -> AppResult<()> {
+        let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
+        super::worker::fenced(&mut tx, fence).await?;
+        tx.commit().await?;
         let again = self.reconcile_node(caller, node_id).await?;
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
+        super::worker::fenced(&mut tx, fence).await?;
         match again {
             Some(delay_ms) => {
                 let now_ms = clock::compute_now_ms(&mut tx).await?;

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use bc_domain::id::{PoolId, ReservationId};
 use bc_domain::reservation::{self, Command, Due, ReservationState};
+use bc_eventstore::lease::{self, Lease};
 use bc_eventstore::queue::{self, Backoff, WorkItem};
-use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
+use bc_eventstore::shards::OwnedShards;
+use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock};
 
 use super::reservations::{apply_and_schedule, record_reservation, try_place};
 use bc_eventstore::Retryable as _;
@@ -18,7 +20,8 @@ use super::{App, AppError, AppResult, Caller, SHARDS, store};
 /// How a worker claims and paces its work.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// The shards this worker serves.
+    /// The shards this worker serves when it holds no shard leases (tests, the simulator); a worker with shard
+    /// leases ([`Worker::with_shard_leases`]) serves the shards it holds instead.
     pub shards: Vec<i32>,
     /// Keys claimed per round.
     pub batch: u32,
@@ -52,11 +55,52 @@ pub struct Worker {
     caller: Caller,
     failures: std::sync::Arc<std::sync::atomic::AtomicU64>,
     last_failure: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    /// The shards this process holds, when the work is spread over processes.
+    leased: Option<tokio::sync::watch::Receiver<OwnedShards>>,
+}
+
+/// Starts a transaction that does work of a shard, fenced by the shard's lease when the worker holds one: a
+/// process that lost the shard cannot commit work for it.
+pub(crate) async fn fenced(tx: &mut Tx, fence: Option<&Lease>) -> AppResult<()> {
+    if let Some(lease) = fence {
+        lease::fence(tx, lease).await?;
+    }
+    Ok(())
+}
+
+/// Whether an error says the shard's lease is no longer this process's.
+fn lease_lost(err: &AppError) -> bool {
+    matches!(err, AppError::Store(bc_eventstore::Error::LeaseLost { .. }))
 }
 
 impl Worker {
     pub fn new(app: App, config: WorkerConfig) -> Self {
-        Self { app, config, caller: Caller::system(), failures: Default::default(), last_failure: Default::default() }
+        Self {
+            app,
+            config,
+            caller: Caller::system(),
+            failures: Default::default(),
+            last_failure: Default::default(),
+            leased: None,
+        }
+    }
+
+    /// Serves only the shards whose leases this process holds (a [`bc_eventstore::shards::ShardKeeper`]'s
+    /// watch), each item's transactions fenced by its shard's lease.
+    pub fn with_shard_leases(mut self, owned: tokio::sync::watch::Receiver<OwnedShards>) -> Self {
+        self.leased = Some(owned);
+        self
+    }
+
+    /// The shards to serve now, with their leases when they are leased.
+    fn serving(&self) -> (Vec<i32>, Option<OwnedShards>) {
+        match &self.leased {
+            None => (self.config.shards.clone(), None),
+            Some(owned) => {
+                let owned = owned.borrow().clone();
+                (owned.shards(), Some(owned))
+            }
+        }
     }
 
     /// Work items that failed with an error a retry would not cure (and were put back with a backoff) since this
@@ -73,11 +117,34 @@ impl Worker {
 
     /// Claims one batch of due keys and processes them. Returns how many it claimed.
     pub async fn run_once(&self) -> AppResult<usize> {
+        let (mut shards, owned) = self.serving();
         let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
-        let items = queue::claim(&mut tx, &self.config.shards, self.config.batch, self.config.claim_for).await?;
+        if let Some(owned) = &owned {
+            // Claim only on shards still ours at this moment (each read locks its lease row until the claim commits).
+            let mut still = Vec::with_capacity(shards.len());
+            for (&shard, lease) in &owned.leases {
+                match lease::fence(&mut tx, lease).await {
+                    Ok(()) => still.push(shard),
+                    Err(bc_eventstore::Error::LeaseLost { .. }) => {}
+                    Err(err) => return Err(err.into()),
+                }
+            }
+            shards = still;
+        }
+        if shards.is_empty() {
+            tx.commit().await?;
+            return Ok(0);
+        }
+        let items = queue::claim(&mut tx, &shards, self.config.batch, self.config.claim_for).await?;
         tx.commit().await?;
         for item in &items {
-            if let Err(err) = self.process(item).await {
+            let fence = owned.as_ref().and_then(|owned| owned.lease(item.shard));
+            if let Err(err) = self.process(item, fence).await {
+                if lease_lost(&err) {
+                    // The shard moved to another process, which released this claim when it took the lease.
+                    tracing::info!(key = %item.key, shard = item.shard, "shard lease lost; leaving the item to its new owner");
+                    continue;
+                }
                 if !err.is_retryable() {
                     self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if let Ok(mut last) = self.last_failure.lock() {
@@ -86,7 +153,11 @@ impl Worker {
                 }
                 tracing::warn!(key = %item.key, attempts = item.attempts, error = %err, "work item failed; backing off");
                 let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
-                queue::fail(&mut tx, item, &err.to_string(), &self.config.backoff).await?;
+                match fenced(&mut tx, fence).await {
+                    Ok(()) => queue::fail(&mut tx, item, &err.to_string(), &self.config.backoff).await?,
+                    Err(err) if lease_lost(&err) => {}
+                    Err(err) => return Err(err),
+                }
                 tx.commit().await?;
             }
         }
@@ -107,9 +178,15 @@ impl Worker {
 
     /// One liveness sweep over this worker's shards; returns how many nodes changed connectivity.
     pub async fn sweep_liveness(&self) -> AppResult<usize> {
+        let (shards, owned) = self.serving();
         let mut changed = 0;
-        for &shard in &self.config.shards {
-            changed += self.app.sweep_liveness(shard).await?;
+        for shard in shards {
+            let fence = owned.as_ref().and_then(|owned| owned.lease(shard));
+            match self.app.sweep_liveness(shard, fence).await {
+                Ok(n) => changed += n,
+                Err(err) if lease_lost(&err) => {}
+                Err(err) => return Err(err),
+            }
         }
         Ok(changed)
     }
@@ -144,34 +221,36 @@ impl Worker {
         }
     }
 
-    async fn process(&self, item: &WorkItem) -> AppResult<()> {
+    async fn process(&self, item: &WorkItem, fence: Option<&Lease>) -> AppResult<()> {
         if let Some(id) = item.key.strip_prefix("rsv:") {
             let id: ReservationId = id.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
-            return self.reconcile_reservation(item, &id).await;
+            return self.reconcile_reservation(item, &id, fence).await;
         }
         if let Some(node) = super::agents::node_of_replace_key(&item.key) {
             let node: bc_domain::id::NodeId =
                 node.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
-            return self.app.run_node_item(&self.caller, item, &node).await;
+            return self.app.run_node_item(&self.caller, item, &node, fence).await;
         }
         if let Some(pool) = super::fleet::pool_of_pending_key(&item.key) {
             let pool: PoolId = pool.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
-            return self.retry_pending(item, &pool).await;
+            return self.retry_pending(item, &pool, fence).await;
         }
         tracing::warn!(key = %item.key, "unknown work item; dropping it");
         let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
+        fenced(&mut tx, fence).await?;
         queue::complete(&mut tx, item).await?;
         tx.commit().await?;
         Ok(())
     }
 
     /// Applies whatever is due for one reservation, in one transaction with the completion of its work item.
-    async fn reconcile_reservation(&self, item: &WorkItem, id: &ReservationId) -> AppResult<()> {
+    async fn reconcile_reservation(&self, item: &WorkItem, id: &ReservationId, fence: Option<&Lease>) -> AppResult<()> {
         let caller = &self.caller;
         self.app
             .db
             .transaction_with_retry(TxOptions::COMMAND, &self.app.retry, |tx| {
                 async move {
+                    fenced(tx, fence).await?;
                     let now_ms = clock::compute_now_ms(tx).await?;
                     let Some(mut r) = store::reservation(tx, id).await? else {
                         queue::complete(tx, item).await?;
@@ -219,7 +298,7 @@ impl Worker {
 
     /// Retries the pool's pending reservations in order, each in its own transaction. Other wakes of the same
     /// pool that were already queued when the pass began are covered by it, and are removed with its own.
-    async fn retry_pending(&self, item: &WorkItem, pool_id: &PoolId) -> AppResult<()> {
+    async fn retry_pending(&self, item: &WorkItem, pool_id: &PoolId, fence: Option<&Lease>) -> AppResult<()> {
         let mut tx = self.app.db.begin(TxOptions::READ_ONLY).await?;
         let covered = store::queued_pending_wakes(&mut tx, pool_id, &item.key).await?;
         let pending = store::pending_in_order(&mut tx, pool_id, 200).await?;
@@ -232,6 +311,7 @@ impl Worker {
                 .db
                 .transaction_with_retry(TxOptions::COMMAND, &self.app.retry, |tx| {
                     async move {
+                        fenced(tx, fence).await?;
                         let now_ms = clock::compute_now_ms(tx).await?;
                         let Some(r) = store::reservation(tx, id).await? else { return Ok(()) };
                         if r.state != ReservationState::Pending || now_ms >= r.pending_deadline_ms {
@@ -254,6 +334,7 @@ impl Worker {
             }
         }
         let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
+        fenced(&mut tx, fence).await?;
         queue::complete(&mut tx, item).await?;
         store::drop_unclaimed_wakes(&mut tx, &covered).await?;
         if raced {

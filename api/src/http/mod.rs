@@ -145,6 +145,16 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The router of a process without the API (`serve --role worker`): its health check only, so that probes and
+/// scripts can watch it the same way.
+pub fn worker_router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/healthz", axum::routing::get(health::healthz))
+        .fallback(not_routed)
+        .layer(axum::middleware::from_fn(request::request_id))
+        .with_state(state)
+}
+
 async fn not_routed(uri: axum::http::Uri) -> ApiError {
     ApiError::new(axum::http::StatusCode::NOT_FOUND, "NOT_FOUND", format!("no route {}", uri.path()))
 }

@@ -12,6 +12,7 @@ mod nodes;
 mod process;
 mod read_models;
 mod reservations;
+mod scale_out;
 mod sse;
 mod support;
 mod torture;
