@@ -106,6 +106,54 @@ pub struct GpuInfo {
     pub mig_instances: Vec<MigInstance>,
 }
 
+/// The longest GPU UUID accepted from an agent or an operator. Real ones are 40 characters; the limit leaves room
+/// within a device id's 200 for the longest MIG or slot suffix (`/gi<n>/ci<n>`, `/s<n>`), so every device id
+/// made from a GPU reads back.
+pub const MAX_GPU_UUID: usize = 128;
+
+/// Checks GPUs reported by an agent or registered by an operator, naming the field under `field` (`gpus`): each
+/// UUID listed once and at most [`MAX_GPU_UUID`] characters.
+pub fn check_gpus<'a>(field: &str, gpus: impl IntoIterator<Item = &'a GpuInfo>) -> Result<(), crate::Rejection> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, gpu) in gpus.into_iter().enumerate() {
+        let uuid = gpu.uuid.as_str();
+        if uuid.chars().count() > MAX_GPU_UUID {
+            return Err(crate::Rejection::invalid(
+                format!("{field}[{i}].uuid"),
+                format!("is {} characters long; a GPU UUID has at most {MAX_GPU_UUID}", uuid.chars().count()),
+            ));
+        }
+        if !seen.insert(uuid) {
+            return Err(crate::Rejection::invalid(format!("{field}[{i}].uuid"), format!("{uuid} is listed twice")));
+        }
+    }
+    Ok(())
+}
+
+/// The path of the first text in `value` holding a NUL character, which PostgreSQL cannot store as text or
+/// `jsonb`: such input is refused as bad input, never failed on in the database.
+pub fn first_nul(value: &serde_json::Value, path: &str) -> Option<String> {
+    match value {
+        serde_json::Value::String(text) => text.contains('\0').then(|| path.to_owned()),
+        serde_json::Value::Array(items) => {
+            items.iter().enumerate().find_map(|(i, item)| first_nul(item, &format!("{path}[{i}]")))
+        }
+        serde_json::Value::Object(fields) => fields.iter().find_map(|(key, item)| {
+            if key.contains('\0') { Some(path.to_owned()) } else { first_nul(item, &format!("{path}.{key}")) }
+        }),
+        _ => None,
+    }
+}
+
+/// Refuses input holding a NUL character anywhere, naming where.
+pub fn check_no_nul<T: Serialize>(field: &str, input: &T) -> Result<(), crate::Rejection> {
+    let value = serde_json::to_value(input).map_err(|err| crate::Rejection::invalid(field, err.to_string()))?;
+    match first_nul(&value, field) {
+        Some(path) => Err(crate::Rejection::invalid(path, "contains a NUL character")),
+        None => Ok(()),
+    }
+}
+
 /// A device of a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -257,6 +305,33 @@ mod tests {
         let (devices, unknown) = devices_for(&[odd, odd2], Sharing::Exclusive, 1);
         assert_eq!(unknown, vec!["NVIDIA Imaginary 9000".to_owned()]);
         assert_eq!(devices[0].gpu_model, "other");
+    }
+
+    #[test]
+    fn gpu_uuids_leave_room_for_the_ids_made_from_them() {
+        let mut gpu = h100("GPU-a", &[]);
+        gpu.uuid = format!("GPU-{}", "a".repeat(MAX_GPU_UUID - 4)).parse().expect("uuid");
+        check_gpus("gpus", [&gpu]).expect("the longest accepted UUID");
+        // The longest suffixes: `/gi<u32::MAX>/ci<u32::MAX>` and `/s<u32::MAX>`.
+        for id in [DeviceId::mig(&gpu.uuid, u32::MAX, u32::MAX), DeviceId::slot(&gpu.uuid, u32::MAX)] {
+            assert_eq!(id.to_string().parse::<DeviceId>().expect("reads back"), id);
+        }
+        let mut longer = gpu.clone();
+        longer.uuid = format!("GPU-{}", "a".repeat(MAX_GPU_UUID - 3)).parse().expect("uuid");
+        let err = check_gpus("gpus", [&gpu, &longer]).expect_err("too long");
+        assert!(
+            matches!(err, crate::Rejection::InvalidArgument { ref field, .. } if field == "gpus[1].uuid"),
+            "{err:?}"
+        );
+        let err = check_gpus("gpus", [&gpu, &gpu]).expect_err("twice");
+        assert!(err.to_string().contains("listed twice"), "{err}");
+    }
+
+    #[test]
+    fn a_nul_character_is_found_wherever_it_is() {
+        let value = serde_json::json!({ "a": ["x", { "b": "y\u{0}" }], "c": "z" });
+        assert_eq!(first_nul(&value, "body").as_deref(), Some("body.a[1].b"));
+        assert_eq!(first_nul(&serde_json::json!({ "a": ["x"] }), "body"), None);
     }
 
     #[test]

@@ -530,6 +530,7 @@ impl App {
             other => Rejection::invalid("inventory", other.to_string()),
         })?;
         check_name("inventory.system.hostname", &document.system.hostname)?;
+        check_inventory(&document)?;
         let token_hash = bc_domain::sha256_hex(&request.join_token);
         let (credential, credential_hash) = new_secret(CREDENTIAL_PREFIX)?;
         let lease = self.liveness.lease;
@@ -910,6 +911,7 @@ impl App {
                             )),
                             other => Rejection::invalid("inventory", other.to_string()),
                         })?;
+                    check_inventory(&document)?;
                     let hashes = document.hashes();
                     let number = held.as_ref().map_or(0, |s| s.number);
                     let previous = held.as_ref().map(|s| s.hashes.clone()).unwrap_or_default();
@@ -1020,4 +1022,11 @@ pub fn replace_key(node_id: &NodeId) -> String {
 /// The node a replace key names.
 pub fn node_of_replace_key(key: &str) -> Option<&str> {
     key.strip_prefix("node:").and_then(|rest| rest.strip_suffix(":replace"))
+}
+
+/// Checks an inventory document before anything is stored: GPU UUIDs that leave room for the device ids made
+/// from them, and no NUL character anywhere (PostgreSQL's `jsonb` cannot hold one).
+fn check_inventory(document: &NodeInventory) -> Result<(), Rejection> {
+    bc_domain::device::check_gpus("inventory.gpus", document.gpus.iter().map(|g| &g.info))?;
+    bc_domain::device::check_no_nul("inventory", document)
 }

@@ -59,14 +59,8 @@ impl App {
             )
             .into());
         }
-        let mut seen = std::collections::BTreeSet::new();
-        for (i, gpu) in input.gpus.iter().enumerate() {
-            if !seen.insert(gpu.uuid.clone()) {
-                return Err(
-                    Rejection::invalid(format!("gpus[{i}].uuid"), format!("{} is listed twice", gpu.uuid)).into()
-                );
-            }
-        }
+        bc_domain::device::check_gpus("gpus", &input.gpus)?;
+        bc_domain::device::check_no_nul("gpus", &input.gpus)?;
         let node_id = NodeId::generate();
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {

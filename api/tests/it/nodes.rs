@@ -128,7 +128,26 @@ async fn a_join_token_admits_one_machine_and_expires() {
         matches!(&refused, AppError::Rejected(Rejection::InvalidArgument { field, .. }) if field == "inventory.gpus[1].name"),
         "{refused:?}"
     );
-    join_with(&fleet, &fresh, &machine("gpu-c", 2)).await.expect("the token was not used by the refused join");
+    // Found by fuzzing: a GPU UUID too long for the device ids made from it (`<uuid>/s0` in a timeslice pool
+    // would not read back), and a NUL character that PostgreSQL's jsonb cannot hold, are bad input.
+    let slots = fleet.pool("slots", Sharing::Timeslice, Some(2)).await;
+    let slots_token = self::token(&fleet, &slots).await;
+    let mut long = machine("gpu-d", 2);
+    long.gpus[0].info.uuid = format!("GPU-{}", "a".repeat(196)).parse().expect("a device id");
+    let refused = join_with(&fleet, &slots_token, &long).await.expect_err("a 200-character GPU UUID");
+    assert!(
+        matches!(&refused, AppError::Rejected(Rejection::InvalidArgument { field, .. }) if field == "inventory.gpus[0].uuid"),
+        "{refused:?}"
+    );
+    let mut nul = machine("gpu-d", 2);
+    nul.system.kernel = "6.1\0evil".into();
+    let refused = join_with(&fleet, &slots_token, &nul).await.expect_err("a NUL character");
+    assert!(
+        matches!(&refused, AppError::Rejected(Rejection::InvalidArgument { field, .. }) if field == "inventory.system.kernel"),
+        "{refused:?}"
+    );
+    assert_eq!(scalar_i64(&fleet, "SELECT count(*) FROM nodes WHERE pool_id = $1", slots.as_str()).await, 0);
+    join_with(&fleet, &slots_token, &machine("gpu-d", 2)).await.expect("the token was not used by the refused joins");
 }
 
 #[tokio::test]
