@@ -6,6 +6,8 @@ pub mod app;
 pub mod auth;
 pub mod bench;
 pub mod dev;
+pub mod doctor;
 pub mod http;
+pub mod metrics;
 pub mod ops;
 pub mod service;

@@ -27,6 +27,16 @@ struct Cli {
 enum Command {
     /// Serve the API on an existing database.
     Serve(ServeArgs),
+    /// Check the database and the processes working on it, and say what to do about each problem (exits 1 on
+    /// a problem).
+    Doctor {
+        /// What counts as too old, in seconds: a writing transaction holding the log's horizon back, a read
+        /// model's lag, a due work item.
+        #[arg(long, default_value_t = 30)]
+        threshold_secs: u64,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
     /// Apply the database migrations, then exit. Run once per deploy, before new processes start.
     Migrate(DatabaseArgs),
     /// Run the service on an embedded database (a private PostgreSQL cluster in a data folder), or on
@@ -369,6 +379,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             service::prepare(&db, migrate_on_start(args.no_migrate)).await?;
             let listener = service::bind(args.listen).await?;
             service::serve_with(db, auth, listener, options, service::shutdown_signal()).await
+        }
+        Command::Doctor { threshold_secs, database } => {
+            let db = connect(&database)?;
+            let thresholds = bc_api::doctor::Thresholds { too_old: Duration::from_secs(threshold_secs) };
+            let findings = bc_api::doctor::examine(&db, thresholds).await;
+            if bc_api::doctor::report(&findings) { Ok(()) } else { std::process::exit(1) }
         }
         Command::Migrate(args) => {
             // The method table against Better Compute's own catalog, before anything touches the store.

@@ -21,7 +21,8 @@ pub struct VersionStatus {
     pub events_applied: i64,
     /// Events in the log after its position.
     pub lag_events: i64,
-    /// How much older its last event is than the log's last event.
+    /// How long the oldest event it has not passed has been in the log (0 when it has passed every event): how
+    /// stale its reads can be.
     pub lag_seconds: f64,
 }
 
@@ -31,15 +32,16 @@ pub async fn status(db: &Db, projections: &[Arc<dyn Projection>]) -> Result<Vec<
     // versions look further along than the log head they were compared with.
     let mut tx = db.begin(TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadOnly }).await?;
     let total: i64 = sql::query_scalar("SELECT count(*) FROM events").fetch_one(tx.conn()).await?;
-    let head_at: Option<i64> = sql::query_scalar(
-        "SELECT floor(extract(epoch FROM recorded_at) * 1000)::int8 FROM events
-         ORDER BY log_epoch DESC, txid DESC, seq DESC LIMIT 1",
-    )
-    .fetch_optional(tx.conn())
-    .await?;
+    let now_ms: i64 = sql::query_scalar("SELECT ts_ms(compute_now())").fetch_one(tx.conn()).await?;
+    let first_ms: Option<i64> =
+        sql::query_scalar("SELECT ts_ms(recorded_at) FROM events ORDER BY log_epoch, txid, seq LIMIT 1")
+            .fetch_optional(tx.conn())
+            .await?;
     let rows = sql::query(
         "SELECT c.name, c.version, c.state, c.log_epoch, c.txid::text AS txid, c.seq, c.events_applied,
-                floor(extract(epoch FROM c.last_event_at) * 1000)::int8 AS last_event_at_ms,
+                (SELECT ts_ms(e.recorded_at) FROM events AS e
+                 WHERE (e.log_epoch, e.txid, e.seq) > (c.log_epoch, c.txid, c.seq)
+                 ORDER BY e.log_epoch, e.txid, e.seq LIMIT 1) AS oldest_unpassed_ms,
                 (a.version = c.version) IS TRUE AS active,
                 (SELECT count(*) FROM events AS e WHERE (e.log_epoch, e.txid, e.seq) > (c.log_epoch, c.txid, c.seq))
                     AS lag_events
@@ -59,13 +61,9 @@ pub async fn status(db: &Db, projections: &[Arc<dyn Projection>]) -> Result<Vec<
         )
         .parse()
         .unwrap_or(Position::START);
-        let last_at: Option<i64> = row.try_get("last_event_at_ms")?;
+        let oldest_unpassed: Option<i64> = row.try_get("oldest_unpassed_ms")?;
         let lag_events: i64 = row.try_get("lag_events")?;
-        let lag_seconds = match (head_at, last_at) {
-            (Some(head), Some(last)) if lag_events > 0 => (head - last).max(0) as f64 / 1000.0,
-            (Some(_), None) if lag_events > 0 => f64::INFINITY,
-            _ => 0.0,
-        };
+        let lag_seconds = oldest_unpassed.map_or(0.0, |at| (now_ms - at).max(0) as f64 / 1000.0);
         out.push(VersionStatus {
             name: row.try_get("name")?,
             version: row.try_get::<i32, _>("version")? as u32,
@@ -87,7 +85,7 @@ pub async fn status(db: &Db, projections: &[Arc<dyn Projection>]) -> Result<Vec<
                 position: Position::START,
                 events_applied: 0,
                 lag_events: total,
-                lag_seconds: 0.0,
+                lag_seconds: first_ms.map_or(0.0, |at| (now_ms - at).max(0) as f64 / 1000.0),
             });
         }
     }

@@ -111,6 +111,11 @@ impl EventHub {
         &self.config
     }
 
+    /// How many event streams this process serves now.
+    pub fn subscribers(&self) -> usize {
+        self.sender.receiver_count()
+    }
+
     /// A receiver of everything the hub publishes from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Delivered>> {
         self.sender.subscribe()

@@ -33,6 +33,8 @@ pub struct AppState {
     pub denials: Arc<DenialCounts>,
     /// The event stream's one log poller.
     pub events: Arc<events::EventHub>,
+    /// What `/metrics` reports of this process.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl AppState {
@@ -46,7 +48,13 @@ impl AppState {
     pub fn with_events(db: Db, auth: Arc<dyn Authorizer>, config: events::EventsConfig) -> Result<Self, InvalidConfig> {
         check_routes(auth.as_ref())?;
         let events = Arc::new(events::EventHub::new(db.clone(), config));
-        Ok(Self { app: App::new(db), auth, denials: Arc::new(DenialCounts::default()), events })
+        Ok(Self {
+            app: App::new(db),
+            auth,
+            denials: Arc::new(DenialCounts::default()),
+            events,
+            metrics: crate::metrics::shared(),
+        })
     }
 
     pub fn db(&self) -> &Db {
@@ -138,19 +146,23 @@ pub fn check_routes(auth: &dyn Authorizer) -> Result<(), InvalidConfig> {
 /// The router of the whole API.
 pub fn router(state: AppState) -> Router {
     routed(Router::new())
+        .route("/metrics", axum::routing::get(crate::metrics::scrape))
         .fallback(not_routed)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(request::BODY_LIMIT))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::metrics::count_requests))
         .layer(axum::middleware::from_fn(request::request_id))
         .with_state(state)
 }
 
-/// The router of a process without the API (`serve --role worker`): its health check only, so that probes and
-/// scripts can watch it the same way.
+/// The router of a process without the API (`serve --role worker`): its health check and its metrics only, so
+/// that probes and scrapers watch it the same way.
 pub fn worker_router(state: AppState) -> Router {
     Router::new()
         .route("/v1/healthz", axum::routing::get(health::healthz))
+        .route("/metrics", axum::routing::get(crate::metrics::scrape))
         .fallback(not_routed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::metrics::count_requests))
         .layer(axum::middleware::from_fn(request::request_id))
         .with_state(state)
 }

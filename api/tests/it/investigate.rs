@@ -337,3 +337,37 @@ async fn a_daemon_paused_past_its_lease_is_fenced_out_and_nothing_is_applied_twi
     drop(second);
     assert_models_equal_rebuilds(&fleet.t.db, "after the takeover").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_passes_a_healthy_database_and_names_each_problem_with_what_to_do() {
+    let fleet = Fleet::new().await;
+    // Healthy: migrated, on the server's clock, nothing behind, nothing due.
+    bc_eventstore::clock::restore_system_clock(&fleet.t.db).await.expect("system clock");
+    catch_up(&fleet.t.db).await;
+    let output = command(&fleet, &["doctor"]).output().expect("run doctor");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "a healthy database passes:\n{text}");
+    for line in ["migrations: all", "btree_gist", "business time follows the database server's clock", "0 problems"] {
+        assert!(text.contains(line), "{line:?} missing:\n{text}");
+    }
+
+    // Problems: a simulated clock, history no projection daemon has read, and a writing transaction left open.
+    bc_eventstore::clock::use_sim_clock(&fleet.t.db, T0).await.expect("sim clock");
+    some_history(&fleet, "doctor").await;
+    let mut open = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query("SELECT pg_current_xact_id()::text").execute(open.conn()).await.expect("a transaction id");
+    let pid: i32 = sql::query_scalar("SELECT pg_backend_pid()").fetch_one(open.conn()).await.expect("pid");
+    let output = command(&fleet, &["doctor", "--threshold-secs", "0"]).output().expect("run doctor");
+    open.commit().await.expect("commit");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(1), "problems fail the run:\n{text}");
+    for line in [
+        "WARN  business time runs on a simulated clock",
+        "do: unless this is a test or simulation database: SELECT restore_system_clock();",
+        "FAIL  no process runs the projections",
+        &format!("FAIL  transaction of pid {pid}"),
+        &format!("do: end it if nobody is waiting on it: SELECT pg_terminate_backend({pid});"),
+    ] {
+        assert!(text.contains(line), "{line:?} missing:\n{text}");
+    }
+}

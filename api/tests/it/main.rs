@@ -8,6 +8,7 @@ mod health;
 mod hostile;
 mod http_api;
 mod investigate;
+mod metrics;
 mod nodes;
 mod process;
 mod read_models;

@@ -1,0 +1,323 @@
+//! `GET /metrics`: the process's figures and the database's, in the Prometheus text format (OpenMetrics, through
+//! `prometheus-client`). What the process counts itself: HTTP requests and their latencies by route, event-stream
+//! subscribers, the connection pool. What a scrape reads from the database, in one read-only snapshot: the log's
+//! appends, each projection's applied events and lag (events and seconds), the horizon (how old the oldest
+//! transaction holding it back is, and how many transaction ids it trails), the work queue's depth and the age of
+//! its oldest due item, and the leases held, by kind, by this process and by any.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bc_eventstore::{Access, Db, Isolation, TxOptions, lease, sql};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use sqlx::Row as _;
+
+use crate::http::{ApiError, AppState};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    route: String,
+    status: u16,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    method: String,
+    route: String,
+}
+
+/// What the process counts itself; shared by every request.
+#[derive(Debug)]
+pub struct Metrics {
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<RouteLabels, Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            requests: Family::default(),
+            // 1 ms to about 16 s.
+            latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 15))),
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts one answered request under its route's template (`/v1/pools/{pool_id}`), never its raw path, so
+    /// ids do not become label values.
+    pub fn observe(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        let (method, route) = (method.to_owned(), route.to_owned());
+        self.requests.get_or_create(&RequestLabels { method: method.clone(), route: route.clone(), status }).inc();
+        self.latency.get_or_create(&RouteLabels { method, route }).observe(seconds);
+    }
+}
+
+/// The middleware that counts every request. Requests no route matched count under `unmatched`.
+pub async fn count_requests(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().as_str().to_owned();
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
+    let response = next.run(request).await;
+    state.metrics.observe(&method, &route, response.status().as_u16(), started.elapsed().as_secs_f64());
+    response
+}
+
+/// `GET /metrics`: open like the health check (it names no tenant's records; keep it on the operators'
+/// network). `503 UNAVAILABLE` when the database does not answer.
+pub async fn scrape(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let figures = DatabaseFigures::read(state.db()).await.map_err(|err| ApiError::from_store(&err))?;
+    let process = ProcessFigures {
+        pool_size: state.db().pool().size(),
+        pool_idle: state.db().pool().num_idle() as u32,
+        pool_max: state.db().pool().options().get_max_connections(),
+        subscribers: state.events.subscribers() as i64,
+    };
+    let mut registry = Registry::with_prefix("bc");
+    registry.register(
+        "http_requests",
+        "HTTP requests answered, by route template and status",
+        state.metrics.requests.clone(),
+    );
+    registry.register(
+        "http_request_duration_seconds",
+        "Time to answer HTTP requests, by route template",
+        state.metrics.latency.clone(),
+    );
+    registry.register_collector(Box::new(process));
+    registry.register_collector(Box::new(figures));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)
+        .map_err(|_| ApiError::from_store(&bc_eventstore::Error::Internal("encode the metrics".into())))?;
+    let mut response = text.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    Ok(response)
+}
+
+/// Writes one unlabelled figure.
+fn one(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    let metric_type = metric.metric_type();
+    metric.encode(encoder.encode_descriptor(name, help, None, metric_type)?)
+}
+
+#[derive(Debug)]
+struct ProcessFigures {
+    pool_size: u32,
+    pool_idle: u32,
+    pool_max: u32,
+    subscribers: i64,
+}
+
+impl Collector for ProcessFigures {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut pool = encoder.encode_descriptor(
+            "db_pool_connections",
+            "This process's database connections, by state",
+            None,
+            MetricType::Gauge,
+        )?;
+        let busy = self.pool_size.saturating_sub(self.pool_idle);
+        for (state, n) in [("busy", busy), ("idle", self.pool_idle), ("max", self.pool_max)] {
+            ConstGauge::new(i64::from(n)).encode(pool.encode_family(&[("state", state)])?)?;
+        }
+        one(
+            &mut encoder,
+            "sse_subscribers",
+            "Event-stream subscribers of this process",
+            ConstGauge::new(self.subscribers),
+        )
+    }
+}
+
+/// One projection version's figures.
+#[derive(Debug)]
+struct ProjectionFigures {
+    name: String,
+    version: u32,
+    active: bool,
+    applied: i64,
+    lag_events: i64,
+    lag_seconds: f64,
+}
+
+/// What a scrape reads from the database.
+#[derive(Debug)]
+struct DatabaseFigures {
+    appended: i64,
+    projections: Vec<ProjectionFigures>,
+    horizon_age_seconds: f64,
+    horizon_xids: i64,
+    queue_depth: i64,
+    queue_due: i64,
+    queue_claimed: i64,
+    queue_oldest_due_seconds: f64,
+    /// (kind, held by this process, count).
+    leases: Vec<(String, bool, i64)>,
+}
+
+impl DatabaseFigures {
+    async fn read(db: &Db) -> bc_eventstore::Result<Self> {
+        let projections = bc_projections::status::status(db, &bc_projections::models::read_models())
+            .await?
+            .into_iter()
+            .map(|v| ProjectionFigures {
+                name: v.name,
+                version: v.version,
+                active: v.active,
+                applied: v.events_applied,
+                lag_events: v.lag_events,
+                lag_seconds: v.lag_seconds,
+            })
+            .collect();
+        let mut tx = db.begin(TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadOnly }).await?;
+        // The log's sequence counts every event ever appended (and the few a rolled-back append used).
+        let appended: i64 =
+            sql::query_scalar("SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('events', 'seq')), 0)")
+                .fetch_one(tx.conn())
+                .await?;
+        // Transactions with an id of their own (they wrote, or will) hold the log's read horizon back until they
+        // end: how old the oldest is, by the database server's own clock, which `xact_start` is on.
+        let horizon = sql::query(
+            "SELECT coalesce(extract(epoch FROM compute_db_clock() - min(xact_start)), 0)::float8 AS age,
+                    (pg_snapshot_xmax(pg_current_snapshot())::text::numeric
+                     - pg_snapshot_xmin(pg_current_snapshot())::text::numeric)::int8 AS xids
+             FROM pg_stat_activity
+             WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(tx.conn())
+        .await?;
+        let queue = sql::query(
+            "SELECT count(*) AS depth,
+                    count(*) FILTER (WHERE not_before <= compute_now()) AS due,
+                    count(*) FILTER (WHERE claimed_until > compute_now()) AS claimed,
+                    coalesce(extract(epoch FROM compute_now() - min(not_before) FILTER (WHERE not_before <= compute_now())), 0)::float8
+                        AS oldest_due
+             FROM work_queue",
+        )
+        .fetch_one(tx.conn())
+        .await?;
+        let leases: Vec<(String, bool, i64)> = sql::query_as(
+            "SELECT split_part(name, ':', 1) AS kind, owner = $1 AS mine, count(*)
+             FROM leases WHERE expires_at > compute_now() GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .bind(lease::process_owner_id())
+        .fetch_all(tx.conn())
+        .await?;
+        tx.commit().await?;
+        Ok(Self {
+            appended,
+            projections,
+            horizon_age_seconds: horizon.try_get("age")?,
+            horizon_xids: horizon.try_get("xids")?,
+            queue_depth: queue.try_get("depth")?,
+            queue_due: queue.try_get("due")?,
+            queue_claimed: queue.try_get("claimed")?,
+            queue_oldest_due_seconds: queue.try_get("oldest_due")?,
+            leases,
+        })
+    }
+}
+
+impl Collector for DatabaseFigures {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        one(
+            &mut encoder,
+            "events_appended",
+            "Events appended to the log, by every process (its sequence)",
+            ConstCounter::new(self.appended.max(0) as u64),
+        )?;
+        let families: [(&str, &str, MetricType); 3] = [
+            ("projection_events_applied", "Events each projection version has applied", MetricType::Counter),
+            ("projection_lag_events", "Events in the log after each projection version's position", MetricType::Gauge),
+            (
+                "projection_lag_seconds",
+                "How much older each projection version's last event is than the log's last",
+                MetricType::Gauge,
+            ),
+        ];
+        for (index, (name, help, metric_type)) in families.into_iter().enumerate() {
+            let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
+            for p in &self.projections {
+                let version = p.version.to_string();
+                let labels = [("projection", p.name.as_str()), ("version", &version), ("active", bool_text(p.active))];
+                let metric = family.encode_family(&labels)?;
+                match index {
+                    0 => ConstCounter::new(p.applied.max(0) as u64).encode(metric)?,
+                    1 => ConstGauge::new(p.lag_events).encode(metric)?,
+                    _ => ConstGauge::new(p.lag_seconds).encode(metric)?,
+                }
+            }
+        }
+        one(
+            &mut encoder,
+            "horizon_age_seconds",
+            "Age of the oldest writing transaction, which holds the log's read horizon back (0: none)",
+            ConstGauge::new(self.horizon_age_seconds),
+        )?;
+        one(
+            &mut encoder,
+            "horizon_trailing_xids",
+            "Transaction ids between the horizon and the next one to be assigned",
+            ConstGauge::new(self.horizon_xids),
+        )?;
+        one(&mut encoder, "work_queue_depth", "Keys in the work queue", ConstGauge::new(self.queue_depth))?;
+        one(
+            &mut encoder,
+            "work_queue_due",
+            "Keys in the work queue that are due now",
+            ConstGauge::new(self.queue_due),
+        )?;
+        one(
+            &mut encoder,
+            "work_queue_claimed",
+            "Keys a worker has claimed and not finished",
+            ConstGauge::new(self.queue_claimed),
+        )?;
+        one(
+            &mut encoder,
+            "work_queue_oldest_due_seconds",
+            "How long the oldest due key has been due (0: none)",
+            ConstGauge::new(self.queue_oldest_due_seconds),
+        )?;
+        let mut leases = encoder.encode_descriptor(
+            "leases_live",
+            "Unexpired leases by kind (shard, singleton, gateway, member), held by this process or another",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (kind, mine, count) in &self.leases {
+            let holder = if *mine { "this_process" } else { "other" };
+            ConstGauge::new(*count).encode(leases.encode_family(&[("kind", kind.as_str()), ("holder", holder)])?)?;
+        }
+        Ok(())
+    }
+}
+
+fn bool_text(value: bool) -> &'static str {
+    if value { "true" } else { "false" }
+}
+
+/// Shares the process's metrics with the router state.
+pub fn shared() -> Arc<Metrics> {
+    Arc::new(Metrics::default())
+}

@@ -1,0 +1,104 @@
+//! `/metrics`: the Prometheus text a scraper reads, with requests by route template, the work queue, the leases,
+//! projection lag and the horizon, each checked against the database it describes.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use bc_domain::device::DeviceClass;
+use bc_domain::pool::Sharing;
+use bc_eventstore::{TxOptions, clock, lease, sql};
+use http_body_util::BodyExt as _;
+use tower::ServiceExt as _;
+
+use crate::http_api::{Api, ROOT};
+use crate::support::{T0, request};
+
+/// The scrape's text.
+async fn scrape(api: &Api) -> String {
+    let request = Request::get("/metrics").body(Body::empty()).expect("request");
+    let response = api.router.clone().oneshot(request).await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let kind = response.headers()["content-type"].to_str().expect("text").to_owned();
+    assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
+    let bytes = response.into_body().collect().await.expect("body").to_bytes();
+    String::from_utf8(bytes.to_vec()).expect("utf-8")
+}
+
+/// The value of the sample `series` (its name and labels exactly as written).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_describe_requests_by_route_and_the_database_as_it_is() {
+    let api = Api::new().await;
+    let fleet = &api.fleet;
+    let pool = fleet.pool("h100", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 8, 0).await;
+    // A reservation two hours out: its start is one key waiting in the work queue.
+    let mut later = request(&pool, DeviceClass::Gpu, 1);
+    later.start_ms = Some(T0 + 7_200_000);
+    fleet.reserve(&fleet.owner, "later", later).await.expect("reserve");
+
+    // Requests count under their route's template, never their ids.
+    let reply = api.call("GET", &format!("/v1/sites/{}", fleet.site), Some(ROOT), &[], None).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let missing = api.call("GET", "/v1/pools/pool_01jd8w2k3m4n5p6q7r8s9t0v1w", Some(ROOT), &[], None).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    api.call("GET", "/nowhere", None, &[], None).await;
+    // No projection daemon runs, and the clock moves on: the read models trail the log by every event, the
+    // oldest of them recorded at T0.
+    clock::set_sim_clock(&fleet.t.db, T0 + 10_000).await.expect("clock");
+    let lease = lease::acquire(&fleet.t.db, "shard:3", lease::process_owner_id(), std::time::Duration::from_secs(60))
+        .await
+        .expect("acquire")
+        .expect("free");
+
+    let text = scrape(&api).await;
+    assert_eq!(
+        sample(&text, r#"bc_http_requests_total{method="GET",route="/v1/sites/{site_id}",status="200"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, r#"bc_http_requests_total{method="GET",route="/v1/pools/{pool_id}",status="404"}"#),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, r#"bc_http_requests_total{method="GET",route="unmatched",status="404"}"#), Some(1.0));
+    assert!(!text.contains(fleet.site.as_str()), "no id becomes a label value");
+    assert_eq!(
+        sample(&text, r#"bc_http_request_duration_seconds_count{method="GET",route="/v1/sites/{site_id}"}"#),
+        Some(1.0)
+    );
+
+    let mut tx = fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let (events, queued): (i64, i64) =
+        sql::query_as("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM work_queue)")
+            .fetch_one(tx.conn())
+            .await
+            .expect("counts");
+    tx.commit().await.expect("commit");
+    assert!(queued >= 1);
+    assert_eq!(sample(&text, "bc_events_appended_total"), Some(events as f64));
+    assert_eq!(sample(&text, "bc_work_queue_depth"), Some(queued as f64));
+    for name in ["pools", "reservations", "audit_events"] {
+        let labels = format!(r#"{{projection="{name}",version="1",active="false"}}"#);
+        assert_eq!(sample(&text, &format!("bc_projection_lag_events{labels}")), Some(events as f64), "{name}");
+        assert_eq!(sample(&text, &format!("bc_projection_lag_seconds{labels}")), Some(10.0), "{name}");
+    }
+    assert_eq!(sample(&text, r#"bc_leases_live{kind="shard",holder="this_process"}"#), Some(1.0));
+    let max = fleet.t.db.pool().options().get_max_connections();
+    assert_eq!(sample(&text, r#"bc_db_pool_connections{state="max"}"#), Some(f64::from(max)));
+    assert_eq!(sample(&text, "bc_sse_subscribers"), Some(0.0));
+    assert!(text.ends_with("# EOF\n"));
+    lease::release(&fleet.t.db, &lease).await.expect("release");
+
+    // A writing transaction left open holds the horizon back: the scrape sees it trail the transactions
+    // committed since, and its age.
+    let mut open = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query("SELECT pg_current_xact_id()::text").execute(open.conn()).await.expect("a transaction id");
+    fleet.node(&pool, "b", 8, 0).await;
+    let text = scrape(&api).await;
+    open.commit().await.expect("commit");
+    let trailing = sample(&text, "bc_horizon_trailing_xids").expect("trailing xids");
+    assert!(trailing >= 1.0, "the open transaction holds the horizon back: {trailing}");
+    assert!(sample(&text, "bc_horizon_age_seconds").expect("age") >= 0.0);
+}
