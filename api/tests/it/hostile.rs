@@ -2,7 +2,7 @@
 //! document the server serves, valid ones and ones that break it on purpose, as three callers: the platform's
 //! operator, a customer of another tenant, and a node's agent. Slow (a minute a caller), so it runs only with
 //! `BETTER_COMPUTE_SLOW_TESTS=1`, which `.ci/run` sets; `BETTER_COMPUTE_SCHEMATHESIS_SECONDS` sets the budget
-//! of each caller and `BC_SCHEMATHESIS_SEED` replays a run.
+//! of each caller; the seed is fixed unless `BC_SCHEMATHESIS_SEED` names another (or `random`).
 
 use std::process::Command;
 
@@ -42,10 +42,13 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_schema() {
     });
     assert!(version.status.success(), "`{st} --version` failed");
     let seconds = std::env::var("BETTER_COMPUTE_SCHEMATHESIS_SECONDS").unwrap_or_else(|_| "60".to_owned());
-    let seed = std::env::var("BC_SCHEMATHESIS_SEED")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
+    // A fixed seed by default, so a run is repeatable and CI stays green until the code changes;
+    // `BC_SCHEMATHESIS_SEED=random` explores new inputs, and a printed seed replays them.
+    let seed = match std::env::var("BC_SCHEMATHESIS_SEED").as_deref() {
+        Ok("random") => fastrand::u64(..),
+        Ok(text) => text.parse::<u64>().expect("BC_SCHEMATHESIS_SEED: a number or `random`"),
+        Err(_) => 20_261_130,
+    };
     println!("schemathesis seed {seed} (BC_SCHEMATHESIS_SEED={seed} replays it)");
 
     // A fleet on the real clock: a pool offered to acme with two registered nodes, and a machine that joined

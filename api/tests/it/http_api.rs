@@ -361,6 +361,9 @@ async fn bad_input_is_a_4xx_naming_what_is_wrong_and_writes_nothing() {
     let cases: Vec<BadInput> = vec![
         ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")], Some("{".into()), StatusCode::BAD_REQUEST, "body"),
         ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")], Some(String::new()), StatusCode::BAD_REQUEST, "body"),
+        // A struct's fields as an array, which serde alone would read (found by schemathesis).
+        ("POST", "/v1/sites".into(), vec![("idempotency-key", "k")], Some(r#"["x", "eu-central-1", "shared"]"#.into()), StatusCode::BAD_REQUEST, "body"),
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")], Some("  [1]".into()), StatusCode::BAD_REQUEST, "body"),
         ("POST", "/v1/reservations".into(), vec![], Some(reservation(&pool, 1, 60).to_string()), StatusCode::BAD_REQUEST, "Idempotency-Key"),
         ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")],
             Some(json!({ "poolId": pool, "devices": { "class": "gpu", "count": "two" }, "duration": 60 }).to_string()),
