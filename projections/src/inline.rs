@@ -776,11 +776,14 @@ pub async fn rebuild_into(tx: &mut Tx, schema: &str) -> Result<u64> {
     let mut applied = 0;
     let mut after: (i32, String, i64) = (0, "0".to_owned(), 0);
     loop {
+        // The columns are qualified: a bare `txid` in ORDER BY would name the text output column, which sorts
+        // "1000" before "999" and so applied events out of order (and paged past some) once transaction ids
+        // gained a digit within the log.
         let rows = sql::query(
             "SELECT log_epoch, txid::text AS txid, seq, stream_id, event_type, schema_version, payload
-             FROM public.events
-             WHERE (log_epoch, txid, seq) > ($1, $2::text::xid8, $3)
-             ORDER BY log_epoch, txid, seq
+             FROM public.events AS e
+             WHERE (e.log_epoch, e.txid, e.seq) > ($1, $2::text::xid8, $3)
+             ORDER BY e.log_epoch, e.txid, e.seq
              LIMIT 1000",
         )
         .bind(after.0)

@@ -424,14 +424,15 @@ async fn a_backup_restored_into_a_younger_cluster_serves_new_events_to_read_mode
     assert!(ids.contains(&id.as_str()) && ids.len() == 2, "both reservations, old and new: {listed}");
     drop(stream);
     serve.signal("TERM");
-    assert!(serve.wait().success());
+    let status = serve.wait();
+    assert!(status.success(), "after SIGTERM serve exited with {status}");
 }
 
 /// The positions of every event in the log, in log order.
 async fn log_positions(db: &bc_eventstore::Db) -> Vec<String> {
     let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
     let rows: Vec<(i32, String, i64)> =
-        sql::query_as("SELECT log_epoch, txid::text, seq FROM events ORDER BY log_epoch, txid, seq")
+        sql::query_as("SELECT e.log_epoch, e.txid::text, e.seq FROM events AS e ORDER BY e.log_epoch, e.txid, e.seq")
             .fetch_all(tx.conn())
             .await
             .expect("events");
@@ -595,7 +596,8 @@ async fn the_server_killed_under_load_loses_no_acknowledged_command_and_streams_
     }
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     server.signal("TERM");
-    assert!(server.wait().success());
+    let status = server.wait();
+    assert!(status.success(), "after SIGTERM the server exited with {status} (seed {seed})");
     let _ = subscriber.await;
 
     // Every command answered 2xx has its events.

@@ -410,3 +410,57 @@ async fn placement_uses_schedulable_nodes_only() {
     let placed = fleet.app.reservation(&fleet.owner, &waiting.id).await.expect("read").value;
     assert!(placed.state.holds_atoms(), "uncordoning wakes the pool's pending reservations");
 }
+
+/// Transaction ids gain a digit as a log grows (999 to 1000, 99,999 to 100,000): the inline rebuild must replay
+/// in numeric position order then too, not in the order of the ids' text.
+#[tokio::test]
+async fn the_inline_rebuild_replays_in_log_order_across_transaction_ids_of_different_lengths() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    let placed = fleet.reserve(&fleet.owner, "k", request(&pool, DeviceClass::Gpu, 2)).await.expect("reserve");
+    let id = placed.reservation.id;
+    fleet.app.cancel_reservation(&fleet.owner, &id, None).await.expect("cancel");
+
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+    // Every event after the reservation's first moves to a transaction id two digits longer, starting "10...":
+    // the log's numeric order is kept, while its text order now puts the cancellation before the placement.
+    let first: String = bc_eventstore::sql::query_scalar("SELECT min(txid)::text FROM events WHERE stream_id = $1")
+        .bind(id.as_str())
+        .fetch_one(tx.conn())
+        .await
+        .expect("the reservation's first transaction");
+    let shift = 10i64.pow(first.len() as u32 + 1);
+    let moved = bc_eventstore::sql::query(
+        "UPDATE events SET txid = (txid::text::int8 + $2)::text::xid8 WHERE txid > $1::text::xid8",
+    )
+    .bind(&first)
+    .bind(shift)
+    .execute(tx.conn())
+    .await
+    .expect("move the later events")
+    .rows_affected();
+    assert!(moved > 0, "the cancellation was in a later transaction");
+    let later: String =
+        bc_eventstore::sql::query_scalar("SELECT min(txid)::text FROM events WHERE txid > $1::text::xid8")
+            .bind(&first)
+            .fetch_one(tx.conn())
+            .await
+            .expect("the moved id");
+    assert!(later < first, "{later} sorts before {first} as text");
+
+    let logged: i64 = bc_eventstore::sql::query_scalar(
+        "SELECT count(*) FROM events
+         WHERE split_part(event_type, '.', 1) IN ('site', 'project', 'pool', 'node', 'reservation')",
+    )
+    .fetch_one(tx.conn())
+    .await
+    .expect("count the events");
+    let applied = bc_projections::inline::rebuild_into(&mut tx, "digits_rebuild").await.expect("rebuild");
+    assert_eq!(applied as i64, logged, "every event replayed once");
+    for table in bc_projections::inline::TABLES {
+        let differences = bc_projections::inline::differences(&mut tx, "digits_rebuild", table).await.expect("compare");
+        assert_eq!(differences, 0, "{table} rebuilt from the log differs from the live table");
+    }
+    tx.rollback().await;
+}
