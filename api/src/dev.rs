@@ -324,6 +324,7 @@ pub struct DevConfig {
 
 /// Runs `dev` until Ctrl-C or SIGTERM.
 pub async fn run(config: DevConfig) -> anyhow::Result<()> {
+    let shutdown = service::shutdown_signal();
     let auth_path = config.auth_config.clone().unwrap_or_else(|| config.data_dir.join("auth.toml"));
     let (root_token, demo_token) = dev_auth_config(&auth_path)?;
     let auth = service::load_authorizer(&auth_path)?;
@@ -332,7 +333,7 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
         service::prepare(&db, config.migrate).await?;
         let listener = service::bind(config.listen).await?;
         print_welcome(listener.local_addr()?, &root_token, &demo_token);
-        return service::serve_on(db, auth, listener, service::shutdown_signal()).await;
+        return service::serve_on(db, auth, listener, shutdown).await;
     }
 
     let data_dir = config.data_dir.clone();
@@ -352,7 +353,7 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
         let address = listener.local_addr()?;
         let (agents_up, agents_ready) = tokio::sync::oneshot::channel::<DemoAgents>();
         let signal = async move {
-            service::shutdown_signal().await;
+            shutdown.await;
             // The machines go first, so they do not outlive the API they talk to.
             if let Ok(agents) = agents_ready.await {
                 agents.stop().await;

@@ -138,6 +138,54 @@ enum BenchCommand {
     /// Simulated machines joined through the join command, heartbeats per second through the command layer and
     /// the HTTP API beside pgbench's one-row INSERT, and how long a stopped agent's node stays schedulable.
     Agents(BenchAgentsArgs),
+    /// The system at the size of a large GPU cloud (10,000 nodes, 80,000 GPUs, 1,000,000 reservations generated
+    /// with bulk SQL): placement, the earliest-start query, the capacity rollup, SSE fan-out and catch-up, and the
+    /// tables' sizes, beside baselines measured in the same run.
+    Fleet(BenchFleetArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchFleetArgs {
+    /// Nodes of 8 H100s each, spread over ten pools.
+    #[arg(long, default_value_t = 10_000)]
+    nodes: usize,
+
+    /// Reservations generated over the past 60 days and the next 30.
+    #[arg(long, default_value_t = 1_000_000)]
+    reservations: usize,
+
+    /// Seconds per placement run (eight runs) and of the SSE fan-out runs (two).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+
+    /// Concurrent clients of the placement runs.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+
+    /// SSE subscribers of the fan-out runs.
+    #[arg(long, default_value_t = 200)]
+    subscribers: usize,
+
+    /// How many events back the SSE catch-up starts.
+    #[arg(long, default_value_t = 1_000_000)]
+    resume_events: u64,
+
+    /// Replay the whole generated log through the inline projections and compare with the generated tables
+    /// (slow: for small runs).
+    #[arg(long)]
+    verify: bool,
+
+    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+
+    /// Keep the cluster's folder afterwards.
+    #[arg(long)]
+    keep: bool,
+
+    /// Generate the fleet, keep the cluster's folder and stop there (to explore it with psql).
+    #[arg(long)]
+    generate_only: bool,
 }
 
 #[derive(Debug, Args)]
@@ -373,12 +421,13 @@ fn main() -> anyhow::Result<()> {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => {
+            let shutdown = service::shutdown_signal();
             let options = args.options()?;
             let auth = service::load_authorizer(&args.auth_config)?;
             let db = Db::connect_lazy(args.database.required_url()?, &args.database.config())?;
             service::prepare(&db, migrate_on_start(args.no_migrate)).await?;
             let listener = service::bind(args.listen).await?;
-            service::serve_with(db, auth, listener, options, service::shutdown_signal()).await
+            service::serve_with(db, auth, listener, options, shutdown).await
         }
         Command::Doctor { threshold_secs, database } => {
             let db = connect(&database)?;
@@ -465,6 +514,21 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 samples: args.samples.max(1),
                 data_dir: args.data_dir,
                 keep: args.keep,
+            })
+            .await
+        }
+        Command::Bench(BenchCommand::Fleet(args)) => {
+            bc_api::bench::fleet(bc_api::bench::FleetBenchConfig {
+                nodes: args.nodes,
+                reservations: args.reservations.max(1),
+                run_for: Duration::from_secs(args.seconds.max(1)),
+                clients: args.clients.max(1),
+                subscribers: args.subscribers,
+                resume_events: args.resume_events.max(1),
+                verify: args.verify,
+                data_dir: args.data_dir,
+                keep: args.keep || args.generate_only,
+                generate_only: args.generate_only,
             })
             .await
         }

@@ -65,9 +65,10 @@ pub async fn projections_rebuild(db: &Db, name: &str) -> anyhow::Result<()> {
 
 /// `projections run`: the projection daemon alone, until Ctrl-C or SIGTERM.
 pub async fn projections_run(db: Db, config: DaemonConfig) -> anyhow::Result<()> {
+    let shutdown = crate::service::shutdown_signal();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let daemon = tokio::spawn(framework::run_daemon(db, models::read_models(), config, stopped));
-    crate::service::shutdown_signal().await;
+    shutdown.await;
     let _ = stop.send(true);
     daemon.await.context("stop the projection daemon")?;
     Ok(())

@@ -200,27 +200,28 @@ pub async fn serve_with(
     served
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %err, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM. The handlers are installed when this is called, not when the
+/// future is first polled: call it before saying where the process serves, so a signal sent right after that
+/// line shuts down gracefully instead of killing the process.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{SignalKind, signal};
+    let interrupt = signal(SignalKind::interrupt());
+    let terminate = signal(SignalKind::terminate());
+    let wait = |installed: std::io::Result<tokio::signal::unix::Signal>, name: &'static str| async move {
+        match installed {
             Ok(mut signal) => {
                 signal.recv().await;
             }
             Err(err) => {
-                tracing::error!(error = %err, "cannot listen for SIGTERM");
+                tracing::error!(error = %err, "cannot listen for {name}");
                 std::future::pending::<()>().await;
             }
         }
     };
-    tokio::select! {
-        () = ctrl_c => tracing::info!("Ctrl-C: shutting down"),
-        () = terminate => tracing::info!("SIGTERM: shutting down"),
+    async move {
+        tokio::select! {
+            () = wait(interrupt, "Ctrl-C") => tracing::info!("Ctrl-C: shutting down"),
+            () = wait(terminate, "SIGTERM") => tracing::info!("SIGTERM: shutting down"),
+        }
     }
 }

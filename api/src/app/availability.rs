@@ -35,6 +35,31 @@ fn round_up_to_second(ms: i64) -> i64 {
     (ms + 999).div_euclid(1000) * 1000
 }
 
+/// One earliest-start question, asked of one candidate start at a time.
+struct Ask<'a> {
+    caller: &'a Caller,
+    pool: &'a PoolRow,
+    devices: &'a DeviceRequest,
+    quota: Option<u32>,
+    duration_ms: i64,
+    probe: &'a bc_domain::id::ReservationId,
+}
+
+impl Ask<'_> {
+    /// Whether the request fits the pool over `[start, start + duration)`, within the caller's quota.
+    async fn fits(&self, tx: &mut bc_eventstore::Tx, start: i64) -> AppResult<bool> {
+        let end = start + self.duration_ms;
+        let candidates = store::candidates(tx, &self.pool.id, self.devices, start, end).await?;
+        if placement::plan(self.probe, self.devices, &candidates).is_none() {
+            return Ok(false);
+        }
+        let Some(quota) = self.quota else { return Ok(true) };
+        let resource = self.devices.class.as_str();
+        let peak = store::peak_usage(tx, &self.caller.tenant_id, &self.pool.id, resource, start, end).await?;
+        Ok(peak + i64::from(self.devices.count) <= i64::from(quota))
+    }
+}
+
 impl App {
     /// The pool, if the caller may see it: its owner, or a tenant it is offered to. Also the quota that limits
     /// the caller there (`None` for the owner).
@@ -75,10 +100,21 @@ impl App {
         let now_ms = clock::compute_now_ms(&mut tx).await?;
         let first = round_up_to_second(query.not_before_ms.unwrap_or(now_ms).max(now_ms));
         let horizon = now_ms + MAX_AHEAD_MS;
+        let probe = bc_domain::id::ReservationId::derive(&caller.tenant_id, &caller.identity, "availability");
+        let duration_ms = query.duration_s as i64 * 1000;
+        let ask = Ask { caller, pool: &pool, devices: &query.devices, quota, duration_ms, probe: &probe };
+        // Most requests fit at once: the booking ends are read only when they do not.
+        if ask.fits(&mut tx, first).await? {
+            tx.commit().await?;
+            return Ok(Some(first));
+        }
+        // The overlap test adds nothing to the upper-bound tests but lets the (pool_id, during) index skip the
+        // bookings that ended before `first`.
         let ends: Vec<i64> = sql::query_scalar(
             "SELECT DISTINCT ((ts_ms(upper(during)) + 999) / 1000) * 1000 AS at
              FROM device_bookings
              WHERE pool_id = $1 AND upper(during) > ms_ts($2) AND upper(during) <= ms_ts($3) AND NOT isempty(during)
+               AND during && tstzrange(ms_ts($2), ms_ts($3), '(]')
              ORDER BY at
              LIMIT $4",
         )
@@ -88,23 +124,11 @@ impl App {
         .bind(MAX_CANDIDATE_STARTS)
         .fetch_all(tx.conn())
         .await?;
-        let probe = bc_domain::id::ReservationId::derive(&caller.tenant_id, &caller.identity, "availability");
-        let duration_ms = query.duration_s as i64 * 1000;
-        for start in std::iter::once(first).chain(ends) {
-            let candidates = store::candidates(&mut tx, &pool.id, &query.devices, start, start + duration_ms).await?;
-            if placement::plan(&probe, &query.devices, &candidates).is_none() {
-                continue;
+        for start in ends {
+            if ask.fits(&mut tx, start).await? {
+                tx.commit().await?;
+                return Ok(Some(start));
             }
-            if let Some(quota) = quota {
-                let peak =
-                    store::peak_usage(&mut tx, &caller.tenant_id, &pool.id, resource, start, start + duration_ms)
-                        .await?;
-                if peak + i64::from(query.devices.count) > i64::from(quota) {
-                    continue;
-                }
-            }
-            tx.commit().await?;
-            return Ok(Some(start));
         }
         tx.commit().await?;
         Ok(None)

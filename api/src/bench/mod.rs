@@ -3,6 +3,7 @@
 
 pub mod agents;
 pub mod append;
+pub mod fleet;
 pub mod http;
 pub mod projections;
 pub mod reserve;
@@ -20,6 +21,7 @@ use sqlx::{ConnectOptions as _, Connection as _};
 
 pub use agents::{AgentsBenchConfig, agents};
 pub use append::{AppendBenchConfig, append};
+pub use fleet::{FleetBenchConfig, fleet};
 pub use http::{HttpBenchConfig, http};
 pub use projections::{ProjectionsBenchConfig, projections};
 pub use reserve::{ReserveBenchConfig, reserve};
