@@ -30,6 +30,7 @@ use bc_projections::{inline, models};
 use sqlx::{ConnectOptions as _, Connection as _, Row as _};
 use tokio::net::TcpListener;
 
+use super::fanout::{FanOutSpec, fan_out};
 use super::reserve::{bench_caller, bench_site, bulk_fleet, gpu_request, h100_pool};
 use super::{BenchCluster, PgbenchRun, percentile, pgbench};
 use crate::app::availability::EarliestStart;
@@ -58,8 +59,6 @@ const INLINE_BATCH: usize = 10_000;
 const EMPTY_POOL_NODES: i64 = 64;
 const GPU_NAME: &str = "NVIDIA H100 80GB HBM3";
 const SEED: u64 = 0x5eed_f1ee_7000_0001;
-/// Writers of the SSE fan-out run.
-const FANOUT_WRITERS: usize = 8;
 /// Reservations per second during the fan-out run.
 const FANOUT_RATE: u32 = 20;
 const ROOT_TOKEN: &str = "fleet-root-token-0123456789abcdef";
@@ -1235,146 +1234,6 @@ impl Server {
     }
 }
 
-/// What one SSE subscriber saw: each `reservation.placed`'s stream id and when it arrived; whether it was cut off.
-#[derive(Debug, Default)]
-struct Seen {
-    arrivals: Vec<(String, Instant)>,
-    cut_off: bool,
-}
-
-async fn subscribe(
-    client: reqwest::Client,
-    url: String,
-    connected: tokio::sync::mpsc::Sender<()>,
-    seen: Arc<std::sync::Mutex<Seen>>,
-) -> anyhow::Result<()> {
-    let mut reply = client.get(url).bearer_auth(USER_TOKEN).send().await?;
-    ensure!(reply.status().is_success(), "the event stream answered {}", reply.status());
-    connected.send(()).await.ok();
-    let mut buffer = String::new();
-    while let Some(chunk) = reply.chunk().await? {
-        let arrived = Instant::now();
-        buffer.push_str(std::str::from_utf8(&chunk).context("the stream is UTF-8")?);
-        while let Some(end) = buffer.find("\n\n") {
-            let message: String = buffer.drain(..end + 2).collect();
-            let mut seen = seen.lock().expect("not poisoned");
-            if message.contains("event: cut-off") {
-                seen.cut_off = true;
-            }
-            let Some(start) = message.find("\"streamId\":\"").map(|i| i + 12) else { continue };
-            if let Some(len) = message[start..].find('"') {
-                seen.arrivals.push((message[start..start + len].to_owned(), arrived));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// What the fan-out run measured.
-struct FanOut {
-    reservations: usize,
-    deliveries: usize,
-    p50: Duration,
-    p99: Duration,
-    max: Duration,
-    missing: usize,
-    cut_off: usize,
-}
-
-/// `subscribers` streams of `reservation.placed` (tenant t01's), while 8 writers reserve one GPU of `pool` as t01
-/// at [`FANOUT_RATE`] a second for `run_for`: the time from each `reserve` returning to each subscriber reading
-/// its `reservation.placed`.
-async fn fan_out(
-    app: &App,
-    base: &str,
-    who: &Caller,
-    pool: &PoolId,
-    subscribers: usize,
-    run_for: Duration,
-) -> anyhow::Result<FanOut> {
-    let (connected_tx, mut connected_rx) = tokio::sync::mpsc::channel(subscribers.max(1));
-    let sse_client = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
-    let mut streams = tokio::task::JoinSet::new();
-    let mut seen = Vec::with_capacity(subscribers);
-    for _ in 0..subscribers {
-        let record = Arc::new(std::sync::Mutex::new(Seen::default()));
-        seen.push(Arc::clone(&record));
-        let url = format!("{base}/v1/events?types=reservation.placed");
-        streams.spawn(subscribe(sse_client.clone(), url, connected_tx.clone(), record));
-    }
-    drop(connected_tx);
-    for _ in 0..subscribers {
-        tokio::time::timeout(Duration::from_secs(60), connected_rx.recv())
-            .await
-            .context("the subscribers did not connect within a minute")?
-            .context("a subscriber failed to connect")?;
-    }
-    let per_writer = Duration::from_secs_f64(FANOUT_WRITERS as f64 / f64::from(FANOUT_RATE));
-    let deadline = Instant::now() + run_for;
-    let mut writers = tokio::task::JoinSet::new();
-    for writer in 0..FANOUT_WRITERS {
-        let (app, pool, who) = (app.clone(), pool.clone(), who.clone());
-        let prefix = format!("sse-{}-{writer}", wall_ms());
-        writers.spawn(async move {
-            let mut committed = Vec::new();
-            let mut ticks = tokio::time::interval(per_writer);
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                ticks.tick().await;
-                let key = format!("{prefix}-{n}");
-                let reserved =
-                    app.reserve(&who, Reserve { idempotency_key: key, request: gpu_request(&pool, 1) }).await?;
-                let returned = Instant::now();
-                if !reserved.value.reservation.allocations.is_empty() {
-                    committed.push((reserved.value.reservation.id.to_string(), returned));
-                }
-                app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
-                n += 1;
-            }
-            anyhow::Ok(committed)
-        });
-    }
-    let mut committed: HashMap<String, Instant> = HashMap::new();
-    while let Some(done) = writers.join_next().await {
-        committed.extend(done.context("join a writer")??);
-    }
-    let expected = committed.len();
-    let waited = Instant::now();
-    while waited.elapsed() < Duration::from_secs(30)
-        && seen.iter().any(|s| {
-            let s = s.lock().expect("not poisoned");
-            !s.cut_off && s.arrivals.len() < expected
-        })
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    streams.abort_all();
-    let mut latencies = Vec::with_capacity(expected * subscribers);
-    let (mut missing, mut cut_off) = (0usize, 0usize);
-    for record in &seen {
-        let record = record.lock().expect("not poisoned");
-        cut_off += usize::from(record.cut_off);
-        let mut got = 0;
-        for (stream, arrived) in &record.arrivals {
-            if let Some(at) = committed.get(stream) {
-                latencies.push(arrived.saturating_duration_since(*at));
-                got += 1;
-            }
-        }
-        missing += expected.saturating_sub(got);
-    }
-    latencies.sort();
-    Ok(FanOut {
-        reservations: expected,
-        deliveries: latencies.len(),
-        p50: percentile(&latencies, 0.5),
-        p99: percentile(&latencies, 0.99),
-        max: latencies.last().copied().unwrap_or_default(),
-        missing,
-        cut_off,
-    })
-}
-
 /// Follows `GET /v1/events?after=` with `token` until the event at `last` arrives. Returns the events received.
 async fn sse_catch_up(base: &str, token: &str, after: Position, last: Position) -> anyhow::Result<u64> {
     let client = reqwest::Client::builder().build()?;
@@ -1867,7 +1726,16 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
         [("empty database", &empty_app, &empty_pool, &empty_db), ("fleet database", &app, &normal, &db)]
     {
         let server = Server::start(database, &tenants.0).await?;
-        let seen = fan_out(app, &server.base, &t01, pool, config.subscribers, config.run_for).await?;
+        let spec = FanOutSpec {
+            base: &server.base,
+            token: USER_TOKEN,
+            who: &t01,
+            pool,
+            subscribers: config.subscribers,
+            rate: FANOUT_RATE,
+            run_for: config.run_for,
+        };
+        let seen = fan_out(app, &spec).await?;
         server.stop().await?;
         println!(
             "  SSE fan-out, {label}: {} subscribers, {} reservations at {:.0}/s: commit-to-delivery p50 {:.1} ms, p99 \

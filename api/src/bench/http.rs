@@ -3,10 +3,9 @@
 //! pgbench's one-row INSERT; then SSE fan-out: subscribers on `GET /v1/events` while reservations are made, and
 //! the time from each reservation's commit to its `reservation.placed` reaching every subscriber.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use bc_domain::id::PoolId;
@@ -14,8 +13,9 @@ use bc_eventstore::TxOptions;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use super::fanout::{FanOutSpec, WRITERS, fan_out};
 use super::reserve::{bench_site, bulk_fleet, gpu_request, h100_pool};
-use super::{BenchCluster, PgbenchRun, drive, percentile, pgbench};
+use super::{BenchCluster, PgbenchRun, drive, pgbench};
 use crate::app::fleet::OfferPool;
 use crate::app::reservations::Reserve;
 use crate::app::{App, Caller};
@@ -93,42 +93,6 @@ async fn http_cycle(client: &reqwest::Client, base: &str, pool: &PoolId, key: St
     let reply = client.post(format!("{base}/v1/reservations/{id}/cancel")).bearer_auth(TOKEN).send().await?;
     let status = reply.status();
     anyhow::ensure!(status.is_success(), "cancel answered {status}: {}", reply.text().await?);
-    Ok(())
-}
-
-/// What one subscriber saw: each `reservation.placed`'s stream id and when it arrived; and whether it was cut off.
-#[derive(Debug, Default)]
-struct Seen {
-    arrivals: Vec<(String, Instant)>,
-    cut_off: bool,
-}
-
-/// Follows `GET /v1/events?types=reservation.placed` until the task is aborted or the stream ends.
-async fn subscribe(
-    client: reqwest::Client,
-    url: String,
-    connected: tokio::sync::mpsc::Sender<()>,
-    seen: Arc<std::sync::Mutex<Seen>>,
-) -> anyhow::Result<()> {
-    let mut reply = client.get(url).bearer_auth(TOKEN).send().await?;
-    anyhow::ensure!(reply.status().is_success(), "the event stream answered {}", reply.status());
-    connected.send(()).await.ok();
-    let mut buffer = String::new();
-    while let Some(chunk) = reply.chunk().await? {
-        let arrived = Instant::now();
-        buffer.push_str(std::str::from_utf8(&chunk).context("the stream is UTF-8")?);
-        while let Some(end) = buffer.find("\n\n") {
-            let message: String = buffer.drain(..end + 2).collect();
-            let mut seen = seen.lock().expect("not poisoned");
-            if message.contains("event: cut-off") {
-                seen.cut_off = true;
-            }
-            let Some(start) = message.find("\"streamId\":\"").map(|i| i + 12) else { continue };
-            if let Some(len) = message[start..].find('"') {
-                seen.arrivals.push((message[start..start + len].to_owned(), arrived));
-            }
-        }
-    }
     Ok(())
 }
 
@@ -219,95 +183,34 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
     println!("    pgbench 1-row INSERT, {CLIENTS} clients: {inserts:.0} tx/s");
 
     // SSE fan-out.
-    let (connected_tx, mut connected_rx) = tokio::sync::mpsc::channel(config.subscribers.max(1));
-    let sse_client = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
-    let mut subscribers = tokio::task::JoinSet::new();
-    let mut seen = Vec::with_capacity(config.subscribers);
-    for _ in 0..config.subscribers {
-        let record = Arc::new(std::sync::Mutex::new(Seen::default()));
-        seen.push(Arc::clone(&record));
-        let url = format!("{base}/v1/events?types=reservation.placed");
-        subscribers.spawn(subscribe(sse_client.clone(), url, connected_tx.clone(), record));
-    }
-    drop(connected_tx);
-    for _ in 0..config.subscribers {
-        tokio::time::timeout(Duration::from_secs(60), connected_rx.recv())
-            .await
-            .context("the subscribers did not connect within a minute")?
-            .context("a subscriber failed to connect")?;
-    }
-    // Every subscriber is registered with the hub once its response has started; the writers start after.
-    let writers = 8usize;
-    let per_writer = Duration::from_secs_f64(writers as f64 / f64::from(config.rate.max(1)));
-    let mut tasks = tokio::task::JoinSet::new();
-    let deadline = Instant::now() + config.run_for;
-    for writer in 0..writers {
-        let (app, pool, who) = (app.clone(), pool.clone(), caller()?);
-        tasks.spawn(async move {
-            let mut committed = Vec::new();
-            let mut ticks = tokio::time::interval(per_writer);
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                ticks.tick().await;
-                let key = format!("sse-{writer}-{n}");
-                let reserved =
-                    app.reserve(&who, Reserve { idempotency_key: key, request: gpu_request(&pool, 1) }).await?;
-                let returned = Instant::now();
-                // One left pending (its placement lost every conflict retry) has no `reservation.placed` yet.
-                if !reserved.value.reservation.allocations.is_empty() {
-                    committed.push((reserved.value.reservation.id.to_string(), returned));
-                }
-                app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
-                n += 1;
-            }
-            anyhow::Ok(committed)
-        });
-    }
-    let mut committed: HashMap<String, Instant> = HashMap::new();
-    while let Some(done) = tasks.join_next().await {
-        committed.extend(done.context("join a writer")??);
-    }
-    // Wait for every subscriber to have every placement (or give up after 30 s).
-    let expected = committed.len();
-    let waited = Instant::now();
-    while waited.elapsed() < Duration::from_secs(30)
-        && seen.iter().any(|s| {
-            let s = s.lock().expect("not poisoned");
-            !s.cut_off && s.arrivals.len() < expected
-        })
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    subscribers.abort_all();
-    let mut latencies = Vec::with_capacity(expected * config.subscribers);
-    let (mut missing, mut cut_off) = (0usize, 0usize);
-    for record in &seen {
-        let record = record.lock().expect("not poisoned");
-        cut_off += usize::from(record.cut_off);
-        let mut got = 0;
-        for (stream, arrived) in &record.arrivals {
-            if let Some(at) = committed.get(stream) {
-                latencies.push(arrived.saturating_duration_since(*at));
-                got += 1;
-            }
-        }
-        missing += expected.saturating_sub(got);
-    }
-    latencies.sort();
+    let who = caller()?;
+    let spec = FanOutSpec {
+        base: &base,
+        token: TOKEN,
+        who: &who,
+        pool: &pool,
+        subscribers: config.subscribers,
+        rate: config.rate,
+        run_for: config.run_for,
+    };
+    let seen = fan_out(&app, &spec).await?;
     println!();
     println!(
-        "  SSE fan-out: {} subscribers of reservation.placed, {expected} reservations made over {seconds} s by {writers} \
+        "  SSE fan-out: {} subscribers of reservation.placed, {} reservations made over {seconds} s by {WRITERS} \
          writers through the command layer ({:.0}/s):",
         config.subscribers,
-        expected as f64 / config.run_for.as_secs_f64()
+        seen.reservations,
+        seen.reservations as f64 / config.run_for.as_secs_f64()
     );
     println!(
-        "    commit-to-delivery over {} deliveries: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {missing} missing, {cut_off} \
+        "    commit-to-delivery over {} deliveries: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; {} missing, {} \
          subscribers cut off",
-        latencies.len(),
-        millis(percentile(&latencies, 0.5)),
-        millis(percentile(&latencies, 0.99)),
-        millis(latencies.last().copied().unwrap_or_default()),
+        seen.deliveries,
+        millis(seen.p50),
+        millis(seen.p99),
+        millis(seen.max),
+        seen.missing,
+        seen.cut_off,
     );
 
     let _ = stop.send(());

@@ -3,6 +3,7 @@
 
 pub mod agents;
 pub mod append;
+mod fanout;
 pub mod fleet;
 pub mod http;
 pub mod projections;
