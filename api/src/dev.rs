@@ -322,9 +322,34 @@ pub struct DevConfig {
     pub db: DbConfig,
 }
 
+/// Locks `data_dir/dev.lock` for as long as `dev` runs, so that a second `dev` on the same folder refuses to
+/// start instead of sharing the cluster, the authorization file and the agents' state with the first (the two
+/// would then hang each other's shutdown). A cluster left running by a `dev` that crashed holds no lock, and is
+/// reused.
+fn lock_data_dir(data_dir: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(data_dir).with_context(|| format!("create {}", data_dir.display()))?;
+    let path = data_dir.join("dev.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "another `better-compute dev` is running on {}: stop it first (Ctrl-C), or give this one another \
+             --data-dir",
+            data_dir.display()
+        ),
+        Err(std::fs::TryLockError::Error(err)) => Err(err).with_context(|| format!("lock {}", path.display())),
+    }
+}
+
 /// Runs `dev` until Ctrl-C or SIGTERM.
 pub async fn run(config: DevConfig) -> anyhow::Result<()> {
     let shutdown = service::shutdown_signal();
+    let _lock = lock_data_dir(&config.data_dir)?;
     let auth_path = config.auth_config.clone().unwrap_or_else(|| config.data_dir.join("auth.toml"));
     let (root_token, demo_token) = dev_auth_config(&auth_path)?;
     let auth = service::load_authorizer(&auth_path)?;

@@ -282,6 +282,26 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     tx.commit().await.expect("commit");
     demo.close().await;
     assert_eq!((nodes, connected), (5, 5), "no second node for a machine that came back");
+    // A third start while the second runs refuses, naming the folder, and leaves the second serving.
+    let auth_before = std::fs::read(data_dir.join("auth.toml")).expect("the authorization file");
+    let mut third = dev().stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("start a third dev");
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = third.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = third.kill();
+            panic!("a third dev kept running beside the second");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut third.stderr.take().expect("stderr"), &mut stderr).expect("read stderr");
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("another `better-compute dev` is running on"), "{stderr}");
+    assert_eq!(std::fs::read(data_dir.join("auth.toml")).expect("the authorization file"), auth_before);
+    assert_eq!(healthz(&second).await.0, 200);
     second.signal("INT");
     assert!(second.wait().success());
     assert!(!dev_cluster(&data_dir).is_running());
