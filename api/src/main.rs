@@ -527,7 +527,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 resume_events: args.resume_events.max(1),
                 verify: args.verify,
                 data_dir: args.data_dir,
-                keep: args.keep || args.generate_only,
+                keep: args.keep,
                 generate_only: args.generate_only,
             })
             .await

@@ -777,8 +777,8 @@ pub async fn rebuild_into(tx: &mut Tx, schema: &str) -> Result<u64> {
     let mut after: (i32, String, i64) = (0, "0".to_owned(), 0);
     loop {
         // The columns are qualified: a bare `txid` in ORDER BY would name the text output column, which sorts
-        // "1000" before "999" and so applied events out of order (and paged past some) once transaction ids
-        // gained a digit within the log.
+        // "1000" before "999", so once transaction ids gained a digit within the log events were applied out of
+        // order, and the cursor (compared as xid8) read some again or skipped them.
         let rows = sql::query(
             "SELECT log_epoch, txid::text AS txid, seq, stream_id, event_type, schema_version, payload
              FROM public.events AS e

@@ -12,7 +12,7 @@ use super::store::{self, PoolRow};
 use super::{App, AppResult, Caller};
 
 /// How many candidate start times the earliest-start search tries before giving up.
-const MAX_CANDIDATE_STARTS: i64 = 2_000;
+pub const MAX_CANDIDATE_STARTS: i64 = 2_000;
 
 /// A question about a pool: when could this request start?
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use bc_domain::agent::{Heartbeat, HeartbeatReply, JoinRequest};
@@ -17,7 +17,7 @@ use bc_eventstore::{Db, DbConfig, TxOptions, sql};
 use tokio::net::TcpListener;
 
 use super::reserve::{bench_caller, bench_site, h100_pool};
-use super::{BenchCluster, PgbenchRun, percentile, pgbench};
+use super::{BenchCluster, PgbenchRun, millis, percentile, pgbench, wall_ms};
 use crate::app::App;
 use crate::app::agents::{LivenessConfig, NodeAuth};
 use crate::app::worker::{Worker, WorkerConfig};
@@ -69,16 +69,8 @@ struct SimAgent {
 
 impl SimAgent {
     fn beat(&self) -> Heartbeat {
-        Heartbeat { session_id: self.session.clone(), observed_generation: self.generation, clock_ms: now_ms() }
+        Heartbeat { session_id: self.session.clone(), observed_generation: self.generation, clock_ms: wall_ms() }
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
-}
-
-fn millis(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 /// Runs `task(i)` for every `i` below `count` from `tasks` concurrent tasks. Returns the results in order of `i`.

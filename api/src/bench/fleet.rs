@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use bc_domain::device::{DeviceClass, GpuInfo, devices_for};
@@ -32,8 +32,8 @@ use tokio::net::TcpListener;
 
 use super::fanout::{FanOutSpec, fan_out};
 use super::reserve::{bench_caller, bench_site, bulk_fleet, gpu_request, h100_pool};
-use super::{BenchCluster, PgbenchRun, percentile, pgbench};
-use crate::app::availability::EarliestStart;
+use super::{BenchCluster, PgbenchRun, millis, percentile, pgbench, wall_ms};
+use crate::app::availability::{EarliestStart, MAX_CANDIDATE_STARTS};
 use crate::app::fleet::OfferPool;
 use crate::app::reservations::{Reserve, next_wake, reservation_key};
 use crate::app::{App, Caller, SHARDS};
@@ -84,7 +84,7 @@ pub struct FleetBenchConfig {
     pub verify: bool,
     pub data_dir: Option<PathBuf>,
     pub keep: bool,
-    /// Stop after generating (the cluster's folder is kept).
+    /// Stop after generating (the cluster's folder is kept, whatever `keep` says).
     pub generate_only: bool,
 }
 
@@ -986,10 +986,6 @@ async fn db_now_ms(db: &Db) -> anyhow::Result<i64> {
     Ok(now)
 }
 
-fn wall_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
-}
-
 /// Runs `projection` from its checkpoint until it has passed every event, in steps of `batch` events. Returns the
 /// events passed and how long it took.
 async fn run_to_head(db: &Db, projection: &dyn Projection, batch: u32) -> anyhow::Result<(i64, Duration)> {
@@ -1012,10 +1008,6 @@ async fn run_to_head(db: &Db, projection: &dyn Projection, batch: u32) -> anyhow
 
 // ---------------------------------------------------------------------------------------------------------------
 // Measurements.
-
-fn millis(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 /// What one placement run measured.
 struct PlacementRun {
@@ -1165,7 +1157,7 @@ async fn earliest(
             tx.commit().await?;
             tried
         }
-        _ => 2_001,
+        _ => 1 + MAX_CANDIDATE_STARTS,
     };
     Ok(Earliest { answer: answer.map(|at| at - asked_at), tried, latencies, timed_out })
 }
@@ -1382,7 +1374,7 @@ fn hours(ms: Option<i64>) -> String {
 /// Runs the fleet benchmark and prints its figures.
 pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
     ensure!(config.nodes >= POOLS * 4, "--nodes must be at least {}", POOLS * 4);
-    let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep).await?;
+    let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep || config.generate_only).await?;
     let db = bench.db.clone();
     let bulk = Db::connect_lazy_with(
         bench.guard.cluster.connect_options("bench"),
@@ -1399,10 +1391,6 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
         config.reservations,
     );
     println!();
-
-    // The baselines' database: an empty fleet of 64 nodes in the same cluster.
-    let (empty_db, empty_pool) = empty_database(&bench, &tenants.0).await?;
-    let empty_app = App::new(empty_db.clone());
 
     // Site, pools and offers through the commands, dated before the generated history on the simulated clock.
     let generation = Instant::now();
@@ -1519,12 +1507,15 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
              folder's owner) and connect with `psql -h {root}/run -U postgres bench`",
             root = bench.root.display()
         );
-        empty_db.close().await;
         bulk.close().await;
         db.close().await;
         drop(bench);
         return Ok(());
     }
+
+    // The baselines' database: an empty fleet of 64 nodes in the same cluster.
+    let (empty_db, empty_pool) = empty_database(&bench, &tenants.0).await?;
+    let empty_app = App::new(empty_db.clone());
 
     if config.verify {
         let step = Instant::now();

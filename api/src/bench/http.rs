@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 
 use super::fanout::{FanOutSpec, WRITERS, fan_out};
 use super::reserve::{bench_site, bulk_fleet, gpu_request, h100_pool};
-use super::{BenchCluster, PgbenchRun, drive, pgbench};
+use super::{BenchCluster, PgbenchRun, drive, millis, pgbench};
 use crate::app::fleet::OfferPool;
 use crate::app::reservations::Reserve;
 use crate::app::{App, Caller};
@@ -94,10 +94,6 @@ async fn http_cycle(client: &reqwest::Client, base: &str, pool: &PoolId, key: St
     let status = reply.status();
     anyhow::ensure!(status.is_success(), "cancel answered {status}: {}", reply.text().await?);
     Ok(())
-}
-
-fn millis(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 /// Runs the HTTP and SSE benchmark and prints its figures.

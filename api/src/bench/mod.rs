@@ -127,6 +127,16 @@ where
     Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
+/// This machine's clock in epoch milliseconds.
+pub(crate) fn wall_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
+}
+
+/// A duration in milliseconds, for printing.
+pub(crate) fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
 /// The `p` quantile (0 to 1) of sorted durations.
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
