@@ -13,9 +13,9 @@ use sqlx::{ConnectOptions as _, Connection as _};
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
 use bc_domain::site::SiteKind;
 
-use crate::app::fleet::{CreatePool, CreateSite, OfferPool};
-use crate::app::{App, Caller};
 use crate::service::{self, MigrateOnStart};
+use bc_commands::fleet::{CreatePool, CreateSite, OfferPool};
+use bc_commands::{App, Caller};
 
 /// The database `dev` creates in its cluster.
 pub const DEV_DATABASE: &str = "better_compute";

@@ -9,7 +9,7 @@ use bc_eventstore::migrate::Migrator;
 use bc_eventstore::{Db, TxOptions, events, sql};
 use sqlx::Row as _;
 
-use crate::app::SHARDS as SHARD_COUNT_HINT;
+use bc_commands::SHARDS as SHARD_COUNT_HINT;
 
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

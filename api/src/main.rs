@@ -42,9 +42,6 @@ enum Command {
     /// Run the service on an embedded database (a private PostgreSQL cluster in a data folder), or on
     /// BETTER_COMPUTE_DATABASE_URL when it is set.
     Dev(DevArgs),
-    /// Measure the service against PostgreSQL's own baselines.
-    #[command(subcommand)]
-    Bench(BenchCommand),
     /// Inspect and rebuild the read models.
     #[command(subcommand)]
     Projections(ProjectionsCommand),
@@ -119,176 +116,6 @@ enum EventsCommand {
         #[command(flatten)]
         database: DatabaseArgs,
     },
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCommand {
-    /// Event log appends per second (1 and 8 writers, single events and 10-event batches) on a durable private
-    /// cluster, beside pgbench running the same SQL and pgbench's one-row INSERT, printed as ratios.
-    Append(BenchAppendArgs),
-    /// Reserve-then-release cycles per second with 1, 4 and 16 clients beside pgbench's one-row INSERT, and the
-    /// placement latency of an 8-GPU request in a pool of 1,000 nodes, half booked.
-    Reserve(BenchReserveArgs),
-    /// Rebuild rate of every read model from a large generated log, beside an INSERT ... SELECT of as many rows,
-    /// and the read models' lag while writers append.
-    Projections(BenchProjectionsArgs),
-    /// Reserve-then-release cycles through the HTTP API next to the command layer at 16 clients, and SSE fan-out:
-    /// commit-to-delivery latency to many subscribers while reservations are made.
-    Http(BenchHttpArgs),
-    /// Simulated machines joined through the join command, heartbeats per second through the command layer and
-    /// the HTTP API beside pgbench's one-row INSERT, and how long a stopped agent's node stays schedulable.
-    Agents(BenchAgentsArgs),
-    /// The system at the size of a large GPU cloud (10,000 nodes, 80,000 GPUs, 1,000,000 reservations generated
-    /// with bulk SQL): placement, the earliest-start query, the capacity rollup, SSE fan-out and catch-up, and the
-    /// tables' sizes, beside baselines measured in the same run.
-    Fleet(BenchFleetArgs),
-}
-
-#[derive(Debug, Args)]
-struct BenchFleetArgs {
-    /// Nodes of 8 H100s each, spread over ten pools.
-    #[arg(long, default_value_t = 10_000)]
-    nodes: usize,
-
-    /// Reservations generated over the past 60 days and the next 30.
-    #[arg(long, default_value_t = 1_000_000)]
-    reservations: usize,
-
-    /// Seconds per placement run (eight runs) and of the SSE fan-out runs (two).
-    #[arg(long, default_value_t = 10)]
-    seconds: u64,
-
-    /// Concurrent clients of the placement runs.
-    #[arg(long, default_value_t = 4)]
-    clients: usize,
-
-    /// SSE subscribers of the fan-out runs.
-    #[arg(long, default_value_t = 200)]
-    subscribers: usize,
-
-    /// How many events back the SSE catch-up starts.
-    #[arg(long, default_value_t = 1_000_000)]
-    resume_events: u64,
-
-    /// Replay the whole generated log through the inline projections and compare with the generated tables
-    /// (slow: for small runs).
-    #[arg(long)]
-    verify: bool,
-
-    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-
-    /// Keep the cluster's folder afterwards.
-    #[arg(long)]
-    keep: bool,
-
-    /// Generate the fleet, keep the cluster's folder and stop there (to explore it with psql).
-    #[arg(long)]
-    generate_only: bool,
-}
-
-#[derive(Debug, Args)]
-struct BenchAgentsArgs {
-    /// Simulated machines (1xH100 each) joined before the runs.
-    #[arg(long, default_value_t = 5000)]
-    agents: usize,
-
-    /// Seconds per heartbeat throughput run (eight runs, plus two pgbench runs).
-    #[arg(long, default_value_t = 10)]
-    seconds: u64,
-
-    /// The liveness lease in milliseconds during the detection run; agents heartbeat every quarter of it.
-    #[arg(long, default_value_t = 4000)]
-    lease_ms: u64,
-
-    /// Agents stopped one at a time in the detection run.
-    #[arg(long, default_value_t = 5)]
-    samples: usize,
-
-    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-
-    /// Keep the cluster's folder afterwards.
-    #[arg(long)]
-    keep: bool,
-}
-
-#[derive(Debug, Args)]
-struct BenchHttpArgs {
-    /// Seconds per run (two throughput runs, a pgbench run and the fan-out run).
-    #[arg(long, default_value_t = 10)]
-    seconds: u64,
-
-    /// SSE subscribers of the fan-out run.
-    #[arg(long, default_value_t = 500)]
-    subscribers: usize,
-
-    /// Reservations per second made during the fan-out run.
-    #[arg(long, default_value_t = 50)]
-    rate: u32,
-
-    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-
-    /// Keep the cluster's folder afterwards.
-    #[arg(long)]
-    keep: bool,
-}
-
-#[derive(Debug, Args)]
-struct BenchProjectionsArgs {
-    /// Events in the generated log.
-    #[arg(long, default_value_t = 1_000_000)]
-    events: u64,
-
-    /// Seconds of appending for the lag figures.
-    #[arg(long, default_value_t = 10)]
-    lag_seconds: u64,
-
-    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-
-    /// Keep the cluster's folder afterwards.
-    #[arg(long)]
-    keep: bool,
-}
-
-#[derive(Debug, Args)]
-struct BenchReserveArgs {
-    /// Seconds per throughput run (there are three, plus three pgbench runs).
-    #[arg(long, default_value_t = 10)]
-    seconds: u64,
-
-    /// Placements the latency percentiles are taken over.
-    #[arg(long, default_value_t = 200)]
-    samples: usize,
-
-    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-
-    /// Keep the cluster's folder afterwards.
-    #[arg(long)]
-    keep: bool,
-}
-
-#[derive(Debug, Args)]
-struct BenchAppendArgs {
-    /// Seconds per run (there are twelve runs).
-    #[arg(long, default_value_t = 10)]
-    seconds: u64,
-
-    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-
-    /// Keep the cluster's folder afterwards.
-    #[arg(long)]
-    keep: bool,
 }
 
 #[derive(Debug, Args)]
@@ -437,26 +264,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Migrate(args) => {
             // The method table against Better Compute's own catalog, before anything touches the store.
-            bc_api::http::check_routes(&bc_api::auth::BuiltinAuthorizer::new(Default::default())?)?;
+            bc_api::http::check_routes(&bc_commands::auth::BuiltinAuthorizer::new(Default::default())?)?;
             let db = Db::connect_lazy(args.required_url()?, &args.config())?;
             service::migrate(&db).await
-        }
-        Command::Bench(BenchCommand::Append(args)) => {
-            bc_api::bench::append(bc_api::bench::AppendBenchConfig {
-                run_for: Duration::from_secs(args.seconds.max(1)),
-                data_dir: args.data_dir,
-                keep: args.keep,
-            })
-            .await
-        }
-        Command::Bench(BenchCommand::Reserve(args)) => {
-            bc_api::bench::reserve(bc_api::bench::ReserveBenchConfig {
-                run_for: Duration::from_secs(args.seconds.max(1)),
-                samples: args.samples.max(1),
-                data_dir: args.data_dir,
-                keep: args.keep,
-            })
-            .await
         }
         Command::Projections(command) => match command {
             ProjectionsCommand::Status(args) => bc_api::ops::projections_status(&connect(&args)?).await,
@@ -496,51 +306,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 bc_api::ops::events_replay(&connect(&database)?, until, target).await
             }
         },
-        Command::Bench(BenchCommand::Http(args)) => {
-            bc_api::bench::http(bc_api::bench::HttpBenchConfig {
-                run_for: Duration::from_secs(args.seconds.max(1)),
-                subscribers: args.subscribers,
-                rate: args.rate.max(1),
-                data_dir: args.data_dir,
-                keep: args.keep,
-            })
-            .await
-        }
-        Command::Bench(BenchCommand::Agents(args)) => {
-            bc_api::bench::agents(bc_api::bench::AgentsBenchConfig {
-                agents: args.agents.max(1),
-                run_for: Duration::from_secs(args.seconds.max(1)),
-                lease: Duration::from_millis(args.lease_ms.max(100)),
-                samples: args.samples.max(1),
-                data_dir: args.data_dir,
-                keep: args.keep,
-            })
-            .await
-        }
-        Command::Bench(BenchCommand::Fleet(args)) => {
-            bc_api::bench::fleet(bc_api::bench::FleetBenchConfig {
-                nodes: args.nodes,
-                reservations: args.reservations.max(1),
-                run_for: Duration::from_secs(args.seconds.max(1)),
-                clients: args.clients.max(1),
-                subscribers: args.subscribers,
-                resume_events: args.resume_events.max(1),
-                verify: args.verify,
-                data_dir: args.data_dir,
-                keep: args.keep,
-                generate_only: args.generate_only,
-            })
-            .await
-        }
-        Command::Bench(BenchCommand::Projections(args)) => {
-            bc_api::bench::projections(bc_api::bench::ProjectionsBenchConfig {
-                events: args.events.max(3),
-                lag_run: Duration::from_secs(args.lag_seconds.max(1)),
-                data_dir: args.data_dir,
-                keep: args.keep,
-            })
-            .await
-        }
         Command::Dev(args) => {
             let data_dir = match args.data_dir {
                 Some(dir) => dir,

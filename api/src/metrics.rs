@@ -23,8 +23,6 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use sqlx::Row as _;
 
-use crate::http::{ApiError, AppState};
-
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     method: String,
@@ -66,41 +64,41 @@ impl Metrics {
 }
 
 /// The middleware that counts every request. Requests no route matched count under `unmatched`.
-pub async fn count_requests(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn count_requests(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().as_str().to_owned();
     let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
     let response = next.run(request).await;
-    state.metrics.observe(&method, &route, response.status().as_u16(), started.elapsed().as_secs_f64());
+    metrics.observe(&method, &route, response.status().as_u16(), started.elapsed().as_secs_f64());
     response
 }
 
-/// `GET /metrics`: open like the health check (it names no tenant's records; keep it on the operators'
-/// network). `503 UNAVAILABLE` when the database does not answer.
-pub async fn scrape(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let figures = DatabaseFigures::read(state.db()).await.map_err(|err| ApiError::from_store(&err))?;
+/// The exposition `GET /metrics` answers: the process's own counters beside one read-only snapshot of the
+/// database's figures. Fails when the database does not answer.
+pub async fn exposition(db: &Db, metrics: &Metrics, subscribers: usize) -> bc_eventstore::Result<Response> {
+    let figures = DatabaseFigures::read(db).await?;
     let process = ProcessFigures {
-        pool_size: state.db().pool().size(),
-        pool_idle: state.db().pool().num_idle() as u32,
-        pool_max: state.db().pool().options().get_max_connections(),
-        subscribers: state.events.subscribers() as i64,
+        pool_size: db.pool().size(),
+        pool_idle: db.pool().num_idle() as u32,
+        pool_max: db.pool().options().get_max_connections(),
+        subscribers: subscribers as i64,
     };
     let mut registry = Registry::with_prefix("bc");
     registry.register(
         "http_requests",
         "HTTP requests answered, by route template and status",
-        state.metrics.requests.clone(),
+        metrics.requests.clone(),
     );
     registry.register(
         "http_request_duration_seconds",
         "Time to answer HTTP requests, by route template",
-        state.metrics.latency.clone(),
+        metrics.latency.clone(),
     );
     registry.register_collector(Box::new(process));
     registry.register_collector(Box::new(figures));
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)
-        .map_err(|_| ApiError::from_store(&bc_eventstore::Error::Internal("encode the metrics".into())))?;
+        .map_err(|_| bc_eventstore::Error::Internal("encode the metrics".into()))?;
     let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -5,12 +5,14 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use bc_eventstore::events::{self, RecordedEvent, SubscribeOptions};
+use bc_eventstore::events::{self, SubscribeOptions};
 use bc_eventstore::{Db, Position, TxOptions};
 use bc_projections::framework::{self, DaemonConfig};
 use bc_projections::{models, rebuild, replay, status};
 use futures_util::StreamExt as _;
-use serde_json::{Value, json};
+use serde_json::json;
+
+use crate::http::events::{event_json, type_matches};
 
 /// `projections status`: one line per projection version.
 pub async fn projections_status(db: &Db) -> anyhow::Result<()> {
@@ -72,32 +74,6 @@ pub async fn projections_run(db: Db, config: DaemonConfig) -> anyhow::Result<()>
     let _ = stop.send(true);
     daemon.await.context("stop the projection daemon")?;
     Ok(())
-}
-
-/// An event as JSON: its position and identity, the payload and metadata decoded.
-pub fn event_json(event: &RecordedEvent) -> Value {
-    let decode = |bytes: &[u8]| {
-        rmp_serde::from_slice::<Value>(bytes).unwrap_or_else(|err| json!({ "undecodable": err.to_string() }))
-    };
-    json!({
-        "position": event.position.to_string(),
-        "streamId": event.stream_id,
-        "streamVersion": event.stream_version,
-        "eventType": event.event_type,
-        "schemaVersion": event.schema_version,
-        "tenantId": event.tenant_id,
-        "recordedAt": event.recorded_at_ms,
-        "payload": decode(&event.payload),
-        "metadata": decode(&event.metadata),
-    })
-}
-
-/// Whether `event_type` matches a filter: an exact type, or `family.*`.
-pub fn type_matches(filter: &str, event_type: &str) -> bool {
-    match filter.strip_suffix(".*") {
-        Some(family) => event_type.split_once('.').is_some_and(|(f, _)| f == family),
-        None => filter == event_type,
-    }
 }
 
 /// `events tail`: follows the log live (from `after`, or from now), one JSON line per event.

@@ -17,10 +17,10 @@ use tokio::net::TcpListener;
 use bc_projections::framework::{self, DaemonConfig};
 use bc_projections::models;
 
-use crate::app::worker::{Worker, WorkerConfig};
-use crate::app::{App, SHARDS};
-use crate::auth::{Authorizer, BuiltinAuthorizer};
 use crate::http::{self, AppState};
+use bc_commands::auth::{Authorizer, BuiltinAuthorizer};
+use bc_commands::worker::{Worker, WorkerConfig};
+use bc_commands::{App, SHARDS};
 
 /// Whether `serve` and `dev` apply migrations on start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

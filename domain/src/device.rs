@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu;
 use crate::id::DeviceId;
-use crate::pool::Sharing;
 
 /// A device's class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -169,6 +168,41 @@ pub struct Device {
     pub gpu_product: String,
     #[serde(default)]
     pub attributes: BTreeMap<String, AttrValue>,
+}
+
+/// How a pool shares its GPUs, and so which atoms it books.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharing {
+    /// One `gpu` atom per GPU.
+    #[default]
+    Exclusive,
+    /// One `gpu.mig` atom per MIG instance; the partitioned GPU itself is never bookable.
+    Mig,
+    /// `sharing.replicas` `gpu.slot` atoms per GPU.
+    Timeslice,
+    /// `sharing.replicas` `gpu.slot` atoms per GPU, shared through MPS.
+    Mps,
+}
+
+impl Sharing {
+    /// The class of the atoms this sharing mode books.
+    pub fn atom_class(self) -> DeviceClass {
+        match self {
+            Sharing::Exclusive => DeviceClass::Gpu,
+            Sharing::Mig => DeviceClass::GpuMig,
+            Sharing::Timeslice | Sharing::Mps => DeviceClass::GpuSlot,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sharing::Exclusive => "exclusive",
+            Sharing::Mig => "mig",
+            Sharing::Timeslice => "timeslice",
+            Sharing::Mps => "mps",
+        }
+    }
 }
 
 /// The devices of a node's GPUs under a pool's sharing mode, and the NVML names this build does not know

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::Rejection;
-use crate::device::DeviceClass;
+pub use crate::device::Sharing;
 use crate::domain_events;
 use crate::id::{PoolId, SiteId, TenantId};
 
@@ -18,41 +18,6 @@ pub enum PoolClass {
     MetalDedicated,
     VpsHost,
     Provider,
-}
-
-/// How a pool shares its GPUs, and so which atoms it books.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Sharing {
-    /// One `gpu` atom per GPU.
-    #[default]
-    Exclusive,
-    /// One `gpu.mig` atom per MIG instance; the partitioned GPU itself is never bookable.
-    Mig,
-    /// `sharing.replicas` `gpu.slot` atoms per GPU.
-    Timeslice,
-    /// `sharing.replicas` `gpu.slot` atoms per GPU, shared through MPS.
-    Mps,
-}
-
-impl Sharing {
-    /// The class of the atoms this sharing mode books.
-    pub fn atom_class(self) -> DeviceClass {
-        match self {
-            Sharing::Exclusive => DeviceClass::Gpu,
-            Sharing::Mig => DeviceClass::GpuMig,
-            Sharing::Timeslice | Sharing::Mps => DeviceClass::GpuSlot,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Sharing::Exclusive => "exclusive",
-            Sharing::Mig => "mig",
-            Sharing::Timeslice => "timeslice",
-            Sharing::Mps => "mps",
-        }
-    }
 }
 
 /// How the control plane reaches a pool's machines.

@@ -956,6 +956,26 @@ pub enum Due {
     WakeAt(i64),
 }
 
+/// When the work queue should look at a reservation next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextLook {
+    /// Nothing more will ever be due.
+    Never,
+    /// Something is due now.
+    Now,
+    /// Nothing is due before this time (epoch ms).
+    At(i64),
+}
+
+/// When the work queue should look at `r` next, given what is [`due`] at `now_ms`.
+pub fn next_look(r: &Reservation, now_ms: i64) -> NextLook {
+    match due(r, now_ms) {
+        Due::Done => NextLook::Never,
+        Due::Apply(_) => NextLook::Now,
+        Due::WakeAt(at) | Due::TryPlace { wake_at_ms: at } => NextLook::At(at),
+    }
+}
+
 /// The next step of a reservation whose recorded times are reached: the work queue runs this at those times.
 pub fn due(r: &Reservation, now_ms: i64) -> Due {
     use ReservationState as S;

@@ -14,3 +14,5 @@ pub mod replay;
 pub mod status;
 
 pub use bc_eventstore::Position;
+#[cfg(feature = "testing")]
+pub mod testing;

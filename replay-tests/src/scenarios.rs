@@ -1,11 +1,11 @@
 //! The scenarios the recorded logs come from, run through the real command handlers and the worker on the
 //! simulated clock.
 
-use bc_api::app::fleet::{CreatePool, CreateSite, OfferPool};
-use bc_api::app::nodes::{NodeVerb, RegisterNode};
-use bc_api::app::reservations::Reserve;
-use bc_api::app::worker::{Worker, WorkerConfig};
-use bc_api::app::{App, Caller};
+use bc_commands::fleet::{CreatePool, CreateSite, OfferPool};
+use bc_commands::nodes::{NodeVerb, RegisterNode};
+use bc_commands::reservations::Reserve;
+use bc_commands::worker::{Worker, WorkerConfig};
+use bc_commands::{App, Caller};
 use bc_domain::device::{DeviceClass, GpuInfo, MigInstance};
 use bc_domain::id::{PoolId, SiteId};
 use bc_domain::node::{Role, Trust};

@@ -13,10 +13,10 @@ use bc_domain::inventory::InventoryReport;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::openapi::{CommonErrors, ErrorBody};
+use super::error::{CommonErrors, ErrorBody};
 use super::request::{JsonBody, QueryParams, path_id};
 use super::{ApiError, AppState};
-use crate::app::agents::NodeAuth;
+use bc_commands::agents::NodeAuth;
 
 /// A request authenticated by a node credential.
 #[derive(Debug, Clone)]

@@ -41,8 +41,7 @@ pub async fn check_within_log(db: &Db, field: &str, position: Position) -> Resul
         tx.commit().await?;
         Ok::<_, bc_eventstore::Error>(within)
     }
-    .await
-    .map_err(|err| ApiError::from_store(&err))?;
+    .await?;
     if within {
         Ok(())
     } else {
@@ -64,10 +63,10 @@ impl FromRequestParts<AppState> for MinPosition {
 
 /// `503 NOT_YET_CONSISTENT` with the position the read models reached.
 pub fn not_yet_consistent(wanted: Position, reached: Position) -> ApiError {
-    ApiError {
-        status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
-        code: "NOT_YET_CONSISTENT",
-        message: format!("the read models reached {reached}, not yet {wanted}; retry shortly"),
-        details: json!({ "wanted": wanted.to_string(), "reached": reached.to_string() }),
-    }
+    ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "NOT_YET_CONSISTENT",
+        format!("the read models reached {reached}, not yet {wanted}; retry shortly"),
+    )
+    .with_details(json!({ "wanted": wanted.to_string(), "reached": reached.to_string() }))
 }

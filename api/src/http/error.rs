@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use bc_domain::Rejection;
 use serde_json::{Value, json};
 
-use crate::app::AppError;
+use bc_commands::AppError;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -15,15 +15,28 @@ pub struct ApiError {
     pub code: &'static str,
     pub message: String,
     pub details: Value,
+    /// What went wrong inside, for the log: never sent, since it can carry database text. The request's
+    /// middleware logs it once, in the request's span ([`Failure`]).
+    cause: Option<String>,
 }
+
+/// The cause of a 5xx answer, left in the response's extensions for the middleware that logs it.
+#[derive(Debug, Clone)]
+pub struct Failure(pub String);
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), details: json!({}) }
+        Self { status, code, message: message.into(), details: json!({}), cause: None }
     }
 
     pub fn with_details(mut self, details: Value) -> Self {
         self.details = details;
+        self
+    }
+
+    /// The same answer, with what went wrong inside for the log (never sent).
+    pub fn with_cause(mut self, cause: impl std::fmt::Display) -> Self {
+        self.cause = Some(cause.to_string());
         self
     }
 
@@ -53,21 +66,20 @@ impl ApiError {
     pub fn forbidden(reason: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, "FORBIDDEN", reason)
     }
+}
 
-    /// A store error as the API answers it: `503 UNAVAILABLE` when the database is unreachable, `409 CONFLICT`
-    /// when a race outlasted the retries, otherwise a generic `500 INTERNAL_ERROR` (the database's text is
-    /// logged, never sent).
-    pub fn from_store(err: &bc_eventstore::Error) -> Self {
-        match err.code() {
+/// A store error as the API answers it: `503 UNAVAILABLE` when the database is unreachable, `409 CONFLICT` when a
+/// race outlasted the retries, otherwise a generic `500 INTERNAL_ERROR` whose cause is logged, never sent.
+impl From<bc_eventstore::Error> for ApiError {
+    fn from(err: bc_eventstore::Error) -> Self {
+        let answer = match err.code() {
             "UNAVAILABLE" => Self::unavailable("the database is unreachable"),
             "CONFLICT" => {
                 Self::new(StatusCode::CONFLICT, "CONFLICT", "the request raced with concurrent changes; retry it")
             }
-            _ => {
-                tracing::error!(error = %err, "request failed");
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", "internal error")
-            }
-        }
+            _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", "internal error"),
+        };
+        Self { cause: Some(err.to_string()), ..answer }
     }
 }
 
@@ -95,7 +107,7 @@ impl From<AppError> for ApiError {
                 };
                 ApiError::new(status, rejection.code(), rejection.to_string()).with_details(details)
             }
-            AppError::Store(err) => ApiError::from_store(&err),
+            AppError::Store(err) => err.into(),
             AppError::NotYetConsistent { wanted, reached } => super::consistency::not_yet_consistent(wanted, reached),
         }
     }
@@ -108,6 +120,46 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
         }
+        if self.status.is_server_error() {
+            let cause = self.cause.unwrap_or_else(|| self.message.clone());
+            response.extensions_mut().insert(Failure(cause));
+        }
         response
     }
+}
+
+/// Every error: `{"error": {"code", "message", "details"}}`.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The error itself.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `FORBIDDEN`, `NOT_FOUND`, `CONFLICT`, `CAPACITY_UNAVAILABLE`,
+    /// `QUOTA_EXCEEDED`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNAVAILABLE`, `INTERNAL_ERROR`.
+    pub code: String,
+    pub message: String,
+    /// Such as `field`, naming what is wrong with the input.
+    #[schema(value_type = Object)]
+    pub details: Value,
+}
+
+/// The errors every authorized route can answer.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // Only described, never built: the handlers answer `ApiError`.
+pub enum CommonErrors {
+    /// Bad input, naming the field in `details.field`; nothing was written.
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// No bearer token, or one nobody knows.
+    #[response(status = 401)]
+    Unauthenticated(ErrorBody),
+    /// Not allowed, with the reason.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// Not found, or not visible to the caller (the two are not told apart).
+    #[response(status = 404)]
+    NotFound(ErrorBody),
 }

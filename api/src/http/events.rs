@@ -17,15 +17,14 @@ use bc_eventstore::events::{self, RecordedEvent};
 use bc_eventstore::{Db, Position, TxOptions};
 use futures_util::Stream;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use super::consistency::check_within_log;
-use super::openapi::CommonErrors;
+use super::error::CommonErrors;
 use super::request::{Authed, QueryParams, path_id};
 use super::{ApiError, AppState};
-use crate::auth::{Resource, Target};
-use crate::ops::{event_json, type_matches};
+use bc_commands::auth::{Resource, Target};
 
 /// How the stream reads and fans out.
 #[derive(Debug, Clone)]
@@ -356,7 +355,7 @@ pub async fn stream(
         }
         // Without a position the stream starts at the log's head as of this request, fixed before the
         // response starts, so whatever commits after the subscriber has its headers is delivered.
-        (None, None) => head(state.db()).await.map_err(|err| ApiError::from_store(&err))?,
+        (None, None) => head(state.db()).await?,
     };
     let types: Vec<String> = params
         .types
@@ -392,4 +391,30 @@ pub async fn stream(
         })
     });
     Ok(Sse::new(sse).keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat")))
+}
+
+/// An event as JSON: its position and identity, the payload and metadata decoded.
+pub fn event_json(event: &RecordedEvent) -> Value {
+    let decode = |bytes: &[u8]| {
+        rmp_serde::from_slice::<Value>(bytes).unwrap_or_else(|err| json!({ "undecodable": err.to_string() }))
+    };
+    json!({
+        "position": event.position.to_string(),
+        "streamId": event.stream_id,
+        "streamVersion": event.stream_version,
+        "eventType": event.event_type,
+        "schemaVersion": event.schema_version,
+        "tenantId": event.tenant_id,
+        "recordedAt": event.recorded_at_ms,
+        "payload": decode(&event.payload),
+        "metadata": decode(&event.metadata),
+    })
+}
+
+/// Whether `event_type` matches a filter: an exact type, or `family.*`.
+pub fn type_matches(filter: &str, event_type: &str) -> bool {
+    match filter.strip_suffix(".*") {
+        Some(family) => event_type.split_once('.').is_some_and(|(f, _)| f == family),
+        None => filter == event_type,
+    }
 }

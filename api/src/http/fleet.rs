@@ -14,12 +14,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
-use super::openapi::{CommonErrors, ErrorBody};
+use super::error::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, path_id};
 use super::{ApiError, AppState};
-use crate::app::availability::EarliestStart;
-use crate::app::fleet::{CreatePool, CreateSite, OfferPool};
-use crate::auth::{Resource, Target, resolve};
+use bc_commands::auth::{Resource, Target, resolve};
+use bc_commands::availability::EarliestStart;
+use bc_commands::fleet::{CreatePool, CreateSite, OfferPool};
 
 /// A command's answer with its position as `X-Position` (the consistency token of reads).
 pub(super) fn committed(
@@ -56,7 +56,7 @@ pub(super) async fn on_pool(
     id: &str,
 ) -> Result<PoolId, ApiError> {
     let id: PoolId = path_id("poolId", id)?;
-    let resource = resolve::pool_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    let resource = resolve::pool_resource(state.db(), &id).await?;
     state.authorize(who, method, resource.as_ref(), "pool", id.as_str()).await?;
     Ok(id)
 }
@@ -137,7 +137,7 @@ pub async fn get_site(
     QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
 ) -> Result<Json<Value>, ApiError> {
     let id: SiteId = path_id("siteId", &id)?;
-    let resource = resolve::site_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    let resource = resolve::site_resource(state.db(), &id).await?;
     state.authorize(&who, "sites.get", resource.as_ref(), "site", id.as_str()).await?;
     Ok(Json(state.app.site(&who.caller(), &id).await?))
 }
@@ -205,7 +205,7 @@ pub async fn create_pool(
     JsonBody(body): JsonBody<PoolBody>,
 ) -> Result<Response, ApiError> {
     let site_id: SiteId = path_id("siteId", &body.site_id)?;
-    let site = resolve::site_resource(state.db(), &site_id).await.map_err(|err| ApiError::from_store(&err))?;
+    let site = resolve::site_resource(state.db(), &site_id).await?;
     state.authorize(&who, "pools.create", site.as_ref(), "site", site_id.as_str()).await?;
     let input = CreatePool {
         site_id,

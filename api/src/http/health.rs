@@ -1,12 +1,14 @@
-//! `GET /v1/healthz`: 200 while the database answers, 503 `UNAVAILABLE` while it does not.
+//! What probes and scrapers read: `GET /v1/healthz` (200 while the database answers, 503 `UNAVAILABLE` while it
+//! does not) and `GET /metrics`.
 
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
+use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::openapi::ErrorBody;
+use super::error::ErrorBody;
 use super::{ApiError, AppState};
 
 /// How long the health check waits for the database.
@@ -23,13 +25,13 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiEr
     // A read-only ping holds no locks and appends nothing, so abandoning it at the timeout is safe.
     match tokio::time::timeout(PING_TIMEOUT, state.db().ping()).await {
         Ok(Ok(())) => Ok(Json(json!({"status": "ok", "database": "reachable"}))),
-        Ok(Err(err)) => {
-            tracing::warn!(error = %err, "health check: the database did not answer");
-            Err(ApiError::unavailable("the database is unreachable"))
-        }
-        Err(_) => {
-            tracing::warn!("health check: the database did not answer in time");
-            Err(ApiError::unavailable("the database did not answer in time"))
-        }
+        Ok(Err(err)) => Err(ApiError::unavailable("the database is unreachable").with_cause(err)),
+        Err(_) => Err(ApiError::unavailable("the database did not answer in time")),
     }
+}
+
+/// `GET /metrics`: open like the health check (it names no tenant's records; keep it on the operators'
+/// network). `503 UNAVAILABLE` when the database does not answer.
+pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(crate::metrics::exposition(state.db(), &state.metrics, state.events.subscribers()).await?)
 }

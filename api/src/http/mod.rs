@@ -1,6 +1,6 @@
 //! The HTTP API under `/v1`: JSON in the seeds' camelCase, times in epoch milliseconds and durations in seconds,
 //! errors as `{"error": {"code", "message", "details"}}`, `X-Request-Id` on every response, bearer tokens
-//! decided by the [`Authorizer`](crate::auth::Authorizer) against the method table.
+//! decided by the [`Authorizer`](bc_commands::auth::Authorizer) against the method table.
 
 pub mod agent;
 pub mod consistency;
@@ -22,8 +22,8 @@ use bc_eventstore::Db;
 
 pub use error::ApiError;
 
-use crate::app::App;
-use crate::auth::{Authorizer, DenialCounts, InvalidConfig};
+use bc_commands::App;
+use bc_commands::auth::{Authorizer, DenialCounts, InvalidConfig};
 
 /// What every handler can reach.
 #[derive(Debug, Clone)]
@@ -140,18 +140,18 @@ routes! {
 /// Checks the method table (and the authorizer's catalog) against every route's method.
 pub fn check_routes(auth: &dyn Authorizer) -> Result<(), InvalidConfig> {
     let routed: Vec<&str> = ROUTES.iter().filter_map(|r| r.method).collect();
-    crate::auth::check_config(auth, &routed)
+    bc_commands::auth::check_config(auth, &routed)
 }
 
 /// The router of the whole API.
 pub fn router(state: AppState) -> Router {
     routed(Router::new())
-        .route("/metrics", axum::routing::get(crate::metrics::scrape))
+        .route("/metrics", axum::routing::get(health::metrics))
         .fallback(not_routed)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(request::BODY_LIMIT))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::metrics::count_requests))
-        .layer(axum::middleware::from_fn(request::request_id))
+        .layer(axum::middleware::from_fn_with_state(state.metrics.clone(), crate::metrics::count_requests))
+        .layer(axum::middleware::from_fn(request::around_request))
         .with_state(state)
 }
 
@@ -160,10 +160,10 @@ pub fn router(state: AppState) -> Router {
 pub fn worker_router(state: AppState) -> Router {
     Router::new()
         .route("/v1/healthz", axum::routing::get(health::healthz))
-        .route("/metrics", axum::routing::get(crate::metrics::scrape))
+        .route("/metrics", axum::routing::get(health::metrics))
         .fallback(not_routed)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::metrics::count_requests))
-        .layer(axum::middleware::from_fn(request::request_id))
+        .layer(axum::middleware::from_fn_with_state(state.metrics.clone(), crate::metrics::count_requests))
+        .layer(axum::middleware::from_fn(request::around_request))
         .with_state(state)
 }
 

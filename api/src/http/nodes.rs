@@ -11,15 +11,15 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
+use super::error::{CommonErrors, ErrorBody};
 use super::fleet::{committed, in_own_tenant, on_pool};
-use super::openapi::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, QueryParams, page_json, path_id};
 use super::reservations::OptionalBody;
 use super::{ApiError, AppState};
-use crate::app::commands::Delivery;
-use crate::app::nodes::{NodeVerb, OperatorCommand, RegisterNode};
-use crate::auth::resolve;
 use axum::response::IntoResponse as _;
+use bc_commands::auth::resolve;
+use bc_commands::node_commands::Delivery;
+use bc_commands::nodes::{NodeVerb, OperatorCommand, RegisterNode};
 use bc_domain::agent::CommandKind;
 
 /// One GPU of a registration.
@@ -141,7 +141,7 @@ pub async fn get(
     QueryParams(super::fleet::ReadParams { .. }): QueryParams<super::fleet::ReadParams>,
 ) -> Result<Json<Value>, ApiError> {
     let id: NodeId = path_id("nodeId", &id)?;
-    let resource = resolve::node_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    let resource = resolve::node_resource(state.db(), &id).await?;
     state.authorize(&who, "nodes.get", resource.as_ref(), "node", id.as_str()).await?;
     Ok(Json(state.app.node(&who.caller(), &id, after).await?))
 }
@@ -165,7 +165,7 @@ async fn verb(
         return Err(ApiError::invalid_argument("reason", "must be at most 1024 characters"));
     }
     let id: NodeId = path_id("nodeId", &id)?;
-    let resource = resolve::node_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    let resource = resolve::node_resource(state.db(), &id).await?;
     state.authorize(&who, method, resource.as_ref(), "node", id.as_str()).await?;
     let done = state.app.node_verb(&who.caller(), &id, verb, body.reason).await?;
     Ok(committed(StatusCode::OK, json!({ "id": id }), done.position, None))
@@ -293,7 +293,7 @@ pub struct ForceBody {
 
 async fn on_node(state: &AppState, who: &Authed, method: &'static str, id: &str) -> Result<NodeId, ApiError> {
     let id: NodeId = path_id("nodeId", id)?;
-    let resource = resolve::node_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    let resource = resolve::node_resource(state.db(), &id).await?;
     state.authorize(who, method, resource.as_ref(), "node", id.as_str()).await?;
     Ok(id)
 }

@@ -3,49 +3,13 @@
 use axum::Json;
 use bc_domain::id::{CommandId, NodeId, PoolId, ProjectId, ReservationId, SessionId, SiteId, TenantId};
 use bc_eventstore::Position;
-use serde::Serialize;
 use utoipa::openapi::schema::{ArrayItems, Schema};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{Content, RefOr};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
+use super::error::{ErrorBody, ErrorDetail};
 use super::{agent, events, fleet, health, nodes, projections, reservations};
-
-/// Every error: `{"error": {"code", "message", "details"}}`.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-/// The error itself.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ErrorDetail {
-    /// `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `FORBIDDEN`, `NOT_FOUND`, `CONFLICT`, `CAPACITY_UNAVAILABLE`,
-    /// `QUOTA_EXCEEDED`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNAVAILABLE`, `INTERNAL_ERROR`.
-    pub code: String,
-    pub message: String,
-    /// Such as `field`, naming what is wrong with the input.
-    #[schema(value_type = Object)]
-    pub details: serde_json::Value,
-}
-
-/// The errors every authorized route can answer.
-#[derive(utoipa::IntoResponses)]
-#[allow(dead_code)] // Only described, never built: the handlers answer `ApiError`.
-pub enum CommonErrors {
-    /// Bad input, naming the field in `details.field`; nothing was written.
-    #[response(status = 400)]
-    BadRequest(ErrorBody),
-    /// No bearer token, or one nobody knows.
-    #[response(status = 401)]
-    Unauthenticated(ErrorBody),
-    /// Not allowed, with the reason.
-    #[response(status = 403)]
-    Forbidden(ErrorBody),
-    /// Not found, or not visible to the caller (the two are not told apart).
-    #[response(status = 404)]
-    NotFound(ErrorBody),
-}
 
 /// Bearer tokens, as the authorizer knows them.
 struct BearerAuth;

@@ -6,11 +6,11 @@ use bc_projections::{consistency, models, status};
 use serde_json::{Value, json};
 
 use super::consistency::{MinPosition, not_yet_consistent};
-use super::openapi::{CommonErrors, ErrorBody};
+use super::error::{CommonErrors, ErrorBody};
 use super::request::Authed;
 use super::{ApiError, AppState};
-use crate::app::reads::CONSISTENCY_WAIT;
-use crate::auth::{Resource, Target};
+use bc_commands::auth::{Resource, Target};
+use bc_commands::reads::CONSISTENCY_WAIT;
 
 /// `GET /v1/projections`: for the platform (decided on `fleet/global`, which resolves only in the root tenant).
 #[utoipa::path(
@@ -35,10 +35,10 @@ pub async fn list(
         match consistency::wait_for(state.db(), &names, after, CONSISTENCY_WAIT).await {
             Ok(None) => {}
             Ok(Some(reached)) => return Err(not_yet_consistent(after, reached)),
-            Err(err) => return Err(ApiError::from_store(&err)),
+            Err(err) => return Err(err.into()),
         }
     }
-    let rows = status::status(state.db(), &read_models).await.map_err(|err| ApiError::from_store(&err))?;
+    let rows = status::status(state.db(), &read_models).await?;
     let items: Vec<Value> = rows
         .into_iter()
         .map(|row| {

@@ -2,7 +2,7 @@
 //! with errors that name the field, and opaque pagination cursors.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -10,11 +10,13 @@ use axum::response::Response;
 use base64::Engine as _;
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use tracing::Instrument as _;
 
+use super::error::Failure;
 use super::{ApiError, AppState};
-use crate::app::Caller;
-use crate::app::reads::{Listed, Page};
-use crate::auth::{Decision, Principal, Resource, catalog};
+use bc_commands::Caller;
+use bc_commands::auth::{Decision, Principal, Resource, catalog};
+use bc_commands::reads::{Listed, Page};
 
 /// The request's id: the client's `X-Request-Id` when it is sensible, otherwise a new one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,8 +26,10 @@ fn sensible_request_id(value: &str) -> bool {
     !value.is_empty() && value.len() <= 128 && value.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// Middleware: gives every request an id and every response its `X-Request-Id`.
-pub async fn request_id(mut request: Request, next: Next) -> Response {
+/// Middleware around every request: gives it an id (and its response the `X-Request-Id` header), runs it in a
+/// span naming its method, matched route and id, and logs a 5xx answer's cause there, once. Nothing else logs
+/// a failed request.
+pub async fn around_request(mut request: Request, next: Next) -> Response {
     let id = request
         .headers()
         .get("x-request-id")
@@ -34,7 +38,19 @@ pub async fn request_id(mut request: Request, next: Next) -> Response {
         .map(str::to_owned)
         .unwrap_or_else(|| format!("req_{}", ulid::Ulid::new().to_string().to_ascii_lowercase()));
     request.extensions_mut().insert(RequestId(id.clone()));
-    let mut response = next.run(request).await;
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
+    let span = tracing::info_span!("request", method = %request.method(), route, request_id = id);
+    let mut response = next.run(request).instrument(span.clone()).await;
+    if let Some(Failure(cause)) = response.extensions_mut().remove::<Failure>() {
+        let status = response.status().as_u16();
+        span.in_scope(|| {
+            if status == 500 {
+                tracing::error!(status, cause, "request failed");
+            } else {
+                tracing::warn!(status, cause, "request not served");
+            }
+        });
+    }
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert("x-request-id", value);
     }
@@ -97,7 +113,7 @@ impl AppState {
     ) -> Result<(), ApiError> {
         let Some(spec) = catalog::method(method) else {
             tracing::error!(method, "a route names a method missing from the method table");
-            return Err(ApiError::from_store(&bc_eventstore::Error::InvalidConfig(format!("method {method}"))));
+            return Err(bc_eventstore::Error::InvalidConfig(format!("method {method}")).into());
         };
         let decision = match resource {
             Some(resource) => self.auth.decide(&who.principal, spec, resource).await,

@@ -15,13 +15,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
-use super::openapi::{CommonErrors, ErrorBody};
+use super::error::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, parse_json, path_id};
 use super::{ApiError, AppState};
-use crate::app::Committed;
-use crate::app::reads::ReservationFilter;
-use crate::app::reservations::Reserve;
-use crate::auth::{Resource, Target, resolve};
+use bc_commands::Committed;
+use bc_commands::auth::{Resource, Target, resolve};
+use bc_commands::reads::ReservationFilter;
+use bc_commands::reservations::Reserve;
 
 /// `devices` of a request.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -169,7 +169,12 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
 }
 
 /// The draft a create is decided on: the caller's, under its pool, with the attributes policies read.
-fn draft(who: &Authed, id: &ReservationId, request: &ReservationRequest, pool: crate::auth::PoolFacts) -> Resource {
+fn draft(
+    who: &Authed,
+    id: &ReservationId,
+    request: &ReservationRequest,
+    pool: bc_commands::auth::PoolFacts,
+) -> Resource {
     let mut attributes = BTreeMap::from([
         ("gpuCount".to_owned(), json!(request.devices.count)),
         ("durationHours".to_owned(), json!(request.duration_s as f64 / 3600.0)),
@@ -213,7 +218,7 @@ pub async fn create(
     let key = idempotency_key(&headers)?;
     let request = body.request()?;
     let id = ReservationId::derive(&who.principal.tenant_id, &who.principal.identity, &key);
-    let pool = resolve::pool(state.db(), &request.pool_id).await.map_err(|err| ApiError::from_store(&err))?;
+    let pool = resolve::pool(state.db(), &request.pool_id).await?;
     let resource = pool.map(|facts| draft(&who, &id, &request, facts));
     let caller = who.caller();
     let input = Reserve { idempotency_key: key, request };
@@ -243,7 +248,7 @@ pub async fn create(
 /// Resolves and decides a method on an existing reservation.
 async fn authorized(state: &AppState, who: &Authed, method: &'static str, id: &str) -> Result<ReservationId, ApiError> {
     let id: ReservationId = path_id("reservationId", id)?;
-    let resource = resolve::reservation_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    let resource = resolve::reservation_resource(state.db(), &id).await?;
     state.authorize(who, method, resource.as_ref(), "reservation", id.as_str()).await?;
     Ok(id)
 }
@@ -427,8 +432,7 @@ pub async fn extend(
     JsonBody(body): JsonBody<ExtendBody>,
 ) -> Result<Response, ApiError> {
     let id: ReservationId = path_id("reservationId", &id)?;
-    let mut resource =
-        resolve::reservation_resource(state.db(), &id).await.map_err(|err| ApiError::from_store(&err))?;
+    let mut resource = resolve::reservation_resource(state.db(), &id).await?;
     if let Some(resource) = resource.as_mut() {
         let current = state.app.reservation(&who.caller(), &id).await.ok().map(|c| c.value);
         if let Some(start) = current.and_then(|r| r.start_ms) {

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use bc_agent::run::{AgentConfig, InventorySource};
 use bc_agent::{cdi, simulate};
-use bc_api::app::App;
-use bc_api::app::agents::LivenessConfig;
-use bc_api::app::fleet::{CreatePool, CreateSite};
-use bc_api::app::worker::{Worker, WorkerConfig};
-use bc_api::auth::BuiltinAuthorizer;
 use bc_api::http::{AppState, router};
+use bc_commands::App;
+use bc_commands::agents::LivenessConfig;
+use bc_commands::auth::BuiltinAuthorizer;
+use bc_commands::fleet::{CreatePool, CreateSite};
+use bc_commands::worker::{Worker, WorkerConfig};
 use bc_domain::id::{NodeId, PoolId};
 use bc_domain::inventory::NodeInventory;
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 
 use crate::http_api::{AUTH, ROOT};
-use crate::support::caller;
+use bc_commands::testing::caller;
 
 /// How long any awaited condition may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -372,7 +372,7 @@ async fn three_agents_join_and_a_reservation_is_bound_through_its_agent_cdi_file
         );
     }
     // The operator sees them connected and schedulable through the API.
-    crate::read_models::catch_up(cluster.db()).await;
+    bc_projections::testing::catch_up(cluster.db()).await;
     let (status, listed) =
         cluster.call(reqwest::Method::GET, &format!("/v1/nodes?poolId={}", cluster.pool), None).await;
     assert_eq!(status, 200, "{listed}");

@@ -5,17 +5,17 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use bc_api::app::fleet::OfferPool;
-use bc_api::app::reads::Page;
-use bc_api::auth::BuiltinAuthorizer;
 use bc_api::http::{AppState, router};
+use bc_commands::auth::BuiltinAuthorizer;
+use bc_commands::fleet::OfferPool;
+use bc_commands::reads::Page;
 use bc_domain::pool::Sharing;
 use bc_projections::framework::{self, DaemonConfig};
 use bc_projections::models;
 use http_body_util::BodyExt as _;
 use tower::ServiceExt as _;
 
-use crate::support::{Fleet, caller};
+use bc_commands::testing::{Fleet, caller};
 
 async fn get(state: AppState, uri: &str, header: Option<&str>) -> (StatusCode, serde_json::Value) {
     let mut request = Request::get(uri).header("authorization", format!("Bearer {}", crate::http_api::ROOT));

@@ -4,8 +4,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use std::sync::Arc;
 
-use bc_api::auth::BuiltinAuthorizer;
 use bc_api::http::{AppState, router};
+use bc_commands::auth::BuiltinAuthorizer;
 use bc_eventstore::testing::TestDb;
 use http_body_util::BodyExt as _;
 use tower::ServiceExt as _;

@@ -14,7 +14,7 @@ use bc_eventstore::clock;
 
 use crate::http_api::{ALICE, AUTH, ROOT};
 use crate::process::{Server, auth_file, command};
-use crate::support::Fleet;
+use bc_commands::testing::Fleet;
 
 /// The switch that turns the slow tests on.
 pub const SLOW_TESTS: &str = "BETTER_COMPUTE_SLOW_TESTS";
@@ -115,6 +115,6 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_schema() {
     server.signal("TERM");
     assert!(server.wait().success(), "the server stopped cleanly after the run");
     // Whatever was accepted went through the commands: every read model still equals its rebuild.
-    crate::read_models::catch_up(&fleet.t.db).await;
+    bc_projections::testing::catch_up(&fleet.t.db).await;
     crate::investigate::assert_models_equal_rebuilds(&fleet.t.db, "after schemathesis").await;
 }

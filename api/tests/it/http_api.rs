@@ -7,16 +7,16 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
-use bc_api::auth::BuiltinAuthorizer;
 use bc_api::http::{AppState, router};
+use bc_commands::auth::BuiltinAuthorizer;
 use bc_domain::pool::Sharing;
 use bc_eventstore::{TxOptions, sql};
 use http_body_util::BodyExt as _;
 use serde_json::{Value, json};
 use tower::ServiceExt as _;
 
-use crate::read_models::catch_up;
-use crate::support::{Fleet, HOUR, T0};
+use bc_commands::testing::{Fleet, HOUR, T0};
+use bc_projections::testing::catch_up;
 
 pub const ROOT: &str = "root-token-000000000001";
 pub const ALICE: &str = "alice-token-00000000001";

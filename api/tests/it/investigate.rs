@@ -10,8 +10,8 @@ use bc_domain::pool::Sharing;
 use bc_eventstore::{Db, TxOptions, sql};
 use bc_projections::{models, rebuild};
 
-use crate::read_models::catch_up;
-use crate::support::{Fleet, T0, request};
+use bc_commands::testing::{Fleet, T0, request};
+use bc_projections::testing::catch_up;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_better-compute");
 
@@ -156,7 +156,7 @@ async fn status_rebuild_show_replay_and_tail_answer_an_investigator() {
         .app
         .reserve(
             &fleet.owner,
-            bc_api::app::reservations::Reserve {
+            bc_commands::reservations::Reserve {
                 idempotency_key: "k".into(),
                 request: {
                     let mut r = request(&pool, DeviceClass::Gpu, 2);

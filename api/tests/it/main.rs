@@ -1,19 +1,13 @@
-//! Integration tests of the application against real PostgreSQL: the command handlers, the router in
-//! process, and the `better-compute` binary as a real process.
+//! Integration tests of the HTTP API against real PostgreSQL: the router in process, the server on a real
+//! port, and the `better-compute` binary as a real process.
 
 mod agents;
 mod consistency;
-mod fleet;
 mod health;
 mod hostile;
 mod http_api;
 mod investigate;
 mod metrics;
-mod nodes;
 mod process;
-mod read_models;
-mod reservations;
 mod scale_out;
 mod sse;
-mod support;
-mod torture;

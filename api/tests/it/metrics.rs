@@ -10,7 +10,7 @@ use http_body_util::BodyExt as _;
 use tower::ServiceExt as _;
 
 use crate::http_api::{Api, ROOT};
-use crate::support::{T0, request};
+use bc_commands::testing::{T0, request};
 
 /// The scrape's text.
 async fn scrape(api: &Api) -> String {

@@ -369,7 +369,7 @@ async fn a_backup_restored_into_a_younger_cluster_serves_new_events_to_read_mode
     let body = serde_json::json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 3600 });
     let made = api.reserve(crate::http_api::ALICE, "before", body).await;
     assert_eq!(made.status.as_u16(), 201, "{:?}", made.body);
-    crate::read_models::catch_up(&api.fleet.t.db).await;
+    bc_projections::testing::catch_up(&api.fleet.t.db).await;
     let held: String = made.header("x-position").expect("a position").to_owned();
 
     // pg_dump, then pg_restore into a cluster whose transaction ids start lower, then migrate (which raises the
@@ -470,12 +470,12 @@ async fn the_server_killed_under_load_loses_no_acknowledged_command_and_streams_
 
     // A fleet on the real clock: a killed server's leases lapse as time passes.
     let t = TestDb::new().await;
-    let app = bc_api::app::App::new(t.db.clone());
-    let owner = crate::support::caller("root", "operator@platform");
+    let app = bc_commands::App::new(t.db.clone());
+    let owner = bc_commands::testing::caller("root", "operator@platform");
     let site = app
         .create_site(
             &owner,
-            bc_api::app::fleet::CreateSite {
+            bc_commands::fleet::CreateSite {
                 name: "fra1".into(),
                 iam_region: "eu-central-1".into(),
                 kind: bc_domain::site::SiteKind::Shared,
@@ -487,7 +487,7 @@ async fn the_server_killed_under_load_loses_no_acknowledged_command_and_streams_
     let pool = app
         .create_pool(
             &owner,
-            bc_api::app::fleet::CreatePool {
+            bc_commands::fleet::CreatePool {
                 site_id: site,
                 name: "h100".into(),
                 class: bc_domain::pool::PoolClass::MetalHost,
@@ -502,8 +502,8 @@ async fn the_server_killed_under_load_loses_no_acknowledged_command_and_streams_
         .expect("pool")
         .value;
     for name in ["a", "b"] {
-        let gpus = (0..8).map(|g| crate::support::gpu(&format!("{name}-{g}"), 0)).collect();
-        let node = bc_api::app::nodes::RegisterNode {
+        let gpus = (0..8).map(|g| bc_commands::testing::gpu(&format!("{name}-{g}"), 0)).collect();
+        let node = bc_commands::nodes::RegisterNode {
             pool_id: pool.clone(),
             name: name.into(),
             role: bc_domain::node::Role::Host,
@@ -653,6 +653,6 @@ async fn the_server_killed_under_load_loses_no_acknowledged_command_and_streams_
         assert!(Instant::now() < deadline, "the killed processes' leases never lapsed");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    crate::read_models::catch_up(&t.db).await;
+    bc_projections::testing::catch_up(&t.db).await;
     crate::investigate::assert_models_equal_rebuilds(&t.db, &format!("after three kills (seed {seed})")).await;
 }

@@ -11,7 +11,7 @@ use bc_eventstore::{Db, TxOptions, clock, sql};
 
 use crate::http_api::{AUTH, ROOT};
 use crate::process::{Server, auth_file, command};
-use crate::support::Fleet;
+use bc_commands::testing::Fleet;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -201,6 +201,6 @@ async fn a_killed_process_has_its_shards_taken_over_and_nothing_is_lost_or_done_
         assert!(server.wait().success());
     }
     wait_until("every lease is free", async || live_owners(&db, "").await.is_empty()).await;
-    crate::read_models::catch_up(&db).await;
+    bc_projections::testing::catch_up(&db).await;
     crate::investigate::assert_models_equal_rebuilds(&db, "after the kill").await;
 }

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bc_api::auth::BuiltinAuthorizer;
 use bc_api::http::events::{EventHub, EventsConfig, Filter, Item, subscription};
 use bc_api::http::{AppState, router};
+use bc_commands::auth::BuiltinAuthorizer;
 use bc_eventstore::events::{self, AppendBatch, ExpectedVersion, NewEvent};
 use bc_eventstore::testing::TestDb;
 use bc_eventstore::{Db, Position, TxOptions};

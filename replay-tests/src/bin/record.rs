@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use bc_api::app::App;
+use bc_commands::App;
 use bc_eventstore::testing::TestDb;
 use bc_replay_tests::{export, scenarios};
 

@@ -6,14 +6,14 @@ use bc_domain::id::{ReservationId, TenantId};
 use bc_domain::placement;
 use bc_domain::pool::governing_offer;
 use bc_domain::reservation::{
-    self, Allocation, Command, Due, NewRequest, Reservation, ReservationEvent, ReservationRequest, placed_start,
+    self, Allocation, Command, ExpiryCause, NewRequest, Reservation, ReservationEvent, ReservationRequest, placed_start,
 };
 use bc_eventstore::events::{self, ExpectedVersion};
-use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock, sql};
+use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock};
 
-use super::fleet::pending_key;
 use super::store::{self, PoolRow};
-use super::{App, AppError, AppResult, Caller, Committed, record, wake};
+use super::work::{self, WorkKey};
+use super::{App, AppError, AppResult, Caller, Committed, record};
 
 /// `reservations.create`.
 #[derive(Debug, Clone)]
@@ -36,20 +36,6 @@ pub struct Reserved {
 enum Placement {
     Try,
     Skip,
-}
-
-/// The work-queue key of a reservation.
-pub fn reservation_key(id: &ReservationId) -> String {
-    format!("rsv:{id}")
-}
-
-/// When the work queue should look at a reservation next, if ever.
-pub(crate) fn next_wake(r: &Reservation, now_ms: i64) -> Option<Option<i64>> {
-    match reservation::due(r, now_ms) {
-        Due::Done => None,
-        Due::Apply(_) => Some(None),
-        Due::WakeAt(at) | Due::TryPlace { wake_at_ms: at } => Some(Some(at)),
-    }
 }
 
 fn check_idempotency_key(key: &str) -> Result<(), Rejection> {
@@ -288,7 +274,7 @@ impl App {
                 async move {
                     let now_ms = clock::compute_now_ms(tx).await?;
                     let r = owned_reservation(tx, caller, id).await?;
-                    let command = super::commands::with_awaiting(tx, &r, command(now_ms)).await?;
+                    let command = super::node_commands::with_awaiting(tx, &r, command(now_ms)).await?;
                     let events = reservation::decide(&r, &command)?;
                     apply_and_schedule(tx, caller, r, events, now_ms).await
                 }
@@ -315,21 +301,16 @@ pub(crate) async fn record_reservation(
 ) -> AppResult<(Reservation, Option<Position>)> {
     let frees_capacity =
         events.iter().any(|e| e.ends_bookings_at().is_some() || matches!(e, ReservationEvent::Replaced(_)));
-    super::commands::follow_hand_overs(tx, &r, &events).await?;
+    super::node_commands::follow_hand_overs(tx, &r, &events).await?;
     let state = events.iter().fold(Some(r.clone()), reservation::evolve).unwrap_or_else(|| r.clone());
     let position = record(tx, caller, r.id.as_str(), &r.tenant_id, ExpectedVersion::Exact(r.version), events).await?;
     if frees_capacity {
-        wake(tx, &pending_key(&state.request.pool_id), None).await?;
+        work::wake_now(tx, &WorkKey::pool_pending(&state.request.pool_id)).await?;
         // A drain completes once its node holds nothing running.
         if state.state.is_terminal() {
             let nodes: Vec<&str> = state.allocations.iter().map(|a| a.node_id.as_str()).collect();
-            let draining: Vec<String> =
-                sql::query_scalar("SELECT id FROM nodes WHERE id = ANY($1) AND draining ORDER BY id")
-                    .bind(&nodes)
-                    .fetch_all(tx.conn())
-                    .await?;
-            for node in draining {
-                wake(tx, &format!("node:{node}:replace"), None).await?;
+            for node in store::draining_nodes(tx, &nodes).await? {
+                work::wake_now(tx, &WorkKey::NodeReplace(node)).await?;
             }
         }
     }
@@ -345,9 +326,7 @@ pub(crate) async fn apply_and_schedule(
     now_ms: i64,
 ) -> AppResult<Committed<Reservation>> {
     let (state, position) = record_reservation(tx, caller, r, events).await?;
-    if let Some(at) = next_wake(&state, now_ms) {
-        wake(tx, &reservation_key(&state.id), at).await?;
-    }
+    work::schedule(tx, &WorkKey::Reservation(state.id.clone()), reservation::next_look(&state, now_ms)).await?;
     Ok(Committed { value: state, position })
 }
 
@@ -463,9 +442,7 @@ async fn reserve_once(
         }
     }
     let position = record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
-    if let Some(at) = next_wake(&state, now_ms) {
-        wake(tx, &reservation_key(id), at).await?;
-    }
+    work::schedule(tx, &WorkKey::Reservation(id.clone()), reservation::next_look(&state, now_ms)).await?;
     Ok(Committed { value: Reserved { reservation: state, created: true }, position })
 }
 
@@ -496,4 +473,17 @@ async fn extend_once(
         }
     }
     apply_and_schedule(tx, caller, r, events, now_ms).await
+}
+
+/// Ends a reservation still active on a node drained or deleted with force (`expired`, `preempted`), in the
+/// caller's transaction.
+pub(crate) async fn preempt(tx: &mut Tx, caller: &Caller, id: &ReservationId) -> AppResult<()> {
+    let now_ms = clock::compute_now_ms(tx).await?;
+    let Some(r) = store::reservation(tx, id).await? else { return Ok(()) };
+    if r.state != reservation::ReservationState::Active {
+        return Ok(());
+    }
+    let events = reservation::decide(&r, &Command::Expire { cause: ExpiryCause::Preempted, now_ms })?;
+    apply_and_schedule(tx, caller, r, events, now_ms).await?;
+    Ok(())
 }

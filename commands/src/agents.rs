@@ -31,12 +31,12 @@ use bc_eventstore::queue::shard_for;
 use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock, sql};
 use sqlx::Row as _;
 
-use super::commands;
-use super::fleet::{owned_pool, pending_key};
-use super::nodes::record_node;
+use super::fleet::owned_pool;
+use super::node_commands as commands;
 use super::reservations::apply_and_schedule;
 use super::store::{self, PoolRow, corrupt};
-use super::{App, AppError, AppResult, Caller, Committed, SHARDS, record, wake};
+use super::work::{self, SHARDS, WorkKey};
+use super::{App, AppError, AppResult, Caller, Committed, record, record_node};
 
 /// How agents keep their sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -597,7 +597,7 @@ impl App {
                             events.extend(reconnect(&node_id, &state, at_ms));
                             record_node(tx, &caller_for(&node_id), &node_id, &pool.owner_tenant_id, events).await?;
                             if lost_devices {
-                                wake(tx, &replace_key(&node_id), None).await?;
+                                work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
                             }
                             sql::query("DELETE FROM node_credentials WHERE node_id = $1")
                                 .bind(node_id.as_str())
@@ -663,7 +663,7 @@ impl App {
                         .execute(tx.conn())
                         .await?;
                     let session_id = upsert_session(tx, &node_id, &request.agent_version, lease).await?;
-                    wake(tx, &pending_key(&pool_id), None).await?;
+                    work::wake_now(tx, &WorkKey::pool_pending(&pool_id)).await?;
                     let session = self.session(tx, &node_id, session_id).await?;
                     Ok::<_, AppError>((node_id, rejoined, session))
                 }
@@ -755,7 +755,7 @@ impl App {
                     let events = reconnect(&node.node_id, &state, at_ms);
                     record_node(tx, &node.caller(), &node.node_id, &node.tenant_id, events).await?;
                     let session_id = upsert_session(tx, &node.node_id, agent_version, lease).await?;
-                    wake(tx, &pending_key(&node.pool_id), None).await?;
+                    work::wake_now(tx, &WorkKey::pool_pending(&node.pool_id)).await?;
                     self.session(tx, &node.node_id, session_id).await
                 }
                 .scope_boxed()
@@ -885,7 +885,7 @@ impl App {
                     let frees = !events.is_empty();
                     record_node(tx, &node.caller(), node_id, &node.tenant_id, events).await?;
                     if frees {
-                        wake(tx, &pending_key(&node.pool_id), None).await?;
+                        work::wake_now(tx, &WorkKey::pool_pending(&node.pool_id)).await?;
                     }
                     Ok(())
                 }
@@ -939,10 +939,10 @@ impl App {
                     events.extend(more);
                     record_node(tx, &node.caller(), &node.node_id, &node.tenant_id, events).await?;
                     if lost_devices {
-                        wake(tx, &replace_key(&node.node_id), None).await?;
+                        work::wake_now(tx, &WorkKey::NodeReplace(node.node_id.clone())).await?;
                     }
                     if node_changed {
-                        wake(tx, &pending_key(&node.pool_id), None).await?;
+                        work::wake_now(tx, &WorkKey::pool_pending(&node.pool_id)).await?;
                     }
                     Ok(InventoryAccepted { snapshot: number + 1, changed, hashes })
                 }
@@ -1012,16 +1012,6 @@ fn section_name(section: bc_domain::inventory::Section) -> &'static str {
         bc_domain::inventory::Section::Nics => "nics",
         bc_domain::inventory::Section::Disks => "disks",
     }
-}
-
-/// The work-queue key that places again the future bookings of a node that can no longer hold them.
-pub fn replace_key(node_id: &NodeId) -> String {
-    format!("node:{node_id}:replace")
-}
-
-/// The node a replace key names.
-pub fn node_of_replace_key(key: &str) -> Option<&str> {
-    key.strip_prefix("node:").and_then(|rest| rest.strip_suffix(":replace"))
 }
 
 /// Checks an inventory document before anything is stored: GPU UUIDs that leave room for the device ids made

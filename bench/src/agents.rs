@@ -18,11 +18,11 @@ use tokio::net::TcpListener;
 
 use super::reserve::{bench_caller, bench_site, h100_pool};
 use super::{BenchCluster, PgbenchRun, millis, percentile, pgbench, wall_ms};
-use crate::app::App;
-use crate::app::agents::{LivenessConfig, NodeAuth};
-use crate::app::worker::{Worker, WorkerConfig};
-use crate::auth::{Authorizer, BuiltinAuthorizer};
-use crate::http::AppState;
+use bc_api::http::AppState;
+use bc_commands::App;
+use bc_commands::agents::{LivenessConfig, NodeAuth};
+use bc_commands::auth::{Authorizer, BuiltinAuthorizer};
+use bc_commands::worker::{Worker, WorkerConfig};
 
 /// Connections the app's pool may hold: fewer than the 64-client runs have clients, as in production, where
 /// the service's pool (20 by default) is smaller than its fleet.
@@ -407,7 +407,7 @@ pub async fn agents(config: AgentsBenchConfig) -> anyhow::Result<()> {
     let url = format!("http://{}/v1/agent/heartbeat", listener.local_addr()?);
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        axum::serve(listener, crate::http::router(state))
+        axum::serve(listener, bc_api::http::router(state))
             .with_graceful_shutdown(async move {
                 server_stopped.await.ok();
             })

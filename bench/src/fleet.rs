@@ -24,7 +24,7 @@ use bc_domain::reservation::{
     ReservationRequest, ReservationState, Selector, Topology,
 };
 use bc_eventstore::migrate::Migrator;
-use bc_eventstore::{Db, DbConfig, Position, TxOptions, clock, events, lease, queue, sql};
+use bc_eventstore::{Db, DbConfig, Position, TxOptions, clock, events, lease, sql};
 use bc_projections::framework::{self, Projection};
 use bc_projections::{inline, models};
 use sqlx::{ConnectOptions as _, Connection as _, Row as _};
@@ -33,12 +33,14 @@ use tokio::net::TcpListener;
 use super::fanout::{FanOutSpec, fan_out};
 use super::reserve::{bench_caller, bench_site, bulk_fleet, gpu_request, h100_pool};
 use super::{BenchCluster, PgbenchRun, millis, percentile, pgbench, wall_ms};
-use crate::app::availability::{EarliestStart, MAX_CANDIDATE_STARTS};
-use crate::app::fleet::OfferPool;
-use crate::app::reservations::{Reserve, next_wake, reservation_key};
-use crate::app::{App, Caller, SHARDS};
-use crate::auth::builtin::BuiltinAuthorizer;
-use crate::service::{Role as ServeRole, ServeOptions};
+use bc_api::service::{Role as ServeRole, ServeOptions};
+use bc_commands::auth::builtin::BuiltinAuthorizer;
+use bc_commands::availability::{EarliestStart, MAX_CANDIDATE_STARTS};
+use bc_commands::fleet::OfferPool;
+use bc_commands::reservations::Reserve;
+use bc_commands::work::WorkKey;
+use bc_commands::{App, Caller};
+use bc_domain::reservation::NextLook;
 
 /// Pools the fleet's nodes are spread over; the first is the busy one (booked 90 to 99% of the time).
 const POOLS: usize = 10;
@@ -645,11 +647,16 @@ impl InlineBatch {
                 summary.bookings += 1;
             }
         }
-        if let Some(at) = next_wake(r, now_ms) {
-            let key = reservation_key(&r.id);
-            self.wake_shards.push(queue::shard_for(&key, SHARDS));
-            self.wake_keys.push(key);
-            self.wake_at.push(at.unwrap_or(now_ms));
+        let at = match reservation::next_look(r, now_ms) {
+            NextLook::Never => None,
+            NextLook::Now => Some(now_ms),
+            NextLook::At(at) => Some(at),
+        };
+        if let Some(at) = at {
+            let key = WorkKey::Reservation(r.id.clone());
+            self.wake_shards.push(key.shard());
+            self.wake_keys.push(key.to_string());
+            self.wake_at.push(at);
         }
         Ok(())
     }
@@ -1208,7 +1215,7 @@ impl Server {
         let base = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let options = ServeOptions { role: ServeRole::Api, ..ServeOptions::default() };
-        let task = tokio::spawn(crate::service::serve_with(
+        let task = tokio::spawn(bc_api::service::serve_with(
             db.clone(),
             builtin_auth(tenants)?,
             listener,

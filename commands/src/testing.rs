@@ -1,11 +1,11 @@
-//! A small fleet for the capacity tests: a site, pools of each sharing mode, nodes with simulated GPUs, an
+//! Helpers for tests (feature `testing`). A small fleet for the capacity tests: a site, pools of each sharing mode, nodes with simulated GPUs, an
 //! owner and a customer tenant, and the simulated clock.
 
-use bc_api::app::fleet::{CreatePool, CreateSite, OfferPool};
-use bc_api::app::nodes::RegisterNode;
-use bc_api::app::reservations::{Reserve, Reserved};
-use bc_api::app::worker::{Worker, WorkerConfig};
-use bc_api::app::{App, AppResult, Caller};
+use crate::fleet::{CreatePool, CreateSite, OfferPool};
+use crate::nodes::RegisterNode;
+use crate::reservations::{Reserve, Reserved};
+use crate::worker::{Worker, WorkerConfig};
+use crate::{App, AppResult, Caller};
 use bc_domain::device::{DeviceClass, GpuInfo, MigInstance};
 use bc_domain::id::{NodeId, PoolId, SiteId};
 use bc_domain::node::{Role, Trust};

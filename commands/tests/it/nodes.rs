@@ -4,10 +4,10 @@
 //! node can no longer hold them.
 
 use bc_agent::simulate::{self, Simulated};
-use bc_api::app::AppError;
-use bc_api::app::agents::NodeAuth;
-use bc_api::app::commands::Delivery;
-use bc_api::app::nodes::OperatorCommand;
+use bc_commands::AppError;
+use bc_commands::agents::NodeAuth;
+use bc_commands::node_commands::Delivery;
+use bc_commands::nodes::OperatorCommand;
 use bc_domain::Rejection;
 use bc_domain::agent::{Ack, CommandKind, Heartbeat, JoinRequest, Joined};
 use bc_domain::device::DeviceClass;
@@ -16,7 +16,7 @@ use bc_domain::inventory::{NodeInventory, Section, SectionHashes};
 use bc_domain::pool::{PoolPolicy, Sharing};
 use bc_eventstore::{TxOptions, sql};
 
-use crate::support::{Fleet, HOUR, T0, request};
+use bc_commands::testing::{Fleet, HOUR, T0, request};
 
 /// A simulated machine with `gpus` H100s.
 fn machine(host: &str, gpus: u32) -> NodeInventory {
@@ -364,7 +364,7 @@ async fn a_drain_stays_within_the_disruption_budget_and_moves_future_bookings() 
     assert!(refused.to_string().contains("disruption budget"), "{refused}");
     let refused = fleet
         .app
-        .node_verb(&fleet.owner, &other, bc_api::app::nodes::NodeVerb::StartMaintenance, None)
+        .node_verb(&fleet.owner, &other, bc_commands::nodes::NodeVerb::StartMaintenance, None)
         .await
         .expect_err("maintenance counts against the same budget");
     assert_eq!(code(&refused), "CONFLICT");
@@ -482,7 +482,7 @@ async fn a_machine_that_fails_the_pools_acceptance_checks_is_refused_naming_the_
         .app
         .create_pool(
             &fleet.owner,
-            bc_api::app::fleet::CreatePool {
+            bc_commands::fleet::CreatePool {
                 site_id: fleet.site.clone(),
                 name: "bad".into(),
                 class: bc_domain::pool::PoolClass::MetalHost,
@@ -590,7 +590,7 @@ async fn maintenance_moves_future_bookings_to_another_node_before_their_start() 
     let from = placed.allocations[0].node_id.clone();
     fleet
         .app
-        .node_verb(&fleet.owner, &from, bc_api::app::nodes::NodeVerb::StartMaintenance, None)
+        .node_verb(&fleet.owner, &from, bc_commands::nodes::NodeVerb::StartMaintenance, None)
         .await
         .expect("maintenance");
     fleet.worker().run_until_idle().await.expect("worker");

@@ -26,16 +26,13 @@ pub struct Delivery {
 }
 
 /// A command as stored, for operators.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandRecord {
-    #[schema(value_type = String)]
     pub id: CommandId,
-    #[schema(value_type = String)]
     pub node_id: NodeId,
     pub seq: u64,
     pub kind: String,
-    #[schema(value_type = Object)]
     pub body: serde_json::Value,
     /// `queued`, `succeeded`, `failed` or `expired`.
     pub state: String,

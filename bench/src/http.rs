@@ -16,10 +16,10 @@ use tokio::net::TcpListener;
 use super::fanout::{FanOutSpec, WRITERS, fan_out};
 use super::reserve::{bench_site, bulk_fleet, gpu_request, h100_pool};
 use super::{BenchCluster, PgbenchRun, drive, millis, pgbench};
-use crate::app::fleet::OfferPool;
-use crate::app::reservations::Reserve;
-use crate::app::{App, Caller};
-use crate::auth::builtin::BuiltinAuthorizer;
+use bc_commands::auth::builtin::BuiltinAuthorizer;
+use bc_commands::fleet::OfferPool;
+use bc_commands::reservations::Reserve;
+use bc_commands::{App, Caller};
 
 /// Clients of the throughput runs.
 const CLIENTS: usize = 16;
@@ -123,7 +123,7 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(crate::service::serve_on(db.clone(), auth, listener, async move {
+    let server = tokio::spawn(bc_api::service::serve_on(db.clone(), auth, listener, async move {
         stopped.await.ok();
     }));
 

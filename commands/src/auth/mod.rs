@@ -20,7 +20,7 @@ use serde_json::Value;
 pub use builtin::BuiltinAuthorizer;
 pub use catalog::{Catalog, InvalidConfig, MethodSpec, Relation, Requirement, Target};
 
-use crate::app::Caller;
+use crate::Caller;
 
 /// Who a request speaks for, as the authorizer authenticated it.
 #[derive(Debug, Clone, PartialEq, Eq)]

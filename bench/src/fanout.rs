@@ -11,8 +11,8 @@ use bc_domain::id::PoolId;
 
 use super::percentile;
 use super::reserve::gpu_request;
-use crate::app::reservations::Reserve;
-use crate::app::{App, Caller};
+use bc_commands::reservations::Reserve;
+use bc_commands::{App, Caller};
 
 /// What one SSE subscriber saw: each `reservation.placed`'s stream id and when it arrived; whether it was cut off.
 #[derive(Debug, Default)]

@@ -358,9 +358,18 @@ pub async fn pending_in_order(tx: &mut Tx, pool_id: &PoolId, limit: i64) -> AppR
     ids.into_iter().map(|id| id.parse().map_err(|err| corrupt("reservations.id", err))).collect()
 }
 
+/// The nodes among `nodes` that are draining, in id order.
+pub async fn draining_nodes(tx: &mut Tx, nodes: &[&str]) -> AppResult<Vec<NodeId>> {
+    let ids: Vec<String> = sql::query_scalar("SELECT id FROM nodes WHERE id = ANY($1) AND draining ORDER BY id")
+        .bind(nodes)
+        .fetch_all(tx.conn())
+        .await?;
+    ids.into_iter().map(|id| id.parse().map_err(|err| corrupt("nodes.id", err))).collect()
+}
+
 /// The other pending-wake keys of a pool queued now (committed before this read).
 pub async fn queued_pending_wakes(tx: &mut Tx, pool_id: &PoolId, except: &str) -> AppResult<Vec<String>> {
-    let prefix = format!("pool:{pool_id}:pending@");
+    let prefix = crate::work::WorkKey::pending_prefix(pool_id);
     Ok(sql::query_scalar("SELECT key FROM work_queue WHERE starts_with(key, $1) AND key <> $2 ORDER BY key LIMIT 1000")
         .bind(prefix)
         .bind(except)

@@ -1,11 +1,11 @@
 //! Reservations through the command handlers and the worker, on real PostgreSQL with the simulated clock.
 
-use bc_api::app::availability::EarliestStart;
+use bc_commands::availability::EarliestStart;
 use bc_domain::device::DeviceClass;
 use bc_domain::pool::{PoolPolicy, Sharing};
 use bc_domain::reservation::{Binding, ExpiryCause, ReservationState, Topology};
 
-use crate::support::{Fleet, HOUR, T0, caller, request};
+use bc_commands::testing::{Fleet, HOUR, T0, caller, request};
 
 #[tokio::test]
 async fn a_reservation_that_fits_is_placed_and_booked_for_its_window() {
@@ -330,7 +330,7 @@ async fn when_conflict_retries_run_out_the_reservation_is_left_pending_not_faile
     let committed = app
         .reserve(
             &fleet.owner,
-            bc_api::app::reservations::Reserve {
+            bc_commands::reservations::Reserve {
                 idempotency_key: "k".into(),
                 request: request(&pool, DeviceClass::Gpu, 1),
             },
@@ -349,7 +349,7 @@ async fn pending_reservations_are_placed_by_offering_priority_then_first_come() 
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
     fleet.node(&pool, "a", 1, 0).await;
     for (tenant, priority) in [("low", 0), ("high", 10)] {
-        let offer = bc_api::app::fleet::OfferPool {
+        let offer = bc_commands::fleet::OfferPool {
             tenant_id: tenant.parse().expect("tenant"),
             quota: [("gpu".to_owned(), 4)].into(),
             priority,
@@ -401,11 +401,11 @@ async fn placement_uses_schedulable_nodes_only() {
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
     let node = fleet.node(&pool, "a", 2, 0).await;
-    fleet.app.node_verb(&fleet.owner, &node, bc_api::app::nodes::NodeVerb::Cordon, None).await.expect("cordon");
+    fleet.app.node_verb(&fleet.owner, &node, bc_commands::nodes::NodeVerb::Cordon, None).await.expect("cordon");
     let waiting =
         fleet.reserve(&fleet.owner, "k", request(&pool, DeviceClass::Gpu, 1)).await.expect("reserve").reservation;
     assert_eq!(waiting.state, ReservationState::Pending, "a cordoned node takes no new bookings");
-    fleet.app.node_verb(&fleet.owner, &node, bc_api::app::nodes::NodeVerb::Uncordon, None).await.expect("uncordon");
+    fleet.app.node_verb(&fleet.owner, &node, bc_commands::nodes::NodeVerb::Uncordon, None).await.expect("uncordon");
     fleet.worker().run_until_idle().await.expect("worker");
     let placed = fleet.app.reservation(&fleet.owner, &waiting.id).await.expect("read").value;
     assert!(placed.state.holds_atoms(), "uncordoning wakes the pool's pending reservations");

@@ -10,12 +10,13 @@ use bc_domain::reservation::{self, Command, Due, ReservationState};
 use bc_eventstore::lease::{self, Lease};
 use bc_eventstore::queue::{self, Backoff, WorkItem};
 use bc_eventstore::shards::OwnedShards;
-use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock};
+use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
 
 use super::reservations::{apply_and_schedule, record_reservation, try_place};
 use bc_eventstore::Retryable as _;
 
-use super::{App, AppError, AppResult, Caller, SHARDS, store};
+use super::work::{self, SHARDS, WorkKey, fenced};
+use super::{App, AppError, AppResult, Caller, store};
 
 /// How a worker claims and paces its work.
 #[derive(Debug, Clone)]
@@ -57,15 +58,6 @@ pub struct Worker {
     last_failure: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     /// The shards this process holds, when the work is spread over processes.
     leased: Option<tokio::sync::watch::Receiver<OwnedShards>>,
-}
-
-/// Starts a transaction that does work of a shard, fenced by the shard's lease when the worker holds one: a
-/// process that lost the shard cannot commit work for it.
-pub(crate) async fn fenced(tx: &mut Tx, fence: Option<&Lease>) -> AppResult<()> {
-    if let Some(lease) = fence {
-        lease::fence(tx, lease).await?;
-    }
-    Ok(())
 }
 
 /// Whether an error says the shard's lease is no longer this process's.
@@ -222,20 +214,12 @@ impl Worker {
     }
 
     async fn process(&self, item: &WorkItem, fence: Option<&Lease>) -> AppResult<()> {
-        if let Some(id) = item.key.strip_prefix("rsv:") {
-            let id: ReservationId = id.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
-            return self.reconcile_reservation(item, &id, fence).await;
+        match item.key.parse::<WorkKey>() {
+            Ok(WorkKey::Reservation(id)) => return self.reconcile_reservation(item, &id, fence).await,
+            Ok(WorkKey::NodeReplace(node)) => return self.app.run_node_item(&self.caller, item, &node, fence).await,
+            Ok(WorkKey::PoolPending { pool, .. }) => return self.retry_pending(item, &pool, fence).await,
+            Err(unknown) => tracing::warn!(%unknown, "dropping a work item this build does not know"),
         }
-        if let Some(node) = super::agents::node_of_replace_key(&item.key) {
-            let node: bc_domain::id::NodeId =
-                node.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
-            return self.app.run_node_item(&self.caller, item, &node, fence).await;
-        }
-        if let Some(pool) = super::fleet::pool_of_pending_key(&item.key) {
-            let pool: PoolId = pool.parse().map_err(|err| bc_eventstore::Error::Internal(format!("{err}")))?;
-            return self.retry_pending(item, &pool, fence).await;
-        }
-        tracing::warn!(key = %item.key, "unknown work item; dropping it");
         let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;
         fenced(&mut tx, fence).await?;
         queue::complete(&mut tx, item).await?;
@@ -281,7 +265,7 @@ impl Worker {
                                     }
                                 }
                             }
-                            Due::Apply(command) => super::commands::with_awaiting(tx, &r, command).await?,
+                            Due::Apply(command) => super::node_commands::with_awaiting(tx, &r, command).await?,
                         };
                         let events = reservation::decide(&r, &command)?;
                         // The worker holds this reservation's key and reschedules it itself, so it records without waking it.
@@ -338,7 +322,7 @@ impl Worker {
         queue::complete(&mut tx, item).await?;
         store::drop_unclaimed_wakes(&mut tx, &covered).await?;
         if raced {
-            super::wake(&mut tx, &super::fleet::pending_key(pool_id), None).await?;
+            work::wake_now(&mut tx, &WorkKey::pool_pending(pool_id)).await?;
         }
         tx.commit().await?;
         Ok(())

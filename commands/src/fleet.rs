@@ -11,7 +11,8 @@ use bc_eventstore::events::{self, ExpectedVersion};
 use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
 
 use super::store::{self, NamedTable};
-use super::{App, AppError, AppResult, Caller, Committed, record, wake};
+use super::work::{self, WorkKey};
+use super::{App, AppError, AppResult, Caller, Committed, record};
 
 /// `sites.create`.
 #[derive(Debug, Clone)]
@@ -234,7 +235,7 @@ async fn record_quota_change(
     let version = events::stream_version(tx, pool.id.as_str()).await?;
     let expected = ExpectedVersion::Exact(version);
     let position = record(tx, caller, pool.id.as_str(), &pool.owner_tenant_id, expected, vec![event]).await?;
-    wake(tx, &pending_key(&pool.id), None).await?;
+    work::wake_now(tx, &WorkKey::pool_pending(&pool.id)).await?;
     Ok(Committed { value: (), position })
 }
 
@@ -248,17 +249,4 @@ pub(crate) async fn owned_pool(
         Some(pool) if pool.owner_tenant_id == caller.tenant_id => Ok(pool),
         _ => Err(Rejection::NotFound { kind: "pool", id: pool_id.to_string() }.into()),
     }
-}
-
-/// A new work-queue key that makes the worker retry a pool's pending reservations. Each wake gets a key of its
-/// own (`pool:<id>:pending@<ulid>`): a single shared key would be a row every command that frees capacity
-/// updates, and repeatable-read commands that update the same row abort each other. The worker coalesces the
-/// wakes instead, when it runs them.
-pub fn pending_key(pool_id: &PoolId) -> String {
-    format!("pool:{pool_id}:pending@{}", bc_domain::id::new_ulid().to_string().to_ascii_lowercase())
-}
-
-/// The pool a pending-wake key names.
-pub fn pool_of_pending_key(key: &str) -> Option<&str> {
-    key.strip_prefix("pool:").and_then(|rest| rest.split_once(":pending@")).map(|(pool, _)| pool)
 }

@@ -1,13 +1,13 @@
 //! Sites, pools, projects, offerings and nodes through the command handlers.
 
-use bc_api::app::fleet::{CreatePool, CreateSite, OfferPool};
-use bc_api::app::nodes::{NodeVerb, RegisterNode};
+use bc_commands::fleet::{CreatePool, CreateSite, OfferPool};
+use bc_commands::nodes::{NodeVerb, RegisterNode};
 use bc_domain::node::{Role, Trust};
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
 use bc_domain::site::SiteKind;
 use bc_eventstore::{TxOptions, sql};
 
-use crate::support::{Fleet, caller, gpu};
+use bc_commands::testing::{Fleet, caller, gpu};
 
 async fn count(fleet: &Fleet, query: &'static str) -> i64 {
     let mut tx = fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");

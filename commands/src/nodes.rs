@@ -12,16 +12,16 @@ use bc_domain::node::{
 };
 use bc_domain::site::check_name;
 use bc_domain::{gpu, id::PoolId};
-use bc_eventstore::events::{self, ExpectedVersion};
+use bc_eventstore::events::ExpectedVersion;
 use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock, sql};
 use sqlx::Row as _;
 
-use super::agents::replace_key;
-use super::commands::{self, CommandRecord, Delivery};
+use super::node_commands::{self as commands, CommandRecord, Delivery};
 
-use super::fleet::{owned_pool, pending_key};
+use super::fleet::owned_pool;
 use super::store::{self, NamedTable};
-use super::{App, AppResult, Caller, Committed, record, wake};
+use super::work::{self, WorkKey};
+use super::{App, AppResult, Caller, Committed, record, record_node};
 
 /// `nodes.register`: a node and what it has.
 #[derive(Debug, Clone)]
@@ -121,7 +121,7 @@ impl App {
                     let position =
                         record(tx, caller, stream, &pool.owner_tenant_id, ExpectedVersion::NO_STREAM, vec![event])
                             .await?;
-                    wake(tx, &pending_key(&input.pool_id), None).await?;
+                    work::wake_now(tx, &WorkKey::pool_pending(&input.pool_id)).await?;
                     Ok(Committed { value: node_id.clone(), position })
                 }
                 .scope_boxed()
@@ -171,10 +171,10 @@ impl App {
                     };
                     let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
                     if matches!(verb, NodeVerb::Uncordon | NodeVerb::EndMaintenance) {
-                        wake(tx, &pending_key(&node.pool_id), None).await?;
+                        work::wake_now(tx, &WorkKey::pool_pending(&node.pool_id)).await?;
                     }
                     if verb == NodeVerb::StartMaintenance {
-                        wake(tx, &replace_key(node_id), None).await?;
+                        work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
                     }
                     Ok(Committed { value: (), position })
                 }
@@ -237,21 +237,6 @@ async fn operated_node(tx: &mut Tx, caller: &Caller, node_id: &NodeId) -> AppRes
     Ok((node, pool))
 }
 
-/// Records events on a node's stream, expecting its current version, in the caller's transaction.
-pub(crate) async fn record_node(
-    tx: &mut Tx,
-    caller: &Caller,
-    node_id: &NodeId,
-    tenant: &TenantId,
-    events: Vec<NodeEvent>,
-) -> AppResult<Option<bc_eventstore::Position>> {
-    if events.is_empty() {
-        return Ok(None);
-    }
-    let version = events::stream_version(tx, node_id.as_str()).await?;
-    record(tx, caller, node_id.as_str(), tenant, ExpectedVersion::Exact(version), events).await
-}
-
 impl App {
     /// `nodes.drain`: cordons the node and moves its future bookings elsewhere; running reservations finish
     /// (or, with `force`, are ended). Within the pool's disruption budget.
@@ -282,7 +267,7 @@ impl App {
                         at_ms,
                     });
                     let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
-                    wake(tx, &replace_key(node_id), None).await?;
+                    work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
                     Ok(Committed { value: (), position })
                 }
                 .scope_boxed()
@@ -331,7 +316,7 @@ impl App {
                     .await?;
                     for id in active {
                         let id = id.parse().map_err(|err| store::corrupt("reservations.id", err))?;
-                        super::liveness::preempt(tx, caller, &id).await?;
+                        super::reservations::preempt(tx, caller, &id).await?;
                     }
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let event = NodeEvent::Deleted(NodeDeleted {
@@ -351,7 +336,7 @@ impl App {
                         sql::query(statement).bind(node_id.as_str()).execute(tx.conn()).await?;
                     }
                     if !held.is_empty() {
-                        wake(tx, &replace_key(node_id), None).await?;
+                        work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
                     }
                     Ok(Committed { value: (), position })
                 }

@@ -14,17 +14,16 @@ use bc_domain::node::{
     Condition, ConditionType, Connectivity, NodeAt, NodeConditionRaised, NodeConnectivityChanged, NodeEvent,
     connectivity_after_silence,
 };
-use bc_domain::reservation::{self, Command, ExpiryCause, FailureReason, ReservationState};
+use bc_domain::reservation::{self, Command, FailureReason, ReservationState};
 use bc_eventstore::lease::Lease;
 use bc_eventstore::queue::{self, WorkItem};
-use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock, sql};
+use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock, sql};
 use sqlx::Row as _;
 
-use super::agents::replace_key;
-use super::nodes::record_node;
-use super::reservations::{apply_and_schedule, try_place};
+use super::reservations::{apply_and_schedule, preempt, try_place};
 use super::store::corrupt;
-use super::{App, AppError, AppResult, Caller, store, wake};
+use super::work::{self, WorkKey, fenced};
+use super::{App, AppError, AppResult, Caller, record_node, store};
 
 /// A session the sweep found silent past its lease.
 struct Silent {
@@ -76,7 +75,7 @@ impl App {
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 async move {
-                    super::worker::fenced(tx, fence).await?;
+                    fenced(tx, fence).await?;
                     let row = sql::query(
                         "SELECT n.connectivity, n.pool_id, p.owner_tenant_id,
                                 ts_ms(compute_now()) - ts_ms(s.heartbeat_at) AS silence_ms,
@@ -125,7 +124,7 @@ impl App {
                     let tenant: TenantId = tenant.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))?;
                     record_node(tx, &Caller::system(), node_id, &tenant, events).await?;
                     if to == Connectivity::Lost {
-                        wake(tx, &replace_key(node_id), None).await?;
+                        work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
                     }
                     Ok::<_, AppError>(true)
                 }
@@ -274,11 +273,11 @@ impl App {
         fence: Option<&Lease>,
     ) -> AppResult<()> {
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
-        super::worker::fenced(&mut tx, fence).await?;
+        fenced(&mut tx, fence).await?;
         tx.commit().await?;
         let again = self.reconcile_node(caller, node_id).await?;
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
-        super::worker::fenced(&mut tx, fence).await?;
+        fenced(&mut tx, fence).await?;
         match again {
             Some(delay_ms) => {
                 let now_ms = clock::compute_now_ms(&mut tx).await?;
@@ -291,17 +290,4 @@ impl App {
         tx.commit().await?;
         Ok(())
     }
-}
-
-/// Ends a reservation still active on a node drained or deleted with force (`expired`, `preempted`), in the
-/// caller's transaction.
-pub(crate) async fn preempt(tx: &mut Tx, caller: &Caller, id: &ReservationId) -> AppResult<()> {
-    let now_ms = clock::compute_now_ms(tx).await?;
-    let Some(r) = store::reservation(tx, id).await? else { return Ok(()) };
-    if r.state != ReservationState::Active {
-        return Ok(());
-    }
-    let events = reservation::decide(&r, &Command::Expire { cause: ExpiryCause::Preempted, now_ms })?;
-    apply_and_schedule(tx, caller, r, events, now_ms).await?;
-    Ok(())
 }

@@ -1,48 +1,13 @@
 //! The read models after real commands: their contents, and each equal to its rebuild from the log after a
 //! random command sequence.
 
-use std::time::Duration;
-
 use bc_domain::device::DeviceClass;
 use bc_domain::pool::Sharing;
-use bc_eventstore::lease;
 use bc_eventstore::{Db, TxOptions, sql};
-use bc_projections::framework;
 use bc_projections::{models, rebuild};
 
-use crate::support::{Fleet, T0, caller, request};
-
-/// Runs every read model until it has passed every event in the log.
-pub async fn catch_up(db: &Db) {
-    catch_up_in(db, 200).await;
-}
-
-/// [`catch_up`] in batches of `batch` events.
-async fn catch_up_in(db: &Db, batch: u32) {
-    let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
-    let total: i64 = sql::query_scalar("SELECT count(*) FROM events").fetch_one(tx.conn()).await.expect("count");
-    tx.commit().await.expect("commit");
-    for projection in models::read_models() {
-        let held = lease::acquire(db, &projection.lease_name(), "prc_test", Duration::from_secs(60))
-            .await
-            .expect("acquire")
-            .expect("free");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            framework::step(db, projection.as_ref(), &held, batch).await.expect("step");
-            let mut tx = db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
-            let checkpoint =
-                framework::lock_checkpoint(&mut tx, projection.name(), projection.version()).await.expect("checkpoint");
-            tx.commit().await.expect("commit");
-            if checkpoint.events_passed >= total {
-                break;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "{} never caught up", projection.name());
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        lease::release(db, &held).await.expect("release");
-    }
-}
+use bc_commands::testing::{Fleet, T0, caller, request};
+use bc_projections::testing::{catch_up, catch_up_in};
 
 async fn assert_equal_to_rebuilds(db: &Db) {
     for projection in models::read_models() {
@@ -66,7 +31,7 @@ async fn read_models_show_pools_nodes_reservations_capacity_and_the_audit_trail(
     let placed = fleet.reserve(&acme, "later", later).await.expect("placed").reservation;
     let now = fleet.reserve(&fleet.owner, "now", request(&pool, DeviceClass::Gpu, 3)).await.expect("now").reservation;
     fleet.advance_to(T0 + 1_000).await;
-    fleet.app.node_verb(&fleet.owner, &node, bc_api::app::nodes::NodeVerb::Cordon, None).await.expect("cordon");
+    fleet.app.node_verb(&fleet.owner, &node, bc_commands::nodes::NodeVerb::Cordon, None).await.expect("cordon");
     catch_up(&fleet.t.db).await;
 
     let mut tx = fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
@@ -162,9 +127,9 @@ async fn every_read_model_equals_its_rebuild_after_a_random_command_sequence() {
             }
             7 => {
                 let verb = if rng.bool() {
-                    bc_api::app::nodes::NodeVerb::Cordon
+                    bc_commands::nodes::NodeVerb::Cordon
                 } else {
-                    bc_api::app::nodes::NodeVerb::Uncordon
+                    bc_commands::nodes::NodeVerb::Uncordon
                 };
                 let _ = fleet.app.node_verb(&fleet.owner, &nodes[rng.usize(0..nodes.len())], verb, None).await;
             }

@@ -13,9 +13,9 @@ use bc_domain::site::SiteKind;
 use bc_eventstore::{Db, TxOptions, sql};
 
 use super::{BenchCluster, PgbenchRun, drive, percentile, pgbench};
-use crate::app::fleet::{CreatePool, CreateSite};
-use crate::app::reservations::Reserve;
-use crate::app::{App, Caller};
+use bc_commands::fleet::{CreatePool, CreateSite};
+use bc_commands::reservations::Reserve;
+use bc_commands::{App, Caller};
 
 /// What `bench reserve` measures.
 #[derive(Debug, Clone)]

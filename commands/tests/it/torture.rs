@@ -8,16 +8,16 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bc_api::app::reservations::Reserve;
-use bc_api::app::worker::{Worker, WorkerConfig};
-use bc_api::app::{App, Caller};
+use bc_commands::reservations::Reserve;
+use bc_commands::worker::{Worker, WorkerConfig};
+use bc_commands::{App, Caller};
 use bc_domain::device::DeviceClass;
 use bc_domain::id::{PoolId, ReservationId};
 use bc_domain::pool::Sharing;
 use bc_domain::reservation::{ReservationRequest, Topology};
 use bc_eventstore::{DbConfig, Tx, TxOptions, clock, sql, testing};
 
-use crate::support::{Fleet, T0, caller, request};
+use bc_commands::testing::{Fleet, T0, caller, request};
 
 const CLIENTS: usize = 16;
 const OPERATIONS: usize = 2_000;
@@ -232,7 +232,7 @@ async fn capacity_torture_keeps_every_invariant() {
                 .offer_pool(
                     &fleet.owner,
                     pool,
-                    bc_api::app::fleet::OfferPool {
+                    bc_commands::fleet::OfferPool {
                         tenant_id: tenant.parse().expect("tenant"),
                         quota,
                         priority: 0,

@@ -4,26 +4,29 @@
 //! whole transaction is retried on serialization failures, deadlocks, booking races and version conflicts.
 
 pub mod agents;
+pub mod auth;
 pub mod availability;
-pub mod commands;
 pub mod fleet;
 pub mod liveness;
+pub mod node_commands;
 pub mod nodes;
 pub mod reads;
 pub mod reservations;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod work;
 pub mod worker;
 
 use bc_domain::Rejection;
 use bc_domain::event::{AdmissionContext, DomainEvent, EventMetadata};
-use bc_domain::id::{Identity, TenantId};
+use bc_domain::id::{Identity, NodeId, TenantId};
+use bc_domain::node::NodeEvent;
 use bc_domain::stream::AnyEvent;
 use bc_eventstore::events::{self, AppendBatch, ExpectedVersion, NewEvent};
-use bc_eventstore::queue::{self, Enqueue};
 use bc_eventstore::{Db, Position, RetryPolicy, Retryable, Tx};
 
-/// The number of work-queue shards keys are spread over.
-pub const SHARDS: u32 = 16;
+pub use work::SHARDS;
 
 /// Who is calling, as the authorizer admitted them. Asynchronous work acts on the recorded copy of this
 /// (in each event's metadata), never on a stored token.
@@ -192,8 +195,17 @@ where
     Ok(Some(appended.position))
 }
 
-/// Asks the worker to look at `key` at `at_ms` (or at once), in the caller's transaction.
-pub(crate) async fn wake(tx: &mut Tx, key: &str, at_ms: Option<i64>) -> AppResult<()> {
-    queue::enqueue(tx, &[Enqueue { key, shard: queue::shard_for(key, SHARDS), not_before_ms: at_ms }]).await?;
-    Ok(())
+/// Records events on a node's stream, expecting its current version, in the caller's transaction.
+pub(crate) async fn record_node(
+    tx: &mut Tx,
+    caller: &Caller,
+    node_id: &NodeId,
+    tenant: &TenantId,
+    events: Vec<NodeEvent>,
+) -> AppResult<Option<Position>> {
+    if events.is_empty() {
+        return Ok(None);
+    }
+    let version = events::stream_version(tx, node_id.as_str()).await?;
+    record(tx, caller, node_id.as_str(), tenant, ExpectedVersion::Exact(version), events).await
 }
