@@ -5,6 +5,7 @@
 //! transaction holding it back is, and how many transaction ids it trails), the work queue's depth and the age of
 //! its oldest due item, and the leases held, by kind, by this process and by any.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,7 +13,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use bc_eventstore::{Access, Db, Isolation, TxOptions, lease, sql};
+use bc_commands::figures::{Connections, DatabaseFigures};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -21,7 +22,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use sqlx::Row as _;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -73,15 +73,24 @@ pub async fn count_requests(State(metrics): State<Arc<Metrics>>, request: Reques
     response
 }
 
-/// The exposition `GET /metrics` answers: the process's own counters beside one read-only snapshot of the
-/// database's figures. Fails when the database does not answer.
-pub async fn exposition(db: &Db, metrics: &Metrics, subscribers: usize) -> bc_eventstore::Result<Response> {
-    let figures = DatabaseFigures::read(db).await?;
+/// What one scrape reports besides the process's own counters, read from the write side.
+#[derive(Debug)]
+pub struct Scrape {
+    pub figures: DatabaseFigures,
+    pub connections: Connections,
+    /// Denials since start, by (method, kind).
+    pub denials: BTreeMap<(&'static str, &'static str), u64>,
+    pub subscribers: usize,
+}
+
+/// The exposition `GET /metrics` answers: the process's own counters beside one scrape's figures.
+pub fn exposition(metrics: &Metrics, scrape: Scrape) -> Response {
     let process = ProcessFigures {
-        pool_size: db.pool().size(),
-        pool_idle: db.pool().num_idle() as u32,
-        pool_max: db.pool().options().get_max_connections(),
-        subscribers: subscribers as i64,
+        pool_size: scrape.connections.size,
+        pool_idle: scrape.connections.idle,
+        pool_max: scrape.connections.max,
+        subscribers: scrape.subscribers as i64,
+        denials: scrape.denials,
     };
     let mut registry = Registry::with_prefix("bc");
     registry.register(
@@ -95,16 +104,16 @@ pub async fn exposition(db: &Db, metrics: &Metrics, subscribers: usize) -> bc_ev
         metrics.latency.clone(),
     );
     registry.register_collector(Box::new(process));
-    registry.register_collector(Box::new(figures));
+    registry.register_collector(Box::new(DatabaseCollector(scrape.figures)));
     let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry)
-        .map_err(|_| bc_eventstore::Error::Internal("encode the metrics".into()))?;
+    // Encoding into a String cannot fail: fmt::Write for String never errors.
+    let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
     let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
     );
-    Ok(response)
+    response
 }
 
 /// Writes one unlabelled figure.
@@ -124,6 +133,7 @@ struct ProcessFigures {
     pool_idle: u32,
     pool_max: u32,
     subscribers: i64,
+    denials: BTreeMap<(&'static str, &'static str), u64>,
 }
 
 impl Collector for ProcessFigures {
@@ -143,106 +153,32 @@ impl Collector for ProcessFigures {
             "sse_subscribers",
             "Event-stream subscribers of this process",
             ConstGauge::new(self.subscribers),
-        )
+        )?;
+        let mut denials = encoder.encode_descriptor(
+            "denials",
+            "Calls the authorizer refused since this process started, by method and kind (unauthenticated, not_found, forbidden)",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((method, kind), count) in &self.denials {
+            ConstCounter::new(*count).encode(denials.encode_family(&[("method", *method), ("kind", *kind)])?)?;
+        }
+        Ok(())
     }
 }
 
-/// One projection version's figures.
+/// The database's figures, encoded.
 #[derive(Debug)]
-struct ProjectionFigures {
-    name: String,
-    version: u32,
-    active: bool,
-    applied: i64,
-    lag_events: i64,
-    lag_seconds: f64,
-}
+struct DatabaseCollector(DatabaseFigures);
 
-/// What a scrape reads from the database.
-#[derive(Debug)]
-struct DatabaseFigures {
-    appended: i64,
-    projections: Vec<ProjectionFigures>,
-    horizon_age_seconds: f64,
-    horizon_xids: i64,
-    queue_depth: i64,
-    queue_due: i64,
-    queue_claimed: i64,
-    queue_oldest_due_seconds: f64,
-    /// (kind, held by this process, count).
-    leases: Vec<(String, bool, i64)>,
-}
-
-impl DatabaseFigures {
-    async fn read(db: &Db) -> bc_eventstore::Result<Self> {
-        let projections = bc_projections::status::status(db, &bc_projections::models::read_models())
-            .await?
-            .into_iter()
-            .map(|v| ProjectionFigures {
-                name: v.name,
-                version: v.version,
-                active: v.active,
-                applied: v.events_applied,
-                lag_events: v.lag_events,
-                lag_seconds: v.lag_seconds,
-            })
-            .collect();
-        let mut tx = db.begin(TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadOnly }).await?;
-        // The log's sequence counts every event ever appended (and the few a rolled-back append used).
-        let appended: i64 =
-            sql::query_scalar("SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('events', 'seq')), 0)")
-                .fetch_one(tx.conn())
-                .await?;
-        // Transactions with an id of their own (they wrote, or will) hold the log's read horizon back until they
-        // end: how old the oldest is, by the database server's own clock, which `xact_start` is on.
-        let horizon = sql::query(
-            "SELECT coalesce(extract(epoch FROM compute_db_clock() - min(xact_start)), 0)::float8 AS age,
-                    (pg_snapshot_xmax(pg_current_snapshot())::text::numeric
-                     - pg_snapshot_xmin(pg_current_snapshot())::text::numeric)::int8 AS xids
-             FROM pg_stat_activity
-             WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()",
-        )
-        .fetch_one(tx.conn())
-        .await?;
-        let queue = sql::query(
-            "SELECT count(*) AS depth,
-                    count(*) FILTER (WHERE not_before <= compute_now()) AS due,
-                    count(*) FILTER (WHERE claimed_until > compute_now()) AS claimed,
-                    coalesce(extract(epoch FROM compute_now() - min(not_before) FILTER (WHERE not_before <= compute_now())), 0)::float8
-                        AS oldest_due
-             FROM work_queue",
-        )
-        .fetch_one(tx.conn())
-        .await?;
-        let leases: Vec<(String, bool, i64)> = sql::query_as(
-            "SELECT split_part(name, ':', 1) AS kind, owner = $1 AS mine, count(*)
-             FROM leases WHERE expires_at > compute_now() GROUP BY 1, 2 ORDER BY 1, 2",
-        )
-        .bind(lease::process_owner_id())
-        .fetch_all(tx.conn())
-        .await?;
-        tx.commit().await?;
-        Ok(Self {
-            appended,
-            projections,
-            horizon_age_seconds: horizon.try_get("age")?,
-            horizon_xids: horizon.try_get("xids")?,
-            queue_depth: queue.try_get("depth")?,
-            queue_due: queue.try_get("due")?,
-            queue_claimed: queue.try_get("claimed")?,
-            queue_oldest_due_seconds: queue.try_get("oldest_due")?,
-            leases,
-        })
-    }
-}
-
-impl Collector for DatabaseFigures {
+impl Collector for DatabaseCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let figures = &self.0;
         one(
             &mut encoder,
             "events_appended",
             "Events appended to the log, by every process (its sequence)",
-            ConstCounter::new(self.appended.max(0) as u64),
+            ConstCounter::new(figures.appended.max(0) as u64),
         )?;
         let families: [(&str, &str, MetricType); 3] = [
             ("projection_events_applied", "Events each projection version has applied", MetricType::Counter),
@@ -255,7 +191,7 @@ impl Collector for DatabaseFigures {
         ];
         for (index, (name, help, metric_type)) in families.into_iter().enumerate() {
             let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
-            for p in &self.projections {
+            for p in &figures.projections {
                 let version = p.version.to_string();
                 let labels = [("projection", p.name.as_str()), ("version", &version), ("active", bool_text(p.active))];
                 let metric = family.encode_family(&labels)?;
@@ -270,32 +206,32 @@ impl Collector for DatabaseFigures {
             &mut encoder,
             "horizon_age_seconds",
             "Age of the oldest writing transaction, which holds the log's read horizon back (0: none)",
-            ConstGauge::new(self.horizon_age_seconds),
+            ConstGauge::new(figures.horizon_age_seconds),
         )?;
         one(
             &mut encoder,
             "horizon_trailing_xids",
             "Transaction ids between the horizon and the next one to be assigned",
-            ConstGauge::new(self.horizon_xids),
+            ConstGauge::new(figures.horizon_xids),
         )?;
-        one(&mut encoder, "work_queue_depth", "Keys in the work queue", ConstGauge::new(self.queue_depth))?;
+        one(&mut encoder, "work_queue_depth", "Keys in the work queue", ConstGauge::new(figures.queue_depth))?;
         one(
             &mut encoder,
             "work_queue_due",
             "Keys in the work queue that are due now",
-            ConstGauge::new(self.queue_due),
+            ConstGauge::new(figures.queue_due),
         )?;
         one(
             &mut encoder,
             "work_queue_claimed",
             "Keys a worker has claimed and not finished",
-            ConstGauge::new(self.queue_claimed),
+            ConstGauge::new(figures.queue_claimed),
         )?;
         one(
             &mut encoder,
             "work_queue_oldest_due_seconds",
             "How long the oldest due key has been due (0: none)",
-            ConstGauge::new(self.queue_oldest_due_seconds),
+            ConstGauge::new(figures.queue_oldest_due_seconds),
         )?;
         let mut leases = encoder.encode_descriptor(
             "leases_live",
@@ -303,7 +239,7 @@ impl Collector for DatabaseFigures {
             None,
             MetricType::Gauge,
         )?;
-        for (kind, mine, count) in &self.leases {
+        for (kind, mine, count) in &figures.leases {
             let holder = if *mine { "this_process" } else { "other" };
             ConstGauge::new(*count).encode(leases.encode_family(&[("kind", kind.as_str()), ("holder", holder)])?)?;
         }

@@ -175,7 +175,7 @@ pub async fn serve_with(
         .role
         .serves_api()
         .then(|| LeaseKeeper::start(db.clone(), format!("gateway:{owner}"), owner.clone(), options.gateway_lease));
-    let state = AppState::new(db, auth).context("check the method table")?;
+    let state = AppState::new(App::new(db).with_authorizer(auth)).context("check the method table")?;
     let hub = Arc::clone(&state.events);
     let router = if options.role.serves_api() { http::router(state) } else { http::worker_router(state) };
     // On the signal the listener stops accepting, in-flight requests finish, and event streams end with a

@@ -21,7 +21,6 @@ use super::{BenchCluster, PgbenchRun, millis, percentile, pgbench, wall_ms};
 use bc_api::http::AppState;
 use bc_commands::App;
 use bc_commands::agents::{LivenessConfig, NodeAuth};
-use bc_commands::auth::{Authorizer, BuiltinAuthorizer};
 use bc_commands::worker::{Worker, WorkerConfig};
 
 /// Connections the app's pool may hold: fewer than the 64-client runs have clients, as in production, where
@@ -400,9 +399,7 @@ pub async fn agents(config: AgentsBenchConfig) -> anyhow::Result<()> {
     );
 
     // The API on a real port, over an app with the same liveness settings; no worker, no projection daemon.
-    let auth: Arc<dyn Authorizer> = Arc::new(BuiltinAuthorizer::new(Default::default())?);
-    let mut state = AppState::new(db.clone(), auth).context("check the method table")?;
-    state.app = setup_app.clone();
+    let state = AppState::new(setup_app.clone()).context("check the method table")?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/v1/agent/heartbeat", listener.local_addr()?);
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();

@@ -1149,7 +1149,7 @@ async fn earliest(
     latencies.sort();
     let tried: i64 = match answer {
         Some(at) if !timed_out => {
-            let mut tx = app.db.begin(TxOptions::READ_ONLY).await?;
+            let mut tx = app.db().begin(TxOptions::READ_ONLY).await?;
             let tried = sql::query_scalar(
                 "SELECT 1 + count(DISTINCT ((ts_ms(upper(during)) + 999) / 1000) * 1000)
                  FROM device_bookings

@@ -6,8 +6,11 @@
 pub mod agents;
 pub mod auth;
 pub mod availability;
+pub mod door;
+pub mod figures;
 pub mod fleet;
 pub mod liveness;
+pub mod log;
 pub mod node_commands;
 pub mod nodes;
 pub mod reads;
@@ -18,6 +21,9 @@ pub mod testing;
 pub mod work;
 pub mod worker;
 
+use std::sync::Arc;
+
+use auth::{Authorizer, DenialCounts};
 use bc_domain::Rejection;
 use bc_domain::event::{AdmissionContext, DomainEvent, EventMetadata};
 use bc_domain::id::{Identity, NodeId, TenantId};
@@ -92,6 +98,9 @@ pub enum AppError {
     /// A read's consistency token was not reached within the bounded wait.
     #[error("the read models reached {reached}, not yet {wanted}; retry")]
     NotYetConsistent { wanted: Position, reached: Position },
+    /// A reservation request the authorizer refused, recorded (`FORBIDDEN`).
+    #[error("{}", .0.reason)]
+    Denied(door::Denied),
 }
 
 impl AppError {
@@ -101,6 +110,7 @@ impl AppError {
             AppError::Rejected(rejection) => rejection.code(),
             AppError::Store(err) => err.code(),
             AppError::NotYetConsistent { .. } => "NOT_YET_CONSISTENT",
+            AppError::Denied(_) => "FORBIDDEN",
         }
     }
 }
@@ -139,22 +149,51 @@ pub struct Committed<T> {
     pub position: Option<Position>,
 }
 
-/// The application: the database and its settings.
+/// The application: the database, who may call it, and its settings.
 #[derive(Debug, Clone)]
 pub struct App {
-    pub db: Db,
+    db: Db,
     pub retry: RetryPolicy,
     /// How agents keep their sessions.
     pub liveness: agents::LivenessConfig,
+    /// Who a token is and what they may do: the door ([`door`]) asks it before anything from outside runs.
+    auth: Arc<dyn Authorizer>,
+    /// Denials by method, since start.
+    denials: Arc<DenialCounts>,
 }
 
 impl App {
+    /// The application over `db`, deciding with an authorizer that knows no token (for tools and tests that
+    /// call the commands directly; see [`App::with_authorizer`]).
     pub fn new(db: Db) -> Self {
         Self {
             db,
             retry: RetryPolicy { max_attempts: 16, ..RetryPolicy::default() },
             liveness: agents::LivenessConfig::default(),
+            auth: Arc::new(auth::BuiltinAuthorizer::nobody()),
+            denials: Arc::new(DenialCounts::default()),
         }
+    }
+
+    /// The same application, deciding calls from outside with `auth`.
+    pub fn with_authorizer(mut self, auth: Arc<dyn Authorizer>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// The database, for tools and tests that look underneath (the HTTP layer never does).
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// The authorizer the door asks.
+    pub fn authorizer(&self) -> &dyn Authorizer {
+        self.auth.as_ref()
+    }
+
+    /// Denials by (method, kind) since start.
+    pub fn denials(&self) -> std::collections::BTreeMap<(&'static str, &'static str), u64> {
+        self.denials.snapshot()
     }
 }
 

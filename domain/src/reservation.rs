@@ -117,6 +117,16 @@ pub enum Binding {
     Node,
 }
 
+impl Binding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Binding::Hold => "hold",
+            Binding::Instance => "instance",
+            Binding::Node => "node",
+        }
+    }
+}
+
 /// Where the atoms may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]

@@ -88,7 +88,7 @@ async fn node(
 
 /// Runs a scenario by name on a fresh migrated database.
 pub async fn run(name: &str, app: &App) -> anyhow::Result<()> {
-    clock::use_sim_clock(&app.db, T0).await?;
+    clock::use_sim_clock(app.db(), T0).await?;
     match name {
         "fleet_basics" => fleet_basics(app).await,
         "reservation_lifecycle" => reservation_lifecycle(app).await,
@@ -119,10 +119,10 @@ async fn fleet_basics(app: &App) -> anyhow::Result<()> {
     }
     app.set_quota(&owner, &whole, &"globex".parse()?, [("gpu".to_owned(), 6)].into()).await?;
     app.create_project(&caller("acme", "admin@acme")?, "research".into()).await?;
-    clock::set_sim_clock(&app.db, T0 + 60_000).await?;
+    clock::set_sim_clock(app.db(), T0 + 60_000).await?;
     app.node_verb(&owner, &a, NodeVerb::Cordon, Some("firmware update".into())).await?;
     app.node_verb(&owner, &a, NodeVerb::StartMaintenance, None).await?;
-    clock::set_sim_clock(&app.db, T0 + 120_000).await?;
+    clock::set_sim_clock(app.db(), T0 + 120_000).await?;
     app.node_verb(&owner, &a, NodeVerb::EndMaintenance, None).await?;
     app.node_verb(&owner, &a, NodeVerb::Uncordon, None).await?;
     Ok(())
@@ -152,7 +152,7 @@ async fn reservation_lifecycle(app: &App) -> anyhow::Result<()> {
     let advance = |at: i64| {
         let (app, worker) = (app.clone(), worker.clone());
         async move {
-            clock::set_sim_clock(&app.db, at).await?;
+            clock::set_sim_clock(app.db(), at).await?;
             worker.run_until_idle().await?;
             anyhow::Ok(())
         }

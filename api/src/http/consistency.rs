@@ -2,7 +2,8 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use bc_eventstore::{Db, Position, TxOptions, events};
+use bc_commands::App;
+use bc_eventstore::Position;
 use serde_json::json;
 
 use super::{ApiError, AppState};
@@ -33,16 +34,9 @@ fn named_positions(parts: &Parts) -> Result<Vec<(&'static str, Position)>, ApiEr
     Ok(named)
 }
 
-/// Refuses a position this log cannot have handed out (see [`events::within_log`]).
-pub async fn check_within_log(db: &Db, field: &str, position: Position) -> Result<(), ApiError> {
-    let within = async {
-        let mut tx = db.begin(TxOptions::READ_ONLY).await?;
-        let within = events::within_log(&mut tx, position).await?;
-        tx.commit().await?;
-        Ok::<_, bc_eventstore::Error>(within)
-    }
-    .await?;
-    if within {
+/// Refuses a position this log cannot have handed out (see [`App::within_log`]).
+pub async fn check_within_log(app: &App, field: &str, position: Position) -> Result<(), ApiError> {
+    if app.within_log(position).await? {
         Ok(())
     } else {
         Err(invalid(field, format!("{position} is beyond the end of this event log: it was not handed out by it")))
@@ -55,7 +49,7 @@ impl FromRequestParts<AppState> for MinPosition {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let named = named_positions(parts)?;
         for (field, position) in &named {
-            check_within_log(state.db(), field, *position).await?;
+            check_within_log(&state.app, field, *position).await?;
         }
         Ok(MinPosition(named.into_iter().map(|(_, position)| position).max()))
     }

@@ -5,6 +5,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bc_domain::Rejection;
+use bc_domain::reservation::ReservationState;
 use serde_json::{Value, json};
 
 use bc_commands::AppError;
@@ -109,6 +110,13 @@ impl From<AppError> for ApiError {
             }
             AppError::Store(err) => err.into(),
             AppError::NotYetConsistent { wanted, reached } => super::consistency::not_yet_consistent(wanted, reached),
+            AppError::Denied(denied) => {
+                let mut details = json!({ "reservationId": denied.reservation_id });
+                if denied.state != ReservationState::Denied {
+                    details["state"] = json!(denied.state.as_str());
+                }
+                ApiError::forbidden(denied.reason).with_details(details)
+            }
         }
     }
 }

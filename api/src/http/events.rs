@@ -13,8 +13,8 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use bc_eventstore::events::{self, RecordedEvent};
-use bc_eventstore::{Db, Position, TxOptions};
+use bc_eventstore::Position;
+use bc_eventstore::events::RecordedEvent;
 use futures_util::Stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -24,7 +24,8 @@ use super::consistency::check_within_log;
 use super::error::CommonErrors;
 use super::request::{Authed, QueryParams, path_id};
 use super::{ApiError, AppState};
-use bc_commands::auth::{Resource, Target};
+use bc_commands::App;
+use bc_commands::door::Subject;
 
 /// How the stream reads and fans out.
 #[derive(Debug, Clone)]
@@ -73,7 +74,7 @@ impl Delivered {
 /// The process's one log poller, started by the first subscriber.
 #[derive(Debug)]
 pub struct EventHub {
-    db: Db,
+    app: App,
     config: EventsConfig,
     sender: broadcast::Sender<Arc<Delivered>>,
     /// Where the hub started following the log, once it has.
@@ -85,10 +86,10 @@ pub struct EventHub {
 }
 
 impl EventHub {
-    pub fn new(db: Db, config: EventsConfig) -> Self {
+    pub fn new(app: App, config: EventsConfig) -> Self {
         let (sender, _) = broadcast::channel(config.buffer.max(1));
         let (closing, _) = tokio::sync::watch::channel(false);
-        EventHub { db, config, sender, started: OnceLock::new(), published: std::sync::Mutex::new(None), closing }
+        EventHub { app, config, sender, started: OnceLock::new(), published: std::sync::Mutex::new(None), closing }
     }
 
     /// Ends every stream (the server is shutting down): each tells its client where to resume and when to
@@ -136,7 +137,7 @@ impl EventHub {
     async fn run(self: Arc<Self>, mut cursor: Position) {
         // The hub holds itself through this task; it stops once the router's state is gone.
         while Arc::strong_count(&self) > 1 {
-            match read(&self.db, cursor, self.config.batch).await {
+            match self.app.log_after(cursor, self.config.batch).await {
                 Ok(batch) => {
                     let short = batch.len() < self.config.batch as usize;
                     for event in &batch {
@@ -156,32 +157,6 @@ impl EventHub {
             }
         }
     }
-}
-
-async fn head(db: &Db) -> bc_eventstore::Result<Position> {
-    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
-    let head = events::horizon_head(&mut tx).await?;
-    tx.commit().await?;
-    Ok(head)
-}
-
-async fn read_until(
-    db: &Db,
-    after: Position,
-    until: Position,
-    limit: u32,
-) -> bc_eventstore::Result<Vec<RecordedEvent>> {
-    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
-    let batch = events::read_range(&mut tx, after, until, limit).await?;
-    tx.commit().await?;
-    Ok(batch)
-}
-
-async fn read(db: &Db, after: Position, limit: u32) -> bc_eventstore::Result<Vec<RecordedEvent>> {
-    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
-    let batch = events::read_after(&mut tx, after, limit).await?;
-    tx.commit().await?;
-    Ok(batch)
 }
 
 /// What a subscriber receives.
@@ -224,7 +199,7 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
         let mut closing = hub.closing.subscribe();
         let mut last = after;
         loop {
-            let batch = match read(&hub.db, last, hub.config.batch).await {
+            let batch = match hub.app.log_after(last, hub.config.batch).await {
                 Ok(batch) => batch,
                 Err(err) => {
                     tracing::warn!(error = %err, "event stream: a subscriber's catch-up failed");
@@ -251,7 +226,7 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
         let mut pending: Option<Arc<Delivered>> = None;
         loop {
             while fill_to > last {
-                let batch = match read_until(&hub.db, last, fill_to, hub.config.batch).await {
+                let batch = match hub.app.log_range(last, fill_to, hub.config.batch).await {
                     Ok(batch) if !batch.is_empty() => batch,
                     Ok(_) => break,
                     Err(err) => {
@@ -335,8 +310,7 @@ pub async fn stream(
     headers: HeaderMap,
     QueryParams(params): QueryParams<EventsParams>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let scope = Resource::scope(Target::Tenant, &who.principal.tenant_id);
-    state.authorize(&who, "events.stream", Some(&scope), "tenant", who.principal.tenant_id.as_str()).await?;
+    state.app.authorize(&who.0, "events.stream", Subject::OwnTenant).await?;
     let from_header = headers.get("last-event-id").map(|v| {
         v.to_str()
             .map_err(|_| ApiError::invalid_argument("Last-Event-ID", "is not text"))
@@ -346,16 +320,16 @@ pub async fn stream(
     let from_query = params.after.as_deref().map(|text| path_id::<Position>("after", text)).transpose()?;
     let after = match (from_header.transpose()?, from_query) {
         (Some(position), _) => {
-            check_within_log(state.db(), "Last-Event-ID", position).await?;
+            check_within_log(&state.app, "Last-Event-ID", position).await?;
             position
         }
         (None, Some(position)) => {
-            check_within_log(state.db(), "after", position).await?;
+            check_within_log(&state.app, "after", position).await?;
             position
         }
         // Without a position the stream starts at the log's head as of this request, fixed before the
         // response starts, so whatever commits after the subscriber has its headers is delivered.
-        (None, None) => head(state.db()).await?,
+        (None, None) => state.app.log_head().await?,
     };
     let types: Vec<String> = params
         .types
@@ -366,7 +340,7 @@ pub async fn stream(
         return Err(ApiError::invalid_argument("types", format!("{bad:?}: a wildcard is a whole family, `name.*`")));
     }
     let filter = Filter {
-        tenant: if who.principal.is_root() { None } else { Some(who.principal.tenant_id.to_string()) },
+        tenant: if who.0.principal.is_root() { None } else { Some(who.0.principal.tenant_id.to_string()) },
         types,
         stream: params.stream,
     };

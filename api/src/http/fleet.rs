@@ -17,8 +17,8 @@ use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, path_id};
 use super::{ApiError, AppState};
-use bc_commands::auth::{Resource, Target, resolve};
 use bc_commands::availability::EarliestStart;
+use bc_commands::door::Subject;
 use bc_commands::fleet::{CreatePool, CreateSite, OfferPool};
 
 /// A command's answer with its position as `X-Position` (the consistency token of reads).
@@ -40,25 +40,6 @@ pub(super) fn committed(
         response.headers_mut().insert("location", value);
     }
     response
-}
-
-/// Decides a method on the caller's own tenant scope.
-pub(super) async fn in_own_tenant(state: &AppState, who: &Authed, method: &'static str) -> Result<(), ApiError> {
-    let scope = Resource::scope(Target::Tenant, &who.principal.tenant_id);
-    state.authorize(who, method, Some(&scope), "tenant", who.principal.tenant_id.as_str()).await
-}
-
-/// Resolves and decides a method on a pool.
-pub(super) async fn on_pool(
-    state: &AppState,
-    who: &Authed,
-    method: &'static str,
-    id: &str,
-) -> Result<PoolId, ApiError> {
-    let id: PoolId = path_id("poolId", id)?;
-    let resource = resolve::pool_resource(state.db(), &id).await?;
-    state.authorize(who, method, resource.as_ref(), "pool", id.as_str()).await?;
-    Ok(id)
 }
 
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -91,9 +72,9 @@ pub async fn create_site(
     who: Authed,
     JsonBody(body): JsonBody<SiteBody>,
 ) -> Result<Response, ApiError> {
-    in_own_tenant(&state, &who, "sites.create").await?;
+    let caller = state.app.authorize(&who.0, "sites.create", Subject::OwnTenant).await?;
     let input = CreateSite { name: body.name, iam_region: body.iam_region, kind: body.kind };
-    let done = state.app.create_site(&who.caller(), input).await?;
+    let done = state.app.create_site(&caller, input).await?;
     Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
 }
 
@@ -114,9 +95,9 @@ pub async fn list_sites(
     MinPosition(_): MinPosition,
     QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<Value>, ApiError> {
-    in_own_tenant(&state, &who, "sites.list").await?;
+    let caller = state.app.authorize(&who.0, "sites.list", Subject::OwnTenant).await?;
     let page = params.page()?;
-    Ok(Json(page_json(state.app.list_sites(&who.caller(), &page).await?)))
+    Ok(Json(page_json(state.app.list_sites(&caller, &page).await?)))
 }
 
 /// `GET /v1/sites/{id}`.
@@ -137,9 +118,8 @@ pub async fn get_site(
     QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
 ) -> Result<Json<Value>, ApiError> {
     let id: SiteId = path_id("siteId", &id)?;
-    let resource = resolve::site_resource(state.db(), &id).await?;
-    state.authorize(&who, "sites.get", resource.as_ref(), "site", id.as_str()).await?;
-    Ok(Json(state.app.site(&who.caller(), &id).await?))
+    let caller = state.app.authorize(&who.0, "sites.get", Subject::Site(&id)).await?;
+    Ok(Json(state.app.site(&caller, &id).await?))
 }
 
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -163,8 +143,8 @@ pub async fn create_project(
     who: Authed,
     JsonBody(body): JsonBody<ProjectBody>,
 ) -> Result<Response, ApiError> {
-    in_own_tenant(&state, &who, "projects.create").await?;
-    let done = state.app.create_project(&who.caller(), body.name).await?;
+    let caller = state.app.authorize(&who.0, "projects.create", Subject::OwnTenant).await?;
+    let done = state.app.create_project(&caller, body.name).await?;
     Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
 }
 
@@ -205,8 +185,7 @@ pub async fn create_pool(
     JsonBody(body): JsonBody<PoolBody>,
 ) -> Result<Response, ApiError> {
     let site_id: SiteId = path_id("siteId", &body.site_id)?;
-    let site = resolve::site_resource(state.db(), &site_id).await?;
-    state.authorize(&who, "pools.create", site.as_ref(), "site", site_id.as_str()).await?;
+    let caller = state.app.authorize(&who.0, "pools.create", Subject::Site(&site_id)).await?;
     let input = CreatePool {
         site_id,
         name: body.name,
@@ -217,7 +196,7 @@ pub async fn create_pool(
         policy: body.policy,
         provider_account_id: body.provider_account_id,
     };
-    let done = state.app.create_pool(&who.caller(), input).await?;
+    let done = state.app.create_pool(&caller, input).await?;
     let location = format!("/v1/pools/{}", done.value);
     Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, Some(location)))
 }
@@ -238,9 +217,9 @@ pub async fn list_pools(
     MinPosition(after): MinPosition,
     QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<Value>, ApiError> {
-    in_own_tenant(&state, &who, "pools.list").await?;
+    let caller = state.app.authorize(&who.0, "pools.list", Subject::OwnTenant).await?;
     let page = params.page()?;
-    Ok(Json(page_json(state.app.list_pools(&who.caller(), &page, after).await?)))
+    Ok(Json(page_json(state.app.list_pools(&caller, &page, after).await?)))
 }
 
 /// Query of reads that take only a consistency token.
@@ -270,8 +249,9 @@ pub async fn get_pool(
     MinPosition(after): MinPosition,
     QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
 ) -> Result<Json<Value>, ApiError> {
-    let id = on_pool(&state, &who, "pools.get", &id).await?;
-    Ok(Json(state.app.pool(&who.caller(), &id, after).await?))
+    let id: PoolId = path_id("poolId", &id)?;
+    let caller = state.app.authorize(&who.0, "pools.get", Subject::Pool(&id)).await?;
+    Ok(Json(state.app.pool(&caller, &id, after).await?))
 }
 
 /// `GET /v1/pools/{id}/capacity`: allocatable, allocated, reserved and available atoms per resource.
@@ -291,8 +271,9 @@ pub async fn pool_capacity(
     MinPosition(after): MinPosition,
     QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
 ) -> Result<Json<Value>, ApiError> {
-    let id = on_pool(&state, &who, "pools.capacity", &id).await?;
-    let items = state.app.pool_capacity(&who.caller(), &id, after).await?;
+    let id: PoolId = path_id("poolId", &id)?;
+    let caller = state.app.authorize(&who.0, "pools.capacity", Subject::Pool(&id)).await?;
+    let items = state.app.pool_capacity(&caller, &id, after).await?;
     Ok(Json(json!({ "poolId": id, "items": items })))
 }
 
@@ -327,8 +308,8 @@ pub async fn availability(
     Path(id): Path<String>,
     QueryParams(params): QueryParams<AvailabilityParams>,
 ) -> Result<Json<Value>, ApiError> {
-    let id = on_pool(&state, &who, "pools.availability", &id).await?;
-    let caller = who.caller();
+    let id: PoolId = path_id("poolId", &id)?;
+    let caller = state.app.authorize(&who.0, "pools.availability", Subject::Pool(&id)).await?;
     match (params.count, params.duration, params.start, params.end) {
         (Some(count), Some(duration), None, None) => {
             let class = match params.class {
@@ -390,7 +371,8 @@ pub async fn offer_pool(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<OfferBody>,
 ) -> Result<Response, ApiError> {
-    let id = on_pool(&state, &who, "pools.offer", &id).await?;
+    let id: PoolId = path_id("poolId", &id)?;
+    let caller = state.app.authorize(&who.0, "pools.offer", Subject::Pool(&id)).await?;
     let tenant_id: TenantId = path_id("tenantId", &body.tenant_id)?;
     let offer = OfferPool {
         tenant_id: tenant_id.clone(),
@@ -398,7 +380,7 @@ pub async fn offer_pool(
         priority: body.priority,
         include_descendants: body.include_descendants,
     };
-    let done = state.app.offer_pool(&who.caller(), &id, offer).await?;
+    let done = state.app.offer_pool(&caller, &id, offer).await?;
     let body = json!({
         "poolId": id, "tenantId": tenant_id, "quota": body.quota, "priority": body.priority,
         "includeDescendants": body.include_descendants,
@@ -432,8 +414,8 @@ pub async fn set_quota(
 ) -> Result<Response, ApiError> {
     let id: PoolId = path_id("poolId", &id)?;
     let tenant_id: TenantId = path_id("tenantId", &tenant)?;
-    in_own_tenant(&state, &who, "quotas.set").await?;
-    let done = state.app.set_quota(&who.caller(), &id, &tenant_id, body.quota.clone()).await?;
+    let caller = state.app.authorize(&who.0, "quotas.set", Subject::OwnTenant).await?;
+    let done = state.app.set_quota(&caller, &id, &tenant_id, body.quota.clone()).await?;
     let body = json!({ "poolId": id, "tenantId": tenant_id, "quota": body.quota });
     Ok(committed(StatusCode::OK, body, done.position, None))
 }
@@ -454,7 +436,7 @@ pub async fn audit(
     MinPosition(after): MinPosition,
     QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<Value>, ApiError> {
-    in_own_tenant(&state, &who, "audit.list").await?;
+    let caller = state.app.authorize(&who.0, "audit.list", Subject::OwnTenant).await?;
     let page = params.page()?;
-    Ok(Json(page_json(state.app.audit(&who.caller(), &page, after).await?)))
+    Ok(Json(page_json(state.app.audit(&caller, &page, after).await?)))
 }

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::error::ErrorBody;
 use super::{ApiError, AppState};
+use bc_commands::figures::Unhealthy;
 
 /// How long the health check waits for the database.
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
@@ -22,16 +23,22 @@ const PING_TIMEOUT: Duration = Duration::from_secs(2);
     responses((status = 200, description = "Healthy", body = Object), (status = 503, description = "The database does not answer", body = ErrorBody)),
 )]
 pub async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    // A read-only ping holds no locks and appends nothing, so abandoning it at the timeout is safe.
-    match tokio::time::timeout(PING_TIMEOUT, state.db().ping()).await {
-        Ok(Ok(())) => Ok(Json(json!({"status": "ok", "database": "reachable"}))),
-        Ok(Err(err)) => Err(ApiError::unavailable("the database is unreachable").with_cause(err)),
-        Err(_) => Err(ApiError::unavailable("the database did not answer in time")),
+    match state.app.ping(PING_TIMEOUT).await {
+        Ok(()) => Ok(Json(json!({"status": "ok", "database": "reachable"}))),
+        Err(Unhealthy::Unreachable(err)) => Err(ApiError::unavailable("the database is unreachable").with_cause(err)),
+        Err(Unhealthy::TimedOut) => Err(ApiError::unavailable("the database did not answer in time")),
     }
 }
 
 /// `GET /metrics`: open like the health check (it names no tenant's records; keep it on the operators'
 /// network). `503 UNAVAILABLE` when the database does not answer.
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    Ok(crate::metrics::exposition(state.db(), &state.metrics, state.events.subscribers()).await?)
+    let figures = state.app.database_figures().await?;
+    let scrape = crate::metrics::Scrape {
+        figures,
+        connections: state.app.connections(),
+        denials: state.app.denials(),
+        subscribers: state.events.subscribers(),
+    };
+    Ok(crate::metrics::exposition(&state.metrics, scrape))
 }

@@ -18,19 +18,17 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use bc_eventstore::Db;
 
 pub use error::ApiError;
 
 use bc_commands::App;
-use bc_commands::auth::{Authorizer, DenialCounts, InvalidConfig};
+use bc_commands::auth::{Authorizer, InvalidConfig};
 
-/// What every handler can reach.
+/// What every handler can reach: the write side's one door, the event stream's hub, the process's metrics.
+/// No database: everything a handler reads or changes goes through [`App`].
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub app: App,
-    pub auth: Arc<dyn Authorizer>,
-    pub denials: Arc<DenialCounts>,
     /// The event stream's one log poller.
     pub events: Arc<events::EventHub>,
     /// What `/metrics` reports of this process.
@@ -38,27 +36,17 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// The state of a router over `db`, its authorization checked against the method table first: a missing or
+    /// The state of a router over `app`, its authorizer checked against the method table first: a missing or
     /// wrong entry is `INVALID_CONFIG` before anything touches the store.
-    pub fn new(db: Db, auth: Arc<dyn Authorizer>) -> Result<Self, InvalidConfig> {
-        Self::with_events(db, auth, events::EventsConfig::default())
+    pub fn new(app: App) -> Result<Self, InvalidConfig> {
+        Self::with_events(app, events::EventsConfig::default())
     }
 
     /// [`AppState::new`] with the event stream configured.
-    pub fn with_events(db: Db, auth: Arc<dyn Authorizer>, config: events::EventsConfig) -> Result<Self, InvalidConfig> {
-        check_routes(auth.as_ref())?;
-        let events = Arc::new(events::EventHub::new(db.clone(), config));
-        Ok(Self {
-            app: App::new(db),
-            auth,
-            denials: Arc::new(DenialCounts::default()),
-            events,
-            metrics: crate::metrics::shared(),
-        })
-    }
-
-    pub fn db(&self) -> &Db {
-        &self.app.db
+    pub fn with_events(app: App, config: events::EventsConfig) -> Result<Self, InvalidConfig> {
+        check_routes(app.authorizer())?;
+        let events = Arc::new(events::EventHub::new(app.clone(), config));
+        Ok(Self { app, events, metrics: crate::metrics::shared() })
     }
 }
 

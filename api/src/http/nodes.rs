@@ -12,12 +12,13 @@ use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
-use super::fleet::{committed, in_own_tenant, on_pool};
+use super::fleet::committed;
 use super::request::{Authed, JsonBody, QueryParams, page_json, path_id};
 use super::reservations::OptionalBody;
 use super::{ApiError, AppState};
 use axum::response::IntoResponse as _;
-use bc_commands::auth::resolve;
+use bc_commands::Caller;
+use bc_commands::door::Subject;
 use bc_commands::node_commands::Delivery;
 use bc_commands::nodes::{NodeVerb, OperatorCommand, RegisterNode};
 use bc_domain::agent::CommandKind;
@@ -64,7 +65,8 @@ pub async fn register(
     who: Authed,
     JsonBody(body): JsonBody<RegisterBody>,
 ) -> Result<Response, ApiError> {
-    let pool_id = on_pool(&state, &who, "nodes.register", &body.pool_id).await?;
+    let pool_id: PoolId = path_id("poolId", &body.pool_id)?;
+    let caller = state.app.authorize(&who.0, "nodes.register", Subject::Pool(&pool_id)).await?;
     let owner_tenant_id =
         body.owner_tenant_id.as_deref().map(|t| path_id::<TenantId>("ownerTenantId", t)).transpose()?;
     let gpus = body
@@ -82,7 +84,7 @@ pub async fn register(
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     let input = RegisterNode { pool_id, name: body.name, role: body.role, trust: body.trust, owner_tenant_id, gpus };
-    let done = state.app.register_node(&who.caller(), input).await?;
+    let done = state.app.register_node(&caller, input).await?;
     Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
 }
 
@@ -116,10 +118,10 @@ pub async fn list(
     MinPosition(after): MinPosition,
     QueryParams(params): QueryParams<ListParams>,
 ) -> Result<Json<Value>, ApiError> {
-    in_own_tenant(&state, &who, "nodes.list").await?;
+    let caller = state.app.authorize(&who.0, "nodes.list", Subject::OwnTenant).await?;
     let page = super::request::PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
     let pool_id = params.pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
-    let listed = state.app.list_nodes(&who.caller(), pool_id.as_ref(), &page, after).await?;
+    let listed = state.app.list_nodes(&caller, pool_id.as_ref(), &page, after).await?;
     Ok(Json(page_json(listed)))
 }
 
@@ -141,9 +143,8 @@ pub async fn get(
     QueryParams(super::fleet::ReadParams { .. }): QueryParams<super::fleet::ReadParams>,
 ) -> Result<Json<Value>, ApiError> {
     let id: NodeId = path_id("nodeId", &id)?;
-    let resource = resolve::node_resource(state.db(), &id).await?;
-    state.authorize(&who, "nodes.get", resource.as_ref(), "node", id.as_str()).await?;
-    Ok(Json(state.app.node(&who.caller(), &id, after).await?))
+    let caller = state.app.authorize(&who.0, "nodes.get", Subject::Node(&id)).await?;
+    Ok(Json(state.app.node(&caller, &id, after).await?))
 }
 
 /// Body of the verbs: an optional reason, recorded with the event.
@@ -161,13 +162,10 @@ async fn verb(
     method: &'static str,
     verb: NodeVerb,
 ) -> Result<Response, ApiError> {
-    if body.reason.as_ref().is_some_and(|r| r.len() > 1024) {
-        return Err(ApiError::invalid_argument("reason", "must be at most 1024 characters"));
-    }
+    check_reason(&body.reason)?;
     let id: NodeId = path_id("nodeId", &id)?;
-    let resource = resolve::node_resource(state.db(), &id).await?;
-    state.authorize(&who, method, resource.as_ref(), "node", id.as_str()).await?;
-    let done = state.app.node_verb(&who.caller(), &id, verb, body.reason).await?;
+    let caller = state.app.authorize(&who.0, method, Subject::Node(&id)).await?;
+    let done = state.app.node_verb(&caller, &id, verb, body.reason).await?;
     Ok(committed(StatusCode::OK, json!({ "id": id }), done.position, None))
 }
 
@@ -272,8 +270,9 @@ pub async fn create_join_token(
     Path(pool_id): Path<String>,
     OptionalBody(body): OptionalBody<JoinTokenBody>,
 ) -> Result<Response, ApiError> {
-    let pool_id = on_pool(&state, &who, "nodes.join_tokens.create", &pool_id).await?;
-    let done = state.app.create_join_token(&who.caller(), &pool_id, body.ttl_seconds.unwrap_or(3600)).await?;
+    let pool_id: PoolId = path_id("poolId", &pool_id)?;
+    let caller = state.app.authorize(&who.0, "nodes.join_tokens.create", Subject::Pool(&pool_id)).await?;
+    let done = state.app.create_join_token(&caller, &pool_id, body.ttl_seconds.unwrap_or(3600)).await?;
     let token = done.value;
     let body = json!({
         "id": token.id, "token": token.token, "poolId": token.pool_id, "expiresAt": token.expires_at_ms,
@@ -291,11 +290,11 @@ pub struct ForceBody {
     pub reason: Option<String>,
 }
 
-async fn on_node(state: &AppState, who: &Authed, method: &'static str, id: &str) -> Result<NodeId, ApiError> {
+/// Decides `method` on the node a path names: the node's id and the caller to run the command as.
+async fn on_node(state: &AppState, who: &Authed, method: &'static str, id: &str) -> Result<(NodeId, Caller), ApiError> {
     let id: NodeId = path_id("nodeId", id)?;
-    let resource = resolve::node_resource(state.db(), &id).await?;
-    state.authorize(who, method, resource.as_ref(), "node", id.as_str()).await?;
-    Ok(id)
+    let caller = state.app.authorize(&who.0, method, Subject::Node(&id)).await?;
+    Ok((id, caller))
 }
 
 fn check_reason(reason: &Option<String>) -> Result<(), ApiError> {
@@ -323,8 +322,8 @@ pub async fn drain(
     OptionalBody(body): OptionalBody<ForceBody>,
 ) -> Result<Response, ApiError> {
     check_reason(&body.reason)?;
-    let id = on_node(&state, &who, "nodes.drain", &id).await?;
-    let done = state.app.drain_node(&who.caller(), &id, body.force, body.reason).await?;
+    let (id, caller) = on_node(&state, &who, "nodes.drain", &id).await?;
+    let done = state.app.drain_node(&caller, &id, body.force, body.reason).await?;
     Ok(committed(StatusCode::OK, json!({ "id": id }), done.position, None))
 }
 
@@ -355,8 +354,8 @@ pub async fn delete(
     QueryParams(params): QueryParams<DeleteParams>,
 ) -> Result<Response, ApiError> {
     check_reason(&params.reason)?;
-    let id = on_node(&state, &who, "nodes.delete", &id).await?;
-    let done = state.app.delete_node(&who.caller(), &id, params.force.unwrap_or(false), params.reason).await?;
+    let (id, caller) = on_node(&state, &who, "nodes.delete", &id).await?;
+    let done = state.app.delete_node(&caller, &id, params.force.unwrap_or(false), params.reason).await?;
     Ok(committed(StatusCode::OK, json!({ "id": id, "deleted": true }), done.position, None))
 }
 
@@ -386,8 +385,8 @@ pub async fn set_spec(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<SpecBody>,
 ) -> Result<Response, ApiError> {
-    let id = on_node(&state, &who, "nodes.spec.set", &id).await?;
-    let done = state.app.set_node_spec(&who.caller(), &id, body.labels, body.mig_layout).await?;
+    let (id, caller) = on_node(&state, &who, "nodes.spec.set", &id).await?;
+    let done = state.app.set_node_spec(&caller, &id, body.labels, body.mig_layout).await?;
     Ok(committed(StatusCode::OK, json!({ "id": id, "generation": done.value }), done.position, None))
 }
 
@@ -433,11 +432,10 @@ pub async fn create_command(
             ));
         }
     };
-    let id = on_node(&state, &who, "nodes.commands.create", &id).await?;
+    let (id, caller) = on_node(&state, &who, "nodes.commands.create", &id).await?;
     let delivery =
         Delivery { not_before_ms: body.not_before, not_after_ms: body.not_after, min_generation: body.min_generation };
-    let (command_id, seq) =
-        state.app.queue_node_command(&who.caller(), &id, OperatorCommand { kind, delivery }).await?;
+    let (command_id, seq) = state.app.queue_node_command(&caller, &id, OperatorCommand { kind, delivery }).await?;
     Ok((StatusCode::CREATED, Json(json!({ "id": command_id, "nodeId": id, "seq": seq }))).into_response())
 }
 
@@ -456,8 +454,8 @@ pub async fn list_commands(
     who: Authed,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let id = on_node(&state, &who, "nodes.commands.list", &id).await?;
-    let items = state.app.node_commands(&who.caller(), &id).await?;
+    let (id, caller) = on_node(&state, &who, "nodes.commands.list", &id).await?;
+    let items = state.app.node_commands(&caller, &id).await?;
     Ok(Json(json!({ "items": items })))
 }
 
@@ -476,8 +474,8 @@ pub async fn inventory(
     who: Authed,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let id = on_node(&state, &who, "nodes.inventory.get", &id).await?;
-    let snapshot = state.app.node_inventory(&who.caller(), &id).await?;
+    let (id, caller) = on_node(&state, &who, "nodes.inventory.get", &id).await?;
+    let snapshot = state.app.node_inventory(&caller, &id).await?;
     Ok(Json(json!({
         "nodeId": id, "snapshot": snapshot.snapshot, "receivedAt": snapshot.received_at_ms, "document": snapshot.document,
     })))

@@ -2,15 +2,13 @@
 
 use axum::Json;
 use axum::extract::State;
-use bc_projections::{consistency, models, status};
 use serde_json::{Value, json};
 
-use super::consistency::{MinPosition, not_yet_consistent};
+use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
 use super::request::Authed;
 use super::{ApiError, AppState};
-use bc_commands::auth::{Resource, Target};
-use bc_commands::reads::CONSISTENCY_WAIT;
+use bc_commands::door::Subject;
 
 /// `GET /v1/projections`: for the platform (decided on `fleet/global`, which resolves only in the root tenant).
 #[utoipa::path(
@@ -27,18 +25,8 @@ pub async fn list(
     who: Authed,
     MinPosition(after): MinPosition,
 ) -> Result<Json<Value>, ApiError> {
-    let fleet = Resource::scope(Target::Fleet, &who.principal.tenant_id);
-    state.authorize(&who, "projections.status", Some(&fleet), "fleet", "global").await?;
-    let read_models = models::read_models();
-    let names: Vec<&str> = read_models.iter().map(|p| p.name()).collect();
-    if let Some(after) = after {
-        match consistency::wait_for(state.db(), &names, after, CONSISTENCY_WAIT).await {
-            Ok(None) => {}
-            Ok(Some(reached)) => return Err(not_yet_consistent(after, reached)),
-            Err(err) => return Err(err.into()),
-        }
-    }
-    let rows = status::status(state.db(), &read_models).await?;
+    state.app.authorize(&who.0, "projections.status", Subject::Fleet).await?;
+    let rows = state.app.projection_status(after).await?;
     let items: Vec<Value> = rows
         .into_iter()
         .map(|row| {

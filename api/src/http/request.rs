@@ -14,8 +14,7 @@ use tracing::Instrument as _;
 
 use super::error::Failure;
 use super::{ApiError, AppState};
-use bc_commands::Caller;
-use bc_commands::auth::{Decision, Principal, Resource, catalog};
+use bc_commands::door::Call;
 use bc_commands::reads::{Listed, Page};
 
 /// The request's id: the client's `X-Request-Id` when it is sensible, otherwise a new one.
@@ -65,19 +64,9 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestId {
     }
 }
 
-/// An authenticated request: who it speaks for and its id.
+/// An authenticated request: the call the write side's door decides (who it speaks for, and its id).
 #[derive(Debug, Clone)]
-pub struct Authed {
-    pub principal: Principal,
-    pub request_id: String,
-}
-
-impl Authed {
-    /// The command layer's caller: its admission context is recorded with every event the command appends.
-    pub fn caller(&self) -> Caller {
-        self.principal.caller(&self.request_id)
-    }
-}
+pub struct Authed(pub Call);
 
 impl FromRequestParts<AppState> for Authed {
     type Rejection = ApiError;
@@ -85,54 +74,8 @@ impl FromRequestParts<AppState> for Authed {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let RequestId(request_id) = RequestId::from_request_parts(parts, state).await?;
         let header = parts.headers.get("authorization").and_then(|v| v.to_str().ok());
-        let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer "))) else {
-            state.denials.count("any", "unauthenticated");
-            return Err(ApiError::unauthenticated("send the bearer token as `Authorization: Bearer <token>`"));
-        };
-        match state.auth.authenticate(token.trim()).await {
-            Some(principal) => Ok(Authed { principal, request_id }),
-            None => {
-                state.denials.count("any", "unauthenticated");
-                tracing::info!(request_id, "denied: unknown bearer token");
-                Err(ApiError::unauthenticated("the bearer token is not known"))
-            }
-        }
-    }
-}
-
-impl AppState {
-    /// Decides `method` on `resource` (`None`: it does not exist, answered like one the caller may not see).
-    /// A denial is logged and counted; `kind` and `id` name the resource in a `404`.
-    pub async fn authorize(
-        &self,
-        who: &Authed,
-        method: &'static str,
-        resource: Option<&Resource>,
-        kind: &str,
-        id: &str,
-    ) -> Result<(), ApiError> {
-        let Some(spec) = catalog::method(method) else {
-            tracing::error!(method, "a route names a method missing from the method table");
-            return Err(bc_eventstore::Error::InvalidConfig(format!("method {method}")).into());
-        };
-        let decision = match resource {
-            Some(resource) => self.auth.decide(&who.principal, spec, resource).await,
-            None => Decision::NotFound,
-        };
-        let p = &who.principal;
-        match decision {
-            Decision::Allow => Ok(()),
-            Decision::NotFound => {
-                self.denials.count(spec.method, "not_found");
-                tracing::info!(method, identity = %p.identity, tenant = %p.tenant_id, request_id = who.request_id, kind, id, "denied: not found");
-                Err(ApiError::not_found(kind, id))
-            }
-            Decision::Deny(reason) => {
-                self.denials.count(spec.method, "forbidden");
-                tracing::info!(method, identity = %p.identity, tenant = %p.tenant_id, request_id = who.request_id, reason, "denied");
-                Err(ApiError::forbidden(reason))
-            }
-        }
+        let token = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")));
+        Ok(Authed(state.app.authenticate(token, &request_id).await?))
     }
 }
 

@@ -1,7 +1,5 @@
 //! `/v1/reservations`: create (with `Idempotency-Key`), get, list, renew, extend, cancel, release.
 
-use std::collections::BTreeMap;
-
 use axum::Json;
 use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -18,8 +16,9 @@ use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, parse_json, path_id};
 use super::{ApiError, AppState};
+use bc_commands::Caller;
 use bc_commands::Committed;
-use bc_commands::auth::{Resource, Target, resolve};
+use bc_commands::door::Subject;
 use bc_commands::reads::ReservationFilter;
 use bc_commands::reservations::Reserve;
 
@@ -168,34 +167,6 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
     Ok(key.to_owned())
 }
 
-/// The draft a create is decided on: the caller's, under its pool, with the attributes policies read.
-fn draft(
-    who: &Authed,
-    id: &ReservationId,
-    request: &ReservationRequest,
-    pool: bc_commands::auth::PoolFacts,
-) -> Resource {
-    let mut attributes = BTreeMap::from([
-        ("gpuCount".to_owned(), json!(request.devices.count)),
-        ("durationHours".to_owned(), json!(request.duration_s as f64 / 3600.0)),
-        ("binding".to_owned(), json!(request.binding)),
-        ("spot".to_owned(), json!(false)),
-        ("projectId".to_owned(), json!(request.project_id)),
-    ]);
-    for key in ["gpuModel", "region"] {
-        if let Some(value) = pool.attributes.get(key) {
-            attributes.insert(key.to_owned(), value.clone());
-        }
-    }
-    Resource {
-        target: Target::Reservation,
-        id: id.to_string(),
-        tenant_id: who.principal.tenant_id.clone(),
-        pool: Some(pool),
-        attributes,
-    }
-}
-
 /// `POST /v1/reservations`: `201` with the new reservation (`placed` or `pending`), `200` with the existing one
 /// for a retry with the same key and body. A request the authorizer refuses is recorded as `denied` and answered
 /// `403`.
@@ -217,25 +188,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     let request = body.request()?;
-    let id = ReservationId::derive(&who.principal.tenant_id, &who.principal.identity, &key);
-    let pool = resolve::pool(state.db(), &request.pool_id).await?;
-    let resource = pool.map(|facts| draft(&who, &id, &request, facts));
-    let caller = who.caller();
-    let input = Reserve { idempotency_key: key, request };
-    match state.authorize(&who, "reservations.create", resource.as_ref(), "pool", input.request.pool_id.as_str()).await
-    {
-        Ok(()) => {}
-        Err(denied) if denied.status == StatusCode::FORBIDDEN => {
-            let recorded = state.app.deny_reservation(&caller, input, denied.message.clone()).await?;
-            let mut denied = denied.with_details(json!({ "reservationId": recorded.value.id }));
-            if recorded.value.state != ReservationState::Denied {
-                denied.details["state"] = json!(recorded.value.state.as_str());
-            }
-            return Err(denied);
-        }
-        Err(other) => return Err(other),
-    }
-    let reserved = state.app.reserve(&caller, input).await?;
+    let reserved = state.app.reserve_as(&who.0, Reserve { idempotency_key: key, request }).await?;
     let status = if reserved.value.created { StatusCode::CREATED } else { StatusCode::OK };
     let committed = Committed { value: reserved.value.reservation, position: reserved.position };
     let mut response = answer(status, &committed);
@@ -245,12 +198,16 @@ pub async fn create(
     Ok(response)
 }
 
-/// Resolves and decides a method on an existing reservation.
-async fn authorized(state: &AppState, who: &Authed, method: &'static str, id: &str) -> Result<ReservationId, ApiError> {
+/// Decides `method` on the reservation a path names: its id and the caller to run the command as.
+async fn authorized(
+    state: &AppState,
+    who: &Authed,
+    method: &'static str,
+    id: &str,
+) -> Result<(ReservationId, Caller), ApiError> {
     let id: ReservationId = path_id("reservationId", id)?;
-    let resource = resolve::reservation_resource(state.db(), &id).await?;
-    state.authorize(who, method, resource.as_ref(), "reservation", id.as_str()).await?;
-    Ok(id)
+    let caller = state.app.authorize(&who.0, method, Subject::Reservation(&id)).await?;
+    Ok((id, caller))
 }
 
 /// `GET /v1/reservations/{id}`: read from its stream, so a reservation whose create answered is never `404`.
@@ -264,8 +221,8 @@ async fn authorized(state: &AppState, who: &Authed, method: &'static str, id: &s
     security(("bearer" = [])),
 )]
 pub async fn get(State(state): State<AppState>, who: Authed, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let id = authorized(&state, &who, "reservations.get", &id).await?;
-    let found = state.app.reservation(&who.caller(), &id).await?;
+    let (id, caller) = authorized(&state, &who, "reservations.get", &id).await?;
+    let found = state.app.reservation(&caller, &id).await?;
     Ok(answer(StatusCode::OK, &found))
 }
 
@@ -301,15 +258,14 @@ pub async fn list(
     MinPosition(after): MinPosition,
     QueryParams(params): QueryParams<ListParams>,
 ) -> Result<Json<Value>, ApiError> {
-    let scope = Resource::scope(Target::Tenant, &who.principal.tenant_id);
-    state.authorize(&who, "reservations.list", Some(&scope), "tenant", who.principal.tenant_id.as_str()).await?;
+    let caller = state.app.authorize(&who.0, "reservations.list", Subject::OwnTenant).await?;
     let page = PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
     let pool_id = params.pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
     let filter = ReservationFilter {
         pool_id: pool_id.map(|p| p.to_string()),
         state: params.state.map(|s| s.as_str().to_owned()),
     };
-    let listed = state.app.list_reservations(&who.caller(), &filter, &page, after).await?;
+    let listed = state.app.list_reservations(&caller, &filter, &page, after).await?;
     Ok(Json(page_json(listed)))
 }
 
@@ -369,8 +325,8 @@ pub async fn cancel(
     if body.reason.as_ref().is_some_and(|r| r.len() > 1024) {
         return Err(ApiError::invalid_argument("reason", "must be at most 1024 characters"));
     }
-    let id = authorized(&state, &who, "reservations.cancel", &id).await?;
-    let done = state.app.cancel_reservation(&who.caller(), &id, body.reason).await?;
+    let (id, caller) = authorized(&state, &who, "reservations.cancel", &id).await?;
+    let done = state.app.cancel_reservation(&caller, &id, body.reason).await?;
     Ok(answer(StatusCode::OK, &done))
 }
 
@@ -389,8 +345,8 @@ pub async fn release(
     Path(id): Path<String>,
     OptionalBody(EmptyBody {}): OptionalBody<EmptyBody>,
 ) -> Result<Response, ApiError> {
-    let id = authorized(&state, &who, "reservations.release", &id).await?;
-    let done = state.app.release_reservation(&who.caller(), &id).await?;
+    let (id, caller) = authorized(&state, &who, "reservations.release", &id).await?;
+    let done = state.app.release_reservation(&caller, &id).await?;
     Ok(answer(StatusCode::OK, &done))
 }
 
@@ -409,8 +365,8 @@ pub async fn renew(
     Path(id): Path<String>,
     OptionalBody(EmptyBody {}): OptionalBody<EmptyBody>,
 ) -> Result<Response, ApiError> {
-    let id = authorized(&state, &who, "reservations.renew", &id).await?;
-    let done = state.app.renew_reservation(&who.caller(), &id).await?;
+    let (id, caller) = authorized(&state, &who, "reservations.renew", &id).await?;
+    let done = state.app.renew_reservation(&caller, &id).await?;
     Ok(answer(StatusCode::OK, &done))
 }
 
@@ -432,14 +388,6 @@ pub async fn extend(
     JsonBody(body): JsonBody<ExtendBody>,
 ) -> Result<Response, ApiError> {
     let id: ReservationId = path_id("reservationId", &id)?;
-    let mut resource = resolve::reservation_resource(state.db(), &id).await?;
-    if let Some(resource) = resource.as_mut() {
-        let current = state.app.reservation(&who.caller(), &id).await.ok().map(|c| c.value);
-        if let Some(start) = current.and_then(|r| r.start_ms) {
-            resource.attributes.insert("durationHours".into(), json!((body.end - start) as f64 / 3_600_000.0));
-        }
-    }
-    state.authorize(&who, "reservations.extend", resource.as_ref(), "reservation", id.as_str()).await?;
-    let done = state.app.extend_reservation(&who.caller(), &id, body.end).await?;
+    let done = state.app.extend_as(&who.0, &id, body.end).await?;
     Ok(answer(StatusCode::OK, &done))
 }

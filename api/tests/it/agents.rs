@@ -105,7 +105,7 @@ impl Cluster {
     async fn start(name: &str) -> Cluster {
         let t = TestDb::new().await;
         let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));
-        let mut state = AppState::new(t.db.clone(), auth).expect("state");
+        let mut state = AppState::new(App::new(t.db.clone()).with_authorizer(auth)).expect("state");
         state.app.liveness = LivenessConfig { lease: Duration::from_secs(2), heartbeat: Duration::from_millis(150) };
         let app: App = state.app.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

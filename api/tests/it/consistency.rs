@@ -45,7 +45,7 @@ async fn a_read_after_a_commands_position_sees_its_effect() {
     let err = fleet.app.list_pools(&acme, &Page::first(10), Some(position)).await.expect_err("not yet");
     assert_eq!(err.code(), "NOT_YET_CONSISTENT");
     let auth = std::sync::Arc::new(BuiltinAuthorizer::from_toml(crate::http_api::AUTH).expect("auth"));
-    let state = AppState::new(fleet.t.db.clone(), auth).expect("state");
+    let state = AppState::new(bc_commands::App::new(fleet.t.db.clone()).with_authorizer(auth)).expect("state");
     let (status, body) = get(state.clone(), &format!("/v1/projections?after={position}"), None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "NOT_YET_CONSISTENT");

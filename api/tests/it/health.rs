@@ -12,7 +12,7 @@ use tower::ServiceExt as _;
 
 fn state(db: bc_eventstore::Db) -> AppState {
     let auth = Arc::new(BuiltinAuthorizer::from_toml(crate::http_api::AUTH).expect("auth"));
-    AppState::new(db, auth).expect("state")
+    AppState::new(bc_commands::App::new(db).with_authorizer(auth)).expect("state")
 }
 
 async fn get_healthz(state: AppState) -> (StatusCode, serde_json::Value) {

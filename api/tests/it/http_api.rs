@@ -93,7 +93,8 @@ impl Api {
     pub async fn new() -> Api {
         let fleet = Fleet::new().await;
         let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));
-        let state = AppState::new(fleet.t.db.clone(), auth).expect("the method table checks out");
+        let state = AppState::new(bc_commands::App::new(fleet.t.db.clone()).with_authorizer(auth))
+            .expect("the method table checks out");
         Api { router: router(state), fleet }
     }
 

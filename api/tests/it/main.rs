@@ -11,3 +11,4 @@ mod metrics;
 mod process;
 mod scale_out;
 mod sse;
+mod tidy;

@@ -72,7 +72,8 @@ async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_or
     let t = TestDb::new().await;
     let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth"));
     let config = EventsConfig { poll: Duration::from_millis(10), ..EventsConfig::default() };
-    let state = AppState::with_events(t.db.clone(), auth, config).expect("state");
+    let state =
+        AppState::with_events(bc_commands::App::new(t.db.clone()).with_authorizer(auth), config).expect("state");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("address"));
     let (stop, mut stopped) = watch::channel(false);
@@ -202,7 +203,7 @@ async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_or
 async fn a_subscriber_a_whole_buffer_behind_is_cut_off_and_resumes_without_losing_anything() {
     let t = TestDb::new().await;
     let config = EventsConfig { poll: Duration::from_millis(5), buffer: 4, ..EventsConfig::default() };
-    let hub = Arc::new(EventHub::new(t.db.clone(), config));
+    let hub = Arc::new(EventHub::new(bc_commands::App::new(t.db.clone()), config));
     let filter = Filter { tenant: Some("acme".into()), ..Filter::default() };
     let first = append(&t.db, "acme", "test.sse", 0).await;
     let slow = subscription(Arc::clone(&hub), Position::START, filter.clone());
@@ -262,7 +263,8 @@ async fn a_stream_without_a_position_gets_what_commits_after_its_response_began(
     append(&t.db, "acme", "test.before", 0).await;
     let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth"));
     let config = EventsConfig { poll: Duration::from_millis(10), ..EventsConfig::default() };
-    let state = AppState::with_events(t.db.clone(), auth, config).expect("state");
+    let state =
+        AppState::with_events(bc_commands::App::new(t.db.clone()).with_authorizer(auth), config).expect("state");
     let request = axum::http::Request::get("/v1/events")
         .header("authorization", format!("Bearer {ROOT}"))
         .body(axum::body::Body::empty())

@@ -40,7 +40,7 @@ use futures_util::future::BoxFuture;
 use serde::Deserialize;
 
 use super::catalog::{MethodSpec, Relation, Requirement, Target};
-use super::{Authorizer, Decision, PoolFacts, Principal, ROOT_TENANT, Resource};
+use super::{Attribute, Authorizer, Decision, PoolFacts, Principal, ROOT_TENANT, Resource};
 
 /// A tenant's status; authorization needs the tenant and every ancestor active.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -163,6 +163,18 @@ impl BuiltinAuthorizer {
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let config: AuthConfig = toml::from_str(text).map_err(|err| ConfigError::Invalid(err.to_string()))?;
         Self::new(config)
+    }
+
+    /// An authorizer that knows no token: every call from outside is `UNAUTHENTICATED`.
+    pub fn nobody() -> Self {
+        BuiltinAuthorizer {
+            prefix: crate::auth::catalog::DEFAULT_PREFIX.to_owned(),
+            accounts: HashMap::new(),
+            admins: Vec::new(),
+            tenants: BTreeMap::new(),
+            grants: Vec::new(),
+            limits: Vec::new(),
+        }
     }
 
     pub fn new(config: AuthConfig) -> Result<Self, ConfigError> {
@@ -304,11 +316,11 @@ impl BuiltinAuthorizer {
         &self,
         relation: Relation,
         pool: &PoolFacts,
-        attributes: &BTreeMap<String, serde_json::Value>,
+        attributes: &BTreeMap<String, Attribute>,
     ) -> Option<String> {
-        let count = attributes.get("gpuCount").and_then(serde_json::Value::as_f64).unwrap_or(0.0);
-        let hours = attributes.get("durationHours").and_then(serde_json::Value::as_f64).unwrap_or(0.0);
-        let model = pool.attributes.get("gpuModel").and_then(serde_json::Value::as_str);
+        let count = attributes.get("gpuCount").and_then(Attribute::as_f64).unwrap_or(0.0);
+        let hours = attributes.get("durationHours").and_then(Attribute::as_f64).unwrap_or(0.0);
+        let model = pool.attributes.get("gpuModel").and_then(Attribute::as_str);
         for limit in &self.limits {
             if relation > limit.relation || (limit.pool != "*" && limit.pool != pool.id.as_str()) {
                 continue;
@@ -410,8 +422,6 @@ impl Authorizer for BuiltinAuthorizer {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
     use crate::auth::catalog::method;
 
@@ -496,7 +506,7 @@ mod tests {
             id: "pool_01m8q000000000000000000001".parse().expect("pool id"),
             owner_tenant_id: "root".parse().expect("tenant"),
             offers: offers.iter().map(|(t, d)| (t.parse().expect("tenant"), *d)).collect(),
-            attributes: BTreeMap::from([("gpuModel".to_owned(), json!("H100"))]),
+            attributes: BTreeMap::from([("gpuModel".to_owned(), Attribute::from("H100"))]),
         }
     }
 
@@ -507,8 +517,8 @@ mod tests {
             tenant_id: tenant.tenant_id.clone(),
             pool: Some(pool),
             attributes: BTreeMap::from([
-                ("gpuCount".to_owned(), json!(gpus)),
-                ("durationHours".to_owned(), json!(hours)),
+                ("gpuCount".to_owned(), Attribute::Number(f64::from(gpus))),
+                ("durationHours".to_owned(), Attribute::Number(f64::from(hours))),
             ]),
         }
     }
@@ -572,7 +582,7 @@ mod tests {
         assert_eq!(a.decide(&bob, create, &draft(&bob, offered.clone(), 9, 100)).await, Decision::Allow);
         // Another pool model is not limited; a tenant with no grant only views.
         let mut other = offered.clone();
-        other.attributes.insert("gpuModel".into(), json!("A100"));
+        other.attributes.insert("gpuModel".into(), Attribute::from("A100"));
         assert_eq!(a.decide(&alice, create, &draft(&alice, other, 16, 100)).await, Decision::Allow);
         let gus = who(&a, "gus-token-0123456789").await;
         let viewer = a.decide(&gus, create, &draft(&gus, pool(&[("globex", false)]), 1, 1)).await;

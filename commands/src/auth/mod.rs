@@ -15,7 +15,6 @@ use std::sync::Mutex;
 
 use bc_domain::id::{Identity, PoolId, TenantId};
 use futures_util::future::BoxFuture;
-use serde_json::Value;
 
 pub use builtin::BuiltinAuthorizer;
 pub use catalog::{Catalog, InvalidConfig, MethodSpec, Relation, Requirement, Target};
@@ -60,6 +59,62 @@ impl Principal {
 /// The root tenant's id: the platform.
 pub const ROOT_TENANT: &str = "root";
 
+/// The value of an attribute policies read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attribute {
+    /// Not set (a node dedicated to no tenant, a reservation in no project).
+    Absent,
+    Bool(bool),
+    Number(f64),
+    Text(String),
+}
+
+impl Attribute {
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Attribute::Number(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Attribute::Text(text) => Some(text),
+            _ => None,
+        }
+    }
+}
+
+impl From<&str> for Attribute {
+    fn from(text: &str) -> Self {
+        Attribute::Text(text.to_owned())
+    }
+}
+
+impl From<String> for Attribute {
+    fn from(text: String) -> Self {
+        Attribute::Text(text)
+    }
+}
+
+impl From<f64> for Attribute {
+    fn from(n: f64) -> Self {
+        Attribute::Number(n)
+    }
+}
+
+impl From<bool> for Attribute {
+    fn from(b: bool) -> Self {
+        Attribute::Bool(b)
+    }
+}
+
+impl<T: Into<Attribute>> From<Option<T>> for Attribute {
+    fn from(value: Option<T>) -> Self {
+        value.map_or(Attribute::Absent, Into::into)
+    }
+}
+
 /// A pool as decisions see it, resolved from Better Compute's tables.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolFacts {
@@ -68,7 +123,7 @@ pub struct PoolFacts {
     /// The tenants it is offered to, and whether each offer reaches the tenant's descendants.
     pub offers: Vec<(TenantId, bool)>,
     /// `region`, `class`, `gpuModel`, `gpuMemoryGb`, `sharing`.
-    pub attributes: BTreeMap<String, Value>,
+    pub attributes: BTreeMap<String, Attribute>,
 }
 
 /// The resource a method is decided on.
@@ -82,7 +137,7 @@ pub struct Resource {
     /// The pool itself, or the parent pool of a node or reservation.
     pub pool: Option<PoolFacts>,
     /// The attributes policies can read (for a reservation draft: `gpuCount`, `durationHours`, ...).
-    pub attributes: BTreeMap<String, Value>,
+    pub attributes: BTreeMap<String, Attribute>,
 }
 
 impl Resource {

@@ -1,64 +1,69 @@
 //! Resolving resources for decisions from Better Compute's own tables (the inline state, which every command
 //! has already committed to): the tenant each resolves in, and the pool with its offerings and attributes.
+//! Each resolution is one statement, run in the caller's read-only transaction.
 
 use std::collections::BTreeMap;
 
 use bc_domain::id::{NodeId, PoolId, ReservationId, SiteId, TenantId};
-use bc_eventstore::{Db, Error, Result, TxOptions, sql};
-use serde_json::{Value, json};
+use bc_eventstore::{Error, Result, Tx, sql};
 use sqlx::Row as _;
+use sqlx::postgres::PgRow;
 
-use super::{PoolFacts, Resource, Target};
+use super::{Attribute, PoolFacts, Resource, Target};
 
 fn tenant(text: String) -> Result<TenantId> {
     text.parse().map_err(|err| Error::Internal(format!("a stored tenant id: {err}")))
 }
 
-fn pool_id(text: String) -> Result<PoolId> {
-    text.parse().map_err(|err| Error::Internal(format!("a stored pool id: {err}")))
+/// The pool columns every resolution selects (`p` the pool, `s` its site), its offers as two parallel arrays.
+macro_rules! pool_facts {
+    () => {
+        "p.id AS pool_id, p.owner_tenant_id AS pool_owner, p.class AS pool_class,
+    p.gpu_model AS pool_gpu_model, p.sharing AS pool_sharing, s.iam_region AS pool_region,
+    ARRAY(SELECT o.tenant_id FROM pool_offers AS o WHERE o.pool_id = p.id ORDER BY o.tenant_id) AS offer_tenants,
+    ARRAY(SELECT o.include_descendants FROM pool_offers AS o WHERE o.pool_id = p.id ORDER BY o.tenant_id)
+        AS offer_descendants"
+    };
+}
+
+/// The pool facts of a row that selected [`pool_facts!`].
+fn pool_facts(row: &PgRow) -> Result<PoolFacts> {
+    let id: String = row.try_get("pool_id")?;
+    let tenants: Vec<String> = row.try_get("offer_tenants")?;
+    let descendants: Vec<bool> = row.try_get("offer_descendants")?;
+    let offers = tenants.into_iter().zip(descendants).map(|(t, d)| Ok((tenant(t)?, d))).collect::<Result<Vec<_>>>()?;
+    let attributes = BTreeMap::from([
+        ("region".to_owned(), Attribute::Text(row.try_get("pool_region")?)),
+        ("class".to_owned(), Attribute::Text(row.try_get("pool_class")?)),
+        ("gpuModel".to_owned(), Attribute::Text(row.try_get("pool_gpu_model")?)),
+        ("sharing".to_owned(), Attribute::Text(row.try_get("pool_sharing")?)),
+    ]);
+    Ok(PoolFacts {
+        id: id.parse().map_err(|err| Error::Internal(format!("a stored pool id: {err}")))?,
+        owner_tenant_id: tenant(row.try_get("pool_owner")?)?,
+        offers,
+        attributes,
+    })
+}
+
+/// The pool attributes a child resource (a node, a reservation) shows as its own.
+fn inherited(facts: &PoolFacts, attributes: &mut BTreeMap<String, Attribute>) {
+    for key in ["gpuModel", "region"] {
+        attributes.insert(key.to_owned(), facts.attributes.get(key).cloned().unwrap_or(Attribute::Absent));
+    }
 }
 
 /// A pool, its offerings and the attributes policies read.
-pub async fn pool(db: &Db, id: &PoolId) -> Result<Option<PoolFacts>> {
-    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
-    let row = sql::query(
-        "SELECT p.owner_tenant_id, p.class, p.gpu_model, p.sharing, s.iam_region
-         FROM pools AS p JOIN sites AS s ON s.id = p.site_id WHERE p.id = $1",
-    )
-    .bind(id.as_str())
-    .fetch_optional(tx.conn())
-    .await?;
-    let Some(row) = row else {
-        tx.commit().await?;
-        return Ok(None);
-    };
-    let offers =
-        sql::query("SELECT tenant_id, include_descendants FROM pool_offers WHERE pool_id = $1 ORDER BY tenant_id")
-            .bind(id.as_str())
-            .fetch_all(tx.conn())
-            .await?;
-    tx.commit().await?;
-    let offers = offers
-        .into_iter()
-        .map(|o| Ok((tenant(o.try_get("tenant_id")?)?, o.try_get("include_descendants")?)))
-        .collect::<Result<Vec<_>>>()?;
-    let region: String = row.try_get("iam_region")?;
-    let mut attributes = BTreeMap::new();
-    attributes.insert("region".to_owned(), json!(region));
-    attributes.insert("class".to_owned(), json!(row.try_get::<String, _>("class")?));
-    attributes.insert("gpuModel".to_owned(), json!(row.try_get::<String, _>("gpu_model")?));
-    attributes.insert("sharing".to_owned(), json!(row.try_get::<String, _>("sharing")?));
-    Ok(Some(PoolFacts {
-        id: id.clone(),
-        owner_tenant_id: tenant(row.try_get("owner_tenant_id")?)?,
-        offers,
-        attributes,
-    }))
+pub async fn pool(tx: &mut Tx, id: &PoolId) -> Result<Option<PoolFacts>> {
+    let query =
+        concat!("SELECT ", pool_facts!(), " FROM pools AS p JOIN sites AS s ON s.id = p.site_id WHERE p.id = $1");
+    let row = sql::query(query).bind(id.as_str()).fetch_optional(tx.conn()).await?;
+    row.as_ref().map(pool_facts).transpose()
 }
 
 /// A pool as the resource of a pool method.
-pub async fn pool_resource(db: &Db, id: &PoolId) -> Result<Option<Resource>> {
-    Ok(pool(db, id).await?.map(|facts| Resource {
+pub async fn pool_resource(tx: &mut Tx, id: &PoolId) -> Result<Option<Resource>> {
+    Ok(pool(tx, id).await?.map(|facts| Resource {
         target: Target::Pool,
         id: id.to_string(),
         tenant_id: facts.owner_tenant_id.clone(),
@@ -68,19 +73,17 @@ pub async fn pool_resource(db: &Db, id: &PoolId) -> Result<Option<Resource>> {
 }
 
 /// A site: the tenant that owns it.
-pub async fn site_resource(db: &Db, id: &SiteId) -> Result<Option<Resource>> {
-    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+pub async fn site_resource(tx: &mut Tx, id: &SiteId) -> Result<Option<Resource>> {
     let row = sql::query("SELECT owner_tenant_id, iam_region, kind FROM sites WHERE id = $1")
         .bind(id.as_str())
         .fetch_optional(tx.conn())
         .await?;
-    tx.commit().await?;
     let Some(row) = row else { return Ok(None) };
     let region: String = row.try_get("iam_region")?;
     let attributes = BTreeMap::from([
-        ("region".to_owned(), json!(region)),
-        ("iamRegion".to_owned(), json!(region)),
-        ("kind".to_owned(), json!(row.try_get::<String, _>("kind")?)),
+        ("region".to_owned(), Attribute::Text(region.clone())),
+        ("iamRegion".to_owned(), Attribute::Text(region)),
+        ("kind".to_owned(), Attribute::Text(row.try_get("kind")?)),
     ]);
     Ok(Some(Resource {
         target: Target::Site,
@@ -92,25 +95,21 @@ pub async fn site_resource(db: &Db, id: &SiteId) -> Result<Option<Resource>> {
 }
 
 /// A node: it resolves in its pool's owner tenant, with the pool as its parent.
-pub async fn node_resource(db: &Db, id: &NodeId) -> Result<Option<Resource>> {
-    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
-    let row = sql::query("SELECT pool_id, trust, provision_state, owner_tenant_id FROM nodes WHERE id = $1")
-        .bind(id.as_str())
-        .fetch_optional(tx.conn())
-        .await?;
-    tx.commit().await?;
+pub async fn node_resource(tx: &mut Tx, id: &NodeId) -> Result<Option<Resource>> {
+    let query = concat!(
+        "SELECT n.trust, n.provision_state, n.owner_tenant_id AS dedicated_to, ",
+        pool_facts!(),
+        " FROM nodes AS n JOIN pools AS p ON p.id = n.pool_id JOIN sites AS s ON s.id = p.site_id WHERE n.id = $1"
+    );
+    let row = sql::query(query).bind(id.as_str()).fetch_optional(tx.conn()).await?;
     let Some(row) = row else { return Ok(None) };
-    let Some(facts) = pool(db, &pool_id(row.try_get("pool_id")?)?).await? else { return Ok(None) };
-    let attributes = BTreeMap::from([
-        ("trust".to_owned(), json!(row.try_get::<String, _>("trust")?)),
-        ("lifecycle".to_owned(), json!(row.try_get::<String, _>("provision_state")?)),
-        (
-            "dedicatedTo".to_owned(),
-            row.try_get::<Option<String>, _>("owner_tenant_id")?.map_or(Value::Null, Value::from),
-        ),
-        ("gpuModel".to_owned(), facts.attributes.get("gpuModel").cloned().unwrap_or(Value::Null)),
-        ("region".to_owned(), facts.attributes.get("region").cloned().unwrap_or(Value::Null)),
+    let facts = pool_facts(&row)?;
+    let mut attributes = BTreeMap::from([
+        ("trust".to_owned(), Attribute::Text(row.try_get("trust")?)),
+        ("lifecycle".to_owned(), Attribute::Text(row.try_get("provision_state")?)),
+        ("dedicatedTo".to_owned(), Attribute::from(row.try_get::<Option<String>, _>("dedicated_to")?)),
     ]);
+    inherited(&facts, &mut attributes);
     Ok(Some(Resource {
         target: Target::Node,
         id: id.to_string(),
@@ -121,26 +120,24 @@ pub async fn node_resource(db: &Db, id: &NodeId) -> Result<Option<Resource>> {
 }
 
 /// A recorded reservation: it resolves in the tenant that made it, with its pool as its parent.
-pub async fn reservation_resource(db: &Db, id: &ReservationId) -> Result<Option<Resource>> {
-    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
-    let row = sql::query(
-        "SELECT tenant_id, pool_id, count, request->>'durationS' AS duration FROM reservations WHERE id = $1",
-    )
-    .bind(id.as_str())
-    .fetch_optional(tx.conn())
-    .await?;
-    tx.commit().await?;
+pub async fn reservation_resource(tx: &mut Tx, id: &ReservationId) -> Result<Option<Resource>> {
+    let query = concat!(
+        "SELECT r.tenant_id, r.count, r.project_id, (r.request->>'durationS')::float8 AS duration_s, ",
+        pool_facts!(),
+        " FROM reservations AS r JOIN pools AS p ON p.id = r.pool_id JOIN sites AS s ON s.id = p.site_id
+         WHERE r.id = $1"
+    );
+    let row = sql::query(query).bind(id.as_str()).fetch_optional(tx.conn()).await?;
     let Some(row) = row else { return Ok(None) };
-    let Some(facts) = pool(db, &pool_id(row.try_get("pool_id")?)?).await? else { return Ok(None) };
+    let facts = pool_facts(&row)?;
     let count: i32 = row.try_get("count")?;
-    let duration: Option<String> = row.try_get("duration")?;
-    let hours = duration.and_then(|d| d.parse::<f64>().ok()).map_or(Value::Null, |s| json!(s / 3600.0));
-    let attributes = BTreeMap::from([
-        ("gpuCount".to_owned(), json!(count)),
-        ("durationHours".to_owned(), hours),
-        ("gpuModel".to_owned(), facts.attributes.get("gpuModel").cloned().unwrap_or(Value::Null)),
-        ("region".to_owned(), facts.attributes.get("region").cloned().unwrap_or(Value::Null)),
+    let duration_s: Option<f64> = row.try_get("duration_s")?;
+    let mut attributes = BTreeMap::from([
+        ("gpuCount".to_owned(), Attribute::Number(f64::from(count))),
+        ("durationHours".to_owned(), Attribute::from(duration_s.map(|s| s / 3600.0))),
+        ("projectId".to_owned(), Attribute::from(row.try_get::<Option<String>, _>("project_id")?)),
     ]);
+    inherited(&facts, &mut attributes);
     Ok(Some(Resource {
         target: Target::Reservation,
         id: id.to_string(),
@@ -148,4 +145,13 @@ pub async fn reservation_resource(db: &Db, id: &ReservationId) -> Result<Option<
         pool: Some(facts),
         attributes,
     }))
+}
+
+/// When a recorded reservation's window starts, once placed.
+pub async fn reservation_start(tx: &mut Tx, id: &ReservationId) -> Result<Option<i64>> {
+    let start: Option<Option<i64>> = sql::query_scalar("SELECT ts_ms(start_at) FROM reservations WHERE id = $1")
+        .bind(id.as_str())
+        .fetch_optional(tx.conn())
+        .await?;
+    Ok(start.flatten())
 }

@@ -1,0 +1,156 @@
+//! What operators watch, read from the database: the figures a metrics scrape reports (the log, the read models,
+//! the horizon, the work queue, the leases), the projections' status, and whether the database answers.
+
+use std::time::Duration;
+
+use bc_eventstore::{Access, Db, Isolation, Position, TxOptions, lease, sql};
+use bc_projections::status::VersionStatus;
+use bc_projections::{consistency, models, status};
+use sqlx::Row as _;
+
+use crate::reads::CONSISTENCY_WAIT;
+use crate::{App, AppError, AppResult};
+
+/// One projection version's figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProjectionFigures {
+    pub name: String,
+    pub version: u32,
+    pub active: bool,
+    pub applied: i64,
+    pub lag_events: i64,
+    pub lag_seconds: f64,
+}
+
+/// What a scrape reads from the database.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DatabaseFigures {
+    /// Events appended to the log by every process (its sequence).
+    pub appended: i64,
+    pub projections: Vec<ProjectionFigures>,
+    /// Age of the oldest writing transaction, which holds the log's read horizon back (0: none).
+    pub horizon_age_seconds: f64,
+    /// Transaction ids between the horizon and the next one to be assigned.
+    pub horizon_xids: i64,
+    pub queue_depth: i64,
+    pub queue_due: i64,
+    pub queue_claimed: i64,
+    pub queue_oldest_due_seconds: f64,
+    /// (kind, held by this process, count).
+    pub leases: Vec<(String, bool, i64)>,
+}
+
+impl DatabaseFigures {
+    async fn read(db: &Db) -> bc_eventstore::Result<Self> {
+        let projections = status::status(db, &models::read_models())
+            .await?
+            .into_iter()
+            .map(|v| ProjectionFigures {
+                name: v.name,
+                version: v.version,
+                active: v.active,
+                applied: v.events_applied,
+                lag_events: v.lag_events,
+                lag_seconds: v.lag_seconds,
+            })
+            .collect();
+        let mut tx = db.begin(TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadOnly }).await?;
+        // The log's sequence counts every event ever appended (and the few a rolled-back append used).
+        let appended: i64 =
+            sql::query_scalar("SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('events', 'seq')), 0)")
+                .fetch_one(tx.conn())
+                .await?;
+        // Transactions with an id of their own (they wrote, or will) hold the log's read horizon back until they
+        // end: how old the oldest is, by the database server's own clock, which `xact_start` is on.
+        let horizon = sql::query(
+            "SELECT coalesce(extract(epoch FROM compute_db_clock() - min(xact_start)), 0)::float8 AS age,
+                    (pg_snapshot_xmax(pg_current_snapshot())::text::numeric
+                     - pg_snapshot_xmin(pg_current_snapshot())::text::numeric)::int8 AS xids
+             FROM pg_stat_activity
+             WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(tx.conn())
+        .await?;
+        let queue = sql::query(
+            "SELECT count(*) AS depth,
+                    count(*) FILTER (WHERE not_before <= compute_now()) AS due,
+                    count(*) FILTER (WHERE claimed_until > compute_now()) AS claimed,
+                    coalesce(extract(epoch FROM compute_now() - min(not_before) FILTER (WHERE not_before <= compute_now())), 0)::float8
+                        AS oldest_due
+             FROM work_queue",
+        )
+        .fetch_one(tx.conn())
+        .await?;
+        let leases: Vec<(String, bool, i64)> = sql::query_as(
+            "SELECT split_part(name, ':', 1) AS kind, owner = $1 AS mine, count(*)
+             FROM leases WHERE expires_at > compute_now() GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .bind(lease::process_owner_id())
+        .fetch_all(tx.conn())
+        .await?;
+        tx.commit().await?;
+        Ok(Self {
+            appended,
+            projections,
+            horizon_age_seconds: horizon.try_get("age")?,
+            horizon_xids: horizon.try_get("xids")?,
+            queue_depth: queue.try_get("depth")?,
+            queue_due: queue.try_get("due")?,
+            queue_claimed: queue.try_get("claimed")?,
+            queue_oldest_due_seconds: queue.try_get("oldest_due")?,
+            leases,
+        })
+    }
+}
+
+/// Why the database is not healthy.
+#[derive(Debug, thiserror::Error)]
+pub enum Unhealthy {
+    #[error("the database is unreachable: {0}")]
+    Unreachable(bc_eventstore::Error),
+    #[error("the database did not answer in time")]
+    TimedOut,
+}
+
+/// This process's database connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connections {
+    pub size: u32,
+    pub idle: u32,
+    pub max: u32,
+}
+
+impl App {
+    /// One read-only snapshot of the figures a metrics scrape reports.
+    pub async fn database_figures(&self) -> AppResult<DatabaseFigures> {
+        Ok(DatabaseFigures::read(&self.db).await?)
+    }
+
+    /// This process's database connections, by state.
+    pub fn connections(&self) -> Connections {
+        let pool = self.db.pool();
+        Connections { size: pool.size(), idle: pool.num_idle() as u32, max: pool.options().get_max_connections() }
+    }
+
+    /// Whether the database answers within `timeout` (a read-only ping holds no locks and appends nothing, so
+    /// abandoning it at the timeout is safe).
+    pub async fn ping(&self, timeout: Duration) -> Result<(), Unhealthy> {
+        match tokio::time::timeout(timeout, self.db.ping()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(Unhealthy::Unreachable(err)),
+            Err(_) => Err(Unhealthy::TimedOut),
+        }
+    }
+
+    /// Each read model version's state, position and lag, once the read models passed `after` (a bounded wait).
+    pub async fn projection_status(&self, after: Option<Position>) -> AppResult<Vec<VersionStatus>> {
+        let read_models = models::read_models();
+        if let Some(after) = after {
+            let names: Vec<&str> = read_models.iter().map(|p| p.name()).collect();
+            if let Some(reached) = consistency::wait_for(&self.db, &names, after, CONSISTENCY_WAIT).await? {
+                return Err(AppError::NotYetConsistent { wanted: after, reached });
+            }
+        }
+        Ok(status::status(&self.db, &read_models).await?)
+    }
+}
