@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use bc_domain::id::{NodeId, PoolId, SiteId};
+use bc_domain::reservation::Reservation;
 use bc_eventstore::{Position, Tx, TxOptions};
+use bc_projections::models::reservations::read_folded;
 use bc_projections::{consistency, framework};
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
@@ -31,8 +33,8 @@ impl Page {
 
 /// One page of a list, and the key to continue after when there may be more.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Listed {
-    pub items: Vec<Value>,
+pub struct Listed<T = Value> {
+    pub items: Vec<T>,
     pub next_key: Option<String>,
 }
 
@@ -73,7 +75,7 @@ fn the_one(found: Vec<(String, Value)>, kind: &'static str, id: &str) -> AppResu
 }
 
 /// Cuts one extra row off (its presence says there is a next page).
-fn paged(mut found: Vec<(String, Value)>, page: &Page) -> Listed {
+fn paged<T>(mut found: Vec<(String, T)>, page: &Page) -> Listed<T> {
     let more = found.len() > page.limit as usize;
     found.truncate(page.limit as usize);
     let next_key = if more { found.last().map(|(key, _)| key.clone()) } else { None };
@@ -229,44 +231,39 @@ impl App {
         Ok(paged(found, page))
     }
 
-    /// The caller's tenant's reservations, from the `reservations` read model, in id order.
+    /// The caller's tenant's reservations, from the `reservations` read model, in id order: each as the
+    /// domain folds its stream, exactly what a read by id answers.
     pub async fn list_reservations(
         &self,
         caller: &Caller,
         filter: &ReservationFilter,
         page: &Page,
         after: Option<Position>,
-    ) -> AppResult<Listed> {
+    ) -> AppResult<Listed<Reservation>> {
         self.consistent(&["reservations"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "reservations", "reservations").await?;
         let query = format!(
-            "SELECT r.reservation_id, jsonb_build_object(
-                    'id', r.reservation_id, 'tenantId', r.tenant_id, 'identity', r.identity, 'poolId', r.pool_id,
-                    'projectId', r.project_id, 'state', r.state, 'resource', r.resource, 'count', r.count,
-                    'request', jsonb_strip_nulls(jsonb_build_object(
-                        'poolId', r.request->'poolId', 'devices', r.request->'devices', 'start', r.request->'startMs',
-                        'duration', r.request->'durationS', 'binding', r.request->'binding',
-                        'leaseSeconds', r.request->'leaseSeconds', 'projectId', r.request->'projectId',
-                        'deadline', r.request->'deadlineMs', 'wait', r.request->'wait')),
-                    'priority', r.priority, 'requestedAt', ts_ms(r.requested_at),
-                    'pendingDeadline', ts_ms(r.pending_deadline), 'start', ts_ms(r.start_at), 'end', ts_ms(r.end_at),
-                    'leaseDeadline', ts_ms(r.lease_deadline), 'endedAt', ts_ms(r.ended_at), 'outcome', r.outcome,
-                    'allocations', r.allocations, 'version', r.version)::text
+            "SELECT r.reservation_id, r.folded::text
              FROM {table} AS r
              WHERE r.tenant_id = $1 AND ($2::text IS NULL OR r.reservation_id > $2)
                AND ($3::text IS NULL OR r.pool_id = $3) AND ($4::text IS NULL OR r.state = $4)
              ORDER BY r.reservation_id LIMIT {}",
             page.limit + 1
         );
-        let binds = [
-            Some(caller.tenant_id.as_str()),
-            page.after_key.as_deref(),
-            filter.pool_id.as_deref(),
-            filter.state.as_deref(),
-        ];
-        let found = rows(&mut tx, query, &binds).await?;
+        let found: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(query))
+            .persistent(false)
+            .bind(caller.tenant_id.as_str())
+            .bind(page.after_key.as_deref())
+            .bind(filter.pool_id.as_deref())
+            .bind(filter.state.as_deref())
+            .fetch_all(tx.conn())
+            .await?;
         tx.commit().await?;
+        let found = found
+            .into_iter()
+            .map(|(id, text)| Ok((id.clone(), read_folded(&id, &text)?)))
+            .collect::<AppResult<Vec<_>>>()?;
         Ok(paged(found, page))
     }
 

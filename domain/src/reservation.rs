@@ -327,6 +327,16 @@ pub enum ExpiryCause {
     Preempted,
 }
 
+impl ExpiryCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExpiryCause::WindowEnded => "window-ended",
+            ExpiryCause::LeaseLapsed => "lease-lapsed",
+            ExpiryCause::Preempted => "preempted",
+        }
+    }
+}
+
 /// Why a reservation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -341,6 +351,18 @@ pub enum FailureReason {
     BindingTimedOut,
     /// A node's agent could not hand the devices over.
     BindingFailed,
+}
+
+impl FailureReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::DeadlinePassed => "deadline-passed",
+            FailureReason::MaxPending => "max-pending",
+            FailureReason::NodeLost => "node-lost",
+            FailureReason::BindingTimedOut => "binding-timed-out",
+            FailureReason::BindingFailed => "binding-failed",
+        }
+    }
 }
 
 /// The request accepted: the reservation exists, waiting for capacity.
@@ -510,6 +532,19 @@ impl ReservationEvent {
         })
     }
 
+    /// Why a reservation ended, in words, when this event ends it: the denial's or the cancel's reason, the
+    /// failure reason or the expiry cause (`node-lost`, `window-ended`, ...). `None` for the other events, a
+    /// release, and a cancel that gave no reason. Every place that shows an outcome reads it from here.
+    pub fn outcome(&self) -> Option<String> {
+        match self {
+            ReservationEvent::Denied(e) => Some(e.reason.clone()),
+            ReservationEvent::Cancelled(e) => e.reason.clone(),
+            ReservationEvent::Expired(e) => Some(e.cause.as_str().to_owned()),
+            ReservationEvent::Failed(e) => Some(e.reason.as_str().to_owned()),
+            _ => None,
+        }
+    }
+
     /// When this event ends the reservation's bookings, the time they end.
     pub fn ends_bookings_at(&self) -> Option<i64> {
         match self {
@@ -548,6 +583,10 @@ pub struct Reservation {
     pub awaiting: Vec<NodeId>,
     /// When it ended (its bookings' recorded end), once terminal.
     pub ended_at_ms: Option<i64>,
+    /// Why it ended, in words, once terminal (see [`ReservationEvent::outcome`]); `None` for a plain release
+    /// or a cancel without a reason.
+    #[serde(default)]
+    pub outcome: Option<String>,
     pub expiry_cause: Option<ExpiryCause>,
     pub failure_reason: Option<FailureReason>,
     pub denial_reason: Option<String>,
@@ -584,6 +623,7 @@ impl Reservation {
             hand_over_at_ms: None,
             awaiting: Vec::new(),
             ended_at_ms: None,
+            outcome: None,
             expiry_cause: None,
             failure_reason: None,
             denial_reason: None,
@@ -622,6 +662,7 @@ pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Re
             r.state = ReservationState::Denied;
             r.ended_at_ms = Some(e.at_ms);
             r.denial_reason = Some(e.reason.clone());
+            r.outcome = event.outcome();
             return Some(r);
         }
         (None, _) => return None,
@@ -678,6 +719,9 @@ pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Re
     if r.state.is_terminal() {
         r.hand_over_at_ms = None;
         r.awaiting.clear();
+    }
+    if event.ends_bookings_at().is_some() {
+        r.outcome = event.outcome();
     }
     Some(r)
 }

@@ -556,7 +556,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             )
             .bind(id)
             .bind(e.at_ms)
-            .bind(&e.reason)
+            .bind(event.outcome())
             .execute(tx.conn())
             .await?;
         }
@@ -658,10 +658,15 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             .execute(tx.conn())
             .await?;
         }
-        ReservationEvent::Cancelled(e) => end(tx, id, ReservationState::Cancelled, e.at_ms, e.reason.clone()).await?,
-        ReservationEvent::Released(e) => end(tx, id, ReservationState::Released, e.at_ms, None).await?,
-        ReservationEvent::Expired(e) => end(tx, id, ReservationState::Expired, e.at_ms, Some(text(&e.cause)?)).await?,
-        ReservationEvent::Failed(e) => end(tx, id, ReservationState::Failed, e.at_ms, Some(text(&e.reason)?)).await?,
+        ReservationEvent::Cancelled(_)
+        | ReservationEvent::Released(_)
+        | ReservationEvent::Expired(_)
+        | ReservationEvent::Failed(_) => {
+            let (Some(state), Some(at_ms)) = (event.state_after(), event.ends_bookings_at()) else {
+                unreachable!("an ending event has a state and an end")
+            };
+            end(tx, id, state, at_ms, event.outcome()).await?
+        }
     }
     Ok(())
 }

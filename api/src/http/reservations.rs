@@ -19,7 +19,7 @@ use super::{ApiError, AppState};
 use bc_commands::Caller;
 use bc_commands::Committed;
 use bc_commands::door::Subject;
-use bc_commands::reads::ReservationFilter;
+use bc_commands::reads::{Listed, ReservationFilter};
 use bc_commands::reservations::Reserve;
 
 /// `devices` of a request.
@@ -113,15 +113,6 @@ pub fn request_json(request: &ReservationRequest) -> Value {
 
 /// A reservation as the API shows it (the same shape as the list's items).
 pub fn reservation_json(r: &Reservation) -> Value {
-    let outcome = r
-        .denial_reason
-        .clone()
-        .or_else(|| {
-            r.failure_reason.and_then(|f| serde_json::to_value(f).ok()).and_then(|v| v.as_str().map(str::to_owned))
-        })
-        .or_else(|| {
-            r.expiry_cause.and_then(|c| serde_json::to_value(c).ok()).and_then(|v| v.as_str().map(str::to_owned))
-        });
     json!({
         "id": r.id,
         "tenantId": r.tenant_id,
@@ -139,7 +130,7 @@ pub fn reservation_json(r: &Reservation) -> Value {
         "end": r.end_ms,
         "leaseDeadline": r.lease_deadline_ms,
         "endedAt": r.ended_at_ms,
-        "outcome": outcome,
+        "outcome": r.outcome,
         "allocations": r.allocations,
         "version": r.version,
     })
@@ -266,7 +257,8 @@ pub async fn list(
         state: params.state.map(|s| s.as_str().to_owned()),
     };
     let listed = state.app.list_reservations(&caller, &filter, &page, after).await?;
-    Ok(Json(page_json(listed)))
+    let items = listed.items.iter().map(reservation_json).collect();
+    Ok(Json(page_json(Listed { items, next_key: listed.next_key })))
 }
 
 /// An optional JSON body: absent or empty means the default.

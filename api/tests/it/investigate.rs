@@ -36,12 +36,15 @@ async fn total_events(db: &Db) -> i64 {
 
 async fn slowest_checkpoint(db: &Db) -> i64 {
     let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
-    let names: Vec<&str> = models::read_models().iter().map(|p| p.name()).collect();
+    let models = models::read_models();
+    let names: Vec<&str> = models.iter().map(|p| p.name()).collect();
+    let versions: Vec<i32> = models.iter().map(|p| p.version() as i32).collect();
     let n: Option<i64> = sql::query_scalar(
-        "SELECT min(coalesce(c.events_passed, 0)) FROM unnest($1::text[]) AS m(name)
-         LEFT JOIN projection_checkpoints AS c ON c.name = m.name AND c.version = 1",
+        "SELECT min(coalesce(c.events_passed, 0)) FROM unnest($1::text[], $2::int4[]) AS m(name, version)
+         LEFT JOIN projection_checkpoints AS c ON c.name = m.name AND c.version = m.version",
     )
     .bind(&names)
+    .bind(&versions)
     .fetch_one(tx.conn())
     .await
     .expect("checkpoints");

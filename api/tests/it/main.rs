@@ -8,6 +8,7 @@ mod hostile;
 mod http_api;
 mod investigate;
 mod metrics;
+mod outcomes;
 mod process;
 mod scale_out;
 mod sse;

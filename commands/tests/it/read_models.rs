@@ -53,7 +53,7 @@ async fn read_models_show_pools_nodes_reservations_capacity_and_the_audit_trail(
     assert_eq!(schedulable, vec![("a".to_owned(), false), ("b".to_owned(), true)]);
 
     let states: Vec<(String, String)> =
-        sql::query_as("SELECT reservation_id, state FROM reservations_v1 ORDER BY requested_at, reservation_id")
+        sql::query_as("SELECT reservation_id, state FROM reservations_v2 ORDER BY requested_at, reservation_id")
             .fetch_all(tx.conn())
             .await
             .expect("reservations");

@@ -452,6 +452,47 @@ fn wire_spellings_are_the_seeds() {
     );
     assert_eq!(serde_json::to_value(Topology::SameNode).expect("json"), serde_json::json!({"kind": "same-node"}));
     assert_eq!(ReservationState::ALL.iter().filter(|s| s.is_terminal()).count(), 5);
+    for cause in [ExpiryCause::WindowEnded, ExpiryCause::LeaseLapsed, ExpiryCause::Preempted] {
+        assert_eq!(serde_json::to_value(cause).expect("json"), serde_json::json!(cause.as_str()));
+    }
+    for reason in [
+        FailureReason::DeadlinePassed,
+        FailureReason::MaxPending,
+        FailureReason::NodeLost,
+        FailureReason::BindingTimedOut,
+        FailureReason::BindingFailed,
+    ] {
+        assert_eq!(serde_json::to_value(reason).expect("json"), serde_json::json!(reason.as_str()));
+    }
+}
+
+#[test]
+fn the_outcome_is_set_by_the_event_that_ends_it_and_only_then() {
+    let (placed, _) = given(request_with(None, None), &[place(T0)]);
+    assert_eq!(placed.outcome, None);
+    let ended = |command: Command| {
+        let events = decide(&placed, &command).expect("decided");
+        events.iter().fold(Some(placed.clone()), evolve).expect("state").outcome
+    };
+    let cancel = |reason: Option<&str>| Command::Cancel { now_ms: T0 + 1, reason: reason.map(str::to_owned) };
+    assert_eq!(ended(cancel(Some("plans changed"))).as_deref(), Some("plans changed"));
+    assert_eq!(ended(cancel(None)), None);
+    let lost = Command::Fail { reason: FailureReason::NodeLost, now_ms: T0 + 1 };
+    assert_eq!(ended(lost).as_deref(), Some("node-lost"));
+    let (active, _) = given(
+        request_with(None, None),
+        &[
+            place(T0),
+            Command::StartBinding { now_ms: T0 + 1000, awaiting: Vec::new() },
+            Command::Activate { now_ms: T0 + 1000 },
+        ],
+    );
+    let events = decide(&active, &Command::Expire { cause: ExpiryCause::WindowEnded, now_ms: T0 + 2 * HOUR_MS })
+        .expect("expired");
+    let expired = events.iter().fold(Some(active.clone()), evolve).expect("state");
+    assert_eq!(expired.outcome.as_deref(), Some("window-ended"));
+    // A renewal or an extension after the end would be refused; an event that does not end it keeps none.
+    assert_eq!(ReservationEvent::Renewed(Renewed { lease_deadline_ms: T0, at_ms: T0 }).outcome(), None);
 }
 
 #[test]

@@ -17,7 +17,7 @@ pub fn read_models() -> Vec<Arc<dyn Projection>> {
     vec![
         Arc::new(pools::PoolsV1),
         Arc::new(nodes::NodesV1),
-        Arc::new(reservations::ReservationsV1),
+        Arc::new(reservations::ReservationsV2),
         Arc::new(capacity::CapacityRollupV1),
         Arc::new(audit::AuditV1),
     ]
