@@ -1644,12 +1644,8 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
     let (allocated, reserved): (i64, i64) = (inline_row.try_get("allocated")?, inline_row.try_get("reserved")?);
     let read = capacity.first().context("the busy pool has a rollup row")?;
     println!(
-        "    rollup: {read}; the inline reservations say allocated {allocated}, reserved {reserved}: {}",
-        if read["allocated"].as_i64() == Some(allocated) && read["reserved"].as_i64() == Some(reserved) {
-            "the same"
-        } else {
-            "DIFFERENT"
-        }
+        "    rollup: {read:?}; the inline reservations say allocated {allocated}, reserved {reserved}: {}",
+        if read.allocated == allocated && read.reserved == reserved { "the same" } else { "DIFFERENT" }
     );
     println!();
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;

@@ -8,7 +8,6 @@ use bc_domain::agent::{AgentCommand, CommandKind};
 use bc_domain::id::{CommandId, NodeId, ReservationId};
 use bc_domain::reservation::{Allocation, Reservation, ReservationEvent, ReservationState};
 use bc_eventstore::{Tx, sql};
-use serde::Serialize;
 use sqlx::Row as _;
 
 use super::AppResult;
@@ -26,14 +25,13 @@ pub struct Delivery {
 }
 
 /// A command as stored, for operators.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandRecord {
     pub id: CommandId,
     pub node_id: NodeId,
     pub seq: u64,
     pub kind: String,
-    pub body: serde_json::Value,
+    pub body: CommandKind,
     /// `queued`, `succeeded`, `failed` or `expired`.
     pub state: String,
     pub not_before: i64,

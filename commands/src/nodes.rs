@@ -195,7 +195,7 @@ pub struct OperatorCommand {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InventorySnapshot {
     pub snapshot: u64,
-    pub document: serde_json::Value,
+    pub document: bc_domain::inventory::NodeInventory,
     pub received_at_ms: i64,
 }
 

@@ -1,15 +1,20 @@
 //! Reads of the read models, scoped to the caller's tenant, a page at a time, each honouring a consistency
 //! token: with `after`, the answer waits (boundedly) until the read models it reads have passed that position.
-//! Rows come out as the API's JSON: camelCase keys, times in epoch milliseconds.
+//! Rows come out as typed views (times in epoch milliseconds); the HTTP layer renders them.
 
 use std::time::Duration;
 
-use bc_domain::id::{NodeId, PoolId, SiteId};
+use bc_domain::device::DeviceClass;
+use bc_domain::id::{NodeId, PoolId, SiteId, TenantId};
+use bc_domain::node::{Adapter, Condition, Connectivity, ProvisionState, Role, Trust};
+use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Quota, Sharing};
 use bc_domain::reservation::Reservation;
+use bc_domain::site::SiteKind;
 use bc_eventstore::{Position, Tx, TxOptions};
 use bc_projections::models::reservations::read_folded;
 use bc_projections::{consistency, framework};
-use serde_json::Value;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use sqlx::AssertSqlSafe;
 
 use super::{App, AppError, AppResult, Caller};
@@ -33,9 +38,114 @@ impl Page {
 
 /// One page of a list, and the key to continue after when there may be more.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Listed<T = Value> {
+pub struct Listed<T> {
     pub items: Vec<T>,
     pub next_key: Option<String>,
+}
+
+/// A pool as the caller's tenant sees it (the `pools` read model): offers other than its own are left out
+/// unless it owns the pool.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolView {
+    pub id: PoolId,
+    pub site_id: SiteId,
+    pub owner_tenant_id: TenantId,
+    pub name: String,
+    pub class: PoolClass,
+    pub gpu_model: String,
+    pub sharing: Sharing,
+    pub agent: PoolAgent,
+    pub policy: PoolPolicy,
+    pub offers: Vec<OfferView>,
+    pub node_count: u32,
+    #[serde(rename = "createdAt")]
+    pub created_at_ms: i64,
+}
+
+/// One offering of a pool.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OfferView {
+    pub tenant_id: TenantId,
+    pub quota: Quota,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default)]
+    pub include_descendants: bool,
+}
+
+/// A site of the caller's tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteView {
+    pub id: SiteId,
+    pub owner_tenant_id: TenantId,
+    pub name: String,
+    pub iam_region: String,
+    pub kind: SiteKind,
+    #[serde(rename = "createdAt")]
+    pub created_at_ms: i64,
+}
+
+/// A node of a pool the caller's tenant owns (the `nodes` read model).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    pub id: NodeId,
+    pub pool_id: PoolId,
+    pub site_id: SiteId,
+    pub owner_tenant_id: Option<TenantId>,
+    pub name: String,
+    pub role: Role,
+    pub trust: Trust,
+    pub adapter: Adapter,
+    pub provision_state: ProvisionState,
+    pub maintenance: bool,
+    pub cordoned: bool,
+    pub connectivity: Connectivity,
+    pub conditions: Vec<Condition>,
+    pub no_schedule_reasons: Vec<String>,
+    pub observed_generation: u64,
+    pub schedulable: bool,
+    pub gpu_count: u32,
+    pub atom_class: Option<DeviceClass>,
+    pub atom_count: u32,
+    #[serde(rename = "registeredAt")]
+    pub registered_at_ms: i64,
+}
+
+/// One resource of a pool's capacity rollup, in atoms.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityView {
+    pub resource: String,
+    pub allocatable: i64,
+    pub allocated: i64,
+    pub reserved: i64,
+    pub available: i64,
+}
+
+/// One entry of a tenant's audit trail: an allowed mutation with its admission context, or a recorded denial.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEntry {
+    pub position: String,
+    pub stream_id: String,
+    pub stream_version: i64,
+    pub event_type: String,
+    pub tenant_id: Option<String>,
+    /// `allowed` or `denied`.
+    pub decision: String,
+    pub reason: Option<String>,
+    pub identity: Option<String>,
+    pub session_kind: Option<String>,
+    pub agent: Option<String>,
+    pub delegation: Option<String>,
+    pub request_id: Option<String>,
+    pub admission_tenant_id: Option<String>,
+    #[serde(rename = "recordedAt")]
+    pub recorded_at_ms: i64,
 }
 
 /// Filters of `reservations.list`.
@@ -51,8 +161,9 @@ async fn active_table(tx: &mut Tx, name: &str, table: &str) -> AppResult<String>
     Ok(format!("{table}_v{version}"))
 }
 
-/// Runs a query whose rows are `(key, json)`, from text naming tables this module chose; binds are text.
-async fn rows(tx: &mut Tx, query: String, binds: &[Option<&str>]) -> AppResult<Vec<(String, Value)>> {
+/// Runs a query whose rows are `(key, json)`, from text naming tables this module chose; binds are text. Each
+/// row's JSON is read into its view.
+async fn rows<T: DeserializeOwned>(tx: &mut Tx, query: String, binds: &[Option<&str>]) -> AppResult<Vec<(String, T)>> {
     let mut q = sqlx::query_as::<_, (String, String)>(AssertSqlSafe(query)).persistent(false);
     for bind in binds {
         q = q.bind(*bind);
@@ -61,15 +172,16 @@ async fn rows(tx: &mut Tx, query: String, binds: &[Option<&str>]) -> AppResult<V
     found
         .into_iter()
         .map(|(key, text)| {
-            let value = serde_json::from_str(&text)
-                .map_err(|err| AppError::Store(bc_eventstore::Error::Internal(err.to_string())))?;
+            let value = serde_json::from_str(&text).map_err(|err| {
+                AppError::Store(bc_eventstore::Error::Internal(format!("a read model row of {key}: {err}")))
+            })?;
             Ok((key, value))
         })
         .collect()
 }
 
 /// The one row of a read by id, or `NOT_FOUND` naming what was looked for.
-fn the_one(found: Vec<(String, Value)>, kind: &'static str, id: &str) -> AppResult<Value> {
+fn the_one<T>(found: Vec<(String, T)>, kind: &'static str, id: &str) -> AppResult<T> {
     let missing = || bc_domain::Rejection::NotFound { kind, id: id.to_owned() }.into();
     found.into_iter().next().map(|(_, value)| value).ok_or_else(missing)
 }
@@ -121,7 +233,12 @@ impl App {
     }
 
     /// The pools the caller's tenant owns or is offered, from the `pools` read model.
-    pub async fn list_pools(&self, caller: &Caller, page: &Page, after: Option<Position>) -> AppResult<Listed> {
+    pub async fn list_pools(
+        &self,
+        caller: &Caller,
+        page: &Page,
+        after: Option<Position>,
+    ) -> AppResult<Listed<PoolView>> {
         self.consistent(&["pools"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "pools", "pools").await?;
@@ -137,7 +254,7 @@ impl App {
     }
 
     /// One pool the caller's tenant owns or is offered.
-    pub async fn pool(&self, caller: &Caller, pool_id: &PoolId, after: Option<Position>) -> AppResult<Value> {
+    pub async fn pool(&self, caller: &Caller, pool_id: &PoolId, after: Option<Position>) -> AppResult<PoolView> {
         self.consistent(&["pools"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "pools", "pools").await?;
@@ -154,7 +271,7 @@ impl App {
         caller: &Caller,
         pool_id: &PoolId,
         after: Option<Position>,
-    ) -> AppResult<Vec<Value>> {
+    ) -> AppResult<Vec<CapacityView>> {
         self.pool(caller, pool_id, after).await?;
         self.consistent(&["pool_capacity_rollup"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
@@ -171,7 +288,7 @@ impl App {
 
     /// The caller's tenant's sites, in id order. Sites are written in their command's transaction (they guard
     /// pool creation), so the read is as fresh as any command.
-    pub async fn list_sites(&self, caller: &Caller, page: &Page) -> AppResult<Listed> {
+    pub async fn list_sites(&self, caller: &Caller, page: &Page) -> AppResult<Listed<SiteView>> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let query = format!(
             "SELECT s.id, ({SITE_JSON})::text FROM sites AS s
@@ -184,7 +301,7 @@ impl App {
     }
 
     /// One site of the caller's tenant.
-    pub async fn site(&self, caller: &Caller, site_id: &SiteId) -> AppResult<Value> {
+    pub async fn site(&self, caller: &Caller, site_id: &SiteId) -> AppResult<SiteView> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let query =
             format!("SELECT s.id, ({SITE_JSON})::text FROM sites AS s WHERE s.owner_tenant_id = $1 AND s.id = $2");
@@ -194,7 +311,7 @@ impl App {
     }
 
     /// One node of a pool the caller's tenant owns, from the `nodes` read model.
-    pub async fn node(&self, caller: &Caller, node_id: &NodeId, after: Option<Position>) -> AppResult<Value> {
+    pub async fn node(&self, caller: &Caller, node_id: &NodeId, after: Option<Position>) -> AppResult<NodeView> {
         self.consistent(&["nodes"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "nodes", "nodes").await?;
@@ -213,7 +330,7 @@ impl App {
         pool_id: Option<&PoolId>,
         page: &Page,
         after: Option<Position>,
-    ) -> AppResult<Listed> {
+    ) -> AppResult<Listed<NodeView>> {
         self.consistent(&["nodes"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "nodes", "nodes").await?;
@@ -269,7 +386,7 @@ impl App {
 
     /// The caller's tenant's audit trail, oldest first: every allowed mutation with its admission context, and
     /// every recorded denial.
-    pub async fn audit(&self, caller: &Caller, page: &Page, after: Option<Position>) -> AppResult<Listed> {
+    pub async fn audit(&self, caller: &Caller, page: &Page, after: Option<Position>) -> AppResult<Listed<AuditEntry>> {
         self.consistent(&["audit_events"], after).await?;
         let after_key: Option<Position> =
             page.after_key.as_deref().map(|key| key.parse()).transpose().map_err(

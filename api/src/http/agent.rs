@@ -7,15 +7,17 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
-use bc_domain::agent::{Ack, Commands, Heartbeat, JoinRequest, SessionRequest};
+use bc_domain::agent::{Ack, Heartbeat, JoinRequest, SessionRequest};
 use bc_domain::id::CommandId;
 use bc_domain::inventory::InventoryReport;
 use serde::Deserialize;
-use serde_json::json;
 
 use super::error::{CommonErrors, ErrorBody};
 use super::request::{JsonBody, QueryParams, path_id};
 use super::{ApiError, AppState};
+use crate::wire::agent::{
+    AckedDto, CommandsDto, CredentialDto, HeartbeatReplyDto, InventoryAcceptedDto, JoinedDto, SessionDto,
+};
 use bc_commands::agents::NodeAuth;
 
 /// A request authenticated by a node credential.
@@ -55,11 +57,11 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for NodeCredential {
     tag = "agent",
     summary = "Join a pool with a join token; answers the node's credential and a first session",
     request_body(content = Object, description = "JoinRequest: joinToken, agentVersion, inventory (every section)"),
-    responses((status = 201, description = "Joined (or recognised as an existing node)", body = Object), (status = 409, description = "The machine is another pool's node, or its name or devices are taken", body = ErrorBody), CommonErrors),
+    responses((status = 201, description = "Joined (or recognised as an existing node)", body = JoinedDto), (status = 409, description = "The machine is another pool's node, or its name or devices are taken", body = ErrorBody), CommonErrors),
 )]
 pub async fn join(State(state): State<AppState>, JsonBody(body): JsonBody<JoinRequest>) -> Result<Response, ApiError> {
     let joined = state.app.join(body).await?;
-    Ok((StatusCode::CREATED, Json(joined)).into_response())
+    Ok((StatusCode::CREATED, Json(JoinedDto::from(&joined))).into_response())
 }
 
 /// `POST /v1/agent/sessions`: an agent (re)starting opens a session.
@@ -69,7 +71,7 @@ pub async fn join(State(state): State<AppState>, JsonBody(body): JsonBody<JoinRe
     tag = "agent",
     summary = "Open a session with the node credential (ends any earlier one)",
     request_body(content = Object, description = "SessionRequest: agentVersion"),
-    responses((status = 201, description = "The session", body = Object), CommonErrors),
+    responses((status = 201, description = "The session", body = SessionDto), CommonErrors),
     security(("node" = [])),
 )]
 pub async fn open_session(
@@ -78,7 +80,7 @@ pub async fn open_session(
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<Response, ApiError> {
     let session = state.app.open_session(&node, &body.agent_version).await?;
-    Ok((StatusCode::CREATED, Json(session)).into_response())
+    Ok((StatusCode::CREATED, Json(SessionDto::from(&session))).into_response())
 }
 
 /// `POST /v1/agent/credential`: rotates the node credential.
@@ -87,7 +89,7 @@ pub async fn open_session(
     path = "/v1/agent/credential",
     tag = "agent",
     summary = "Rotate the node credential: the new one (shown once) replaces the current one at its first use",
-    responses((status = 201, description = "credential", body = Object), CommonErrors),
+    responses((status = 201, description = "The new credential", body = CredentialDto), CommonErrors),
     security(("node" = [])),
 )]
 pub async fn rotate_credential(
@@ -95,7 +97,8 @@ pub async fn rotate_credential(
     NodeAuthed(node): NodeAuthed,
 ) -> Result<Response, ApiError> {
     let credential = state.app.rotate_credential(&node).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "nodeId": node.node_id, "credential": credential }))).into_response())
+    let body = CredentialDto { node_id: node.node_id.to_string(), credential };
+    Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 /// `POST /v1/agent/heartbeat`: renews the session's liveness lease.
@@ -105,7 +108,7 @@ pub async fn rotate_credential(
     tag = "agent",
     summary = "Renew the liveness lease; answers the generation, the spec when newer, and whether commands wait",
     request_body(content = Object, description = "Heartbeat: sessionId, observedGeneration, clockMs"),
-    responses((status = 200, description = "Renewed", body = Object), (status = 409, description = "The session was replaced", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "Renewed", body = HeartbeatReplyDto), (status = 409, description = "The session was replaced", body = ErrorBody), CommonErrors),
     security(("node" = [])),
 )]
 pub async fn heartbeat(
@@ -113,7 +116,8 @@ pub async fn heartbeat(
     NodeCredential(credential): NodeCredential,
     JsonBody(body): JsonBody<Heartbeat>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(state.app.heartbeat_with_credential(&credential, &body).await?).into_response())
+    let reply = state.app.heartbeat_with_credential(&credential, &body).await?;
+    Ok(Json(HeartbeatReplyDto::from(&reply)).into_response())
 }
 
 /// `POST /v1/agent/inventory`: the node's inventory, only the changed sections with every hash.
@@ -123,15 +127,16 @@ pub async fn heartbeat(
     tag = "agent",
     summary = "Report the inventory: every section's hash and the sections the control plane lacks",
     request_body(content = Object, description = "InventoryReport"),
-    responses((status = 200, description = "Accepted: the current snapshot", body = Object), (status = 409, description = "A section the control plane does not hold is missing: send it whole", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "Accepted: the current snapshot", body = InventoryAcceptedDto), (status = 409, description = "A section the control plane does not hold is missing: send it whole", body = ErrorBody), CommonErrors),
     security(("node" = [])),
 )]
-pub async fn inventory(
+pub async fn report_inventory(
     State(state): State<AppState>,
     NodeAuthed(node): NodeAuthed,
     JsonBody(body): JsonBody<InventoryReport>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(state.app.report_inventory(&node, body).await?).into_response())
+    let accepted = state.app.report_inventory(&node, body).await?;
+    Ok(Json(InventoryAcceptedDto::from(&accepted)).into_response())
 }
 
 /// Query of `GET /v1/agent/commands`.
@@ -151,10 +156,10 @@ pub struct CommandsParams {
     tag = "agent",
     summary = "The node's commands deliverable now, in seq order",
     params(CommandsParams),
-    responses((status = 200, description = "Commands", body = Object), CommonErrors),
+    responses((status = 200, description = "Commands", body = CommandsDto), CommonErrors),
     security(("node" = [])),
 )]
-pub async fn commands(
+pub async fn agent_commands(
     State(state): State<AppState>,
     NodeAuthed(node): NodeAuthed,
     QueryParams(params): QueryParams<CommandsParams>,
@@ -164,7 +169,7 @@ pub async fn commands(
         return Err(ApiError::invalid_argument("limit", "must be from 1 to 100"));
     }
     let commands = state.app.agent_commands(&node, limit).await?;
-    Ok(Json(Commands { commands }).into_response())
+    Ok(Json(CommandsDto::from(commands.as_slice())).into_response())
 }
 
 /// `POST /v1/agent/commands/{command_id}/ack`: the outcome of a command, idempotently.
@@ -175,10 +180,10 @@ pub async fn commands(
     summary = "Acknowledge a command of this node (idempotent)",
     params(("command_id" = String, Path, description = "The command id")),
     request_body(content = Object, description = "Ack: ok, message"),
-    responses((status = 200, description = "The command's state", body = Object), CommonErrors),
+    responses((status = 200, description = "The command's state", body = AckedDto), CommonErrors),
     security(("node" = [])),
 )]
-pub async fn ack(
+pub async fn ack_command(
     State(state): State<AppState>,
     NodeAuthed(node): NodeAuthed,
     Path(id): Path<String>,
@@ -186,5 +191,5 @@ pub async fn ack(
 ) -> Result<Response, ApiError> {
     let id: CommandId = path_id("commandId", &id)?;
     let command_state = state.app.acknowledge_command(&node, &id, &body).await?;
-    Ok(Json(json!({ "id": id, "state": command_state })).into_response())
+    Ok(Json(AckedDto { id: id.to_string(), state: command_state }).into_response())
 }

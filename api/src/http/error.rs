@@ -154,7 +154,7 @@ pub struct ErrorDetail {
     pub details: Value,
 }
 
-/// The errors every authorized route can answer.
+/// The errors every route with a body or a caller can answer.
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)] // Only described, never built: the handlers answer `ApiError`.
 pub enum CommonErrors {
@@ -170,4 +170,13 @@ pub enum CommonErrors {
     /// Not found, or not visible to the caller (the two are not told apart).
     #[response(status = 404)]
     NotFound(ErrorBody),
+    /// The body is larger than the API reads.
+    #[response(status = 413)]
+    TooLarge(ErrorBody),
+    /// Something failed inside; the message is generic and the cause is logged.
+    #[response(status = 500)]
+    Internal(ErrorBody),
+    /// The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`).
+    #[response(status = 503)]
+    Unavailable(ErrorBody),
 }

@@ -17,7 +17,9 @@ use bc_eventstore::Position;
 use bc_eventstore::events::RecordedEvent;
 use futures_util::Stream;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
+
+use crate::wire::ops::EventDto;
 use tokio::sync::broadcast;
 
 use super::consistency::check_within_log;
@@ -66,7 +68,7 @@ impl Delivered {
             event_type: event.event_type.clone(),
             stream_id: event.stream_id.clone(),
             tenant_id: event.tenant_id.clone(),
-            data: event_json(event).to_string(),
+            data: event_json(event),
         }
     }
 }
@@ -211,7 +213,7 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
             for event in batch {
                 last = event.position;
                 if filter.admits(event.tenant_id.as_deref(), &event.event_type, &event.stream_id) {
-                    let data = event_json(&event).to_string();
+                    let data = event_json(&event);
                     yield Item::Event { position: event.position, event_type: event.event_type, data };
                 }
             }
@@ -238,7 +240,7 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
                 for event in batch {
                     last = event.position;
                     if filter.admits(event.tenant_id.as_deref(), &event.event_type, &event.stream_id) {
-                        let data = event_json(&event).to_string();
+                        let data = event_json(&event);
                         yield Item::Event { position: event.position, event_type: event.event_type, data };
                     }
                 }
@@ -304,7 +306,7 @@ pub struct EventsParams {
     responses((status = 200, description = "text/event-stream", content_type = "text/event-stream", body = String), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn stream(
+pub async fn event_stream(
     State(state): State<AppState>,
     who: Authed,
     headers: HeaderMap,
@@ -367,22 +369,10 @@ pub async fn stream(
     Ok(Sse::new(sse).keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat")))
 }
 
-/// An event as JSON: its position and identity, the payload and metadata decoded.
-pub fn event_json(event: &RecordedEvent) -> Value {
-    let decode = |bytes: &[u8]| {
-        rmp_serde::from_slice::<Value>(bytes).unwrap_or_else(|err| json!({ "undecodable": err.to_string() }))
-    };
-    json!({
-        "position": event.position.to_string(),
-        "streamId": event.stream_id,
-        "streamVersion": event.stream_version,
-        "eventType": event.event_type,
-        "schemaVersion": event.schema_version,
-        "tenantId": event.tenant_id,
-        "recordedAt": event.recorded_at_ms,
-        "payload": decode(&event.payload),
-        "metadata": decode(&event.metadata),
-    })
+/// An event as the stream's `data:` and `events tail` show it: its position and identity, the payload and
+/// metadata decoded (see [`EventDto`]).
+pub fn event_json(event: &RecordedEvent) -> String {
+    serde_json::to_string(&EventDto::from(event)).unwrap_or_else(|err| format!("{{\"undecodable\": \"{err}\"}}"))
 }
 
 /// Whether `event_type` matches a filter: an exact type, or `family.*`.

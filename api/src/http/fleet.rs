@@ -2,60 +2,25 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use bc_domain::device::DeviceClass;
 use bc_domain::id::{PoolId, SiteId, TenantId};
-use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Quota, Sharing};
 use bc_domain::reservation::{DeviceRequest, Selector, Topology};
-use bc_domain::site::SiteKind;
-use bc_eventstore::Position;
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
-use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, path_id};
+use super::request::{Authed, JsonBody, PageParams, QueryParams, committed_answer, next_cursor, path_id};
 use super::{ApiError, AppState};
+use crate::wire::fleet::{
+    AvailabilityDto, EarliestStartDto, FreeAtomsDto, OfferBody, OfferedDto, PoolBody, PoolCapacityDto, PoolDto,
+    ProjectBody, QuotaBody, QuotaSetDto, SiteBody, SiteDto,
+};
+use crate::wire::{AuditPage, CreatedDto, PoolPage, SitePage};
 use bc_commands::availability::EarliestStart;
 use bc_commands::door::Subject;
 use bc_commands::fleet::{CreatePool, CreateSite, OfferPool};
-
-/// A command's answer with its position as `X-Position` (the consistency token of reads).
-pub(super) fn committed(
-    status: StatusCode,
-    body: Value,
-    position: Option<Position>,
-    location: Option<String>,
-) -> Response {
-    let mut response = (status, Json(body)).into_response();
-    if let Some(position) = position
-        && let Ok(value) = HeaderValue::from_str(&position.to_string())
-    {
-        response.headers_mut().insert("x-position", value);
-    }
-    if let Some(location) = location
-        && let Ok(value) = HeaderValue::from_str(&location)
-    {
-        response.headers_mut().insert("location", value);
-    }
-    response
-}
-
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SiteBody {
-    pub name: String,
-    pub iam_region: String,
-    /// `shared` (the default), `dedicated` or `custom`.
-    #[serde(default = "shared")]
-    #[schema(value_type = String)]
-    pub kind: SiteKind,
-}
-
-fn shared() -> SiteKind {
-    SiteKind::Shared
-}
 
 /// `POST /v1/sites`.
 #[utoipa::path(
@@ -64,7 +29,7 @@ fn shared() -> SiteKind {
     tag = "fleet",
     summary = "Create a site in the caller's tenant",
     request_body = SiteBody,
-    responses((status = 201, description = "Created; `X-Position` is its consistency token", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
+    responses((status = 201, description = "Created; `X-Position` is its consistency token", body = CreatedDto), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn create_site(
@@ -75,7 +40,7 @@ pub async fn create_site(
     let caller = state.app.authorize(&who.0, "sites.create", Subject::OwnTenant).await?;
     let input = CreateSite { name: body.name, iam_region: body.iam_region, kind: body.kind };
     let done = state.app.create_site(&caller, input).await?;
-    Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
+    Ok(committed_answer(StatusCode::CREATED, CreatedDto { id: done.value.to_string() }, done.position, None))
 }
 
 /// `GET /v1/sites`: the caller's tenant's sites.
@@ -85,7 +50,7 @@ pub async fn create_site(
     tag = "fleet",
     summary = "The caller's tenant's sites",
     params(PageParams),
-    responses((status = 200, description = "A page: items and nextCursor", body = Object), CommonErrors),
+    responses((status = 200, description = "A page: items and nextCursor", body = SitePage), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn list_sites(
@@ -94,10 +59,14 @@ pub async fn list_sites(
     // Sites are read where they are written, so every token is already reached; it is still checked.
     MinPosition(_): MinPosition,
     QueryParams(params): QueryParams<PageParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SitePage>, ApiError> {
     let caller = state.app.authorize(&who.0, "sites.list", Subject::OwnTenant).await?;
     let page = params.page()?;
-    Ok(Json(page_json(state.app.list_sites(&caller, &page).await?)))
+    let listed = state.app.list_sites(&caller, &page).await?;
+    Ok(Json(SitePage {
+        items: listed.items.iter().map(Into::into).collect(),
+        next_cursor: next_cursor(&listed.next_key),
+    }))
 }
 
 /// `GET /v1/sites/{id}`.
@@ -107,7 +76,7 @@ pub async fn list_sites(
     tag = "fleet",
     summary = "One site of the caller's tenant",
     params(("site_id" = String, Path, description = "The site id"), ReadParams),
-    responses((status = 200, description = "The site", body = Object), CommonErrors),
+    responses((status = 200, description = "The site", body = SiteDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn get_site(
@@ -116,16 +85,10 @@ pub async fn get_site(
     Path(id): Path<String>,
     MinPosition(_): MinPosition,
     QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SiteDto>, ApiError> {
     let id: SiteId = path_id("siteId", &id)?;
     let caller = state.app.authorize(&who.0, "sites.get", Subject::Site(&id)).await?;
-    Ok(Json(state.app.site(&caller, &id).await?))
-}
-
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ProjectBody {
-    pub name: String,
+    Ok(Json((&state.app.site(&caller, &id).await?).into()))
 }
 
 /// `POST /v1/projects`.
@@ -135,7 +98,7 @@ pub struct ProjectBody {
     tag = "fleet",
     summary = "Create a project in the caller's tenant",
     request_body = ProjectBody,
-    responses((status = 201, description = "Created", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
+    responses((status = 201, description = "Created", body = CreatedDto), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn create_project(
@@ -145,28 +108,7 @@ pub async fn create_project(
 ) -> Result<Response, ApiError> {
     let caller = state.app.authorize(&who.0, "projects.create", Subject::OwnTenant).await?;
     let done = state.app.create_project(&caller, body.name).await?;
-    Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
-}
-
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PoolBody {
-    pub site_id: String,
-    pub name: String,
-    #[schema(value_type = String, example = "metal-host")]
-    pub class: PoolClass,
-    pub gpu_model: String,
-    /// `exclusive` (the default), `mig`, `timeslice` or `mps`.
-    #[serde(default)]
-    #[schema(value_type = String)]
-    pub sharing: Sharing,
-    #[serde(default)]
-    #[schema(value_type = String)]
-    pub agent: PoolAgent,
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub policy: PoolPolicy,
-    pub provider_account_id: Option<String>,
+    Ok(committed_answer(StatusCode::CREATED, CreatedDto { id: done.value.to_string() }, done.position, None))
 }
 
 /// `POST /v1/pools`: a pool in one of the caller's tenant's sites.
@@ -176,7 +118,7 @@ pub struct PoolBody {
     tag = "fleet",
     summary = "Create a pool in one of the caller's tenant's sites",
     request_body = PoolBody,
-    responses((status = 201, description = "Created", body = Object), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
+    responses((status = 201, description = "Created", body = CreatedDto), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn create_pool(
@@ -193,12 +135,12 @@ pub async fn create_pool(
         gpu_model: body.gpu_model,
         sharing: body.sharing,
         agent: body.agent,
-        policy: body.policy,
+        policy: body.policy.into(),
         provider_account_id: body.provider_account_id,
     };
     let done = state.app.create_pool(&caller, input).await?;
     let location = format!("/v1/pools/{}", done.value);
-    Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, Some(location)))
+    Ok(committed_answer(StatusCode::CREATED, CreatedDto { id: done.value.to_string() }, done.position, Some(location)))
 }
 
 /// `GET /v1/pools`: the pools the caller's tenant owns or is offered.
@@ -208,7 +150,7 @@ pub async fn create_pool(
     tag = "fleet",
     summary = "The pools the caller's tenant owns or is offered",
     params(PageParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "A page: items and nextCursor", body = PoolPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn list_pools(
@@ -216,10 +158,14 @@ pub async fn list_pools(
     who: Authed,
     MinPosition(after): MinPosition,
     QueryParams(params): QueryParams<PageParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PoolPage>, ApiError> {
     let caller = state.app.authorize(&who.0, "pools.list", Subject::OwnTenant).await?;
     let page = params.page()?;
-    Ok(Json(page_json(state.app.list_pools(&caller, &page, after).await?)))
+    let listed = state.app.list_pools(&caller, &page, after).await?;
+    Ok(Json(PoolPage {
+        items: listed.items.iter().map(Into::into).collect(),
+        next_cursor: next_cursor(&listed.next_key),
+    }))
 }
 
 /// Query of reads that take only a consistency token.
@@ -239,7 +185,7 @@ pub struct ReadParams {
     tag = "fleet",
     summary = "One pool",
     params(("pool_id" = String, Path, description = "The pool id"), ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The pool", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "The pool", body = PoolDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn get_pool(
@@ -248,10 +194,10 @@ pub async fn get_pool(
     Path(id): Path<String>,
     MinPosition(after): MinPosition,
     QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PoolDto>, ApiError> {
     let id: PoolId = path_id("poolId", &id)?;
     let caller = state.app.authorize(&who.0, "pools.get", Subject::Pool(&id)).await?;
-    Ok(Json(state.app.pool(&caller, &id, after).await?))
+    Ok(Json((&state.app.pool(&caller, &id, after).await?).into()))
 }
 
 /// `GET /v1/pools/{id}/capacity`: allocatable, allocated, reserved and available atoms per resource.
@@ -261,7 +207,7 @@ pub async fn get_pool(
     tag = "fleet",
     summary = "Allocatable, allocated, reserved and available atoms per resource",
     params(("pool_id" = String, Path, description = "The pool id"), ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The rollup", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "The rollup", body = PoolCapacityDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn pool_capacity(
@@ -270,11 +216,11 @@ pub async fn pool_capacity(
     Path(id): Path<String>,
     MinPosition(after): MinPosition,
     QueryParams(ReadParams { .. }): QueryParams<ReadParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PoolCapacityDto>, ApiError> {
     let id: PoolId = path_id("poolId", &id)?;
     let caller = state.app.authorize(&who.0, "pools.capacity", Subject::Pool(&id)).await?;
     let items = state.app.pool_capacity(&caller, &id, after).await?;
-    Ok(Json(json!({ "poolId": id, "items": items })))
+    Ok(Json(PoolCapacityDto { pool_id: id.to_string(), items: items.iter().map(Into::into).collect() }))
 }
 
 /// Query of `GET /v1/pools/{id}/availability`: either `count` and `duration` (the earliest start, not before
@@ -299,7 +245,7 @@ pub struct AvailabilityParams {
     tag = "fleet",
     summary = "The earliest start of a request, or the atoms free over a window",
     params(("pool_id" = String, Path, description = "The pool id"), AvailabilityParams),
-    responses((status = 200, description = "earliestStart, or nodes with their free atoms", body = Object), CommonErrors),
+    responses((status = 200, description = "earliestStart, or nodes with their free atoms", body = AvailabilityDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn availability(
@@ -307,19 +253,14 @@ pub async fn availability(
     who: Authed,
     Path(id): Path<String>,
     QueryParams(params): QueryParams<AvailabilityParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AvailabilityDto>, ApiError> {
     let id: PoolId = path_id("poolId", &id)?;
     let caller = state.app.authorize(&who.0, "pools.availability", Subject::Pool(&id)).await?;
     match (params.count, params.duration, params.start, params.end) {
         (Some(count), Some(duration), None, None) => {
             let class = match params.class {
                 Some(class) => class,
-                None => {
-                    let pool = state.app.pool(&caller, &id, None).await?;
-                    serde_json::from_value::<Sharing>(pool["sharing"].clone())
-                        .map(|sharing| sharing.atom_class())
-                        .map_err(|_| ApiError::invalid_argument("class", "name the atom class to ask about"))?
-                }
+                None => state.app.pool(&caller, &id, None).await?.sharing.atom_class(),
             };
             let query = EarliestStart {
                 pool_id: id.clone(),
@@ -328,30 +269,21 @@ pub async fn availability(
                 not_before_ms: params.not_before,
             };
             let earliest = state.app.earliest_start(&caller, &query).await?;
-            Ok(Json(json!({ "poolId": id, "earliestStart": earliest })))
+            Ok(Json(AvailabilityDto::EarliestStart(EarliestStartDto {
+                pool_id: id.to_string(),
+                earliest_start: earliest,
+            })))
         }
         (None, None, Some(start), Some(end)) => {
             let free = state.app.free_atoms(&caller, &id, start, end).await?;
-            let nodes: Vec<Value> =
-                free.into_iter().map(|f| json!({ "nodeId": f.node_id, "atoms": f.atoms })).collect();
-            Ok(Json(json!({ "poolId": id, "start": start, "end": end, "nodes": nodes })))
+            let nodes = free.iter().map(Into::into).collect();
+            Ok(Json(AvailabilityDto::FreeAtoms(FreeAtomsDto { pool_id: id.to_string(), start, end, nodes })))
         }
         _ => Err(ApiError::invalid_argument(
             "count",
             "ask with count and duration (the earliest start) or with start and end (the free atoms)",
         )),
     }
-}
-
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct OfferBody {
-    pub tenant_id: String,
-    pub quota: Quota,
-    #[serde(default)]
-    pub priority: i32,
-    #[serde(default)]
-    pub include_descendants: bool,
 }
 
 /// `POST /v1/pools/{id}/offers`: offer the pool to a tenant (or replace the offer).
@@ -362,7 +294,7 @@ pub struct OfferBody {
     summary = "Offer the pool to a tenant with a quota per resource",
     params(("pool_id" = String, Path, description = "The pool id")),
     request_body = OfferBody,
-    responses((status = 200, description = "The offering", body = Object), CommonErrors),
+    responses((status = 200, description = "The offering", body = OfferedDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn offer_pool(
@@ -381,17 +313,14 @@ pub async fn offer_pool(
         include_descendants: body.include_descendants,
     };
     let done = state.app.offer_pool(&caller, &id, offer).await?;
-    let body = json!({
-        "poolId": id, "tenantId": tenant_id, "quota": body.quota, "priority": body.priority,
-        "includeDescendants": body.include_descendants,
-    });
-    Ok(committed(StatusCode::OK, body, done.position, None))
-}
-
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct QuotaBody {
-    pub quota: Quota,
+    let body = OfferedDto {
+        pool_id: id.to_string(),
+        tenant_id: tenant_id.to_string(),
+        quota: body.quota,
+        priority: body.priority,
+        include_descendants: body.include_descendants,
+    };
+    Ok(committed_answer(StatusCode::OK, body, done.position, None))
 }
 
 /// `PUT /v1/pools/{id}/offers/{tenant}/quota`: replace the quota of an offering (decided on the caller's tenant
@@ -403,7 +332,7 @@ pub struct QuotaBody {
     summary = "Replace the quota of an offering",
     params(("pool_id" = String, Path, description = "The pool id"), ("tenant_id" = String, Path, description = "The offered tenant")),
     request_body = QuotaBody,
-    responses((status = 200, description = "The new quota", body = Object), CommonErrors),
+    responses((status = 200, description = "The new quota", body = QuotaSetDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn set_quota(
@@ -416,8 +345,8 @@ pub async fn set_quota(
     let tenant_id: TenantId = path_id("tenantId", &tenant)?;
     let caller = state.app.authorize(&who.0, "quotas.set", Subject::OwnTenant).await?;
     let done = state.app.set_quota(&caller, &id, &tenant_id, body.quota.clone()).await?;
-    let body = json!({ "poolId": id, "tenantId": tenant_id, "quota": body.quota });
-    Ok(committed(StatusCode::OK, body, done.position, None))
+    let body = QuotaSetDto { pool_id: id.to_string(), tenant_id: tenant_id.to_string(), quota: body.quota };
+    Ok(committed_answer(StatusCode::OK, body, done.position, None))
 }
 
 /// `GET /v1/audit`: the caller's tenant's audit trail, oldest first.
@@ -427,7 +356,7 @@ pub async fn set_quota(
     tag = "audit",
     summary = "The caller's tenant's audit trail: allowed mutations with their admission context, and denials",
     params(PageParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "A page: items and nextCursor", body = AuditPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn audit(
@@ -435,8 +364,12 @@ pub async fn audit(
     who: Authed,
     MinPosition(after): MinPosition,
     QueryParams(params): QueryParams<PageParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AuditPage>, ApiError> {
     let caller = state.app.authorize(&who.0, "audit.list", Subject::OwnTenant).await?;
     let page = params.page()?;
-    Ok(Json(page_json(state.app.audit(&caller, &page, after).await?)))
+    let listed = state.app.audit(&caller, &page, after).await?;
+    Ok(Json(AuditPage {
+        items: listed.items.iter().map(Into::into).collect(),
+        next_cursor: next_cursor(&listed.next_key),
+    }))
 }

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use crate::wire::ops::HealthDto;
 use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
-use serde_json::{Value, json};
 
 use super::error::ErrorBody;
 use super::{ApiError, AppState};
@@ -20,11 +20,11 @@ const PING_TIMEOUT: Duration = Duration::from_secs(2);
     path = "/v1/healthz",
     tag = "health",
     summary = "Whether the service and its database answer",
-    responses((status = 200, description = "Healthy", body = Object), (status = 503, description = "The database does not answer", body = ErrorBody)),
+    responses((status = 200, description = "Healthy", body = HealthDto), (status = 503, description = "The database does not answer", body = ErrorBody)),
 )]
-pub async fn healthz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+pub async fn healthz(State(state): State<AppState>) -> Result<Json<HealthDto>, ApiError> {
     match state.app.ping(PING_TIMEOUT).await {
-        Ok(()) => Ok(Json(json!({"status": "ok", "database": "reachable"}))),
+        Ok(()) => Ok(Json(HealthDto { status: "ok".to_owned(), database: "reachable".to_owned() })),
         Err(Unhealthy::Unreachable(err)) => Err(ApiError::unavailable("the database is unreachable").with_cause(err)),
         Err(Unhealthy::TimedOut) => Err(ApiError::unavailable("the database did not answer in time")),
     }

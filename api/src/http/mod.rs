@@ -20,6 +20,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 
 pub use error::ApiError;
+use openapi::{BearerAuth, TextPatterns};
 
 use bc_commands::App;
 use bc_commands::auth::{Authorizer, InvalidConfig};
@@ -51,83 +52,109 @@ impl AppState {
 }
 
 /// One route: its HTTP method and path (axum's syntax), and the API method it is decided as (`None`: open to
-/// everyone, such as the health check).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// everyone, such as the health check, or outside the method table, such as the agent's routes).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    pub http: &'static str,
-    pub path: &'static str,
+    pub http: String,
+    pub path: String,
     pub method: Option<&'static str>,
 }
 
-/// Declares every route once, making both [`ROUTES`] and the router's routes from it, so the two cannot differ.
+/// Declares every route once: its handler, whose `#[utoipa::path]` alone names its HTTP method and path, and
+/// the API method it is decided as. The OpenAPI document ([`ApiDoc`]), the router and [`routes`] are all made
+/// from it, so none of them can differ from the others.
 macro_rules! routes {
-    ($($verb:ident $path:literal => $handler:path, $method:tt;)*) => {
-        /// Every route the API serves.
-        pub const ROUTES: &[Route] = &[$(Route { http: routes!(@http $verb), path: $path, method: routes!(@method $method) },)*];
+    ($($module:ident :: $handler:ident => $method:tt;)*) => {
+        /// The OpenAPI document of every route.
+        #[derive(utoipa::OpenApi)]
+        #[openapi(
+            info(
+                title = "Better Compute",
+                description = "The control plane of a GPU fleet: sites, pools, nodes and reservations. Times are \
+                               epoch milliseconds, durations seconds; every response carries `X-Request-Id`, every \
+                               command's `X-Position` is a consistency token for reads (`?after=` or \
+                               `X-Min-Position`)."
+            ),
+            paths($($module::$handler,)*),
+            components(schemas(error::ErrorBody, error::ErrorDetail)),
+            modifiers(&BearerAuth, &TextPatterns)
+        )]
+        pub struct ApiDoc;
+
+        /// Every route the API serves, with the API method each is decided as.
+        pub fn routes() -> &'static [Route] {
+            static ROUTES: std::sync::OnceLock<Vec<Route>> = std::sync::OnceLock::new();
+            ROUTES.get_or_init(|| {
+                let doc = openapi::document_once();
+                vec![$({
+                    let (_, http, path) = openapi::operation(doc, stringify!($handler));
+                    Route { http: http.to_owned(), path, method: routes!(@method $method) }
+                },)*]
+            })
+        }
 
         fn routed(router: Router<AppState>) -> Router<AppState> {
-            router$(.route($path, axum::routing::$verb($handler)))*
+            let doc = openapi::document_once();
+            $(let (filter, _, path) = openapi::operation(doc, stringify!($handler));
+            let router = router.route(&path, axum::routing::on(filter, $module::$handler));)*
+            router
         }
     };
-    (@http get) => { "GET" };
-    (@http post) => { "POST" };
-    (@http put) => { "PUT" };
-    (@http delete) => { "DELETE" };
     (@method open) => { None };
     (@method $method:literal) => { Some($method) };
 }
 
 routes! {
-    get "/v1/healthz" => health::healthz, open;
-    get "/v1/openapi.json" => openapi::document, open;
-    post "/v1/sites" => fleet::create_site, "sites.create";
-    get "/v1/sites" => fleet::list_sites, "sites.list";
-    get "/v1/sites/{site_id}" => fleet::get_site, "sites.get";
-    post "/v1/projects" => fleet::create_project, "projects.create";
-    post "/v1/pools" => fleet::create_pool, "pools.create";
-    get "/v1/pools" => fleet::list_pools, "pools.list";
-    get "/v1/pools/{pool_id}" => fleet::get_pool, "pools.get";
-    get "/v1/pools/{pool_id}/capacity" => fleet::pool_capacity, "pools.capacity";
-    get "/v1/pools/{pool_id}/availability" => fleet::availability, "pools.availability";
-    post "/v1/pools/{pool_id}/offers" => fleet::offer_pool, "pools.offer";
-    put "/v1/pools/{pool_id}/offers/{tenant_id}/quota" => fleet::set_quota, "quotas.set";
-    post "/v1/nodes" => nodes::register, "nodes.register";
-    get "/v1/nodes" => nodes::list, "nodes.list";
-    get "/v1/nodes/{node_id}" => nodes::get, "nodes.get";
-    post "/v1/nodes/{node_id}/cordon" => nodes::cordon, "nodes.cordon";
-    post "/v1/nodes/{node_id}/uncordon" => nodes::uncordon, "nodes.uncordon";
-    post "/v1/nodes/{node_id}/maintenance/start" => nodes::start_maintenance, "nodes.maintenance.start";
-    post "/v1/nodes/{node_id}/maintenance/end" => nodes::end_maintenance, "nodes.maintenance.end";
-    post "/v1/nodes/{node_id}/drain" => nodes::drain, "nodes.drain";
-    delete "/v1/nodes/{node_id}" => nodes::delete, "nodes.delete";
-    put "/v1/nodes/{node_id}/spec" => nodes::set_spec, "nodes.spec.set";
-    post "/v1/nodes/{node_id}/commands" => nodes::create_command, "nodes.commands.create";
-    get "/v1/nodes/{node_id}/commands" => nodes::list_commands, "nodes.commands.list";
-    get "/v1/nodes/{node_id}/inventory" => nodes::inventory, "nodes.inventory.get";
-    post "/v1/pools/{pool_id}/join-tokens" => nodes::create_join_token, "nodes.join_tokens.create";
+    health::healthz => open;
+    openapi::document => open;
+    fleet::create_site => "sites.create";
+    fleet::list_sites => "sites.list";
+    fleet::get_site => "sites.get";
+    fleet::create_project => "projects.create";
+    fleet::create_pool => "pools.create";
+    fleet::list_pools => "pools.list";
+    fleet::get_pool => "pools.get";
+    fleet::pool_capacity => "pools.capacity";
+    fleet::availability => "pools.availability";
+    fleet::offer_pool => "pools.offer";
+    fleet::set_quota => "quotas.set";
+    nodes::register_node => "nodes.register";
+    nodes::list_nodes => "nodes.list";
+    nodes::get_node => "nodes.get";
+    nodes::cordon => "nodes.cordon";
+    nodes::uncordon => "nodes.uncordon";
+    nodes::start_maintenance => "nodes.maintenance.start";
+    nodes::end_maintenance => "nodes.maintenance.end";
+    nodes::drain_node => "nodes.drain";
+    nodes::delete_node => "nodes.delete";
+    nodes::set_spec => "nodes.spec.set";
+    nodes::create_command => "nodes.commands.create";
+    nodes::list_commands => "nodes.commands.list";
+    nodes::node_inventory => "nodes.inventory.get";
+    nodes::create_join_token => "nodes.join_tokens.create";
     // The agent's routes: a join token or the node credential, never a tenant's principal.
-    post "/v1/agent/join" => agent::join, open;
-    post "/v1/agent/sessions" => agent::open_session, open;
-    post "/v1/agent/credential" => agent::rotate_credential, open;
-    post "/v1/agent/heartbeat" => agent::heartbeat, open;
-    post "/v1/agent/inventory" => agent::inventory, open;
-    get "/v1/agent/commands" => agent::commands, open;
-    post "/v1/agent/commands/{command_id}/ack" => agent::ack, open;
-    post "/v1/reservations" => reservations::create, "reservations.create";
-    get "/v1/reservations" => reservations::list, "reservations.list";
-    get "/v1/reservations/{reservation_id}" => reservations::get, "reservations.get";
-    post "/v1/reservations/{reservation_id}/renew" => reservations::renew, "reservations.renew";
-    post "/v1/reservations/{reservation_id}/extend" => reservations::extend, "reservations.extend";
-    post "/v1/reservations/{reservation_id}/cancel" => reservations::cancel, "reservations.cancel";
-    post "/v1/reservations/{reservation_id}/release" => reservations::release, "reservations.release";
-    get "/v1/audit" => fleet::audit, "audit.list";
-    get "/v1/events" => events::stream, "events.stream";
-    get "/v1/projections" => projections::list, "projections.status";
+    agent::join => open;
+    agent::open_session => open;
+    agent::rotate_credential => open;
+    agent::heartbeat => open;
+    agent::report_inventory => open;
+    agent::agent_commands => open;
+    agent::ack_command => open;
+    reservations::create_reservation => "reservations.create";
+    reservations::list_reservations => "reservations.list";
+    reservations::get_reservation => "reservations.get";
+    reservations::renew_reservation => "reservations.renew";
+    reservations::extend_reservation => "reservations.extend";
+    reservations::cancel_reservation => "reservations.cancel";
+    reservations::release_reservation => "reservations.release";
+    fleet::audit => "audit.list";
+    events::event_stream => "events.stream";
+    projections::projection_status => "projections.status";
 }
 
 /// Checks the method table (and the authorizer's catalog) against every route's method.
 pub fn check_routes(auth: &dyn Authorizer) -> Result<(), InvalidConfig> {
-    let routed: Vec<&str> = ROUTES.iter().filter_map(|r| r.method).collect();
+    let routed: Vec<&str> = routes().iter().filter_map(|r| r.method).collect();
     bc_commands::auth::check_config(auth, &routed)
 }
 

@@ -4,51 +4,24 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use bc_domain::device::{GpuInfo, MigInstance};
+use bc_domain::device::GpuInfo;
 use bc_domain::id::{DeviceId, NodeId, PoolId, TenantId};
-use bc_domain::node::{Role, Trust};
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
-use super::fleet::committed;
-use super::request::{Authed, JsonBody, QueryParams, page_json, path_id};
-use super::reservations::OptionalBody;
+use super::request::{Authed, JsonBody, OptionalBody, QueryParams, committed_answer, next_cursor, path_id};
 use super::{ApiError, AppState};
-use axum::response::IntoResponse as _;
+use crate::wire::nodes::{
+    CommandBody, CommandListDto, CommandQueuedDto, ForceBody, InventoryDto, JoinTokenBody, JoinTokenDto,
+    NodeChangedDto, NodeDeletedDto, NodeDto, RegisterBody, SpecBody, SpecSetDto, VerbBody,
+};
+use crate::wire::{CreatedDto, NodePage};
 use bc_commands::Caller;
 use bc_commands::door::Subject;
 use bc_commands::node_commands::Delivery;
 use bc_commands::nodes::{NodeVerb, OperatorCommand, RegisterNode};
 use bc_domain::agent::CommandKind;
-
-/// One GPU of a registration.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct GpuBody {
-    pub uuid: String,
-    pub name: String,
-    #[serde(default)]
-    pub memory_mib: u64,
-    pub pci_bus_id: Option<String>,
-    #[serde(default)]
-    #[schema(value_type = Vec<Object>)]
-    pub mig_instances: Vec<MigInstance>,
-}
-
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RegisterBody {
-    pub pool_id: String,
-    pub name: String,
-    #[schema(value_type = String, example = "host")]
-    pub role: Role,
-    #[schema(value_type = String, example = "platform")]
-    pub trust: Trust,
-    pub owner_tenant_id: Option<String>,
-    pub gpus: Vec<GpuBody>,
-}
 
 /// `POST /v1/nodes`: a node in a pool the caller operates, with its GPUs.
 #[utoipa::path(
@@ -57,10 +30,10 @@ pub struct RegisterBody {
     tag = "nodes",
     summary = "Register a node with its GPUs in a pool the caller operates",
     request_body = RegisterBody,
-    responses((status = 201, description = "Registered", body = Object), (status = 409, description = "A name or GPU is taken", body = ErrorBody), CommonErrors),
+    responses((status = 201, description = "Registered", body = CreatedDto), (status = 409, description = "A name or GPU is taken", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn register(
+pub async fn register_node(
     State(state): State<AppState>,
     who: Authed,
     JsonBody(body): JsonBody<RegisterBody>,
@@ -79,13 +52,13 @@ pub async fn register(
                 name: gpu.name,
                 memory_mib: gpu.memory_mib,
                 pci_bus_id: gpu.pci_bus_id,
-                mig_instances: gpu.mig_instances,
+                mig_instances: gpu.mig_instances.into_iter().map(Into::into).collect(),
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     let input = RegisterNode { pool_id, name: body.name, role: body.role, trust: body.trust, owner_tenant_id, gpus };
     let done = state.app.register_node(&caller, input).await?;
-    Ok(committed(StatusCode::CREATED, json!({ "id": done.value }), done.position, None))
+    Ok(committed_answer(StatusCode::CREATED, CreatedDto { id: done.value.to_string() }, done.position, None))
 }
 
 /// Query of `GET /v1/nodes`.
@@ -109,20 +82,23 @@ pub struct ListParams {
     tag = "nodes",
     summary = "The nodes of the caller's tenant's pools",
     params(ListParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "A page: items and nextCursor", body = NodePage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn list(
+pub async fn list_nodes(
     State(state): State<AppState>,
     who: Authed,
     MinPosition(after): MinPosition,
     QueryParams(params): QueryParams<ListParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<NodePage>, ApiError> {
     let caller = state.app.authorize(&who.0, "nodes.list", Subject::OwnTenant).await?;
     let page = super::request::PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
     let pool_id = params.pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
     let listed = state.app.list_nodes(&caller, pool_id.as_ref(), &page, after).await?;
-    Ok(Json(page_json(listed)))
+    Ok(Json(NodePage {
+        items: listed.items.iter().map(Into::into).collect(),
+        next_cursor: next_cursor(&listed.next_key),
+    }))
 }
 
 /// `GET /v1/nodes/{id}`: one node of the caller's tenant's pools.
@@ -132,26 +108,19 @@ pub async fn list(
     tag = "nodes",
     summary = "One node of the caller's tenant's pools",
     params(("node_id" = String, Path, description = "The node id"), super::fleet::ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The node", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "The node", body = NodeDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn get(
+pub async fn get_node(
     State(state): State<AppState>,
     who: Authed,
     Path(id): Path<String>,
     MinPosition(after): MinPosition,
     QueryParams(super::fleet::ReadParams { .. }): QueryParams<super::fleet::ReadParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<NodeDto>, ApiError> {
     let id: NodeId = path_id("nodeId", &id)?;
     let caller = state.app.authorize(&who.0, "nodes.get", Subject::Node(&id)).await?;
-    Ok(Json(state.app.node(&caller, &id, after).await?))
-}
-
-/// Body of the verbs: an optional reason, recorded with the event.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct VerbBody {
-    pub reason: Option<String>,
+    Ok(Json((&state.app.node(&caller, &id, after).await?).into()))
 }
 
 async fn verb(
@@ -166,7 +135,7 @@ async fn verb(
     let id: NodeId = path_id("nodeId", &id)?;
     let caller = state.app.authorize(&who.0, method, Subject::Node(&id)).await?;
     let done = state.app.node_verb(&caller, &id, verb, body.reason).await?;
-    Ok(committed(StatusCode::OK, json!({ "id": id }), done.position, None))
+    Ok(committed_answer(StatusCode::OK, NodeChangedDto { id: id.to_string() }, done.position, None))
 }
 
 #[utoipa::path(
@@ -176,7 +145,7 @@ async fn verb(
     summary = "Cordon a node: no new placements",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = Object), CommonErrors),
+    responses((status = 200, description = "Done (or already so)", body = NodeChangedDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn cordon(
@@ -195,7 +164,7 @@ pub async fn cordon(
     summary = "Uncordon a node",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = Object), CommonErrors),
+    responses((status = 200, description = "Done (or already so)", body = NodeChangedDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn uncordon(
@@ -214,7 +183,7 @@ pub async fn uncordon(
     summary = "Put a node in maintenance",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = Object), CommonErrors),
+    responses((status = 200, description = "Done (or already so)", body = NodeChangedDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn start_maintenance(
@@ -233,7 +202,7 @@ pub async fn start_maintenance(
     summary = "Take a node out of maintenance",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = Object), CommonErrors),
+    responses((status = 200, description = "Done (or already so)", body = NodeChangedDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn end_maintenance(
@@ -245,14 +214,6 @@ pub async fn end_maintenance(
     verb(state, who, id, body, "nodes.maintenance.end", NodeVerb::EndMaintenance).await
 }
 
-/// Body of `POST /v1/pools/{pool_id}/join-tokens`.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct JoinTokenBody {
-    /// How long the token admits a machine, in seconds (60 to 604800; default 3600).
-    pub ttl_seconds: Option<u64>,
-}
-
 /// `POST /v1/pools/{pool_id}/join-tokens`: a single-use join token for one machine.
 #[utoipa::path(
     post,
@@ -261,7 +222,7 @@ pub struct JoinTokenBody {
     summary = "Issue a single-use join token for the pool (the secret is shown once)",
     params(("pool_id" = String, Path, description = "The pool id")),
     request_body = inline(Option<JoinTokenBody>),
-    responses((status = 201, description = "The token: id, token, poolId, expiresAt", body = Object), CommonErrors),
+    responses((status = 201, description = "The token: id, token, poolId, expiresAt", body = JoinTokenDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn create_join_token(
@@ -273,21 +234,7 @@ pub async fn create_join_token(
     let pool_id: PoolId = path_id("poolId", &pool_id)?;
     let caller = state.app.authorize(&who.0, "nodes.join_tokens.create", Subject::Pool(&pool_id)).await?;
     let done = state.app.create_join_token(&caller, &pool_id, body.ttl_seconds.unwrap_or(3600)).await?;
-    let token = done.value;
-    let body = json!({
-        "id": token.id, "token": token.token, "poolId": token.pool_id, "expiresAt": token.expires_at_ms,
-    });
-    Ok(committed(StatusCode::CREATED, body, done.position, None))
-}
-
-/// Body of `POST /v1/nodes/{node_id}/drain` and `DELETE /v1/nodes/{node_id}`.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ForceBody {
-    /// End the reservations running on the node instead of letting them finish.
-    #[serde(default)]
-    pub force: bool,
-    pub reason: Option<String>,
+    Ok(committed_answer(StatusCode::CREATED, JoinTokenDto::from(&done.value), done.position, None))
 }
 
 /// Decides `method` on the node a path names: the node's id and the caller to run the command as.
@@ -312,10 +259,10 @@ fn check_reason(reason: &Option<String>) -> Result<(), ApiError> {
     summary = "Drain a node: cordon it, move its future bookings, let running ones finish (or end them with force)",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<ForceBody>),
-    responses((status = 200, description = "Draining", body = Object), (status = 409, description = "The pool's disruption budget is spent", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "Draining", body = NodeChangedDto), (status = 409, description = "The pool's disruption budget is spent", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn drain(
+pub async fn drain_node(
     State(state): State<AppState>,
     who: Authed,
     Path(id): Path<String>,
@@ -324,7 +271,7 @@ pub async fn drain(
     check_reason(&body.reason)?;
     let (id, caller) = on_node(&state, &who, "nodes.drain", &id).await?;
     let done = state.app.drain_node(&caller, &id, body.force, body.reason).await?;
-    Ok(committed(StatusCode::OK, json!({ "id": id }), done.position, None))
+    Ok(committed_answer(StatusCode::OK, NodeChangedDto { id: id.to_string() }, done.position, None))
 }
 
 /// Query of `DELETE /v1/nodes/{node_id}`.
@@ -344,10 +291,10 @@ pub struct DeleteParams {
     tag = "nodes",
     summary = "Delete a node, revoking its credential (refused while it holds reservations, unless force)",
     params(("node_id" = String, Path, description = "The node id"), DeleteParams),
-    responses((status = 200, description = "Deleted", body = Object), (status = 409, description = "Reservations remain", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "Deleted", body = NodeDeletedDto), (status = 409, description = "Reservations remain", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn delete(
+pub async fn delete_node(
     State(state): State<AppState>,
     who: Authed,
     Path(id): Path<String>,
@@ -356,16 +303,7 @@ pub async fn delete(
     check_reason(&params.reason)?;
     let (id, caller) = on_node(&state, &who, "nodes.delete", &id).await?;
     let done = state.app.delete_node(&caller, &id, params.force.unwrap_or(false), params.reason).await?;
-    Ok(committed(StatusCode::OK, json!({ "id": id, "deleted": true }), done.position, None))
-}
-
-/// Body of `PUT /v1/nodes/{node_id}/spec`.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SpecBody {
-    #[serde(default)]
-    pub labels: std::collections::BTreeMap<String, String>,
-    pub mig_layout: Option<String>,
+    Ok(committed_answer(StatusCode::OK, NodeDeletedDto { id: id.to_string(), deleted: true }, done.position, None))
 }
 
 /// `PUT /v1/nodes/{node_id}/spec`.
@@ -376,7 +314,7 @@ pub struct SpecBody {
     summary = "Set a node's desired state (labels, MIG layout); its generation rises",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = SpecBody,
-    responses((status = 200, description = "The new generation", body = Object), CommonErrors),
+    responses((status = 200, description = "The new generation", body = SpecSetDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn set_spec(
@@ -387,22 +325,8 @@ pub async fn set_spec(
 ) -> Result<Response, ApiError> {
     let (id, caller) = on_node(&state, &who, "nodes.spec.set", &id).await?;
     let done = state.app.set_node_spec(&caller, &id, body.labels, body.mig_layout).await?;
-    Ok(committed(StatusCode::OK, json!({ "id": id, "generation": done.value }), done.position, None))
-}
-
-/// Body of `POST /v1/nodes/{node_id}/commands`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CommandBody {
-    /// `probe` or `refresh-inventory`.
-    pub kind: String,
-    pub note: Option<String>,
-    /// Epoch ms before which it is not delivered.
-    pub not_before: Option<i64>,
-    /// Epoch ms after which, still undelivered, it expires.
-    pub not_after: Option<i64>,
-    /// Held until the node has observed this generation.
-    pub min_generation: Option<u64>,
+    let body = SpecSetDto { id: id.to_string(), generation: done.value };
+    Ok(committed_answer(StatusCode::OK, body, done.position, None))
 }
 
 /// `POST /v1/nodes/{node_id}/commands`.
@@ -413,7 +337,7 @@ pub struct CommandBody {
     summary = "Queue a command for a node (probe, refresh-inventory)",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = CommandBody,
-    responses((status = 201, description = "Queued: id and seq", body = Object), CommonErrors),
+    responses((status = 201, description = "Queued: id and seq", body = CommandQueuedDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn create_command(
@@ -436,7 +360,8 @@ pub async fn create_command(
     let delivery =
         Delivery { not_before_ms: body.not_before, not_after_ms: body.not_after, min_generation: body.min_generation };
     let (command_id, seq) = state.app.queue_node_command(&caller, &id, OperatorCommand { kind, delivery }).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "id": command_id, "nodeId": id, "seq": seq }))).into_response())
+    let body = CommandQueuedDto { id: command_id.to_string(), node_id: id.to_string(), seq };
+    Ok(committed_answer(StatusCode::CREATED, body, None, None))
 }
 
 /// `GET /v1/nodes/{node_id}/commands`.
@@ -446,17 +371,17 @@ pub async fn create_command(
     tag = "nodes",
     summary = "A node's commands, newest first, with their states",
     params(("node_id" = String, Path, description = "The node id")),
-    responses((status = 200, description = "items", body = Object), CommonErrors),
+    responses((status = 200, description = "items", body = CommandListDto), CommonErrors),
     security(("bearer" = [])),
 )]
 pub async fn list_commands(
     State(state): State<AppState>,
     who: Authed,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<CommandListDto>, ApiError> {
     let (id, caller) = on_node(&state, &who, "nodes.commands.list", &id).await?;
     let items = state.app.node_commands(&caller, &id).await?;
-    Ok(Json(json!({ "items": items })))
+    Ok(Json(CommandListDto { items: items.iter().map(Into::into).collect() }))
 }
 
 /// `GET /v1/nodes/{node_id}/inventory`.
@@ -466,17 +391,15 @@ pub async fn list_commands(
     tag = "nodes",
     summary = "A node's latest NodeInventory v1 snapshot",
     params(("node_id" = String, Path, description = "The node id")),
-    responses((status = 200, description = "snapshot, receivedAt, document", body = Object), CommonErrors),
+    responses((status = 200, description = "snapshot, receivedAt, document", body = InventoryDto), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn inventory(
+pub async fn node_inventory(
     State(state): State<AppState>,
     who: Authed,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<InventoryDto>, ApiError> {
     let (id, caller) = on_node(&state, &who, "nodes.inventory.get", &id).await?;
     let snapshot = state.app.node_inventory(&caller, &id).await?;
-    Ok(Json(json!({
-        "nodeId": id, "snapshot": snapshot.snapshot, "receivedAt": snapshot.received_at_ms, "document": snapshot.document,
-    })))
+    Ok(Json(InventoryDto::new(id.to_string(), snapshot)))
 }

@@ -8,11 +8,13 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{Content, RefOr};
 use utoipa::{Modify, OpenApi};
 
-use super::error::{ErrorBody, ErrorDetail};
-use super::{agent, events, fleet, health, nodes, projections, reservations};
+use axum::routing::MethodFilter;
+use std::sync::OnceLock;
+
+use crate::wire::ops::OpenApiDto;
 
 /// Bearer tokens, as the authorizer knows them.
-struct BearerAuth;
+pub struct BearerAuth;
 
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
@@ -26,7 +28,7 @@ impl Modify for BearerAuth {
 /// The text form of ids and positions, wherever a parameter or a property carries one, as a `pattern`: clients
 /// (and schema-driven fuzzers) learn what the server will parse, and every id in a response is checked against
 /// it by schema validation.
-struct TextPatterns;
+pub struct TextPatterns;
 
 /// The pattern of a parameter or property, by its name (the same name always carries the same kind of text).
 fn pattern_of(name: &str) -> Option<&'static str> {
@@ -110,64 +112,31 @@ impl Modify for TextPatterns {
     }
 }
 
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "Better Compute",
-        description = "The control plane of a GPU fleet: sites, pools, nodes and reservations. Times are epoch \
-                       milliseconds, durations seconds; every response carries `X-Request-Id`, every command's \
-                       `X-Position` is a consistency token for reads (`?after=` or `X-Min-Position`)."
-    ),
-    paths(
-        health::healthz,
-        fleet::create_site,
-        fleet::list_sites,
-        fleet::get_site,
-        fleet::create_project,
-        fleet::create_pool,
-        fleet::list_pools,
-        fleet::get_pool,
-        fleet::pool_capacity,
-        fleet::availability,
-        fleet::offer_pool,
-        fleet::set_quota,
-        nodes::register,
-        nodes::list,
-        nodes::get,
-        nodes::cordon,
-        nodes::uncordon,
-        nodes::start_maintenance,
-        nodes::end_maintenance,
-        nodes::drain,
-        nodes::delete,
-        nodes::set_spec,
-        nodes::create_command,
-        nodes::list_commands,
-        nodes::inventory,
-        nodes::create_join_token,
-        agent::join,
-        agent::open_session,
-        agent::rotate_credential,
-        agent::heartbeat,
-        agent::inventory,
-        agent::commands,
-        agent::ack,
-        reservations::create,
-        reservations::list,
-        reservations::get,
-        reservations::renew,
-        reservations::extend,
-        reservations::cancel,
-        reservations::release,
-        fleet::audit,
-        events::stream,
-        projections::list,
-        document,
-    ),
-    components(schemas(ErrorBody, ErrorDetail)),
-    modifiers(&BearerAuth, &TextPatterns)
-)]
-pub struct ApiDoc;
+/// The document, made once per process from the route table's handlers.
+pub fn document_once() -> &'static utoipa::openapi::OpenApi {
+    static DOCUMENT: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
+    DOCUMENT.get_or_init(super::ApiDoc::openapi)
+}
+
+/// The HTTP method and path of the operation `operation_id` (a handler's name) in `doc`: what its
+/// `#[utoipa::path]` declares, the one place a route's method and path are written.
+pub fn operation(doc: &utoipa::openapi::OpenApi, operation_id: &str) -> (MethodFilter, &'static str, String) {
+    for (path, item) in &doc.paths.paths {
+        let operations = [
+            (MethodFilter::GET, "GET", &item.get),
+            (MethodFilter::POST, "POST", &item.post),
+            (MethodFilter::PUT, "PUT", &item.put),
+            (MethodFilter::DELETE, "DELETE", &item.delete),
+            (MethodFilter::PATCH, "PATCH", &item.patch),
+        ];
+        for (filter, http, operation) in operations {
+            if operation.as_ref().and_then(|o| o.operation_id.as_deref()) == Some(operation_id) {
+                return (filter, http, path.clone());
+            }
+        }
+    }
+    panic!("the route table names {operation_id}, which has no #[utoipa::path] operation")
+}
 
 /// The document.
 #[utoipa::path(
@@ -175,8 +144,8 @@ pub struct ApiDoc;
     path = "/v1/openapi.json",
     tag = "health",
     summary = "This OpenAPI document",
-    responses((status = 200, description = "The document", body = Object))
+    responses((status = 200, description = "The document", body = OpenApiDto))
 )]
 pub async fn document() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+    Json(document_once().clone())
 }

@@ -1,8 +1,8 @@
 //! `GET /v1/projections`: each read model's versions, positions and lag, honouring a consistency token.
 
+use crate::wire::ops::ProjectionsDto;
 use axum::Json;
 use axum::extract::State;
-use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
@@ -17,30 +17,15 @@ use bc_commands::door::Subject;
     tag = "operations",
     summary = "Each read model version's position, lag and state (the platform only)",
     params(("after" = Option<String>, Query, description = "A consistency token"), ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The versions", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "The versions", body = ProjectionsDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn list(
+pub async fn projection_status(
     State(state): State<AppState>,
     who: Authed,
     MinPosition(after): MinPosition,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ProjectionsDto>, ApiError> {
     state.app.authorize(&who.0, "projections.status", Subject::Fleet).await?;
     let rows = state.app.projection_status(after).await?;
-    let items: Vec<Value> = rows
-        .into_iter()
-        .map(|row| {
-            json!({
-                "name": row.name,
-                "version": row.version,
-                "state": row.state,
-                "active": row.active,
-                "position": row.position.to_string(),
-                "eventsApplied": row.events_applied,
-                "lagEvents": row.lag_events,
-                "lagSeconds": if row.lag_seconds.is_finite() { json!(row.lag_seconds) } else { Value::Null },
-            })
-        })
-        .collect();
-    Ok(Json(json!({ "items": items })))
+    Ok(Json(ProjectionsDto { items: rows.iter().map(Into::into).collect() }))
 }

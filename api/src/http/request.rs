@@ -6,7 +6,7 @@ use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use base64::Engine as _;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -15,7 +15,9 @@ use tracing::Instrument as _;
 use super::error::Failure;
 use super::{ApiError, AppState};
 use bc_commands::door::Call;
-use bc_commands::reads::{Listed, Page};
+use bc_commands::reads::Page;
+use bc_eventstore::Position;
+use serde::Serialize;
 
 /// The request's id: the client's `X-Request-Id` when it is sensible, otherwise a new one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,6 +150,24 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// An optional JSON body: absent or empty means the default.
+#[derive(Debug, Clone)]
+pub struct OptionalBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| ApiError::invalid_argument("body", rejection.body_text()))?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalBody(T::default()));
+        }
+        parse_json(&bytes).map(OptionalBody)
+    }
+}
+
 /// A query string parsed into `T` (declare it with `deny_unknown_fields`), with errors naming the parameter.
 #[derive(Debug, Clone)]
 pub struct QueryParams<T>(pub T);
@@ -200,9 +220,31 @@ impl PageParams {
     }
 }
 
-/// A page of a list as the API answers it: `{"items": [...], "nextCursor": "..." | null}`.
-pub fn page_json(listed: Listed) -> serde_json::Value {
-    json!({ "items": listed.items, "nextCursor": listed.next_key.as_deref().map(encode_cursor) })
+/// The `nextCursor` of a page that ended before the key `next_key` (none on the last page).
+pub fn next_cursor(next_key: &Option<String>) -> Option<String> {
+    next_key.as_deref().map(encode_cursor)
+}
+
+/// A command's answer: its body, its position as `X-Position` (the consistency token of reads), and where
+/// the new thing is, for a create.
+pub fn committed_answer<T: Serialize>(
+    status: StatusCode,
+    body: T,
+    position: Option<Position>,
+    location: Option<String>,
+) -> Response {
+    let mut response = (status, axum::Json(body)).into_response();
+    if let Some(position) = position
+        && let Ok(value) = HeaderValue::from_str(&position.to_string())
+    {
+        response.headers_mut().insert("x-position", value);
+    }
+    if let Some(location) = location
+        && let Ok(value) = HeaderValue::from_str(&location)
+    {
+        response.headers_mut().insert("location", value);
+    }
+    response
 }
 
 /// An opaque cursor for the last key of a page.

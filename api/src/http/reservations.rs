@@ -1,150 +1,28 @@
 //! `/v1/reservations`: create (with `Idempotency-Key`), get, list, renew, extend, cancel, release.
 
 use axum::Json;
-use axum::extract::{FromRequest, Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use bc_domain::device::DeviceClass;
-use bc_domain::id::{PoolId, ProjectId, ReservationId};
-use bc_domain::reservation::{
-    Binding, DeviceRequest, Reservation, ReservationRequest, ReservationState, Selector, Topology,
-};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use bc_domain::id::{PoolId, ReservationId};
+use bc_domain::reservation::{Reservation, ReservationState};
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
-use super::request::{Authed, JsonBody, PageParams, QueryParams, page_json, parse_json, path_id};
+use super::request::{Authed, JsonBody, OptionalBody, PageParams, QueryParams, committed_answer, next_cursor, path_id};
 use super::{ApiError, AppState};
+use crate::wire::ReservationPage;
+use crate::wire::reservations::{CancelBody, EmptyBody, ExtendBody, ReservationDto, ReserveBody};
 use bc_commands::Caller;
 use bc_commands::Committed;
 use bc_commands::door::Subject;
-use bc_commands::reads::{Listed, ReservationFilter};
+use bc_commands::reads::ReservationFilter;
 use bc_commands::reservations::Reserve;
-
-/// `devices` of a request.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct DevicesBody {
-    /// `gpu`, `gpu.mig` or `gpu.slot`: the atoms the pool's sharing mode books.
-    #[schema(value_type = String, example = "gpu")]
-    pub class: DeviceClass,
-    pub count: u32,
-    /// `gpuModel`, `gpuProduct` and `attributes` the atoms must have.
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub selector: Selector,
-    /// `{"kind": "same-node"}` (the default) or `{"kind": "gang", "nodes": n}`.
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub topology: Topology,
-}
-
-/// The body of `POST /v1/reservations`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ReserveBody {
-    pub pool_id: String,
-    pub devices: DevicesBody,
-    /// When the window starts (epoch milliseconds); without it, when the reservation is placed.
-    pub start: Option<i64>,
-    /// The window's length in seconds.
-    pub duration: u64,
-    /// `hold` (the default); `instance` and `node` are not offered yet.
-    #[serde(default)]
-    #[schema(value_type = String, example = "hold")]
-    pub binding: Binding,
-    pub lease_seconds: Option<u64>,
-    pub project_id: Option<String>,
-    /// The latest time it may still be placed (epoch milliseconds).
-    pub deadline: Option<i64>,
-    /// Whether it may wait in `pending` (default true).
-    pub wait: Option<bool>,
-    /// Spot reservations are not offered yet; `true` is refused naming the field.
-    pub spot: Option<bool>,
-}
-
-impl ReserveBody {
-    fn request(self) -> Result<ReservationRequest, ApiError> {
-        if self.spot == Some(true) {
-            return Err(ApiError::invalid_argument("spot", "spot reservations are not offered yet"));
-        }
-        Ok(ReservationRequest {
-            pool_id: path_id::<PoolId>("poolId", &self.pool_id)?,
-            devices: DeviceRequest {
-                class: self.devices.class,
-                count: self.devices.count,
-                selector: self.devices.selector,
-                topology: self.devices.topology,
-            },
-            start_ms: self.start,
-            duration_s: self.duration,
-            binding: self.binding,
-            lease_seconds: self.lease_seconds,
-            project_id: self.project_id.as_deref().map(|p| path_id::<ProjectId>("projectId", p)).transpose()?,
-            deadline_ms: self.deadline,
-            wait: self.wait.unwrap_or(true),
-        })
-    }
-}
-
-/// A request as the API shows it (the create body's shape).
-pub fn request_json(request: &ReservationRequest) -> Value {
-    let mut out = json!({
-        "poolId": request.pool_id,
-        "devices": request.devices,
-        "duration": request.duration_s,
-        "binding": request.binding,
-        "wait": request.wait,
-    });
-    let optional = [
-        ("start", request.start_ms.map(Value::from)),
-        ("leaseSeconds", request.lease_seconds.map(Value::from)),
-        ("projectId", request.project_id.as_ref().map(|p| Value::from(p.as_str()))),
-        ("deadline", request.deadline_ms.map(Value::from)),
-    ];
-    for (key, value) in optional {
-        if let Some(value) = value {
-            out[key] = value;
-        }
-    }
-    out
-}
-
-/// A reservation as the API shows it (the same shape as the list's items).
-pub fn reservation_json(r: &Reservation) -> Value {
-    json!({
-        "id": r.id,
-        "tenantId": r.tenant_id,
-        "identity": r.identity,
-        "poolId": r.request.pool_id,
-        "projectId": r.request.project_id,
-        "state": r.state.as_str(),
-        "resource": r.request.resource(),
-        "count": r.request.devices.count,
-        "request": request_json(&r.request),
-        "priority": r.priority,
-        "requestedAt": r.requested_at_ms,
-        "pendingDeadline": r.pending_deadline_ms,
-        "start": r.start_ms,
-        "end": r.end_ms,
-        "leaseDeadline": r.lease_deadline_ms,
-        "endedAt": r.ended_at_ms,
-        "outcome": r.outcome,
-        "allocations": r.allocations,
-        "version": r.version,
-    })
-}
 
 /// A command's answer: the reservation, with its position as `X-Position` (the consistency token of reads).
 fn answer(status: StatusCode, committed: &Committed<Reservation>) -> Response {
-    let mut response = (status, Json(reservation_json(&committed.value))).into_response();
-    if let Some(position) = committed.position
-        && let Ok(value) = HeaderValue::from_str(&position.to_string())
-    {
-        response.headers_mut().insert("x-position", value);
-    }
-    response
+    committed_answer(status, ReservationDto::from(&committed.value), committed.position, None)
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
@@ -168,10 +46,10 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
     summary = "Reserve GPUs in a pool",
     params(("Idempotency-Key" = String, Header, description = "Names the reservation with the caller: a retry with the same key and body answers the same one")),
     request_body = ReserveBody,
-    responses((status = 201, description = "Created, placed or pending; `X-Position` is its consistency token", body = Object), (status = 200, description = "A retry: the existing reservation", body = Object), (status = 409, description = "CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED", body = ErrorBody), CommonErrors),
+    responses((status = 201, description = "Created, placed or pending; `X-Position` is its consistency token", body = ReservationDto), (status = 200, description = "A retry: the existing reservation", body = ReservationDto), (status = 409, description = "CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn create(
+pub async fn create_reservation(
     State(state): State<AppState>,
     who: Authed,
     headers: HeaderMap,
@@ -181,12 +59,9 @@ pub async fn create(
     let request = body.request()?;
     let reserved = state.app.reserve_as(&who.0, Reserve { idempotency_key: key, request }).await?;
     let status = if reserved.value.created { StatusCode::CREATED } else { StatusCode::OK };
-    let committed = Committed { value: reserved.value.reservation, position: reserved.position };
-    let mut response = answer(status, &committed);
-    if let Ok(location) = HeaderValue::from_str(&format!("/v1/reservations/{}", committed.value.id)) {
-        response.headers_mut().insert("location", location);
-    }
-    Ok(response)
+    let r = &reserved.value.reservation;
+    let location = format!("/v1/reservations/{}", r.id);
+    Ok(committed_answer(status, ReservationDto::from(r), reserved.position, Some(location)))
 }
 
 /// Decides `method` on the reservation a path names: its id and the caller to run the command as.
@@ -208,10 +83,14 @@ async fn authorized(
     tag = "reservations",
     summary = "One reservation, read from its stream",
     params(("reservation_id" = String, Path, description = "The reservation id")),
-    responses((status = 200, description = "The reservation", body = Object), CommonErrors),
+    responses((status = 200, description = "The reservation", body = ReservationDto), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn get(State(state): State<AppState>, who: Authed, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn get_reservation(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let (id, caller) = authorized(&state, &who, "reservations.get", &id).await?;
     let found = state.app.reservation(&caller, &id).await?;
     Ok(answer(StatusCode::OK, &found))
@@ -240,15 +119,15 @@ pub struct ListParams {
     tag = "reservations",
     summary = "The caller's tenant's reservations, in id order",
     params(ListParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = Object), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "A page: items and nextCursor", body = ReservationPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn list(
+pub async fn list_reservations(
     State(state): State<AppState>,
     who: Authed,
     MinPosition(after): MinPosition,
     QueryParams(params): QueryParams<ListParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ReservationPage>, ApiError> {
     let caller = state.app.authorize(&who.0, "reservations.list", Subject::OwnTenant).await?;
     let page = PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
     let pool_id = params.pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
@@ -257,45 +136,10 @@ pub async fn list(
         state: params.state.map(|s| s.as_str().to_owned()),
     };
     let listed = state.app.list_reservations(&caller, &filter, &page, after).await?;
-    let items = listed.items.iter().map(reservation_json).collect();
-    Ok(Json(page_json(Listed { items, next_key: listed.next_key })))
-}
-
-/// An optional JSON body: absent or empty means the default.
-pub struct OptionalBody<T>(pub T);
-
-impl<S: Send + Sync, T: serde::de::DeserializeOwned + Default> FromRequest<S> for OptionalBody<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = axum::body::Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| ApiError::invalid_argument("body", rejection.body_text()))?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(OptionalBody(T::default()));
-        }
-        parse_json(&bytes).map(OptionalBody)
-    }
-}
-
-/// Body of `cancel`.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CancelBody {
-    pub reason: Option<String>,
-}
-
-/// No body, or `{}`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EmptyBody {}
-
-/// Body of `extend`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ExtendBody {
-    /// The new end of the window (epoch milliseconds).
-    pub end: i64,
+    Ok(Json(ReservationPage {
+        items: listed.items.iter().map(Into::into).collect(),
+        next_cursor: next_cursor(&listed.next_key),
+    }))
 }
 
 #[utoipa::path(
@@ -305,10 +149,10 @@ pub struct ExtendBody {
     summary = "Cancel before the start",
     params(("reservation_id" = String, Path, description = "The reservation id")),
     request_body = inline(Option<CancelBody>),
-    responses((status = 200, description = "Cancelled", body = Object), (status = 409, description = "Wrong state: after the start, release instead", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "Cancelled", body = ReservationDto), (status = 409, description = "Wrong state: after the start, release instead", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn cancel(
+pub async fn cancel_reservation(
     State(state): State<AppState>,
     who: Authed,
     Path(id): Path<String>,
@@ -328,10 +172,10 @@ pub async fn cancel(
     tag = "reservations",
     summary = "Release after the start",
     params(("reservation_id" = String, Path, description = "The reservation id")),
-    responses((status = 200, description = "Releasing", body = Object), (status = 409, description = "Wrong state: before the start, cancel instead", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "Releasing", body = ReservationDto), (status = 409, description = "Wrong state: before the start, cancel instead", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn release(
+pub async fn release_reservation(
     State(state): State<AppState>,
     who: Authed,
     Path(id): Path<String>,
@@ -348,10 +192,10 @@ pub async fn release(
     tag = "reservations",
     summary = "Renew the allocation lease",
     params(("reservation_id" = String, Path, description = "The reservation id")),
-    responses((status = 200, description = "Renewed", body = Object), (status = 409, description = "Wrong state, or the lease already lapsed", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "Renewed", body = ReservationDto), (status = 409, description = "Wrong state, or the lease already lapsed", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn renew(
+pub async fn renew_reservation(
     State(state): State<AppState>,
     who: Authed,
     Path(id): Path<String>,
@@ -370,10 +214,10 @@ pub async fn renew(
     summary = "Lengthen the window on the same atoms",
     params(("reservation_id" = String, Path, description = "The reservation id")),
     request_body = ExtendBody,
-    responses((status = 200, description = "Extended", body = Object), (status = 409, description = "Wrong state, another booking, or quota", body = ErrorBody), CommonErrors),
+    responses((status = 200, description = "Extended", body = ReservationDto), (status = 409, description = "Wrong state, another booking, or quota", body = ErrorBody), CommonErrors),
     security(("bearer" = [])),
 )]
-pub async fn extend(
+pub async fn extend_reservation(
     State(state): State<AppState>,
     who: Authed,
     Path(id): Path<String>,

@@ -56,7 +56,7 @@ async fn a_read_after_a_commands_position_sees_its_effect() {
     let daemon = tokio::spawn(framework::run_daemon(fleet.t.db.clone(), models::read_models(), config, stopped));
     let pools = fleet.app.list_pools(&acme, &Page::first(10), Some(position)).await.expect("consistent read");
     assert_eq!(pools.items.len(), 1, "the offer made the pool visible to acme");
-    assert_eq!(pools.items[0]["offers"][0]["quota"]["gpu"], 4);
+    assert_eq!(pools.items[0].offers[0].quota.get("gpu"), Some(&4));
     let globex = caller("globex", "bob@globex");
     let elsewhere = fleet.app.list_pools(&globex, &Page::first(10), Some(position)).await.expect("read");
     assert!(elsewhere.items.is_empty(), "another tenant sees nothing");

@@ -122,7 +122,55 @@ impl Api {
         let headers = response.headers().clone();
         let bytes = response.into_body().collect().await.expect("body").to_bytes();
         let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("a JSON body") };
+        self.conforms(method, uri, status, &body).await;
         Reply { status, headers, body }
+    }
+
+    /// Checks a served body against the schema the OpenAPI document gives its route and status: every JSON
+    /// answer of every test that calls through here is validated.
+    async fn conforms(&self, method: &str, uri: &str, status: StatusCode, body: &Value) {
+        if uri.starts_with("/v1/openapi.json") || body.is_null() {
+            return;
+        }
+        let doc = self.document().await;
+        let path = uri.split('?').next().unwrap_or(uri);
+        let Some((template, operation)) =
+            doc["paths"].as_object().expect("paths").iter().find_map(|(template, item)| {
+                let operation = item.get(method.to_ascii_lowercase())?;
+                matches_template(template, path).then_some((template, operation))
+            })
+        else {
+            assert!(
+                status == StatusCode::NOT_FOUND || status == StatusCode::METHOD_NOT_ALLOWED,
+                "{method} {uri} is not documented"
+            );
+            return;
+        };
+        let responses = &operation["responses"];
+        let response = responses.get(status.as_str()).unwrap_or_else(|| {
+            // The errors every route can answer are described once, as the common ones are.
+            panic!("{method} {template} answered {status}, which its document does not list: {body}")
+        });
+        let schema = &response["content"]["application/json"]["schema"];
+        assert!(!schema.is_null(), "{method} {template} {status}: no JSON schema");
+        let root = json!({ "$ref": schema["$ref"].clone(), "components": doc["components"].clone() });
+        let root = if schema.get("$ref").is_some() {
+            root
+        } else {
+            json!({ "allOf": [schema], "components": doc["components"].clone() })
+        };
+        let validator = jsonschema::validator_for(&root).expect("the schema compiles");
+        let errors: Vec<String> =
+            validator.iter_errors(body).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+        assert!(errors.is_empty(), "{method} {template} {status}: the body breaks its schema: {errors:?}\n{body}");
+    }
+
+    /// The served OpenAPI document, read once.
+    async fn document(&self) -> Value {
+        let request = Request::builder().uri("/v1/openapi.json").body(Body::empty()).expect("request");
+        let response = self.router.clone().oneshot(request).await.expect("response");
+        let bytes = response.into_body().collect().await.expect("body").to_bytes();
+        serde_json::from_slice(&bytes).expect("the document")
     }
 
     /// The status and error code of a call, without waiting for the body's end (an event stream has none).
@@ -189,6 +237,12 @@ impl Api {
         self.fleet.offer(&pool, "globex", 16).await;
         pool.to_string()
     }
+}
+
+/// Whether a concrete path is an instance of a template like `/v1/pools/{pool_id}`.
+fn matches_template(template: &str, path: &str) -> bool {
+    let (t, p): (Vec<&str>, Vec<&str>) = (template.split('/').collect(), path.split('/').collect());
+    t.len() == p.len() && t.iter().zip(&p).all(|(t, p)| (t.starts_with('{') && !p.is_empty()) || t == p)
 }
 
 fn reservation(pool: &str, count: u32, duration_s: u64) -> Value {
@@ -554,6 +608,15 @@ async fn the_openapi_document_lists_every_route_and_only_routed_paths() {
     for (path, operations) in doc.body["paths"].as_object().expect("paths") {
         for (method, operation) in operations.as_object().expect("operations") {
             documented.insert((method.to_ascii_uppercase(), path.clone()));
+            // Every answer is described by a named schema: no route answers a bare `Object`.
+            for (status, response) in operation["responses"].as_object().expect("responses") {
+                for (media, content) in response["content"].as_object().expect("content") {
+                    let schema = &content["schema"];
+                    let typed =
+                        schema.get("$ref").is_some() || (media == "text/event-stream" && schema["type"] == "string");
+                    assert!(typed, "{method} {path} {status} {media}: an untyped schema {schema}");
+                }
+            }
             // The join carries its join token in the body; the other agent routes use the node credential.
             let open = path == "/v1/healthz" || path == "/v1/openapi.json" || path == "/v1/agent/join";
             assert_eq!(operation.get("security").is_none(), open, "{method} {path}: bearer security unless open");
@@ -564,7 +627,7 @@ async fn the_openapi_document_lists_every_route_and_only_routed_paths() {
         }
     }
     let routed: std::collections::BTreeSet<(String, String)> =
-        bc_api::http::ROUTES.iter().map(|r| (r.http.to_owned(), r.path.to_owned())).collect();
+        bc_api::http::routes().iter().map(|r| (r.http.to_owned(), r.path.to_owned())).collect();
     assert_eq!(documented, routed, "the document and the router list the same routes");
     // Every routed path answers something other than the router's own 404.
     for (method, path) in &routed {
@@ -580,7 +643,7 @@ async fn the_openapi_document_lists_every_route_and_only_routed_paths() {
         assert!(!unrouted && status != StatusCode::METHOD_NOT_ALLOWED, "{method} {path} is not routed");
     }
     let schemas = doc.body["components"]["schemas"].as_object().expect("schemas");
-    for schema in ["ReserveBody", "DevicesBody", "PoolBody", "ErrorBody"] {
+    for schema in ["ReserveBody", "DevicesDto", "PoolBody", "ErrorBody", "ReservationDto", "PoolDto", "NodeDto"] {
         assert!(schemas.contains_key(schema), "{schema} is described");
     }
     assert_eq!(doc.body["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
@@ -700,27 +763,41 @@ async fn every_route_answers_another_tenants_ids_exactly_as_ids_that_do_not_exis
     catch_up(&api.fleet.t.db).await;
     let before = api.events().await;
     let mut checked = 0;
-    for route in bc_api::http::ROUTES {
+    for route in bc_api::http::routes() {
         // Routes a tenant uses on its own scope, which create in it, and the event stream (its own test).
         if matches!(route.method, Some("sites.create" | "projects.create" | "events.stream")) {
             continue;
         }
-        let body = |ids: &[(&str, String)]| body_for(route.http, route.path, &fill("{pool_id}", ids));
-        let theirs =
-            api.call(route.http, &fill(route.path, &real), Some(GUS), &[], body(&real).map(|b| b.to_string())).await;
-        let nobody =
-            api.call(route.http, &fill(route.path, &fake), Some(GUS), &[], body(&fake).map(|b| b.to_string())).await;
-        let what = format!("{} {}", route.http, route.path);
+        let body = |ids: &[(&str, String)]| body_for(route.http.as_str(), route.path.as_str(), &fill("{pool_id}", ids));
+        let theirs = api
+            .call(
+                route.http.as_str(),
+                &fill(route.path.as_str(), &real),
+                Some(GUS),
+                &[],
+                body(&real).map(|b| b.to_string()),
+            )
+            .await;
+        let nobody = api
+            .call(
+                route.http.as_str(),
+                &fill(route.path.as_str(), &fake),
+                Some(GUS),
+                &[],
+                body(&fake).map(|b| b.to_string()),
+            )
+            .await;
+        let what = format!("{} {}", route.http.as_str(), route.path.as_str());
         let text = theirs.body.to_string();
         for id in secret_ids {
             // An id the caller sent may come back in a not-found message; anything else would leak it.
-            let sent = route.path.contains("{") && fill(route.path, &real).contains(id)
+            let sent = route.path.as_str().contains("{") && fill(route.path.as_str(), &real).contains(id)
                 || body(&real).is_some_and(|b| b.to_string().contains(id));
             assert!(sent || !text.contains(id), "{what} reveals {id}: {text}");
         }
         assert_eq!(theirs.status, nobody.status, "{what}: {} against {}", theirs.body, nobody.body);
         if theirs.status.is_success() {
-            assert_eq!(route.http, "GET", "{what} succeeded for another tenant: {text}");
+            assert_eq!(route.http.as_str(), "GET", "{what} succeeded for another tenant: {text}");
         } else {
             let strip = |reply: &Reply, ids: &[(&str, String)]| {
                 let message = reply.body["error"]["message"].as_str().unwrap_or_default().to_owned();
@@ -732,4 +809,61 @@ async fn every_route_answers_another_tenants_ids_exactly_as_ids_that_do_not_exis
     }
     assert!(checked >= 40, "{checked} routes checked");
     assert_eq!(api.events().await, before, "globex wrote nothing");
+}
+
+#[tokio::test]
+async fn the_agent_protocol_and_the_node_routes_answer_within_their_schemas() {
+    use bc_agent::simulate::{self, Simulated};
+    use bc_domain::inventory::SectionHashes;
+
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let token = api.post(&format!("/v1/pools/{pool}/join-tokens"), ROOT, json!({})).await;
+    assert_eq!(token.status, StatusCode::CREATED, "{:?}", token.body);
+    let spec: Simulated = "2xH100".parse().expect("spec");
+    let machine = simulate::inventory("sim-1", &spec);
+    let join = json!({
+        "joinToken": token.body["token"],
+        "agentVersion": "test",
+        "inventory": machine.report(&SectionHashes::new()),
+    });
+    let joined = api.call("POST", "/v1/agent/join", None, &[], Some(join.to_string())).await;
+    assert_eq!(joined.status, StatusCode::CREATED, "{:?}", joined.body);
+    let credential = joined.body["credential"].as_str().expect("credential").to_owned();
+    let node = joined.body["nodeId"].as_str().expect("node").to_owned();
+    let session_id = joined.body["session"]["sessionId"].clone();
+
+    let agent = |method: &'static str, uri: String, body: Option<Value>| {
+        let credential = credential.clone();
+        let api = &api;
+        async move { api.call(method, &uri, Some(&credential), &[], body.map(|b| b.to_string())).await }
+    };
+    let session = agent("POST", "/v1/agent/sessions".into(), Some(json!({ "agentVersion": "test" }))).await;
+    assert_eq!(session.status, StatusCode::CREATED, "{:?}", session.body);
+    let beat = json!({ "sessionId": session.body["sessionId"], "observedGeneration": 1, "clockMs": T0 });
+    let renewed = agent("POST", "/v1/agent/heartbeat".into(), Some(beat)).await;
+    assert_eq!(renewed.status, StatusCode::OK, "{:?}", renewed.body);
+    assert_ne!(session.body["sessionId"], session_id, "a new session replaced the join's");
+    let hashes: SectionHashes =
+        serde_json::from_value(joined.body["session"]["inventoryHashes"].clone()).expect("hashes");
+    let report = agent("POST", "/v1/agent/inventory".into(), Some(json!(machine.report(&hashes)))).await;
+    assert_eq!(report.status, StatusCode::OK, "{:?}", report.body);
+
+    let probe = api.post(&format!("/v1/nodes/{node}/commands"), ROOT, json!({ "kind": "probe", "note": "hi" })).await;
+    assert_eq!(probe.status, StatusCode::CREATED, "{:?}", probe.body);
+    let commands = agent("GET", "/v1/agent/commands".into(), None).await;
+    assert_eq!(commands.body["commands"][0]["kind"], "probe", "{:?}", commands.body);
+    let command = commands.body["commands"][0]["id"].as_str().expect("id").to_owned();
+    let acked = agent("POST", format!("/v1/agent/commands/{command}/ack"), Some(json!({ "ok": true }))).await;
+    assert_eq!(acked.body["state"], "succeeded", "{:?}", acked.body);
+    for uri in
+        [format!("/v1/nodes/{node}"), format!("/v1/nodes/{node}/commands"), format!("/v1/nodes/{node}/inventory")]
+    {
+        catch_up(&api.fleet.t.db).await;
+        let read = api.get(&uri, ROOT).await;
+        assert_eq!(read.status, StatusCode::OK, "{uri}: {:?}", read.body);
+    }
+    let rotated = agent("POST", "/v1/agent/credential".into(), None).await;
+    assert_eq!(rotated.status, StatusCode::CREATED, "{:?}", rotated.body);
+    assert_eq!(rotated.body["nodeId"], node.as_str());
 }

@@ -1,0 +1,189 @@
+//! The agent protocol's answers as the OpenAPI document describes them. The bodies themselves are
+//! `bc_domain::agent`'s types, which `bcd` shares so that both sides parse the same protocol; these are their
+//! described twins, converted field by field, and a test validates every served body against them.
+
+use std::collections::BTreeMap;
+
+use bc_domain::agent::{AgentCommand, HeartbeatReply, InventoryAccepted, Joined, Session};
+use bc_domain::inventory::SectionHashes;
+use bc_domain::node::NodeSpec;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::nodes::CommandBodyDto;
+use super::spelling;
+
+/// A node's desired state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpecDto {
+    /// How the node's GPUs are shared, as the pool says.
+    pub sharing: String,
+    /// Slots per GPU for `timeslice` and `mps`.
+    pub replicas: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_layout: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl From<&NodeSpec> for NodeSpecDto {
+    fn from(s: &NodeSpec) -> Self {
+        NodeSpecDto {
+            sharing: s.sharing.clone(),
+            replicas: s.replicas,
+            mig_layout: s.mig_layout.clone(),
+            labels: s.labels.clone(),
+        }
+    }
+}
+
+/// Each inventory section's hash (`system`, `gpus`, `nics`, `disks`), `sha256:` and the hex digest.
+fn hashes(h: &SectionHashes) -> BTreeMap<String, String> {
+    h.iter().map(|(section, hash)| (spelling(section), hash.clone())).collect()
+}
+
+/// A session and how to keep it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionDto {
+    pub session_id: String,
+    pub node_id: String,
+    /// How often to heartbeat.
+    pub heartbeat_ms: u64,
+    /// The liveness lease each heartbeat renews.
+    pub lease_ms: u64,
+    pub generation: u64,
+    pub spec: NodeSpecDto,
+    /// The section hashes of the inventory the control plane holds.
+    pub inventory_hashes: BTreeMap<String, String>,
+}
+
+impl From<&Session> for SessionDto {
+    fn from(s: &Session) -> Self {
+        SessionDto {
+            session_id: s.session_id.to_string(),
+            node_id: s.node_id.to_string(),
+            heartbeat_ms: s.heartbeat_ms,
+            lease_ms: s.lease_ms,
+            generation: s.generation,
+            spec: (&s.spec).into(),
+            inventory_hashes: hashes(&s.inventory_hashes),
+        }
+    }
+}
+
+/// What a join answers: the node, its credential (shown once), and a first session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinedDto {
+    pub node_id: String,
+    /// The node credential (`nc_...`): every later call carries it.
+    pub credential: String,
+    /// True when the machine was recognised as a node that already existed.
+    pub rejoined: bool,
+    pub session: SessionDto,
+}
+
+impl From<&Joined> for JoinedDto {
+    fn from(j: &Joined) -> Self {
+        JoinedDto {
+            node_id: j.node_id.to_string(),
+            credential: j.credential.clone(),
+            rejoined: j.rejoined,
+            session: (&j.session).into(),
+        }
+    }
+}
+
+/// A rotated node credential.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialDto {
+    pub node_id: String,
+    /// The new credential: it replaces the old one at its first use.
+    pub credential: String,
+}
+
+/// What a heartbeat answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatReplyDto {
+    /// When the liveness lease now runs out (the control plane's clock).
+    pub lease_expires_ms: i64,
+    pub generation: u64,
+    /// The spec, when `generation` is newer than what the agent observed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<NodeSpecDto>,
+    /// Whether commands wait for the agent.
+    pub commands_waiting: bool,
+}
+
+impl From<&HeartbeatReply> for HeartbeatReplyDto {
+    fn from(h: &HeartbeatReply) -> Self {
+        HeartbeatReplyDto {
+            lease_expires_ms: h.lease_expires_ms,
+            generation: h.generation,
+            spec: h.spec.as_ref().map(Into::into),
+            commands_waiting: h.commands_waiting,
+        }
+    }
+}
+
+/// An inventory report accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryAcceptedDto {
+    /// The snapshot now current (unchanged when nothing changed).
+    pub snapshot: u64,
+    /// The sections that changed.
+    pub changed: Vec<String>,
+    pub hashes: BTreeMap<String, String>,
+}
+
+impl From<&InventoryAccepted> for InventoryAcceptedDto {
+    fn from(i: &InventoryAccepted) -> Self {
+        InventoryAcceptedDto {
+            snapshot: i.snapshot,
+            changed: i.changed.iter().map(spelling).collect(),
+            hashes: hashes(&i.hashes),
+        }
+    }
+}
+
+/// One command as delivered: its id, `seq`, and its kind's fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCommandDto {
+    pub id: String,
+    pub seq: u64,
+    #[serde(flatten)]
+    pub body: CommandBodyDto,
+}
+
+/// The commands deliverable now, in `seq` order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandsDto {
+    pub commands: Vec<AgentCommandDto>,
+}
+
+impl From<&[AgentCommand]> for CommandsDto {
+    fn from(commands: &[AgentCommand]) -> Self {
+        CommandsDto {
+            commands: commands
+                .iter()
+                .map(|c| AgentCommandDto { id: c.id.to_string(), seq: c.seq, body: (&c.kind).into() })
+                .collect(),
+        }
+    }
+}
+
+/// An acknowledged command's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AckedDto {
+    pub id: String,
+    /// `succeeded` or `failed`.
+    pub state: String,
+}

@@ -1,0 +1,65 @@
+//! The API's request and response types: one of each per resource, described by `ToSchema` for the OpenAPI
+//! document. Domain types and persisted event payloads never go onto the wire themselves; each type here is
+//! converted from (or into) the domain's by hand, so a change on either side is a compile error or a test
+//! failure, never a silent change of the API.
+
+pub mod agent;
+pub mod fleet;
+pub mod nodes;
+pub mod ops;
+pub mod reservations;
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// The wire spelling of a domain enum: its serde name (`tenant-owned`, `bcd/v1`), which is the seeds'
+/// spelling, so the two can never differ.
+pub fn spelling<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(text)) => text,
+        other => unreachable!("a unit enum serializes as a string, not {other:?}"),
+    }
+}
+
+/// What a create answers: the new thing's id (with its position as `X-Position`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedDto {
+    pub id: String,
+}
+
+/// Declares the page type of a list: `{"items": [...], "nextCursor": "..." | null}`.
+macro_rules! page {
+    ($(#[$doc:meta])* $page:ident of $item:ty) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+        #[serde(rename_all = "camelCase")]
+        pub struct $page {
+            pub items: Vec<$item>,
+            /// Pass as `?cursor=` for the next page; `null` on the last one.
+            #[schema(required = true)]
+            pub next_cursor: Option<String>,
+        }
+    };
+}
+
+page!(
+    /// A page of sites.
+    SitePage of fleet::SiteDto
+);
+page!(
+    /// A page of pools.
+    PoolPage of fleet::PoolDto
+);
+page!(
+    /// A page of the audit trail, oldest first.
+    AuditPage of fleet::AuditDto
+);
+page!(
+    /// A page of nodes.
+    NodePage of nodes::NodeDto
+);
+page!(
+    /// A page of reservations, in id order.
+    ReservationPage of reservations::ReservationDto
+);

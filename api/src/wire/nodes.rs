@@ -1,0 +1,356 @@
+//! Nodes on the wire: registration, the operator verbs' bodies and answers, commands, the inventory, join
+//! tokens.
+
+use std::collections::BTreeMap;
+
+use bc_commands::agents::IssuedJoinToken;
+use bc_commands::node_commands::CommandRecord;
+use bc_commands::nodes::InventorySnapshot;
+use bc_commands::reads::NodeView;
+use bc_domain::device::MigInstance;
+use bc_domain::inventory::NodeInventory;
+use bc_domain::node::{Condition, Role, Trust};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::spelling;
+
+/// A MIG instance of a registered GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigInstanceBody {
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+    /// The profile, such as `1g.10gb`.
+    pub profile: String,
+    #[serde(default)]
+    pub memory_mib: u64,
+}
+
+impl From<MigInstanceBody> for MigInstance {
+    fn from(m: MigInstanceBody) -> Self {
+        MigInstance {
+            gpu_instance: m.gpu_instance,
+            compute_instance: m.compute_instance,
+            profile: m.profile,
+            memory_mib: m.memory_mib,
+        }
+    }
+}
+
+/// One GPU of a registration.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuBody {
+    pub uuid: String,
+    pub name: String,
+    #[serde(default)]
+    pub memory_mib: u64,
+    pub pci_bus_id: Option<String>,
+    #[serde(default)]
+    pub mig_instances: Vec<MigInstanceBody>,
+}
+
+/// The body of `POST /v1/nodes`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegisterBody {
+    pub pool_id: String,
+    pub name: String,
+    /// `unassigned`, `host`, `dedicated` or `site`.
+    #[schema(value_type = String, example = "host")]
+    pub role: Role,
+    /// `platform`, `tenant-owned` or `tenant-controlled`.
+    #[schema(value_type = String, example = "platform")]
+    pub trust: Trust,
+    pub owner_tenant_id: Option<String>,
+    pub gpus: Vec<GpuBody>,
+}
+
+/// A condition a node carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConditionDto {
+    /// `GpuCountMismatch`, `NodeUnreachable`, `ClockSkew`, `GpuModelUnknown`, `HardwareChanged`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+    pub since: i64,
+}
+
+impl From<&Condition> for ConditionDto {
+    fn from(c: &Condition) -> Self {
+        ConditionDto { kind: c.kind.as_str().to_owned(), message: c.message.clone(), since: c.since_ms }
+    }
+}
+
+/// A node: each axis of its state on its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDto {
+    pub id: String,
+    pub pool_id: String,
+    pub site_id: String,
+    /// The tenant a dedicated node belongs to.
+    pub owner_tenant_id: Option<String>,
+    pub name: String,
+    pub role: String,
+    pub trust: String,
+    /// `bcd/v1` or `provider-api/v1`.
+    pub adapter: String,
+    pub provision_state: String,
+    pub maintenance: bool,
+    pub cordoned: bool,
+    /// `connected`, `disconnected`, `unreachable` or `lost`.
+    pub connectivity: String,
+    pub conditions: Vec<ConditionDto>,
+    pub no_schedule_reasons: Vec<String>,
+    pub observed_generation: u64,
+    pub schedulable: bool,
+    pub gpu_count: u32,
+    /// The class of the atoms it holds in its pool (`gpu`, `gpu.mig`, `gpu.slot`).
+    pub atom_class: Option<String>,
+    pub atom_count: u32,
+    pub registered_at: i64,
+}
+
+impl From<&NodeView> for NodeDto {
+    fn from(n: &NodeView) -> Self {
+        NodeDto {
+            id: n.id.to_string(),
+            pool_id: n.pool_id.to_string(),
+            site_id: n.site_id.to_string(),
+            owner_tenant_id: n.owner_tenant_id.as_ref().map(ToString::to_string),
+            name: n.name.clone(),
+            role: spelling(&n.role),
+            trust: spelling(&n.trust),
+            adapter: spelling(&n.adapter),
+            provision_state: spelling(&n.provision_state),
+            maintenance: n.maintenance,
+            cordoned: n.cordoned,
+            connectivity: spelling(&n.connectivity),
+            conditions: n.conditions.iter().map(Into::into).collect(),
+            no_schedule_reasons: n.no_schedule_reasons.clone(),
+            observed_generation: n.observed_generation,
+            schedulable: n.schedulable,
+            gpu_count: n.gpu_count,
+            atom_class: n.atom_class.map(|c| c.as_str().to_owned()),
+            atom_count: n.atom_count,
+            registered_at: n.registered_at_ms,
+        }
+    }
+}
+
+/// Body of the verbs (cordon, uncordon, maintenance): an optional reason, recorded with the event.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VerbBody {
+    pub reason: Option<String>,
+}
+
+/// Body of `POST /v1/nodes/{node_id}/drain`.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ForceBody {
+    /// End the reservations running on the node instead of letting them finish.
+    #[serde(default)]
+    pub force: bool,
+    pub reason: Option<String>,
+}
+
+/// What a verb answers: the node it changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeChangedDto {
+    pub id: String,
+}
+
+/// What `DELETE /v1/nodes/{node_id}` answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDeletedDto {
+    pub id: String,
+    pub deleted: bool,
+}
+
+/// Body of `PUT /v1/nodes/{node_id}/spec`.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpecBody {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub mig_layout: Option<String>,
+}
+
+/// What a spec change answers: the new generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SpecSetDto {
+    pub id: String,
+    pub generation: u64,
+}
+
+/// Body of `POST /v1/nodes/{node_id}/commands`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommandBody {
+    /// `probe` or `refresh-inventory`.
+    pub kind: String,
+    pub note: Option<String>,
+    /// Epoch ms before which it is not delivered.
+    pub not_before: Option<i64>,
+    /// Epoch ms after which, still undelivered, it expires.
+    pub not_after: Option<i64>,
+    /// Held until the node has observed this generation.
+    pub min_generation: Option<u64>,
+}
+
+/// A command queued for a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandQueuedDto {
+    pub id: String,
+    pub node_id: String,
+    pub seq: u64,
+}
+
+/// What a command asks the agent to do, as it travels: its `kind` and the kind's fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandBodyDto {
+    /// `bind`, `unbind`, `refresh-inventory` or `probe`.
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl From<&bc_domain::agent::CommandKind> for CommandBodyDto {
+    fn from(kind: &bc_domain::agent::CommandKind) -> Self {
+        use bc_domain::agent::CommandKind as K;
+        let mut dto = CommandBodyDto {
+            kind: kind.name().to_owned(),
+            reservation_id: None,
+            allocation_id: None,
+            devices: None,
+            note: None,
+        };
+        match kind {
+            K::Bind { reservation_id, allocation_id, devices }
+            | K::Unbind { reservation_id, allocation_id, devices } => {
+                dto.reservation_id = Some(reservation_id.to_string());
+                dto.allocation_id = Some(allocation_id.to_string());
+                dto.devices = Some(devices.iter().map(ToString::to_string).collect());
+            }
+            K::Probe { note } => dto.note = note.clone(),
+            K::RefreshInventory => {}
+        }
+        dto
+    }
+}
+
+/// A command as stored, for operators.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandDto {
+    pub id: String,
+    pub node_id: String,
+    pub seq: u64,
+    pub kind: String,
+    pub body: CommandBodyDto,
+    /// `queued`, `succeeded`, `failed` or `expired`.
+    pub state: String,
+    pub not_before: i64,
+    pub not_after: Option<i64>,
+    pub min_generation: Option<u64>,
+    pub deliveries: i32,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+    pub message: Option<String>,
+}
+
+impl From<&CommandRecord> for CommandDto {
+    fn from(c: &CommandRecord) -> Self {
+        CommandDto {
+            id: c.id.to_string(),
+            node_id: c.node_id.to_string(),
+            seq: c.seq,
+            kind: c.kind.clone(),
+            body: (&c.body).into(),
+            state: c.state.clone(),
+            not_before: c.not_before,
+            not_after: c.not_after,
+            min_generation: c.min_generation,
+            deliveries: c.deliveries,
+            created_at: c.created_at,
+            finished_at: c.finished_at,
+            message: c.message.clone(),
+        }
+    }
+}
+
+/// `GET /v1/nodes/{node_id}/commands`: the latest commands, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandListDto {
+    pub items: Vec<CommandDto>,
+}
+
+/// A node's latest inventory snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryDto {
+    pub node_id: String,
+    pub snapshot: u64,
+    pub received_at: i64,
+    /// The `NodeInventory v1` document as the agent reported it: `version`, and the `system`, `gpus`, `nics`
+    /// and `disks` sections.
+    #[schema(value_type = Object)]
+    pub document: NodeInventory,
+}
+
+impl InventoryDto {
+    pub fn new(node_id: String, snapshot: InventorySnapshot) -> Self {
+        InventoryDto {
+            node_id,
+            snapshot: snapshot.snapshot,
+            received_at: snapshot.received_at_ms,
+            document: snapshot.document,
+        }
+    }
+}
+
+/// Body of `POST /v1/pools/{pool_id}/join-tokens`.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinTokenBody {
+    /// How long the token admits a machine, in seconds (60 to 604800; default 3600).
+    pub ttl_seconds: Option<u64>,
+}
+
+/// A join token, shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenDto {
+    pub id: String,
+    /// The secret (`jt_...`): it admits one machine into the pool until it expires.
+    pub token: String,
+    pub pool_id: String,
+    pub expires_at: i64,
+}
+
+impl From<&IssuedJoinToken> for JoinTokenDto {
+    fn from(t: &IssuedJoinToken) -> Self {
+        JoinTokenDto {
+            id: t.id.to_string(),
+            token: t.token.clone(),
+            pool_id: t.pool_id.to_string(),
+            expires_at: t.expires_at_ms,
+        }
+    }
+}
