@@ -1318,7 +1318,9 @@ async fn print_sizes(db: &Db) -> anyhow::Result<()> {
         "pool_capacity_holds_v1",
         "pool_capacity_nodes_v1",
         "pool_capacity_rollup_v1",
-        "pools_v1",
+        "pools_v2",
+        "nodes_v2",
+        "reservations_v2",
     ];
     let mut tx = db.begin(TxOptions::READ_ONLY).await?;
     let rows = sql::query(

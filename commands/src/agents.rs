@@ -23,7 +23,6 @@ use bc_domain::node::{
     NodeConnectivityChanged, NodeEvent, NodeHardwareChanged, NodeInventoryReported, NodeJoined, NodeRejoined, NodeSpec,
     NodeSpecObserved, Role, Trust,
 };
-use bc_domain::pool::{JoinTokenIssued, PoolEvent};
 use bc_domain::reservation::{self, Command, FailureReason, ReservationState};
 use bc_domain::{acceptance, gpu, site::check_name};
 use bc_eventstore::events::ExpectedVersion;
@@ -459,9 +458,6 @@ impl App {
         pool_id: &PoolId,
         ttl_s: u64,
     ) -> AppResult<Committed<IssuedJoinToken>> {
-        if !(60..=MAX_JOIN_TOKEN_TTL_S).contains(&ttl_s) {
-            return Err(Rejection::invalid("ttlSeconds", format!("must be 60 to {MAX_JOIN_TOKEN_TTL_S}")).into());
-        }
         let (token, hash) = new_secret(JOIN_TOKEN_PREFIX)?;
         let id = JoinTokenId::generate();
         self.db
@@ -470,6 +466,7 @@ impl App {
                 async move {
                     let pool = owned_pool(tx, caller, pool_id).await?;
                     let at_ms = clock::compute_now_ms(tx).await?;
+                    let events = bc_domain::pool::issue_join_token(pool_id, id, ttl_s, MAX_JOIN_TOKEN_TTL_S, at_ms)?;
                     let expires_at_ms = at_ms + ttl_s as i64 * 1000;
                     sql::query(
                         "INSERT INTO join_tokens (id, secret_sha256, pool_id, created_by, expires_at)
@@ -482,16 +479,10 @@ impl App {
                     .bind(expires_at_ms)
                     .execute(tx.conn())
                     .await?;
-                    let event = PoolEvent::JoinTokenIssued(JoinTokenIssued {
-                        pool_id: pool_id.clone(),
-                        token_id: id.clone(),
-                        expires_at_ms,
-                        at_ms,
-                    });
                     // Each token is a stream of its own, so that tokens issued at once for one pool never race
                     // for the pool stream's next version.
                     let position =
-                        record(tx, caller, id.as_str(), &pool.owner_tenant_id, ExpectedVersion::Exact(0), vec![event])
+                        record(tx, caller, id.as_str(), &pool.owner_tenant_id, ExpectedVersion::Exact(0), events)
                             .await?;
                     Ok(Committed {
                         value: IssuedJoinToken {

@@ -2,12 +2,9 @@
 
 use bc_domain::Rejection;
 use bc_domain::id::{PoolId, ProjectId, SiteId, TenantId};
-use bc_domain::pool::{
-    PoolAgent, PoolClass, PoolCreated, PoolEvent, PoolOffered, PoolPolicy, PoolQuotaSet, Quota, Sharing, check_quota,
-};
-use bc_domain::region::IamRegion;
-use bc_domain::site::{ProjectCreated, ProjectEvent, SiteCreated, SiteEvent, SiteKind, check_name};
-use bc_eventstore::events::{self, ExpectedVersion};
+use bc_domain::pool::{self, PoolAgent, PoolClass, PoolCommand, PoolCreated, PoolEvent, PoolPolicy, Quota, Sharing};
+use bc_domain::site::{self, SiteKind};
+use bc_eventstore::events::ExpectedVersion;
 use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
 
 use super::store::{self, NamedTable};
@@ -57,32 +54,26 @@ fn name_race(err: AppError, what: &str, name: &str) -> AppError {
 impl App {
     /// Creates a site owned by the caller's tenant.
     pub async fn create_site(&self, caller: &Caller, input: CreateSite) -> AppResult<Committed<SiteId>> {
-        check_name("name", &input.name)?;
-        let iam_region: IamRegion = input
-            .iam_region
-            .parse()
-            .map_err(|err: bc_domain::region::InvalidRegion| Rejection::invalid("iamRegion", err.to_string()))?;
         let site_id = SiteId::generate();
         let result = self
             .db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
-                let (input, iam_region, site_id) = (&input, &iam_region, &site_id);
+                let (input, site_id) = (&input, &site_id);
                 async move {
-                    if store::name_taken(tx, NamedTable::Sites, caller.tenant_id.as_str(), &input.name).await? {
-                        return Err(Rejection::Conflict(format!("a site named {:?} already exists", input.name)).into());
-                    }
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let event = SiteEvent::Created(SiteCreated {
+                    let name_taken =
+                        store::name_taken(tx, NamedTable::Sites, caller.tenant_id.as_str(), &input.name).await?;
+                    let command = site::CreateSite {
                         site_id: site_id.clone(),
                         owner_tenant_id: caller.tenant_id.clone(),
                         name: input.name.clone(),
-                        iam_region: iam_region.clone(),
+                        iam_region: input.iam_region.clone(),
                         kind: input.kind,
-                        at_ms,
-                    });
+                        now_ms: clock::compute_now_ms(tx).await?,
+                    };
+                    let events = site::create_site(&command, name_taken)?;
                     let stream = site_id.as_str();
                     let position =
-                        record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, vec![event]).await?;
+                        record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
                     Ok(Committed { value: site_id.clone(), position })
                 }
                 .scope_boxed()
@@ -113,16 +104,14 @@ impl App {
                         provider_account_id: input.provider_account_id.clone(),
                         at_ms,
                     };
-                    created.check()?;
-                    match store::site_owner(tx, input.site_id.as_str()).await? {
-                        Some(owner) if owner == caller.tenant_id.as_str() => {}
-                        _ => return Err(Rejection::NotFound { kind: "site", id: input.site_id.to_string() }.into()),
-                    }
-                    if store::name_taken(tx, NamedTable::Pools, caller.tenant_id.as_str(), &input.name).await? {
-                        return Err(Rejection::Conflict(format!("a pool named {:?} already exists", input.name)).into());
-                    }
+                    let site_owner = store::site_owner(tx, input.site_id.as_str()).await?;
+                    let facts = pool::CreationFacts {
+                        site_owned: site_owner.as_deref() == Some(caller.tenant_id.as_str()),
+                        name_taken: store::name_taken(tx, NamedTable::Pools, caller.tenant_id.as_str(), &input.name)
+                            .await?,
+                    };
+                    let events = pool::create(&created, facts)?;
                     let stream = pool_id.as_str();
-                    let events = vec![PoolEvent::Created(created)];
                     let position =
                         record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
                     Ok(Committed { value: pool_id.clone(), position })
@@ -135,26 +124,19 @@ impl App {
 
     /// Creates a project in the caller's tenant.
     pub async fn create_project(&self, caller: &Caller, name: String) -> AppResult<Committed<ProjectId>> {
-        check_name("name", &name)?;
         let project_id = ProjectId::generate();
         let result = self
             .db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 let (name, project_id) = (&name, &project_id);
                 async move {
-                    if store::name_taken(tx, NamedTable::Projects, caller.tenant_id.as_str(), name).await? {
-                        return Err(Rejection::Conflict(format!("a project named {name:?} already exists")).into());
-                    }
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let event = ProjectEvent::Created(ProjectCreated {
-                        project_id: project_id.clone(),
-                        tenant_id: caller.tenant_id.clone(),
-                        name: name.clone(),
-                        at_ms,
-                    });
+                    let name_taken =
+                        store::name_taken(tx, NamedTable::Projects, caller.tenant_id.as_str(), name).await?;
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let events = site::create_project(project_id, &caller.tenant_id, name, name_taken, now_ms)?;
                     let stream = project_id.as_str();
                     let position =
-                        record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, vec![event]).await?;
+                        record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
                     Ok(Committed { value: project_id.clone(), position })
                 }
                 .scope_boxed()
@@ -165,29 +147,14 @@ impl App {
 
     /// Offers a pool the caller owns to another tenant (or replaces the offer), with a quota per resource.
     pub async fn offer_pool(&self, caller: &Caller, pool_id: &PoolId, offer: OfferPool) -> AppResult<Committed<()>> {
-        check_quota("quota", &offer.quota)?;
-        if offer.tenant_id == caller.tenant_id {
-            return Err(Rejection::invalid("tenantId", "the pool's owner needs no offer").into());
-        }
-        self.db
-            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
-                let offer = &offer;
-                async move {
-                    let pool = owned_pool(tx, caller, pool_id).await?;
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let event = PoolEvent::Offered(PoolOffered {
-                        pool_id: pool_id.clone(),
-                        tenant_id: offer.tenant_id.clone(),
-                        quota: offer.quota.clone(),
-                        priority: offer.priority,
-                        include_descendants: offer.include_descendants,
-                        at_ms,
-                    });
-                    record_quota_change(tx, caller, &pool, event).await
-                }
-                .scope_boxed()
-            })
-            .await
+        self.pool_command(caller, pool_id, |now_ms| PoolCommand::Offer {
+            tenant_id: offer.tenant_id.clone(),
+            quota: offer.quota.clone(),
+            priority: offer.priority,
+            include_descendants: offer.include_descendants,
+            now_ms,
+        })
+        .await
     }
 
     /// Replaces the quota of an existing offering. Lowering it keeps existing reservations.
@@ -198,25 +165,32 @@ impl App {
         tenant_id: &TenantId,
         quota: Quota,
     ) -> AppResult<Committed<()>> {
-        check_quota("quota", &quota)?;
+        self.pool_command(caller, pool_id, |now_ms| PoolCommand::SetQuota {
+            tenant_id: tenant_id.clone(),
+            quota: quota.clone(),
+            now_ms,
+        })
+        .await
+    }
+
+    /// Decides a command on a pool the caller owns, on the fold of its stream, and records what it decided.
+    async fn pool_command(
+        &self,
+        caller: &Caller,
+        pool_id: &PoolId,
+        command: impl Fn(i64) -> PoolCommand + Send + Sync,
+    ) -> AppResult<Committed<()>> {
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
-                let quota = &quota;
+                let command = &command;
                 async move {
-                    let pool = owned_pool(tx, caller, pool_id).await?;
-                    if !store::offers(tx, pool_id).await?.iter().any(|offer| &offer.tenant_id == tenant_id) {
-                        return Err(
-                            Rejection::NotFound { kind: "offering", id: format!("{pool_id}/{tenant_id}") }.into()
-                        );
-                    }
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let event = PoolEvent::QuotaSet(PoolQuotaSet {
-                        pool_id: pool_id.clone(),
-                        tenant_id: tenant_id.clone(),
-                        quota: quota.clone(),
-                        at_ms,
-                    });
-                    record_quota_change(tx, caller, &pool, event).await
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let (pool, version) = match store::pool_aggregate(tx, pool_id).await? {
+                        Some((pool, version)) if pool.owner_tenant_id == caller.tenant_id => (pool, version),
+                        _ => return Err(Rejection::NotFound { kind: "pool", id: pool_id.to_string() }.into()),
+                    };
+                    let events = pool::decide(&pool, &command(now_ms))?;
+                    record_quota_change(tx, caller, &pool, version, events).await
                 }
                 .scope_boxed()
             })
@@ -229,12 +203,12 @@ impl App {
 async fn record_quota_change(
     tx: &mut bc_eventstore::Tx,
     caller: &Caller,
-    pool: &store::PoolRow,
-    event: PoolEvent,
+    pool: &pool::Pool,
+    version: u32,
+    events: Vec<PoolEvent>,
 ) -> AppResult<Committed<()>> {
-    let version = events::stream_version(tx, pool.id.as_str()).await?;
     let expected = ExpectedVersion::Exact(version);
-    let position = record(tx, caller, pool.id.as_str(), &pool.owner_tenant_id, expected, vec![event]).await?;
+    let position = record(tx, caller, pool.id.as_str(), &pool.owner_tenant_id, expected, events).await?;
     work::wake_now(tx, &WorkKey::pool_pending(&pool.id)).await?;
     Ok(Committed { value: (), position })
 }

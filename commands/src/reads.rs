@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use bc_domain::device::DeviceClass;
 use bc_domain::id::{NodeId, PoolId, SiteId, TenantId};
-use bc_domain::node::{Adapter, Condition, Connectivity, ProvisionState, Role, Trust};
-use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Quota, Sharing};
+use bc_domain::node::{Adapter, Condition, Connectivity, Node, ProvisionState, Role, Trust};
+use bc_domain::pool::{Pool, PoolAgent, PoolClass, PoolPolicy, Quota, Sharing};
 use bc_domain::reservation::Reservation;
 use bc_domain::site::SiteKind;
 use bc_eventstore::{Position, Tx, TxOptions};
@@ -45,8 +45,7 @@ pub struct Listed<T> {
 
 /// A pool as the caller's tenant sees it (the `pools` read model): offers other than its own are left out
 /// unless it owns the pool.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PoolView {
     pub id: PoolId,
     pub site_id: SiteId,
@@ -59,19 +58,46 @@ pub struct PoolView {
     pub policy: PoolPolicy,
     pub offers: Vec<OfferView>,
     pub node_count: u32,
-    #[serde(rename = "createdAt")]
     pub created_at_ms: i64,
 }
 
+impl PoolView {
+    /// `pool` (with `node_count` nodes) as `caller` sees it.
+    pub fn seen_by(pool: Pool, node_count: i32, caller: &Caller) -> PoolView {
+        let owner = pool.owner_tenant_id == caller.tenant_id;
+        PoolView {
+            offers: pool
+                .offers
+                .iter()
+                .filter(|offer| owner || offer.tenant_id == caller.tenant_id)
+                .map(|offer| OfferView {
+                    tenant_id: offer.tenant_id.clone(),
+                    quota: offer.quota.clone(),
+                    priority: offer.priority,
+                    include_descendants: offer.include_descendants,
+                })
+                .collect(),
+            id: pool.id,
+            site_id: pool.site_id,
+            owner_tenant_id: pool.owner_tenant_id,
+            name: pool.name,
+            class: pool.class,
+            gpu_model: pool.gpu_model,
+            sharing: pool.sharing,
+            agent: pool.agent,
+            policy: pool.policy,
+            node_count: node_count.max(0) as u32,
+            created_at_ms: pool.created_at_ms,
+        }
+    }
+}
+
 /// One offering of a pool.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq)]
 pub struct OfferView {
     pub tenant_id: TenantId,
     pub quota: Quota,
-    #[serde(default)]
     pub priority: i32,
-    #[serde(default)]
     pub include_descendants: bool,
 }
 
@@ -89,8 +115,7 @@ pub struct SiteView {
 }
 
 /// A node of a pool the caller's tenant owns (the `nodes` read model).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeView {
     pub id: NodeId,
     pub pool_id: PoolId,
@@ -111,8 +136,41 @@ pub struct NodeView {
     pub gpu_count: u32,
     pub atom_class: Option<DeviceClass>,
     pub atom_count: u32,
-    #[serde(rename = "registeredAt")]
+    /// A drain began and has not completed.
+    pub draining: bool,
+    pub generation: u64,
     pub registered_at_ms: i64,
+}
+
+impl NodeView {
+    /// The view of a node's fold in a pool owned by `pool_owner`.
+    pub fn of(node: &Node, pool_owner: &TenantId) -> NodeView {
+        let (atom_class, atom_count) = node.atoms();
+        NodeView {
+            id: node.id.clone(),
+            pool_id: node.pool_id.clone(),
+            site_id: node.site_id.clone(),
+            owner_tenant_id: node.owner_tenant_id.clone(),
+            name: node.name.clone(),
+            role: node.role,
+            trust: node.trust,
+            adapter: node.adapter,
+            provision_state: node.provision_state,
+            maintenance: node.maintenance,
+            cordoned: node.cordoned,
+            connectivity: node.connectivity,
+            conditions: node.conditions.clone(),
+            no_schedule_reasons: node.no_schedule_reasons(),
+            observed_generation: node.observed_generation,
+            schedulable: node.unschedulable(pool_owner).is_empty(),
+            gpu_count: node.gpus.len() as u32,
+            atom_class,
+            atom_count: atom_count as u32,
+            draining: node.draining,
+            generation: node.generation,
+            registered_at_ms: node.registered_at_ms,
+        }
+    }
 }
 
 /// One resource of a pool's capacity rollup, in atoms.
@@ -155,7 +213,7 @@ pub struct ReservationFilter {
     pub state: Option<String>,
 }
 
-/// The table a read model's active version keeps `table` in (`pools` → `pools_v1`).
+/// The table a read model's active version keeps `table` in (`pools` → `pools_v2`).
 async fn active_table(tx: &mut Tx, name: &str, table: &str) -> AppResult<String> {
     let version = framework::active_version(tx, name).await?.unwrap_or(1);
     Ok(format!("{table}_v{version}"))
@@ -180,6 +238,29 @@ async fn rows<T: DeserializeOwned>(tx: &mut Tx, query: String, binds: &[Option<&
         .collect()
 }
 
+/// Runs a query whose rows are `(key, folded state as JSON text, a count)`, from text naming tables this module
+/// chose; binds are text.
+async fn folded_rows(tx: &mut Tx, query: String, binds: &[Option<&str>]) -> AppResult<Vec<(String, String, i32)>> {
+    let mut q = sqlx::query_as::<_, (String, String, i32)>(AssertSqlSafe(query)).persistent(false);
+    for bind in binds {
+        q = q.bind(*bind);
+    }
+    Ok(q.fetch_all(tx.conn()).await?)
+}
+
+/// A folded aggregate of read model `name` read back.
+fn read_fold<T: DeserializeOwned>(name: &str, id: &str, text: &str) -> AppResult<T> {
+    Ok(bc_projections::models::folded::read(name, id, text)?)
+}
+
+/// The views of folded nodes, for a caller of the tenant that owns their pools (the rows were filtered so).
+fn node_views(found: Vec<(String, String, i32)>, caller: &Caller) -> AppResult<Vec<(String, NodeView)>> {
+    found
+        .into_iter()
+        .map(|(id, text, _)| Ok((id.clone(), NodeView::of(&read_fold("nodes", &id, &text)?, &caller.tenant_id))))
+        .collect()
+}
+
 /// The one row of a read by id, or `NOT_FOUND` naming what was looked for.
 fn the_one<T>(found: Vec<(String, T)>, kind: &'static str, id: &str) -> AppResult<T> {
     let missing = || bc_domain::Rejection::NotFound { kind, id: id.to_owned() }.into();
@@ -194,33 +275,10 @@ fn paged<T>(mut found: Vec<(String, T)>, page: &Page) -> Listed<T> {
     Listed { items: found.into_iter().map(|(_, value)| value).collect(), next_key }
 }
 
-/// A pool as the API shows it; offers other than the caller's own are left out unless it owns the pool.
-const POOL_JSON: &str = "jsonb_build_object(
-    'id', p.pool_id, 'siteId', p.site_id, 'ownerTenantId', p.owner_tenant_id, 'name', p.name,
-    'class', p.class, 'gpuModel', p.gpu_model, 'sharing', p.sharing, 'agent', p.agent, 'policy', p.policy,
-    'offers', CASE WHEN p.owner_tenant_id = $1 THEN p.offers
-                   ELSE coalesce((SELECT jsonb_agg(o) FROM jsonb_array_elements(p.offers) AS o
-                                  WHERE o->>'tenantId' = $1), '[]'::jsonb) END,
-    'nodeCount', p.node_count, 'createdAt', ts_ms(p.created_at))";
-
-/// A node as the API shows it.
-const NODE_JSON: &str = "jsonb_build_object(
-    'id', n.node_id, 'poolId', n.pool_id, 'siteId', n.site_id, 'ownerTenantId', n.owner_tenant_id,
-    'name', n.name, 'role', n.role, 'trust', n.trust, 'adapter', n.adapter,
-    'provisionState', n.provision_state, 'maintenance', n.maintenance, 'cordoned', n.cordoned,
-    'connectivity', n.connectivity, 'conditions', n.conditions,
-    'noScheduleReasons', to_jsonb(n.no_schedule_reasons), 'observedGeneration', n.observed_generation,
-    'schedulable', n.schedulable, 'gpuCount', n.gpu_count, 'atomClass', n.atom_class,
-    'atomCount', n.atom_count, 'registeredAt', ts_ms(n.registered_at))";
-
 /// A site as the API shows it.
 const SITE_JSON: &str = "jsonb_build_object(
     'id', s.id, 'ownerTenantId', s.owner_tenant_id, 'name', s.name, 'iamRegion', s.iam_region, 'kind', s.kind,
     'createdAt', ts_ms(s.created_at))";
-
-/// Whether the caller's tenant ($1) sees a pool: it owns it or it is offered to it.
-const POOL_VISIBLE: &str =
-    "(p.owner_tenant_id = $1 OR p.offers @> jsonb_build_array(jsonb_build_object('tenantId', $1::text)))";
 
 impl App {
     /// Waits for the consistency token, if any.
@@ -243,14 +301,20 @@ impl App {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "pools", "pools").await?;
         let query = format!(
-            "SELECT p.pool_id, ({POOL_JSON})::text FROM {table} AS p
-             WHERE {POOL_VISIBLE} AND ($2::text IS NULL OR p.pool_id > $2)
+            "SELECT p.pool_id, p.folded::text, p.node_count FROM {table} AS p
+             WHERE (p.owner_tenant_id = $1 OR $1 = ANY(p.offer_tenants)) AND ($2::text IS NULL OR p.pool_id > $2)
              ORDER BY p.pool_id LIMIT {}",
             page.limit + 1
         );
-        let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), page.after_key.as_deref()]).await?;
+        let found = folded_rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), page.after_key.as_deref()]).await?;
         tx.commit().await?;
-        Ok(paged(found, page))
+        let views = found
+            .into_iter()
+            .map(|(id, text, nodes)| {
+                Ok((id.clone(), PoolView::seen_by(read_fold("pools", &id, &text)?, nodes, caller)))
+            })
+            .collect::<AppResult<Vec<_>>>()?;
+        Ok(paged(views, page))
     }
 
     /// One pool the caller's tenant owns or is offered.
@@ -258,11 +322,19 @@ impl App {
         self.consistent(&["pools"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "pools", "pools").await?;
-        let query =
-            format!("SELECT p.pool_id, ({POOL_JSON})::text FROM {table} AS p WHERE {POOL_VISIBLE} AND p.pool_id = $2");
-        let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(pool_id.as_str())]).await?;
+        let query = format!(
+            "SELECT p.pool_id, p.folded::text, p.node_count FROM {table} AS p
+             WHERE (p.owner_tenant_id = $1 OR $1 = ANY(p.offer_tenants)) AND p.pool_id = $2"
+        );
+        let found = folded_rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(pool_id.as_str())]).await?;
         tx.commit().await?;
-        the_one(found, "pool", pool_id.as_str())
+        let views = found
+            .into_iter()
+            .map(|(id, text, nodes)| {
+                Ok((id.clone(), PoolView::seen_by(read_fold("pools", &id, &text)?, nodes, caller)))
+            })
+            .collect::<AppResult<Vec<_>>>()?;
+        the_one(views, "pool", pool_id.as_str())
     }
 
     /// A pool's capacity rollup, by resource, if the caller may see the pool.
@@ -316,11 +388,11 @@ impl App {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "nodes", "nodes").await?;
         let query = format!(
-            "SELECT n.node_id, ({NODE_JSON})::text FROM {table} AS n WHERE n.pool_owner_tenant_id = $1 AND n.node_id = $2"
+            "SELECT n.node_id, n.folded::text, 0 FROM {table} AS n WHERE n.pool_owner_tenant_id = $1 AND n.node_id = $2"
         );
-        let found = rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(node_id.as_str())]).await?;
+        let found = folded_rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(node_id.as_str())]).await?;
         tx.commit().await?;
-        the_one(found, "node", node_id.as_str())
+        the_one(node_views(found, caller)?, "node", node_id.as_str())
     }
 
     /// The nodes of the pools the caller's tenant owns, from the `nodes` read model.
@@ -335,7 +407,7 @@ impl App {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "nodes", "nodes").await?;
         let query = format!(
-            "SELECT n.node_id, ({NODE_JSON})::text
+            "SELECT n.node_id, n.folded::text, 0
              FROM {table} AS n
              WHERE n.pool_owner_tenant_id = $1 AND ($2::text IS NULL OR n.node_id > $2)
                AND ($3::text IS NULL OR n.pool_id = $3)
@@ -343,9 +415,9 @@ impl App {
             page.limit + 1
         );
         let binds = [Some(caller.tenant_id.as_str()), page.after_key.as_deref(), pool_id.map(PoolId::as_str)];
-        let found = rows(&mut tx, query, &binds).await?;
+        let found = folded_rows(&mut tx, query, &binds).await?;
         tx.commit().await?;
-        Ok(paged(found, page))
+        Ok(paged(node_views(found, caller)?, page))
     }
 
     /// The caller's tenant's reservations, from the `reservations` read model, in id order: each as the

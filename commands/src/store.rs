@@ -4,7 +4,7 @@
 use bc_domain::event::DomainEvent;
 use bc_domain::id::{NodeId, PoolId, ReservationId, TenantId};
 use bc_domain::placement::NodeCandidate;
-use bc_domain::pool::{PoolOffered, PoolPolicy, Sharing};
+use bc_domain::pool::{PoolEvent, PoolOffered, PoolPolicy, Sharing};
 use bc_domain::reservation::{self, DeviceRequest, Reservation, ReservationEvent};
 use bc_eventstore::{Error, Tx, events, sql};
 use sqlx::Row as _;
@@ -171,6 +171,17 @@ pub async fn reservation(tx: &mut Tx, id: &ReservationId) -> AppResult<Option<Re
         decoded.push(ReservationEvent::decode(&event.event_type, event.schema_version, &event.payload)?);
     }
     Ok(reservation::fold(&decoded))
+}
+
+/// A pool as the fold of its stream, with the stream's version (`None`: no such pool).
+pub async fn pool_aggregate(tx: &mut Tx, pool_id: &PoolId) -> AppResult<Option<(bc_domain::pool::Pool, u32)>> {
+    let recorded = events::read_stream(tx, pool_id.as_str(), 0, 100_000).await?;
+    let mut decoded = Vec::with_capacity(recorded.len());
+    for event in &recorded {
+        decoded.push(PoolEvent::decode(&event.event_type, event.schema_version, &event.payload)?);
+    }
+    let version = recorded.last().map_or(0, |e| e.stream_version);
+    Ok(bc_domain::pool::fold(&decoded).map(|pool| (pool, version)))
 }
 
 /// The selector's SQL parameters: gpuModel, gpuProduct, and the attributes as a JSON object.

@@ -119,6 +119,10 @@ pub struct Condition {
     pub since_ms: i64,
 }
 
+mod state;
+
+pub use state::{Node, evolve, fold};
+
 /// The axes the schedulability rule reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulingView<'a> {

@@ -262,6 +262,12 @@ domain_events! {
     }
 }
 
+mod state;
+
+pub use state::{
+    CreationFacts, JoinToken, Pool, PoolCommand, create, decide, evolve, evolve_join_token, fold, issue_join_token,
+};
+
 /// Which offering governs a tenant in a pool: a direct offer wins over one inherited through an ancestor's
 /// `includeDescendants`; among inherited ones the nearest ancestor wins. `ancestors` runs from the parent up.
 pub fn governing_offer<'a>(

@@ -76,3 +76,77 @@ pub fn check_name(field: &'static str, name: &str) -> Result<(), crate::Rejectio
     }
     Ok(())
 }
+
+/// A site as its events left it (its one event creates it).
+pub type Site = SiteCreated;
+
+/// A project as its events left it.
+pub type Project = ProjectCreated;
+
+/// Applies one event of a site's stream.
+pub fn evolve_site(state: Option<Site>, event: &SiteEvent) -> Option<Site> {
+    match (state, event) {
+        (None, SiteEvent::Created(e)) => Some(e.clone()),
+        (state, SiteEvent::Created(_)) => state,
+    }
+}
+
+/// Applies one event of a project's stream.
+pub fn evolve_project(state: Option<Project>, event: &ProjectEvent) -> Option<Project> {
+    match (state, event) {
+        (None, ProjectEvent::Created(e)) => Some(e.clone()),
+        (state, ProjectEvent::Created(_)) => state,
+    }
+}
+
+/// `sites.create` as the domain decides it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateSite {
+    pub site_id: SiteId,
+    pub owner_tenant_id: TenantId,
+    pub name: String,
+    /// As the caller spelled it; checked against the region grammar here.
+    pub iam_region: String,
+    pub kind: SiteKind,
+    pub now_ms: i64,
+}
+
+/// Decides creating a site; `name_taken` says whether its owner already has a site of that name.
+pub fn create_site(command: &CreateSite, name_taken: bool) -> Result<Vec<SiteEvent>, crate::Rejection> {
+    check_name("name", &command.name)?;
+    let iam_region: IamRegion = command
+        .iam_region
+        .parse()
+        .map_err(|err: crate::region::InvalidRegion| crate::Rejection::invalid("iamRegion", err.to_string()))?;
+    if name_taken {
+        return Err(crate::Rejection::Conflict(format!("a site named {:?} already exists", command.name)));
+    }
+    Ok(vec![SiteEvent::Created(SiteCreated {
+        site_id: command.site_id.clone(),
+        owner_tenant_id: command.owner_tenant_id.clone(),
+        name: command.name.clone(),
+        iam_region,
+        kind: command.kind,
+        at_ms: command.now_ms,
+    })])
+}
+
+/// Decides creating a project; `name_taken` says whether its tenant already has a project of that name.
+pub fn create_project(
+    project_id: &ProjectId,
+    tenant_id: &TenantId,
+    name: &str,
+    name_taken: bool,
+    now_ms: i64,
+) -> Result<Vec<ProjectEvent>, crate::Rejection> {
+    check_name("name", name)?;
+    if name_taken {
+        return Err(crate::Rejection::Conflict(format!("a project named {name:?} already exists")));
+    }
+    Ok(vec![ProjectEvent::Created(ProjectCreated {
+        project_id: project_id.clone(),
+        tenant_id: tenant_id.clone(),
+        name: name.to_owned(),
+        at_ms: now_ms,
+    })])
+}

@@ -2,16 +2,16 @@
 
 use std::collections::BTreeMap;
 
-use bc_domain::node::NodeEvent;
-use bc_domain::pool::PoolEvent;
+use bc_domain::id::TenantId;
+use bc_domain::node::{self, Node};
+use bc_domain::pool::{self, PoolEvent};
 use bc_domain::reservation::{self, ReservationEvent, ReservationState};
-use bc_domain::site::{ProjectEvent, SiteEvent};
+use bc_domain::site;
 use bc_domain::stream::AnyEvent;
 use bc_eventstore::{Db, Error, Position, Result, TxOptions, events};
 use serde_json::{Value, json};
 
 use crate::framework::Envelope;
-use crate::models::nodes::{Axes, NewNode, change_axes, schedulable};
 
 fn to_json(value: &impl serde::Serialize) -> Result<Value> {
     serde_json::to_value(value).map_err(|err| Error::Internal(format!("encode a replayed state: {err}")))
@@ -25,48 +25,37 @@ pub async fn stream_until(db: &Db, stream_id: &str, until: Position) -> Result<V
     recorded.into_iter().filter(|e| e.position <= until).map(Envelope::decode).collect()
 }
 
-/// The state of a stream as the fold of the given events (its own, in version order).
+/// The state of a stream as the fold of the given events (its own, in version order), through the domain's
+/// `evolve` of its aggregate: the same fold every other reader of that aggregate uses.
 pub fn stream_state(events: &[Envelope]) -> Result<Value> {
     let Some(first) = events.first() else { return Ok(Value::Null) };
     let decoded: Vec<&AnyEvent> = events.iter().filter_map(|e| e.event.as_ref()).collect();
     let mut state = match decoded.first() {
         Some(AnyEvent::Reservation(_)) => {
-            let reservation_events: Vec<&ReservationEvent> =
-                decoded.iter().filter_map(|e| if let AnyEvent::Reservation(r) = e { Some(r) } else { None }).collect();
-            to_json(&reservation::fold(reservation_events))?
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Reservation(r) = e { Some(r) } else { None });
+            to_json(&reservation::fold(events))?
+        }
+        Some(AnyEvent::Pool(PoolEvent::JoinTokenIssued(_))) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Pool(p) = e { Some(p) } else { None });
+            to_json(&events.fold(None, pool::evolve_join_token))?
         }
         Some(AnyEvent::Pool(_)) => {
-            let mut state = Value::Null;
-            let mut offers = BTreeMap::new();
-            for event in &decoded {
-                match event {
-                    AnyEvent::Pool(PoolEvent::Created(e)) => state = to_json(e)?,
-                    AnyEvent::Pool(PoolEvent::Offered(e)) => {
-                        offers.insert(e.tenant_id.to_string(), to_json(e)?);
-                    }
-                    AnyEvent::Pool(PoolEvent::QuotaSet(e)) => {
-                        if let Some(offer) = offers.get_mut(e.tenant_id.as_str()) {
-                            offer["quota"] = to_json(&e.quota)?;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            state["offers"] = Value::Array(offers.into_values().collect());
-            state
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Pool(p) = e { Some(p) } else { None });
+            to_json(&pool::fold(events))?
         }
         Some(AnyEvent::Node(_)) => {
-            let mut state = Value::Null;
-            for event in &decoded {
-                if let AnyEvent::Node(event) = event {
-                    node_step(&mut state, event)?;
-                }
-            }
-            state
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Node(n) = e { Some(n) } else { None });
+            to_json(&node::fold(events))?
         }
-        Some(AnyEvent::Site(SiteEvent::Created(e))) => to_json(e)?,
-        Some(AnyEvent::Project(ProjectEvent::Created(e))) => to_json(e)?,
-        _ => json!({}),
+        Some(AnyEvent::Site(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Site(s) = e { Some(s) } else { None });
+            to_json(&events.fold(None, site::evolve_site))?
+        }
+        Some(AnyEvent::Project(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Project(p) = e { Some(p) } else { None });
+            to_json(&events.fold(None, site::evolve_project))?
+        }
+        None => json!({}),
     };
     if let Value::Object(map) = &mut state {
         let last = &events[events.len() - 1].recorded;
@@ -75,64 +64,6 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
         map.insert("position".into(), json!(last.position.to_string()));
     }
     Ok(state)
-}
-
-/// One node event's effect on a node stream's replayed state.
-fn node_step(state: &mut Value, event: &NodeEvent) -> Result<()> {
-    match event {
-        NodeEvent::Registered(e) => *state = to_json(e)?,
-        NodeEvent::Joined(e) => {
-            *state = to_json(e)?;
-            state["provisionState"] = json!("adopting");
-            state["connectivity"] = json!("connected");
-            state["observedGeneration"] = json!(0);
-        }
-        NodeEvent::Cordoned(_) => state["cordoned"] = json!(true),
-        NodeEvent::Uncordoned(_) => {
-            state["cordoned"] = json!(false);
-            state["draining"] = json!(false);
-        }
-        NodeEvent::MaintenanceStarted(_) => state["maintenance"] = json!(true),
-        NodeEvent::MaintenanceEnded(_) => state["maintenance"] = json!(false),
-        NodeEvent::DrainStarted(_) => {
-            state["cordoned"] = json!(true);
-            state["draining"] = json!(true);
-        }
-        NodeEvent::Drained(_) => state["draining"] = json!(false),
-        NodeEvent::Adopted(_) => state["provisionState"] = json!("adopted"),
-        NodeEvent::Rejoined(e) => state["rejoinedAt"] = json!(e.at_ms),
-        NodeEvent::HardwareChanged(e) => {
-            state["gpus"] = to_json(&e.gpus)?;
-            state["devices"] = to_json(&e.devices)?;
-            state["hardware"] = to_json(&e.hardware)?;
-        }
-        NodeEvent::InventoryReported(e) => state["inventorySnapshot"] = json!(e.snapshot),
-        NodeEvent::ConnectivityChanged(e) => state["connectivity"] = to_json(&e.to)?,
-        NodeEvent::ConditionRaised(e) => {
-            let kind = e.condition.kind.as_str();
-            let mut conditions: Vec<Value> = state["conditions"].as_array().cloned().unwrap_or_default();
-            conditions.retain(|c| c["type"] != kind);
-            conditions.push(to_json(&e.condition)?);
-            state["conditions"] = Value::Array(conditions);
-        }
-        NodeEvent::ConditionCleared(e) => {
-            let mut conditions: Vec<Value> = state["conditions"].as_array().cloned().unwrap_or_default();
-            conditions.retain(|c| c["type"] != e.kind.as_str());
-            state["conditions"] = Value::Array(conditions);
-        }
-        NodeEvent::SpecChanged(e) => {
-            state["generation"] = json!(e.generation);
-            state["spec"] = to_json(&e.spec)?;
-        }
-        NodeEvent::SpecObserved(e) => state["observedGeneration"] = json!(e.observed_generation),
-        NodeEvent::Deleted(e) => state["deletedAt"] = json!(e.at_ms),
-    }
-    for flag in ["cordoned", "maintenance"] {
-        if state.get(flag).is_none() && state.is_object() {
-            state[flag] = json!(false);
-        }
-    }
-    Ok(())
 }
 
 /// A pool's capacity rollup figures for one resource.
@@ -146,11 +77,10 @@ pub struct CapacityFigures {
     pub available: i64,
 }
 
+/// A node as the rollup sees it: its fold, and the tenant that owns its pool (which the trust rule reads).
 struct NodeCapacity {
-    pool: String,
-    resource: String,
-    atoms: i64,
-    axes: Axes,
+    node: Node,
+    pool_owner: TenantId,
 }
 
 struct Hold {
@@ -172,26 +102,19 @@ impl CapacityFold {
     pub fn apply(&mut self, envelope: &Envelope) -> Result<()> {
         match &envelope.event {
             Some(AnyEvent::Node(event)) => {
-                let pool_owner = envelope.recorded.tenant_id.clone().unwrap_or_default();
-                if let Some(node) = NewNode::of(event, &pool_owner)? {
-                    if let (Some(resource), atoms) = node.atoms() {
-                        self.nodes.insert(
-                            node.node_id.to_string(),
-                            NodeCapacity {
-                                pool: node.pool_id.to_string(),
-                                resource: resource.to_owned(),
-                                atoms: atoms as i64,
-                                axes: node.axes,
-                            },
-                        );
+                let id = event.node_id().to_string();
+                let known = self.nodes.remove(&id);
+                let pool_owner = match &known {
+                    Some(known) => known.pool_owner.clone(),
+                    None => {
+                        let owner = envelope.recorded.tenant_id.as_deref().unwrap_or_default();
+                        owner.parse().map_err(|err| Error::Internal(format!("a node event's tenant: {err}")))?
                     }
-                } else if let NodeEvent::Deleted(e) = event {
-                    self.nodes.remove(e.node_id.as_str());
-                } else if let Some(node) = self.nodes.get_mut(event.node_id().as_str()) {
-                    if let NodeEvent::HardwareChanged(e) = event {
-                        node.atoms = e.devices.iter().filter(|d| d.bookable).count() as i64;
-                    }
-                    change_axes(&mut node.axes, event)?;
+                };
+                if let Some(node) = node::evolve(known.map(|k| k.node), event)
+                    && node.deleted_at_ms.is_none()
+                {
+                    self.nodes.insert(id, NodeCapacity { node, pool_owner });
                 }
             }
             Some(AnyEvent::Reservation(event)) => {
@@ -218,10 +141,12 @@ impl CapacityFold {
     /// The rollup rows of one pool, by resource.
     pub fn figures(&self, pool_id: &str) -> Result<Vec<CapacityFigures>> {
         let mut by_resource: BTreeMap<&str, CapacityFigures> = BTreeMap::new();
-        for node in self.nodes.values().filter(|n| n.pool == pool_id) {
-            let figures = by_resource.entry(&node.resource).or_insert_with(|| empty(&node.resource));
-            if schedulable(&node.axes)? {
-                figures.allocatable += node.atoms;
+        for known in self.nodes.values().filter(|n| n.node.pool_id.as_str() == pool_id) {
+            let (Some(class), atoms) = known.node.atoms() else { continue };
+            let resource = class.as_str();
+            let figures = by_resource.entry(resource).or_insert_with(|| empty(resource));
+            if known.node.unschedulable(&known.pool_owner).is_empty() {
+                figures.allocatable += atoms as i64;
             }
         }
         for hold in self.holds.values().filter(|h| h.pool == pool_id) {

@@ -57,7 +57,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for NodeCredential {
     tag = "agent",
     summary = "Join a pool with a join token; answers the node's credential and a first session",
     request_body(content = Object, description = "JoinRequest: joinToken, agentVersion, inventory (every section)"),
-    responses((status = 201, description = "Joined (or recognised as an existing node)", body = JoinedDto), (status = 409, description = "The machine is another pool's node, or its name or devices are taken", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 201, description = "Joined (or recognised as an existing node)", body = JoinedDto), (status = 409, description = "The machine is another pool's node, or its name or devices are taken", body = ErrorBody)),
 )]
 pub async fn join(State(state): State<AppState>, JsonBody(body): JsonBody<JoinRequest>) -> Result<Response, ApiError> {
     let joined = state.app.join(body).await?;
@@ -71,7 +71,7 @@ pub async fn join(State(state): State<AppState>, JsonBody(body): JsonBody<JoinRe
     tag = "agent",
     summary = "Open a session with the node credential (ends any earlier one)",
     request_body(content = Object, description = "SessionRequest: agentVersion"),
-    responses((status = 201, description = "The session", body = SessionDto), CommonErrors),
+    responses(CommonErrors, (status = 201, description = "The session", body = SessionDto)),
     security(("node" = [])),
 )]
 pub async fn open_session(
@@ -89,7 +89,7 @@ pub async fn open_session(
     path = "/v1/agent/credential",
     tag = "agent",
     summary = "Rotate the node credential: the new one (shown once) replaces the current one at its first use",
-    responses((status = 201, description = "The new credential", body = CredentialDto), CommonErrors),
+    responses(CommonErrors, (status = 201, description = "The new credential", body = CredentialDto)),
     security(("node" = [])),
 )]
 pub async fn rotate_credential(
@@ -108,7 +108,7 @@ pub async fn rotate_credential(
     tag = "agent",
     summary = "Renew the liveness lease; answers the generation, the spec when newer, and whether commands wait",
     request_body(content = Object, description = "Heartbeat: sessionId, observedGeneration, clockMs"),
-    responses((status = 200, description = "Renewed", body = HeartbeatReplyDto), (status = 409, description = "The session was replaced", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Renewed", body = HeartbeatReplyDto), (status = 409, description = "The session was replaced", body = ErrorBody)),
     security(("node" = [])),
 )]
 pub async fn heartbeat(
@@ -127,7 +127,7 @@ pub async fn heartbeat(
     tag = "agent",
     summary = "Report the inventory: every section's hash and the sections the control plane lacks",
     request_body(content = Object, description = "InventoryReport"),
-    responses((status = 200, description = "Accepted: the current snapshot", body = InventoryAcceptedDto), (status = 409, description = "A section the control plane does not hold is missing: send it whole", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Accepted: the current snapshot", body = InventoryAcceptedDto), (status = 409, description = "A section the control plane does not hold is missing: send it whole", body = ErrorBody)),
     security(("node" = [])),
 )]
 pub async fn report_inventory(
@@ -156,7 +156,7 @@ pub struct CommandsParams {
     tag = "agent",
     summary = "The node's commands deliverable now, in seq order",
     params(CommandsParams),
-    responses((status = 200, description = "Commands", body = CommandsDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Commands", body = CommandsDto)),
     security(("node" = [])),
 )]
 pub async fn agent_commands(
@@ -180,7 +180,7 @@ pub async fn agent_commands(
     summary = "Acknowledge a command of this node (idempotent)",
     params(("command_id" = String, Path, description = "The command id")),
     request_body(content = Object, description = "Ack: ok, message"),
-    responses((status = 200, description = "The command's state", body = AckedDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "The command's state", body = AckedDto)),
     security(("node" = [])),
 )]
 pub async fn ack_command(

@@ -170,6 +170,10 @@ pub enum CommonErrors {
     /// Not found, or not visible to the caller (the two are not told apart).
     #[response(status = 404)]
     NotFound(ErrorBody),
+    /// A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+    /// state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+    #[response(status = 409)]
+    Conflict(ErrorBody),
     /// The body is larger than the API reads.
     #[response(status = 413)]
     TooLarge(ErrorBody),

@@ -303,7 +303,7 @@ pub struct EventsParams {
     tag = "events",
     summary = "The event log as Server-Sent Events: `id:` is the position",
     params(EventsParams, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this position")),
-    responses((status = 200, description = "text/event-stream", content_type = "text/event-stream", body = String), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "text/event-stream", content_type = "text/event-stream", body = String)),
     security(("bearer" = [])),
 )]
 pub async fn event_stream(

@@ -29,7 +29,7 @@ use bc_commands::fleet::{CreatePool, CreateSite, OfferPool};
     tag = "fleet",
     summary = "Create a site in the caller's tenant",
     request_body = SiteBody,
-    responses((status = 201, description = "Created; `X-Position` is its consistency token", body = CreatedDto), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 201, description = "Created; `X-Position` is its consistency token", body = CreatedDto), (status = 409, description = "The name is taken", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn create_site(
@@ -50,7 +50,7 @@ pub async fn create_site(
     tag = "fleet",
     summary = "The caller's tenant's sites",
     params(PageParams),
-    responses((status = 200, description = "A page: items and nextCursor", body = SitePage), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = SitePage)),
     security(("bearer" = [])),
 )]
 pub async fn list_sites(
@@ -76,7 +76,7 @@ pub async fn list_sites(
     tag = "fleet",
     summary = "One site of the caller's tenant",
     params(("site_id" = String, Path, description = "The site id"), ReadParams),
-    responses((status = 200, description = "The site", body = SiteDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "The site", body = SiteDto)),
     security(("bearer" = [])),
 )]
 pub async fn get_site(
@@ -98,7 +98,7 @@ pub async fn get_site(
     tag = "fleet",
     summary = "Create a project in the caller's tenant",
     request_body = ProjectBody,
-    responses((status = 201, description = "Created", body = CreatedDto), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 201, description = "Created", body = CreatedDto), (status = 409, description = "The name is taken", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn create_project(
@@ -118,7 +118,7 @@ pub async fn create_project(
     tag = "fleet",
     summary = "Create a pool in one of the caller's tenant's sites",
     request_body = PoolBody,
-    responses((status = 201, description = "Created", body = CreatedDto), (status = 409, description = "The name is taken", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 201, description = "Created", body = CreatedDto), (status = 409, description = "The name is taken", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn create_pool(
@@ -150,7 +150,7 @@ pub async fn create_pool(
     tag = "fleet",
     summary = "The pools the caller's tenant owns or is offered",
     params(PageParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = PoolPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = PoolPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn list_pools(
@@ -185,7 +185,7 @@ pub struct ReadParams {
     tag = "fleet",
     summary = "One pool",
     params(("pool_id" = String, Path, description = "The pool id"), ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The pool", body = PoolDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "The pool", body = PoolDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn get_pool(
@@ -207,7 +207,7 @@ pub async fn get_pool(
     tag = "fleet",
     summary = "Allocatable, allocated, reserved and available atoms per resource",
     params(("pool_id" = String, Path, description = "The pool id"), ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The rollup", body = PoolCapacityDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "The rollup", body = PoolCapacityDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn pool_capacity(
@@ -245,7 +245,7 @@ pub struct AvailabilityParams {
     tag = "fleet",
     summary = "The earliest start of a request, or the atoms free over a window",
     params(("pool_id" = String, Path, description = "The pool id"), AvailabilityParams),
-    responses((status = 200, description = "earliestStart, or nodes with their free atoms", body = AvailabilityDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "earliestStart, or nodes with their free atoms", body = AvailabilityDto)),
     security(("bearer" = [])),
 )]
 pub async fn availability(
@@ -294,7 +294,7 @@ pub async fn availability(
     summary = "Offer the pool to a tenant with a quota per resource",
     params(("pool_id" = String, Path, description = "The pool id")),
     request_body = OfferBody,
-    responses((status = 200, description = "The offering", body = OfferedDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "The offering", body = OfferedDto)),
     security(("bearer" = [])),
 )]
 pub async fn offer_pool(
@@ -332,7 +332,7 @@ pub async fn offer_pool(
     summary = "Replace the quota of an offering",
     params(("pool_id" = String, Path, description = "The pool id"), ("tenant_id" = String, Path, description = "The offered tenant")),
     request_body = QuotaBody,
-    responses((status = 200, description = "The new quota", body = QuotaSetDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "The new quota", body = QuotaSetDto)),
     security(("bearer" = [])),
 )]
 pub async fn set_quota(
@@ -356,7 +356,7 @@ pub async fn set_quota(
     tag = "audit",
     summary = "The caller's tenant's audit trail: allowed mutations with their admission context, and denials",
     params(PageParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = AuditPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = AuditPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn audit(

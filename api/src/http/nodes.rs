@@ -30,7 +30,7 @@ use bc_domain::agent::CommandKind;
     tag = "nodes",
     summary = "Register a node with its GPUs in a pool the caller operates",
     request_body = RegisterBody,
-    responses((status = 201, description = "Registered", body = CreatedDto), (status = 409, description = "A name or GPU is taken", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 201, description = "Registered", body = CreatedDto), (status = 409, description = "A name or GPU is taken", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn register_node(
@@ -82,7 +82,7 @@ pub struct ListParams {
     tag = "nodes",
     summary = "The nodes of the caller's tenant's pools",
     params(ListParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = NodePage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = NodePage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn list_nodes(
@@ -108,7 +108,7 @@ pub async fn list_nodes(
     tag = "nodes",
     summary = "One node of the caller's tenant's pools",
     params(("node_id" = String, Path, description = "The node id"), super::fleet::ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The node", body = NodeDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "The node", body = NodeDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn get_node(
@@ -145,7 +145,7 @@ async fn verb(
     summary = "Cordon a node: no new placements",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = NodeChangedDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Done (or already so)", body = NodeChangedDto)),
     security(("bearer" = [])),
 )]
 pub async fn cordon(
@@ -164,7 +164,7 @@ pub async fn cordon(
     summary = "Uncordon a node",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = NodeChangedDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Done (or already so)", body = NodeChangedDto)),
     security(("bearer" = [])),
 )]
 pub async fn uncordon(
@@ -183,7 +183,7 @@ pub async fn uncordon(
     summary = "Put a node in maintenance",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = NodeChangedDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Done (or already so)", body = NodeChangedDto)),
     security(("bearer" = [])),
 )]
 pub async fn start_maintenance(
@@ -202,7 +202,7 @@ pub async fn start_maintenance(
     summary = "Take a node out of maintenance",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<VerbBody>),
-    responses((status = 200, description = "Done (or already so)", body = NodeChangedDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Done (or already so)", body = NodeChangedDto)),
     security(("bearer" = [])),
 )]
 pub async fn end_maintenance(
@@ -222,7 +222,7 @@ pub async fn end_maintenance(
     summary = "Issue a single-use join token for the pool (the secret is shown once)",
     params(("pool_id" = String, Path, description = "The pool id")),
     request_body = inline(Option<JoinTokenBody>),
-    responses((status = 201, description = "The token: id, token, poolId, expiresAt", body = JoinTokenDto), CommonErrors),
+    responses(CommonErrors, (status = 201, description = "The token: id, token, poolId, expiresAt", body = JoinTokenDto)),
     security(("bearer" = [])),
 )]
 pub async fn create_join_token(
@@ -259,7 +259,7 @@ fn check_reason(reason: &Option<String>) -> Result<(), ApiError> {
     summary = "Drain a node: cordon it, move its future bookings, let running ones finish (or end them with force)",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = inline(Option<ForceBody>),
-    responses((status = 200, description = "Draining", body = NodeChangedDto), (status = 409, description = "The pool's disruption budget is spent", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Draining", body = NodeChangedDto), (status = 409, description = "The pool's disruption budget is spent", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn drain_node(
@@ -291,7 +291,7 @@ pub struct DeleteParams {
     tag = "nodes",
     summary = "Delete a node, revoking its credential (refused while it holds reservations, unless force)",
     params(("node_id" = String, Path, description = "The node id"), DeleteParams),
-    responses((status = 200, description = "Deleted", body = NodeDeletedDto), (status = 409, description = "Reservations remain", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Deleted", body = NodeDeletedDto), (status = 409, description = "Reservations remain", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn delete_node(
@@ -314,7 +314,7 @@ pub async fn delete_node(
     summary = "Set a node's desired state (labels, MIG layout); its generation rises",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = SpecBody,
-    responses((status = 200, description = "The new generation", body = SpecSetDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "The new generation", body = SpecSetDto)),
     security(("bearer" = [])),
 )]
 pub async fn set_spec(
@@ -337,7 +337,7 @@ pub async fn set_spec(
     summary = "Queue a command for a node (probe, refresh-inventory)",
     params(("node_id" = String, Path, description = "The node id")),
     request_body = CommandBody,
-    responses((status = 201, description = "Queued: id and seq", body = CommandQueuedDto), CommonErrors),
+    responses(CommonErrors, (status = 201, description = "Queued: id and seq", body = CommandQueuedDto)),
     security(("bearer" = [])),
 )]
 pub async fn create_command(
@@ -371,7 +371,7 @@ pub async fn create_command(
     tag = "nodes",
     summary = "A node's commands, newest first, with their states",
     params(("node_id" = String, Path, description = "The node id")),
-    responses((status = 200, description = "items", body = CommandListDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "items", body = CommandListDto)),
     security(("bearer" = [])),
 )]
 pub async fn list_commands(
@@ -391,7 +391,7 @@ pub async fn list_commands(
     tag = "nodes",
     summary = "A node's latest NodeInventory v1 snapshot",
     params(("node_id" = String, Path, description = "The node id")),
-    responses((status = 200, description = "snapshot, receivedAt, document", body = InventoryDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "snapshot, receivedAt, document", body = InventoryDto)),
     security(("bearer" = [])),
 )]
 pub async fn node_inventory(

@@ -17,7 +17,7 @@ use bc_commands::door::Subject;
     tag = "operations",
     summary = "Each read model version's position, lag and state (the platform only)",
     params(("after" = Option<String>, Query, description = "A consistency token"), ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "The versions", body = ProjectionsDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "The versions", body = ProjectionsDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn projection_status(

@@ -46,7 +46,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
     summary = "Reserve GPUs in a pool",
     params(("Idempotency-Key" = String, Header, description = "Names the reservation with the caller: a retry with the same key and body answers the same one")),
     request_body = ReserveBody,
-    responses((status = 201, description = "Created, placed or pending; `X-Position` is its consistency token", body = ReservationDto), (status = 200, description = "A retry: the existing reservation", body = ReservationDto), (status = 409, description = "CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 201, description = "Created, placed or pending; `X-Position` is its consistency token", body = ReservationDto), (status = 200, description = "A retry: the existing reservation", body = ReservationDto), (status = 409, description = "CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn create_reservation(
@@ -83,7 +83,7 @@ async fn authorized(
     tag = "reservations",
     summary = "One reservation, read from its stream",
     params(("reservation_id" = String, Path, description = "The reservation id")),
-    responses((status = 200, description = "The reservation", body = ReservationDto), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "The reservation", body = ReservationDto)),
     security(("bearer" = [])),
 )]
 pub async fn get_reservation(
@@ -119,7 +119,7 @@ pub struct ListParams {
     tag = "reservations",
     summary = "The caller's tenant's reservations, in id order",
     params(ListParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
-    responses((status = 200, description = "A page: items and nextCursor", body = ReservationPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = ReservationPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn list_reservations(
@@ -149,7 +149,7 @@ pub async fn list_reservations(
     summary = "Cancel before the start",
     params(("reservation_id" = String, Path, description = "The reservation id")),
     request_body = inline(Option<CancelBody>),
-    responses((status = 200, description = "Cancelled", body = ReservationDto), (status = 409, description = "Wrong state: after the start, release instead", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Cancelled", body = ReservationDto), (status = 409, description = "Wrong state: after the start, release instead", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn cancel_reservation(
@@ -172,7 +172,7 @@ pub async fn cancel_reservation(
     tag = "reservations",
     summary = "Release after the start",
     params(("reservation_id" = String, Path, description = "The reservation id")),
-    responses((status = 200, description = "Releasing", body = ReservationDto), (status = 409, description = "Wrong state: before the start, cancel instead", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Releasing", body = ReservationDto), (status = 409, description = "Wrong state: before the start, cancel instead", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn release_reservation(
@@ -192,7 +192,7 @@ pub async fn release_reservation(
     tag = "reservations",
     summary = "Renew the allocation lease",
     params(("reservation_id" = String, Path, description = "The reservation id")),
-    responses((status = 200, description = "Renewed", body = ReservationDto), (status = 409, description = "Wrong state, or the lease already lapsed", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Renewed", body = ReservationDto), (status = 409, description = "Wrong state, or the lease already lapsed", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn renew_reservation(
@@ -214,7 +214,7 @@ pub async fn renew_reservation(
     summary = "Lengthen the window on the same atoms",
     params(("reservation_id" = String, Path, description = "The reservation id")),
     request_body = ExtendBody,
-    responses((status = 200, description = "Extended", body = ReservationDto), (status = 409, description = "Wrong state, another booking, or quota", body = ErrorBody), CommonErrors),
+    responses(CommonErrors, (status = 200, description = "Extended", body = ReservationDto), (status = 409, description = "Wrong state, another booking, or quota", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn extend_reservation(

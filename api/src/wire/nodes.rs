@@ -111,6 +111,10 @@ pub struct NodeDto {
     /// The class of the atoms it holds in its pool (`gpu`, `gpu.mig`, `gpu.slot`).
     pub atom_class: Option<String>,
     pub atom_count: u32,
+    /// A drain began and has not completed (the node is cordoned meanwhile).
+    pub draining: bool,
+    /// The generation of its desired state (`observedGeneration` is what its agent applied).
+    pub generation: u64,
     pub registered_at: i64,
 }
 
@@ -136,6 +140,8 @@ impl From<&NodeView> for NodeDto {
             gpu_count: n.gpu_count,
             atom_class: n.atom_class.map(|c| c.as_str().to_owned()),
             atom_count: n.atom_count,
+            draining: n.draining,
+            generation: n.generation,
             registered_at: n.registered_at_ms,
         }
     }

@@ -183,7 +183,7 @@ async fn status_rebuild_show_replay_and_tail_answer_an_investigator() {
     let rebuilt = command(&fleet, &["projections", "rebuild", "pools"]).output().expect("rebuild");
     assert!(rebuilt.status.success(), "{}", String::from_utf8_lossy(&rebuilt.stderr));
     let pools = models::read_models().into_iter().find(|p| p.name() == "pools").expect("pools");
-    assert_eq!(rebuild::verify(&fleet.t.db, pools.as_ref()).await.expect("verify"), vec![("pools_v1".to_owned(), 0)]);
+    assert_eq!(rebuild::verify(&fleet.t.db, pools.as_ref()).await.expect("verify"), vec![("pools_v2".to_owned(), 0)]);
     let unknown = command(&fleet, &["projections", "rebuild", "nope"]).output().expect("rebuild");
     assert!(!unknown.status.success());
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("pools"), "names the read models");

@@ -35,22 +35,18 @@ async fn read_models_show_pools_nodes_reservations_capacity_and_the_audit_trail(
     catch_up(&fleet.t.db).await;
 
     let mut tx = fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
-    let (node_count, offers): (i32, String) =
-        sql::query_as("SELECT node_count, offers::text FROM pools_v1 WHERE pool_id = $1")
-            .bind(pool.as_str())
-            .fetch_one(tx.conn())
-            .await
-            .expect("pool");
-    assert_eq!(node_count, 2);
-    let offers: serde_json::Value = serde_json::from_str(&offers).expect("json");
-    assert_eq!(offers[0]["tenantId"], "acme");
-    assert_eq!(offers[0]["quota"]["gpu"], 4);
+    let seen = fleet.app.pool(&fleet.owner, &pool, None).await.expect("pool");
+    assert_eq!(seen.node_count, 2);
+    assert_eq!(seen.offers.len(), 1);
+    assert_eq!((seen.offers[0].tenant_id.as_str(), seen.offers[0].quota.get("gpu")), ("acme", Some(&4)));
+    let as_acme = fleet.app.pool(&acme, &pool, None).await.expect("offered");
+    assert_eq!(as_acme.offers.len(), 1, "a customer sees its own offer");
 
-    let schedulable: Vec<(String, bool)> = sql::query_as("SELECT name, schedulable FROM nodes_v1 ORDER BY name")
-        .fetch_all(tx.conn())
-        .await
-        .expect("nodes");
-    assert_eq!(schedulable, vec![("a".to_owned(), false), ("b".to_owned(), true)]);
+    let page = bc_commands::reads::Page::first(10);
+    let nodes = fleet.app.list_nodes(&fleet.owner, Some(&pool), &page, None).await.expect("nodes").items;
+    let schedulable: Vec<(String, bool, bool)> =
+        nodes.iter().map(|n| (n.name.clone(), n.schedulable, n.cordoned)).collect();
+    assert_eq!(schedulable, vec![("a".to_owned(), false, true), ("b".to_owned(), true, false)]);
 
     let states: Vec<(String, String)> =
         sql::query_as("SELECT reservation_id, state FROM reservations_v2 ORDER BY requested_at, reservation_id")

@@ -12,7 +12,7 @@ use bc_eventstore::{Result, Tx, sql};
 use futures_util::future::BoxFuture;
 use sqlx::Row as _;
 
-use super::nodes::{Axes, NewNode, change_axes, schedulable};
+use super::axes::{Axes, NewNode, change_axes, schedulable};
 use crate::framework::{Envelope, Projection};
 
 /// Version 1 of the capacity rollup.

@@ -1,7 +1,9 @@
 //! The read models, each an asynchronous projection with versioned tables.
 
 pub mod audit;
+mod axes;
 pub mod capacity;
+pub mod folded;
 pub mod nodes;
 pub mod pools;
 pub mod reservations;
@@ -15,8 +17,8 @@ use crate::framework::Projection;
 /// Every read model this build serves, at the versions it builds.
 pub fn read_models() -> Vec<Arc<dyn Projection>> {
     vec![
-        Arc::new(pools::PoolsV1),
-        Arc::new(nodes::NodesV1),
+        Arc::new(pools::PoolsV2),
+        Arc::new(nodes::NodesV2),
         Arc::new(reservations::ReservationsV2),
         Arc::new(capacity::CapacityRollupV1),
         Arc::new(audit::AuditV1),

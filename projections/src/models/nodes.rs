@@ -1,32 +1,36 @@
-//! `nodes`: every node's axes, its schedulability, and what it has.
+//! `nodes` version 2: every node as the domain folds its stream ([`node::evolve`]), with the tenant that owns
+//! its pool (the trust rule reads it, and it is whom the node is shown to). A batch is applied as load, fold,
+//! write back: two statements per batch, whatever its size.
 
-use std::collections::BTreeSet;
+use std::collections::HashMap;
 
-use bc_domain::device::Device;
-use bc_domain::id::{NodeId, PoolId, SiteId, TenantId};
-use bc_domain::node::{
-    Adapter, Condition, ConditionType, Connectivity, NodeConditionRaised, NodeEvent, ProvisionState, Role,
-    SchedulingView, Trust, no_schedule_reasons, schedulability,
-};
+use bc_domain::node::{self, Node, NodeEvent};
 use bc_domain::stream::AnyEvent;
-use bc_eventstore::{Error, Result, Tx, sql};
+use bc_eventstore::{Result, Tx, sql};
 use futures_util::future::BoxFuture;
-use sqlx::Row as _;
 
-use super::{json, text};
+use super::axes::NODE_EVENT_TYPES;
+use super::folded;
+use super::json;
 use crate::framework::{Envelope, Projection};
 
-/// Version 1 of the nodes read model.
+/// Version 2 of the nodes read model.
 #[derive(Debug, Clone, Copy)]
-pub struct NodesV1;
+pub struct NodesV2;
 
-impl Projection for NodesV1 {
+/// A node's fold and its pool's owner.
+struct Row {
+    node: Node,
+    pool_owner: String,
+}
+
+impl Projection for NodesV2 {
     fn name(&self) -> &'static str {
         "nodes"
     }
 
     fn version(&self) -> u32 {
-        1
+        2
     }
 
     fn event_types(&self) -> &'static [&'static str] {
@@ -34,315 +38,77 @@ impl Projection for NodesV1 {
     }
 
     fn tables(&self) -> &'static [&'static str] {
-        &["nodes_v1"]
+        &["nodes_v2"]
     }
 
     fn apply<'a>(&'a self, tx: &'a mut Tx, events: &'a [Envelope]) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            for envelope in events {
-                apply_one(tx, envelope).await?;
+            let events: Vec<(&NodeEvent, Option<&str>)> = events
+                .iter()
+                .filter_map(|e| match &e.event {
+                    Some(AnyEvent::Node(event)) => Some((event, e.recorded.tenant_id.as_deref())),
+                    _ => None,
+                })
+                .collect();
+            if events.is_empty() {
+                return Ok(());
             }
-            Ok(())
+            let mut ids: Vec<&str> = events.iter().map(|(e, _)| e.node_id().as_str()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let loaded: Vec<(String, Node)> = folded::load(tx, "nodes_v2", "node_id", &ids).await?;
+            let owners: Vec<(String, String)> =
+                sql::query_as("SELECT node_id, pool_owner_tenant_id FROM nodes_v2 WHERE node_id = ANY($1::text[])")
+                    .bind(&ids)
+                    .fetch_all(tx.conn())
+                    .await?;
+            let owners: HashMap<String, String> = owners.into_iter().collect();
+            let mut rows: HashMap<String, Row> = loaded
+                .into_iter()
+                .map(|(id, node)| {
+                    let pool_owner = owners.get(&id).cloned().unwrap_or_default();
+                    (id, Row { node, pool_owner })
+                })
+                .collect();
+            for (event, tenant) in events {
+                let id = event.node_id().as_str();
+                let known = rows.remove(id);
+                let pool_owner =
+                    known.as_ref().map_or_else(|| tenant.unwrap_or_default().to_owned(), |r| r.pool_owner.clone());
+                if let Some(node) = node::evolve(known.map(|r| r.node), event) {
+                    rows.insert(id.to_owned(), Row { node, pool_owner });
+                }
+            }
+            let (gone, kept): (Vec<&Row>, Vec<&Row>) = rows.values().partition(|r| r.node.deleted_at_ms.is_some());
+            let gone: Vec<&str> = gone.iter().map(|r| r.node.id.as_str()).collect();
+            folded::delete(tx, "nodes_v2", "node_id", &gone).await?;
+            store(tx, &kept).await
         })
     }
 }
 
-/// The axes the schedulability rule reads, as a node's row holds them.
-pub(crate) struct Axes {
-    pub role: String,
-    pub trust: String,
-    pub owner_tenant_id: Option<String>,
-    pub pool_owner_tenant_id: String,
-    pub provision_state: String,
-    pub connectivity: String,
-    pub no_schedule_reasons: Vec<String>,
-    pub observed_generation: i64,
-    pub maintenance: bool,
-    pub cordoned: bool,
-}
-
-impl Axes {
-    /// The axes of a row that has the columns of the same names.
-    pub(crate) fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self> {
-        Ok(Axes {
-            role: row.try_get("role")?,
-            trust: row.try_get("trust")?,
-            owner_tenant_id: row.try_get("owner_tenant_id")?,
-            pool_owner_tenant_id: row.try_get("pool_owner_tenant_id")?,
-            provision_state: row.try_get("provision_state")?,
-            connectivity: row.try_get("connectivity")?,
-            no_schedule_reasons: row.try_get("no_schedule_reasons")?,
-            observed_generation: row.try_get("observed_generation")?,
-            maintenance: row.try_get("maintenance")?,
-            cordoned: row.try_get("cordoned")?,
-        })
-    }
-}
-
-fn parse<T: serde::de::DeserializeOwned>(value: &str) -> Result<T> {
-    serde_json::from_value(serde_json::Value::String(value.to_owned()))
-        .map_err(|err| Error::Internal(format!("a node axis holds an unknown value {value:?}: {err}")))
-}
-
-/// The schedulability rule over a row's axes.
-pub(crate) fn schedulable(axes: &Axes) -> Result<bool> {
-    let owner =
-        axes.owner_tenant_id.as_deref().map(str::parse).transpose().map_err(|e| Error::Internal(format!("{e}")))?;
-    let pool_owner = axes.pool_owner_tenant_id.parse().map_err(|e| Error::Internal(format!("{e}")))?;
-    let view = SchedulingView {
-        provision_state: parse::<ProvisionState>(&axes.provision_state)?,
-        role: parse::<Role>(&axes.role)?,
-        maintenance: axes.maintenance,
-        cordoned: axes.cordoned,
-        connectivity: parse::<Connectivity>(&axes.connectivity)?,
-        no_schedule_reasons: &axes.no_schedule_reasons,
-        observed_generation: axes.observed_generation.max(0) as u64,
-        trust: parse::<Trust>(&axes.trust)?,
-        owner_tenant_id: owner.as_ref(),
-        pool_owner_tenant_id: &pool_owner,
-    };
-    Ok(schedulability(&view).is_empty())
-}
-
-/// Every node event type: the node read models follow all of them.
-pub(crate) const NODE_EVENT_TYPES: &[&str] = &[
-    "node.registered",
-    "node.cordoned",
-    "node.uncordoned",
-    "node.maintenance_started",
-    "node.maintenance_ended",
-    "node.joined",
-    "node.adopted",
-    "node.rejoined",
-    "node.hardware_changed",
-    "node.inventory_reported",
-    "node.connectivity_changed",
-    "node.condition_raised",
-    "node.condition_cleared",
-    "node.spec_changed",
-    "node.spec_observed",
-    "node.drain_started",
-    "node.drained",
-    "node.deleted",
-];
-
-/// What a node's first event says about it: `node.registered` or `node.joined`.
-pub(crate) struct NewNode<'a> {
-    pub node_id: &'a NodeId,
-    pub pool_id: &'a PoolId,
-    pub site_id: &'a SiteId,
-    pub name: &'a str,
-    pub adapter: Adapter,
-    pub gpus: usize,
-    pub devices: &'a [Device],
-    pub conditions: &'a [Condition],
-    pub axes: Axes,
-    pub at_ms: i64,
-}
-
-impl<'a> NewNode<'a> {
-    /// The new node of a first event (the pool's owner is the tenant its stream belongs to); `None` for the
-    /// other events.
-    pub(crate) fn of(event: &'a NodeEvent, pool_owner: &str) -> Result<Option<Self>> {
-        let new = |e_role: &Role, e_trust: &Trust, owner: Option<&TenantId>, state: ProvisionState| -> Result<Axes> {
-            Ok(Axes {
-                role: text(e_role)?,
-                trust: text(e_trust)?,
-                owner_tenant_id: owner.map(|t| t.to_string()),
-                pool_owner_tenant_id: pool_owner.to_owned(),
-                provision_state: text(&state)?,
-                connectivity: text(&Connectivity::Connected)?,
-                no_schedule_reasons: Vec::new(),
-                observed_generation: 0,
-                maintenance: false,
-                cordoned: false,
-            })
-        };
-        Ok(Some(match event {
-            NodeEvent::Registered(e) => {
-                let mut axes = new(&e.role, &e.trust, e.owner_tenant_id.as_ref(), e.provision_state)?;
-                axes.connectivity = text(&e.connectivity)?;
-                axes.no_schedule_reasons = no_schedule_reasons(&e.conditions);
-                axes.observed_generation = e.observed_generation as i64;
-                NewNode {
-                    node_id: &e.node_id,
-                    pool_id: &e.pool_id,
-                    site_id: &e.site_id,
-                    name: &e.name,
-                    adapter: e.adapter,
-                    gpus: e.gpus.len(),
-                    devices: &e.devices,
-                    conditions: &e.conditions,
-                    axes,
-                    at_ms: e.at_ms,
-                }
-            }
-            NodeEvent::Joined(e) => {
-                let mut axes = new(&e.role, &e.trust, e.owner_tenant_id.as_ref(), ProvisionState::Adopting)?;
-                axes.no_schedule_reasons = no_schedule_reasons(&e.conditions);
-                NewNode {
-                    node_id: &e.node_id,
-                    pool_id: &e.pool_id,
-                    site_id: &e.site_id,
-                    name: &e.name,
-                    adapter: Adapter::BcdV1,
-                    gpus: e.gpus.len(),
-                    devices: &e.devices,
-                    conditions: &e.conditions,
-                    axes,
-                    at_ms: e.at_ms,
-                }
-            }
-            _ => return Ok(None),
-        }))
-    }
-
-    /// The class and count of its atoms.
-    pub(crate) fn atoms(&self) -> (Option<&'static str>, usize) {
-        let atoms: Vec<&Device> = self.devices.iter().filter(|d| d.bookable).collect();
-        (atoms.first().map(|d| d.class.as_str()), atoms.len())
-    }
-}
-
-/// How a node event moves the axes the schedulability rule reads; `false` when it does not touch them.
-pub(crate) fn change_axes(axes: &mut Axes, event: &NodeEvent) -> Result<bool> {
-    match event {
-        NodeEvent::Cordoned(_) | NodeEvent::DrainStarted(_) => axes.cordoned = true,
-        NodeEvent::Uncordoned(_) => axes.cordoned = false,
-        NodeEvent::MaintenanceStarted(_) => axes.maintenance = true,
-        NodeEvent::MaintenanceEnded(_) => axes.maintenance = false,
-        NodeEvent::Adopted(_) => axes.provision_state = text(&ProvisionState::Adopted)?,
-        NodeEvent::ConnectivityChanged(e) => axes.connectivity = text(&e.to)?,
-        NodeEvent::SpecObserved(e) => axes.observed_generation = e.observed_generation as i64,
-        NodeEvent::ConditionRaised(e) => axes.set_reason(e.condition.kind, true)?,
-        NodeEvent::ConditionCleared(e) => axes.set_reason(e.kind, false)?,
-        _ => return Ok(false),
-    }
-    Ok(true)
-}
-
-impl Axes {
-    /// Adds or removes a condition type from `noScheduleReasons` (only the types that block scheduling appear).
-    fn set_reason(&mut self, kind: ConditionType, present: bool) -> Result<()> {
-        let mut kinds: BTreeSet<ConditionType> =
-            self.no_schedule_reasons.iter().map(|r| parse::<ConditionType>(r)).collect::<Result<_>>()?;
-        if present && kind.blocks_scheduling() {
-            kinds.insert(kind);
-        } else {
-            kinds.remove(&kind);
-        }
-        self.no_schedule_reasons = kinds.into_iter().map(|k| k.as_str().to_owned()).collect();
-        Ok(())
-    }
-}
-
-async fn apply_one(tx: &mut Tx, envelope: &Envelope) -> Result<()> {
-    let Some(AnyEvent::Node(event)) = &envelope.event else { return Ok(()) };
-    let pool_owner = envelope.recorded.tenant_id.clone().unwrap_or_default();
-    if let Some(node) = NewNode::of(event, &pool_owner)? {
-        let (atom_class, atom_count) = node.atoms();
-        let axes = &node.axes;
-        sql::query(
-            "INSERT INTO nodes_v1 (node_id, pool_id, site_id, owner_tenant_id, pool_owner_tenant_id, name, role, trust,
-                                   adapter, provision_state, maintenance, cordoned, connectivity, conditions,
-                                   no_schedule_reasons, observed_generation, schedulable, gpu_count, atom_class,
-                                   atom_count, registered_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, false, false, $11, $12::jsonb, $13, $14, $15, $16, $17,
-                     $18, timestamptz 'epoch' + $19::int8 * interval '1 millisecond')",
-        )
-        .bind(node.node_id.as_str())
-        .bind(node.pool_id.as_str())
-        .bind(node.site_id.as_str())
-        .bind(&axes.owner_tenant_id)
-        .bind(&pool_owner)
-        .bind(node.name)
-        .bind(&axes.role)
-        .bind(&axes.trust)
-        .bind(text(&node.adapter)?)
-        .bind(&axes.provision_state)
-        .bind(&axes.connectivity)
-        .bind(json(&node.conditions)?)
-        .bind(&axes.no_schedule_reasons)
-        .bind(axes.observed_generation)
-        .bind(schedulable(axes)?)
-        .bind(node.gpus as i32)
-        .bind(atom_class)
-        .bind(atom_count as i32)
-        .bind(node.at_ms)
-        .execute(tx.conn())
-        .await?;
+async fn store(tx: &mut Tx, rows: &[&Row]) -> Result<()> {
+    if rows.is_empty() {
         return Ok(());
     }
-    let node_id = event.node_id().as_str();
-    match event {
-        NodeEvent::Deleted(_) => {
-            sql::query("DELETE FROM nodes_v1 WHERE node_id = $1").bind(node_id).execute(tx.conn()).await?;
-            return Ok(());
-        }
-        NodeEvent::HardwareChanged(e) => {
-            let atoms: Vec<&Device> = e.devices.iter().filter(|d| d.bookable).collect();
-            sql::query("UPDATE nodes_v1 SET gpu_count = $2, atom_class = coalesce($3, atom_class), atom_count = $4 WHERE node_id = $1")
-                .bind(node_id)
-                .bind(e.gpus.len() as i32)
-                .bind(atoms.first().map(|d| d.class.as_str()))
-                .bind(atoms.len() as i32)
-                .execute(tx.conn())
-                .await?;
-            return Ok(());
-        }
-        NodeEvent::ConditionRaised(NodeConditionRaised { condition, .. }) => {
-            sql::query(
-                "UPDATE nodes_v1 SET conditions = (
-                     SELECT coalesce(jsonb_agg(c), '[]'::jsonb) FROM jsonb_array_elements(conditions) AS c
-                     WHERE c ->> 'type' <> $2) || jsonb_build_array($3::jsonb)
-                 WHERE node_id = $1",
-            )
-            .bind(node_id)
-            .bind(condition.kind.as_str())
-            .bind(json(condition)?)
-            .execute(tx.conn())
-            .await?;
-        }
-        NodeEvent::ConditionCleared(e) => {
-            sql::query(
-                "UPDATE nodes_v1 SET conditions = (
-                     SELECT coalesce(jsonb_agg(c), '[]'::jsonb) FROM jsonb_array_elements(conditions) AS c
-                     WHERE c ->> 'type' <> $2)
-                 WHERE node_id = $1",
-            )
-            .bind(node_id)
-            .bind(e.kind.as_str())
-            .execute(tx.conn())
-            .await?;
-        }
-        _ => {}
-    }
-    let row = sql::query(
-        "SELECT role, trust, owner_tenant_id, pool_owner_tenant_id, provision_state, connectivity,
-                no_schedule_reasons, observed_generation, maintenance, cordoned
-         FROM nodes_v1 WHERE node_id = $1",
-    )
-    .bind(node_id)
-    .fetch_optional(tx.conn())
-    .await?;
-    let Some(row) = row else { return Ok(()) };
-    let mut axes = Axes::from_row(&row)?;
-    if !change_axes(&mut axes, event)? {
-        return Ok(());
-    }
+    let mut sorted: Vec<&&Row> = rows.iter().collect();
+    sorted.sort_by(|a, b| a.node.id.cmp(&b.node.id));
+    let ids: Vec<&str> = sorted.iter().map(|r| r.node.id.as_str()).collect();
+    let pools: Vec<&str> = sorted.iter().map(|r| r.node.pool_id.as_str()).collect();
+    let owners: Vec<&str> = sorted.iter().map(|r| r.pool_owner.as_str()).collect();
+    let docs = sorted.iter().map(|r| json(&r.node)).collect::<Result<Vec<_>>>()?;
     sql::query(
-        "UPDATE nodes_v1 SET provision_state = $2, connectivity = $3, no_schedule_reasons = $4, observed_generation = $5,
-                             maintenance = $6, cordoned = $7, schedulable = $8
-         WHERE node_id = $1",
+        "INSERT INTO nodes_v2 (node_id, pool_id, pool_owner_tenant_id, folded)
+         SELECT u.id, u.pool, u.owner, u.folded::jsonb
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(id, pool, owner, folded)
+         ON CONFLICT (node_id) DO UPDATE
+             SET pool_id = excluded.pool_id, pool_owner_tenant_id = excluded.pool_owner_tenant_id,
+                 folded = excluded.folded",
     )
-    .bind(node_id)
-    .bind(&axes.provision_state)
-    .bind(&axes.connectivity)
-    .bind(&axes.no_schedule_reasons)
-    .bind(axes.observed_generation)
-    .bind(axes.maintenance)
-    .bind(axes.cordoned)
-    .bind(schedulable(&axes)?)
+    .bind(&ids)
+    .bind(&pools)
+    .bind(&owners)
+    .bind(&docs)
     .execute(tx.conn())
     .await?;
     Ok(())

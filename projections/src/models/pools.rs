@@ -1,25 +1,29 @@
-//! `pools`: every pool with its offerings and its node count.
+//! `pools` version 2: every pool as the domain folds its stream ([`pool::evolve`]), with the tenants it is
+//! offered to (who, with its owner, sees it) and how many nodes it holds.
 
-use bc_domain::node::{NodeEvent, NodeJoined, NodeRegistered};
-use bc_domain::pool::PoolEvent;
+use std::collections::{BTreeMap, HashMap};
+
+use bc_domain::node::NodeEvent;
+use bc_domain::pool::{self, Pool, PoolEvent};
 use bc_domain::stream::AnyEvent;
 use bc_eventstore::{Result, Tx, sql};
 use futures_util::future::BoxFuture;
 
-use super::{json, text};
+use super::folded;
+use super::json;
 use crate::framework::{Envelope, Projection};
 
-/// Version 1 of the pools read model.
+/// Version 2 of the pools read model.
 #[derive(Debug, Clone, Copy)]
-pub struct PoolsV1;
+pub struct PoolsV2;
 
-impl Projection for PoolsV1 {
+impl Projection for PoolsV2 {
     fn name(&self) -> &'static str {
         "pools"
     }
 
     fn version(&self) -> u32 {
-        1
+        2
     }
 
     fn event_types(&self) -> &'static [&'static str] {
@@ -27,88 +31,98 @@ impl Projection for PoolsV1 {
     }
 
     fn tables(&self) -> &'static [&'static str] {
-        &["pools_v1"]
+        &["pools_v2"]
     }
 
     fn apply<'a>(&'a self, tx: &'a mut Tx, events: &'a [Envelope]) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
+            let mut pool_events: Vec<&PoolEvent> = Vec::new();
+            let mut node_counts: BTreeMap<&str, i32> = BTreeMap::new();
             for envelope in events {
-                apply_one(tx, envelope).await?;
+                match &envelope.event {
+                    Some(AnyEvent::Pool(
+                        event @ (PoolEvent::Created(_) | PoolEvent::Offered(_) | PoolEvent::QuotaSet(_)),
+                    )) => pool_events.push(event),
+                    Some(AnyEvent::Node(NodeEvent::Registered(e))) => {
+                        *node_counts.entry(e.pool_id.as_str()).or_default() += 1
+                    }
+                    Some(AnyEvent::Node(NodeEvent::Joined(e))) => {
+                        *node_counts.entry(e.pool_id.as_str()).or_default() += 1
+                    }
+                    Some(AnyEvent::Node(NodeEvent::Deleted(e))) => {
+                        *node_counts.entry(e.pool_id.as_str()).or_default() -= 1
+                    }
+                    _ => {}
+                }
+            }
+            if !pool_events.is_empty() {
+                let mut ids: Vec<&str> = pool_events.iter().map(|e| pool_of(e)).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                let mut folded: HashMap<String, Pool> =
+                    folded::load(tx, "pools_v2", "pool_id", &ids).await?.into_iter().collect();
+                let mut touched: Vec<&str> = Vec::new();
+                for event in pool_events {
+                    let id = pool_of(event);
+                    if let Some(next) = pool::evolve(folded.remove(id), event) {
+                        folded.insert(id.to_owned(), next);
+                        touched.push(id);
+                    }
+                }
+                touched.sort_unstable();
+                touched.dedup();
+                store(tx, touched.iter().filter_map(|id| folded.get(*id))).await?;
+            }
+            if !node_counts.is_empty() {
+                let (pools, deltas): (Vec<&str>, Vec<i32>) = node_counts.into_iter().unzip();
+                sql::query(
+                    "UPDATE pools_v2 AS p SET node_count = p.node_count + u.delta
+                     FROM unnest($1::text[], $2::int4[]) AS u(pool_id, delta) WHERE p.pool_id = u.pool_id",
+                )
+                .bind(&pools)
+                .bind(&deltas)
+                .execute(tx.conn())
+                .await?;
             }
             Ok(())
         })
     }
 }
 
-async fn apply_one(tx: &mut Tx, envelope: &Envelope) -> Result<()> {
-    match &envelope.event {
-        Some(AnyEvent::Pool(PoolEvent::Created(e))) => {
-            sql::query(
-                "INSERT INTO pools_v1 (pool_id, site_id, owner_tenant_id, name, class, gpu_model, sharing, agent, policy,
-                                       created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, timestamptz 'epoch' + $10::int8 * interval '1 millisecond')",
-            )
-            .bind(e.pool_id.as_str())
-            .bind(e.site_id.as_str())
-            .bind(e.owner_tenant_id.as_str())
-            .bind(&e.name)
-            .bind(text(&e.class)?)
-            .bind(&e.gpu_model)
-            .bind(e.sharing.as_str())
-            .bind(text(&e.agent)?)
-            .bind(json(&e.policy)?)
-            .bind(e.at_ms)
-            .execute(tx.conn())
-            .await?;
-        }
-        Some(AnyEvent::Pool(PoolEvent::Offered(e))) => {
-            let offer = serde_json::json!({
-                "tenantId": e.tenant_id,
-                "quota": e.quota,
-                "priority": e.priority,
-                "includeDescendants": e.include_descendants,
-            });
-            sql::query(
-                "UPDATE pools_v1 SET offers = (
-                     SELECT coalesce(jsonb_agg(o ORDER BY o ->> 'tenantId'), '[]'::jsonb)
-                     FROM (SELECT o FROM jsonb_array_elements(offers) AS o WHERE o ->> 'tenantId' <> $2
-                           UNION ALL SELECT $3::jsonb) AS s(o))
-                 WHERE pool_id = $1",
-            )
-            .bind(e.pool_id.as_str())
-            .bind(e.tenant_id.as_str())
-            .bind(json(&offer)?)
-            .execute(tx.conn())
-            .await?;
-        }
-        Some(AnyEvent::Pool(PoolEvent::QuotaSet(e))) => {
-            sql::query(
-                "UPDATE pools_v1 SET offers = (
-                     SELECT coalesce(jsonb_agg(CASE WHEN o ->> 'tenantId' = $2 THEN jsonb_set(o, '{quota}', $3::jsonb) ELSE o END
-                                               ORDER BY o ->> 'tenantId'), '[]'::jsonb)
-                     FROM jsonb_array_elements(offers) AS o)
-                 WHERE pool_id = $1",
-            )
-            .bind(e.pool_id.as_str())
-            .bind(e.tenant_id.as_str())
-            .bind(json(&e.quota)?)
-            .execute(tx.conn())
-            .await?;
-        }
-        Some(AnyEvent::Node(NodeEvent::Registered(NodeRegistered { pool_id, .. })))
-        | Some(AnyEvent::Node(NodeEvent::Joined(NodeJoined { pool_id, .. }))) => {
-            sql::query("UPDATE pools_v1 SET node_count = node_count + 1 WHERE pool_id = $1")
-                .bind(pool_id.as_str())
-                .execute(tx.conn())
-                .await?;
-        }
-        Some(AnyEvent::Node(NodeEvent::Deleted(e))) => {
-            sql::query("UPDATE pools_v1 SET node_count = node_count - 1 WHERE pool_id = $1")
-                .bind(e.pool_id.as_str())
-                .execute(tx.conn())
-                .await?;
-        }
-        _ => {}
+fn pool_of(event: &PoolEvent) -> &str {
+    match event {
+        PoolEvent::Created(e) => e.pool_id.as_str(),
+        PoolEvent::Offered(e) => e.pool_id.as_str(),
+        PoolEvent::QuotaSet(e) => e.pool_id.as_str(),
+        PoolEvent::JoinTokenIssued(e) => e.pool_id.as_str(),
     }
+}
+
+async fn store<'p>(tx: &mut Tx, pools: impl Iterator<Item = &'p Pool>) -> Result<()> {
+    let (mut ids, mut owners, mut offers, mut docs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for pool in pools {
+        ids.push(pool.id.as_str());
+        owners.push(pool.owner_tenant_id.as_str());
+        let tenants: Vec<&str> = pool.offers.iter().map(|o| o.tenant_id.as_str()).collect();
+        offers.push(json(&tenants)?);
+        docs.push(json(pool)?);
+    }
+    if ids.is_empty() {
+        return Ok(());
+    }
+    sql::query(
+        "INSERT INTO pools_v2 (pool_id, owner_tenant_id, offer_tenants, folded)
+         SELECT u.id, u.owner, ARRAY(SELECT jsonb_array_elements_text(u.offers::jsonb)), u.folded::jsonb
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(id, owner, offers, folded)
+         ON CONFLICT (pool_id) DO UPDATE
+             SET owner_tenant_id = excluded.owner_tenant_id, offer_tenants = excluded.offer_tenants,
+                 folded = excluded.folded",
+    )
+    .bind(&ids)
+    .bind(&owners)
+    .bind(&offers)
+    .bind(&docs)
+    .execute(tx.conn())
+    .await?;
     Ok(())
 }

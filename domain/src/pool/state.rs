@@ -1,0 +1,182 @@
+//! A pool's state (the fold of its stream), a join token's (a stream of its own), and the decisions on them:
+//! creating a pool, offering it, setting an offering's quota, issuing a join token.
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    JoinTokenIssued, PoolAgent, PoolClass, PoolCreated, PoolEvent, PoolOffered, PoolPolicy, PoolQuotaSet, Quota,
+    Sharing, check_quota,
+};
+use crate::Rejection;
+use crate::id::{JoinTokenId, PoolId, SiteId, TenantId};
+
+/// A pool as its events left it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pool {
+    pub id: PoolId,
+    pub site_id: SiteId,
+    pub owner_tenant_id: TenantId,
+    pub name: String,
+    pub class: PoolClass,
+    pub gpu_model: String,
+    pub sharing: Sharing,
+    pub agent: PoolAgent,
+    pub policy: PoolPolicy,
+    pub provider_account_id: Option<String>,
+    pub created_at_ms: i64,
+    /// Its offerings, one per tenant, in tenant order; a quota change updates the offering in place.
+    pub offers: Vec<PoolOffered>,
+    /// Events folded.
+    pub version: u32,
+}
+
+/// A join token as its stream records it (the secret itself is never recorded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinToken {
+    pub id: JoinTokenId,
+    pub pool_id: PoolId,
+    pub expires_at_ms: i64,
+    pub issued_at_ms: i64,
+}
+
+/// Applies one event of a pool's stream (a `pool.join_token_issued` belongs to the token's own stream).
+pub fn evolve(state: Option<Pool>, event: &PoolEvent) -> Option<Pool> {
+    let mut pool = match (state, event) {
+        (None, PoolEvent::Created(e)) => {
+            return Some(Pool {
+                id: e.pool_id.clone(),
+                site_id: e.site_id.clone(),
+                owner_tenant_id: e.owner_tenant_id.clone(),
+                name: e.name.clone(),
+                class: e.class,
+                gpu_model: e.gpu_model.clone(),
+                sharing: e.sharing,
+                agent: e.agent,
+                policy: e.policy.clone(),
+                provider_account_id: e.provider_account_id.clone(),
+                created_at_ms: e.at_ms,
+                offers: Vec::new(),
+                version: 1,
+            });
+        }
+        (Some(pool), _) => pool,
+        (None, _) => return None,
+    };
+    pool.version += 1;
+    match event {
+        PoolEvent::Created(_) | PoolEvent::JoinTokenIssued(_) => {}
+        PoolEvent::Offered(e) => {
+            pool.offers.retain(|offer| offer.tenant_id != e.tenant_id);
+            pool.offers.push(e.clone());
+            pool.offers.sort_by(|a, b| a.tenant_id.cmp(&b.tenant_id));
+        }
+        PoolEvent::QuotaSet(e) => {
+            if let Some(offer) = pool.offers.iter_mut().find(|offer| offer.tenant_id == e.tenant_id) {
+                offer.quota = e.quota.clone();
+                offer.at_ms = e.at_ms;
+            }
+        }
+    }
+    Some(pool)
+}
+
+/// Folds a pool stream's events, in version order.
+pub fn fold<'a>(events: impl IntoIterator<Item = &'a PoolEvent>) -> Option<Pool> {
+    events.into_iter().fold(None, evolve)
+}
+
+/// Applies one event of a join token's stream.
+pub fn evolve_join_token(state: Option<JoinToken>, event: &PoolEvent) -> Option<JoinToken> {
+    match (state, event) {
+        (None, PoolEvent::JoinTokenIssued(e)) => Some(JoinToken {
+            id: e.token_id.clone(),
+            pool_id: e.pool_id.clone(),
+            expires_at_ms: e.expires_at_ms,
+            issued_at_ms: e.at_ms,
+        }),
+        (state, _) => state,
+    }
+}
+
+/// What creating a pool needs to know beyond the request itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CreationFacts {
+    /// Whether the site exists and belongs to the creating tenant.
+    pub site_owned: bool,
+    /// Whether the owner already has a pool of that name.
+    pub name_taken: bool,
+}
+
+/// Decides creating a pool.
+pub fn create(created: &PoolCreated, facts: CreationFacts) -> Result<Vec<PoolEvent>, Rejection> {
+    created.check()?;
+    if !facts.site_owned {
+        return Err(Rejection::NotFound { kind: "site", id: created.site_id.to_string() });
+    }
+    if facts.name_taken {
+        return Err(Rejection::Conflict(format!("a pool named {:?} already exists", created.name)));
+    }
+    Ok(vec![PoolEvent::Created(created.clone())])
+}
+
+/// A command on an existing pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolCommand {
+    /// Offer the pool to a tenant (or replace its offer).
+    Offer { tenant_id: TenantId, quota: Quota, priority: i32, include_descendants: bool, now_ms: i64 },
+    /// Replace an existing offering's quota.
+    SetQuota { tenant_id: TenantId, quota: Quota, now_ms: i64 },
+}
+
+/// Decides a command on a pool.
+pub fn decide(pool: &Pool, command: &PoolCommand) -> Result<Vec<PoolEvent>, Rejection> {
+    match command {
+        PoolCommand::Offer { tenant_id, quota, priority, include_descendants, now_ms } => {
+            check_quota("quota", quota)?;
+            if tenant_id == &pool.owner_tenant_id {
+                return Err(Rejection::invalid("tenantId", "the pool's owner needs no offer"));
+            }
+            Ok(vec![PoolEvent::Offered(PoolOffered {
+                pool_id: pool.id.clone(),
+                tenant_id: tenant_id.clone(),
+                quota: quota.clone(),
+                priority: *priority,
+                include_descendants: *include_descendants,
+                at_ms: *now_ms,
+            })])
+        }
+        PoolCommand::SetQuota { tenant_id, quota, now_ms } => {
+            check_quota("quota", quota)?;
+            if !pool.offers.iter().any(|offer| &offer.tenant_id == tenant_id) {
+                return Err(Rejection::NotFound { kind: "offering", id: format!("{}/{tenant_id}", pool.id) });
+            }
+            Ok(vec![PoolEvent::QuotaSet(PoolQuotaSet {
+                pool_id: pool.id.clone(),
+                tenant_id: tenant_id.clone(),
+                quota: quota.clone(),
+                at_ms: *now_ms,
+            })])
+        }
+    }
+}
+
+/// Decides issuing a join token for `pool_id`, valid for `ttl_s` seconds from `now_ms`.
+pub fn issue_join_token(
+    pool_id: &PoolId,
+    token_id: &JoinTokenId,
+    ttl_s: u64,
+    max_ttl_s: u64,
+    now_ms: i64,
+) -> Result<Vec<PoolEvent>, Rejection> {
+    if !(60..=max_ttl_s).contains(&ttl_s) {
+        return Err(Rejection::invalid("ttlSeconds", format!("must be 60 to {max_ttl_s}")));
+    }
+    Ok(vec![PoolEvent::JoinTokenIssued(JoinTokenIssued {
+        pool_id: pool_id.clone(),
+        token_id: token_id.clone(),
+        expires_at_ms: now_ms + ttl_s as i64 * 1000,
+        at_ms: now_ms,
+    })])
+}
