@@ -11,7 +11,7 @@
 
 use bc_domain::id::{NodeId, ReservationId, TenantId};
 use bc_domain::node::{
-    Condition, ConditionType, Connectivity, NodeAt, NodeConditionRaised, NodeConnectivityChanged, NodeEvent,
+    self, Condition, ConditionType, Connectivity, NodeCommand, NodeConditionRaised, NodeConnectivityChanged, NodeEvent,
     connectivity_after_silence,
 };
 use bc_domain::reservation::{self, Command, FailureReason, ReservationState};
@@ -239,22 +239,11 @@ impl App {
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 async move {
-                    let row = sql::query(
-                        "SELECT n.draining, p.owner_tenant_id FROM nodes AS n JOIN pools AS p ON p.id = n.pool_id
-                         WHERE n.id = $1 FOR UPDATE OF n",
-                    )
-                    .bind(node_id.as_str())
-                    .fetch_optional(tx.conn())
-                    .await?;
-                    let Some(row) = row else { return Ok(()) };
-                    if !row.try_get::<bool, _>("draining")? {
-                        return Ok(());
-                    }
-                    let tenant: String = row.try_get("owner_tenant_id")?;
-                    let tenant: TenantId = tenant.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))?;
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let event = NodeEvent::Drained(NodeAt { node_id: node_id.clone(), reason: None, at_ms });
-                    record_node(tx, caller, node_id, &tenant, vec![event]).await?;
+                    let Some(node) = store::node(tx, node_id).await? else { return Ok(()) };
+                    let Some(pool) = store::pool(tx, &node.pool_id).await? else { return Ok(()) };
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let events = node::decide(&node, &NodeCommand::CompleteDrain { now_ms })?;
+                    record_node(tx, caller, node_id, &pool.owner_tenant_id, events).await?;
                     Ok::<_, AppError>(())
                 }
                 .scope_boxed()

@@ -7,8 +7,8 @@ use bc_domain::device::{GpuInfo, devices_for};
 use bc_domain::id::CommandId;
 use bc_domain::id::{NodeId, TenantId};
 use bc_domain::node::{
-    Adapter, Condition, ConditionType, Connectivity, NodeDeleted, NodeDrainStarted, NodeEvent, NodeFlagChanged,
-    NodeRegistered, NodeSpec, NodeSpecChanged, ProvisionState, Role, Trust,
+    self, Adapter, Condition, ConditionType, Connectivity, NodeCommand, NodeEvent, NodeRegistered, ProvisionState,
+    Role, Trust, VerbState,
 };
 use bc_domain::site::check_name;
 use bc_domain::{gpu, id::PoolId};
@@ -148,28 +148,23 @@ impl App {
                     let pool = owned_pool(tx, caller, &node.pool_id)
                         .await
                         .map_err(|_| Rejection::NotFound { kind: "node", id: node_id.to_string() })?;
-                    let unchanged = match verb {
-                        NodeVerb::Cordon => node.cordoned,
-                        NodeVerb::Uncordon => !node.cordoned,
-                        NodeVerb::StartMaintenance => node.maintenance,
-                        NodeVerb::EndMaintenance => !node.maintenance,
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let reason = reason.clone();
+                    let command = match verb {
+                        NodeVerb::Cordon => NodeCommand::Cordon { reason, now_ms },
+                        NodeVerb::Uncordon => NodeCommand::Uncordon { reason, now_ms },
+                        NodeVerb::EndMaintenance => NodeCommand::EndMaintenance { reason, now_ms },
+                        NodeVerb::StartMaintenance => {
+                            store::lock_pool(tx, &pool.id).await?;
+                            let disruption = store::disruption(tx, &pool, node_id).await?;
+                            NodeCommand::StartMaintenance { reason, disruption, now_ms }
+                        }
                     };
-                    if unchanged {
+                    let events = node::decide(&node, &command)?;
+                    if events.is_empty() {
                         return Ok(Committed { value: (), position: None });
                     }
-                    if verb == NodeVerb::StartMaintenance && !node.draining {
-                        store::lock_pool(tx, &pool.id).await?;
-                        check_disruption_budget(tx, &pool, node_id).await?;
-                    }
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let flag = NodeFlagChanged { node_id: node_id.clone(), reason: reason.clone(), at_ms };
-                    let event = match verb {
-                        NodeVerb::Cordon => NodeEvent::Cordoned(flag),
-                        NodeVerb::Uncordon => NodeEvent::Uncordoned(flag),
-                        NodeVerb::StartMaintenance => NodeEvent::MaintenanceStarted(flag),
-                        NodeVerb::EndMaintenance => NodeEvent::MaintenanceEnded(flag),
-                    };
-                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
+                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, events).await?;
                     if matches!(verb, NodeVerb::Uncordon | NodeVerb::EndMaintenance) {
                         work::wake_now(tx, &WorkKey::pool_pending(&node.pool_id)).await?;
                     }
@@ -199,38 +194,8 @@ pub struct InventorySnapshot {
     pub received_at_ms: i64,
 }
 
-/// How many of a pool's nodes may be draining or in maintenance at once: its `disruptionBudget` share, at
-/// least one.
-pub fn disruption_allowance(budget: f64, nodes: i64) -> i64 {
-    ((budget * nodes as f64).floor() as i64).max(1)
-}
-
-/// Refuses a drain or maintenance that would put more of the pool's nodes out than its disruption budget
-/// allows.
-async fn check_disruption_budget(tx: &mut Tx, pool: &store::PoolRow, node_id: &NodeId) -> AppResult<()> {
-    let row = sql::query(
-        "SELECT count(*) AS nodes, count(*) FILTER (WHERE (draining OR maintenance) AND id <> $2) AS disrupted
-         FROM nodes WHERE pool_id = $1",
-    )
-    .bind(pool.id.as_str())
-    .bind(node_id.as_str())
-    .fetch_one(tx.conn())
-    .await?;
-    let nodes: i64 = row.try_get("nodes")?;
-    let disrupted: i64 = row.try_get("disrupted")?;
-    let allowed = disruption_allowance(pool.policy.disruption_budget, nodes);
-    if disrupted + 1 > allowed {
-        return Err(Rejection::Conflict(format!(
-            "pool {}'s disruption budget ({}) allows {allowed} of its {nodes} nodes draining or in maintenance at once, and {disrupted} already are",
-            pool.id, pool.policy.disruption_budget
-        ))
-        .into());
-    }
-    Ok(())
-}
-
 /// Loads a node the caller operates (its pool's owner), or `NOT_FOUND`.
-async fn operated_node(tx: &mut Tx, caller: &Caller, node_id: &NodeId) -> AppResult<(store::NodeRow, store::PoolRow)> {
+async fn operated_node(tx: &mut Tx, caller: &Caller, node_id: &NodeId) -> AppResult<(VerbState, store::PoolRow)> {
     let not_found = || Rejection::NotFound { kind: "node", id: node_id.to_string() };
     let Some(node) = store::node(tx, node_id).await? else { return Err(not_found().into()) };
     let pool = owned_pool(tx, caller, &node.pool_id).await.map_err(|_| not_found())?;
@@ -253,20 +218,14 @@ impl App {
                 async move {
                     let (node, pool) = operated_node(tx, caller, node_id).await?;
                     store::lock_pool(tx, &pool.id).await?;
-                    if node.draining && !force {
+                    let disruption = store::disruption(tx, &pool, node_id).await?;
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let command = NodeCommand::Drain { force, reason: reason.clone(), disruption, now_ms };
+                    let events = node::decide(&node, &command)?;
+                    if events.is_empty() {
                         return Ok(Committed { value: (), position: None });
                     }
-                    if !node.draining && !node.maintenance {
-                        check_disruption_budget(tx, &pool, node_id).await?;
-                    }
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let event = NodeEvent::DrainStarted(NodeDrainStarted {
-                        node_id: node_id.clone(),
-                        force,
-                        reason: reason.clone(),
-                        at_ms,
-                    });
-                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
+                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, events).await?;
                     work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
                     Ok(Committed { value: (), position })
                 }
@@ -289,44 +248,18 @@ impl App {
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 let reason = &reason;
                 async move {
-                    let (_, pool) = operated_node(tx, caller, node_id).await?;
+                    let (node, pool) = operated_node(tx, caller, node_id).await?;
                     store::lock_pool(tx, &pool.id).await?;
-                    let held: Vec<String> = sql::query_scalar(
-                        "SELECT DISTINCT r.id FROM allocations AS a JOIN reservations AS r ON r.id = a.reservation_id
-                         WHERE a.node_id = $1 AND r.state IN ('placed', 'binding', 'active', 'releasing')
-                         ORDER BY r.id LIMIT 20",
-                    )
-                    .bind(node_id.as_str())
-                    .fetch_all(tx.conn())
-                    .await?;
-                    if !held.is_empty() && !force {
-                        return Err(Rejection::Conflict(format!(
-                            "node {node_id} still holds reservations ({}); drain it first, or delete with force",
-                            held.join(", ")
-                        ))
-                        .into());
-                    }
+                    let (held, active) = store::held_on_node(tx, node_id).await?;
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let command =
+                        NodeCommand::Delete { force, reason: reason.clone(), held: held.clone(), now_ms };
+                    let events = node::decide(&node, &command)?;
                     // What still runs there ends now; future bookings move (the reconciler, below).
-                    let active: Vec<String> = sql::query_scalar(
-                        "SELECT DISTINCT r.id FROM allocations AS a JOIN reservations AS r ON r.id = a.reservation_id
-                         WHERE a.node_id = $1 AND r.state = 'active' ORDER BY r.id",
-                    )
-                    .bind(node_id.as_str())
-                    .fetch_all(tx.conn())
-                    .await?;
                     for id in active {
-                        let id = id.parse().map_err(|err| store::corrupt("reservations.id", err))?;
                         super::reservations::preempt(tx, caller, &id).await?;
                     }
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let event = NodeEvent::Deleted(NodeDeleted {
-                        node_id: node_id.clone(),
-                        pool_id: pool.id.clone(),
-                        force,
-                        reason: reason.clone(),
-                        at_ms,
-                    });
-                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
+                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, events).await?;
                     for statement in [
                         "DELETE FROM node_credentials WHERE node_id = $1",
                         "DELETE FROM agent_sessions WHERE node_id = $1",
@@ -354,36 +287,17 @@ impl App {
         labels: std::collections::BTreeMap<String, String>,
         mig_layout: Option<String>,
     ) -> AppResult<Committed<u64>> {
-        for (key, value) in &labels {
-            if key.is_empty() || key.len() > 63 || value.len() > 253 || key.chars().any(char::is_control) {
-                return Err(Rejection::invalid(
-                    format!("labels.{key}"),
-                    "keys are 1 to 63 characters, values at most 253",
-                )
-                .into());
-            }
-        }
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 let (labels, mig_layout) = (&labels, &mig_layout);
                 async move {
-                    let (_, pool) = operated_node(tx, caller, node_id).await?;
-                    let row = sql::query("SELECT generation, spec::text AS spec FROM nodes WHERE id = $1 FOR UPDATE")
-                        .bind(node_id.as_str())
-                        .fetch_one(tx.conn())
-                        .await?;
-                    let generation: i64 = row.try_get("generation")?;
-                    let spec: String = row.try_get("spec")?;
-                    let mut spec: NodeSpec = serde_json::from_str(&spec).unwrap_or_default();
-                    spec.labels = labels.clone();
-                    if mig_layout.is_some() {
-                        spec.mig_layout = mig_layout.clone();
-                    }
-                    let generation = generation as u64 + 1;
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let event =
-                        NodeEvent::SpecChanged(NodeSpecChanged { node_id: node_id.clone(), generation, spec, at_ms });
-                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
+                    let (node, pool) = operated_node(tx, caller, node_id).await?;
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let command =
+                        NodeCommand::SetSpec { labels: labels.clone(), mig_layout: mig_layout.clone(), now_ms };
+                    let events = node::decide(&node, &command)?;
+                    let generation = node.generation + 1;
+                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, events).await?;
                     Ok(Committed { value: generation, position })
                 }
                 .scope_boxed()

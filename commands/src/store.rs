@@ -3,6 +3,7 @@
 
 use bc_domain::event::DomainEvent;
 use bc_domain::id::{NodeId, PoolId, ReservationId, TenantId};
+use bc_domain::node::{Disruption, VerbState};
 use bc_domain::placement::NodeCandidate;
 use bc_domain::pool::{PoolEvent, PoolOffered, PoolPolicy, Sharing};
 use bc_domain::reservation::{self, DeviceRequest, Reservation, ReservationEvent};
@@ -118,28 +119,62 @@ pub enum NamedTable {
     Nodes,
 }
 
-/// What handlers need of a node.
-#[derive(Debug, Clone)]
-pub struct NodeRow {
-    pub pool_id: PoolId,
-    pub cordoned: bool,
-    pub maintenance: bool,
-    pub draining: bool,
-}
-
-pub async fn node(tx: &mut Tx, node_id: &NodeId) -> AppResult<Option<NodeRow>> {
-    let row = sql::query("SELECT pool_id, cordoned, maintenance, draining FROM nodes WHERE id = $1")
-        .bind(node_id.as_str())
-        .fetch_optional(tx.conn())
-        .await?;
+/// What the operator's decisions read of a node, from its inline row (`None`: no such node). Two verbs on one
+/// node at once both append at the stream's next version; the second is retried on its conflict.
+pub async fn node(tx: &mut Tx, node_id: &NodeId) -> AppResult<Option<VerbState>> {
+    let row = sql::query(
+        "SELECT pool_id, cordoned, maintenance, draining, generation, spec::text AS spec FROM nodes WHERE id = $1",
+    )
+    .bind(node_id.as_str())
+    .fetch_optional(tx.conn())
+    .await?;
     let Some(row) = row else { return Ok(None) };
     let pool: String = row.try_get("pool_id")?;
-    Ok(Some(NodeRow {
+    let spec: String = row.try_get("spec")?;
+    Ok(Some(VerbState {
+        id: node_id.clone(),
         pool_id: pool.parse().map_err(|err| corrupt("nodes.pool_id", err))?,
         cordoned: row.try_get("cordoned")?,
         maintenance: row.try_get("maintenance")?,
         draining: row.try_get("draining")?,
+        generation: row.try_get::<i64, _>("generation")?.max(0) as u64,
+        spec: serde_json::from_str(&spec).map_err(|err| corrupt("nodes.spec", err))?,
     }))
+}
+
+/// How much of a pool's disruption budget the other nodes than `node_id` already spend.
+pub async fn disruption(tx: &mut Tx, pool: &PoolRow, node_id: &NodeId) -> AppResult<Disruption> {
+    let row = sql::query(
+        "SELECT count(*) AS nodes, count(*) FILTER (WHERE (draining OR maintenance) AND id <> $2) AS disrupted
+         FROM nodes WHERE pool_id = $1",
+    )
+    .bind(pool.id.as_str())
+    .bind(node_id.as_str())
+    .fetch_one(tx.conn())
+    .await?;
+    Ok(Disruption {
+        budget: pool.policy.disruption_budget,
+        nodes: row.try_get("nodes")?,
+        disrupted: row.try_get("disrupted")?,
+    })
+}
+
+/// The reservations placed or running on a node (at most 20, in id order), and those of them active.
+pub async fn held_on_node(tx: &mut Tx, node_id: &NodeId) -> AppResult<(Vec<String>, Vec<ReservationId>)> {
+    let rows: Vec<(String, String)> = sql::query_as(
+        "SELECT DISTINCT r.id, r.state FROM allocations AS a JOIN reservations AS r ON r.id = a.reservation_id
+         WHERE a.node_id = $1 AND r.state IN ('placed', 'binding', 'active', 'releasing')
+         ORDER BY r.id",
+    )
+    .bind(node_id.as_str())
+    .fetch_all(tx.conn())
+    .await?;
+    let active = rows
+        .iter()
+        .filter(|(_, state)| state == "active")
+        .map(|(id, _)| id.parse().map_err(|err| corrupt("reservations.id", err)))
+        .collect::<AppResult<Vec<_>>>()?;
+    Ok((rows.into_iter().take(20).map(|(id, _)| id).collect(), active))
 }
 
 /// Refuses (`CONFLICT`, naming them) devices that another node already has.

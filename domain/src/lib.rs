@@ -1,5 +1,7 @@
 //! Better Compute's pure domain model: ids, sites, pools and offerings, nodes and their schedulability,
-//! devices and atoms, reservations (`decide`/`evolve`) and placement. No IO, no async.
+//! devices and atoms, reservations and placement. Each aggregate (reservation, node, pool, join token, site,
+//! project) has one `evolve` that folds its events and the decisions that make them; `testing` holds the
+//! given/when/then harness they are tested with. No IO, no async.
 //!
 //! The crate stays free of tokio, sqlx and axum so that the `bcd` agent can link it alone.
 
@@ -19,6 +21,7 @@ pub mod rejection;
 pub mod reservation;
 pub mod site;
 pub mod stream;
+pub mod testing;
 pub mod upcast;
 
 pub use rejection::Rejection;

@@ -119,8 +119,10 @@ pub struct Condition {
     pub since_ms: i64,
 }
 
+mod decide;
 mod state;
 
+pub use decide::{Disruption, NodeCommand, VerbState, decide, disruption_allowance};
 pub use state::{Node, evolve, fold};
 
 /// The axes the schedulability rule reads.
@@ -249,7 +251,9 @@ pub struct NodeFlagChanged {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSpec {
-    /// How the node's GPUs are shared, as the pool says (`exclusive`, `mig`, `timeslice`, `mps`).
+    /// How the node's GPUs are shared, as the pool says (`exclusive`, `mig`, `timeslice`, `mps`); empty for a
+    /// node registered without an agent, which has no spec of its own.
+    #[serde(default)]
     pub sharing: String,
     /// Slots per GPU for `timeslice` and `mps`.
     #[serde(default)]
@@ -487,141 +491,4 @@ pub const LIVENESS_LEASE_MS: i64 = 40_000;
 pub const MAX_CLOCK_SKEW_MS: i64 = 1_000;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tenant(name: &str) -> TenantId {
-        name.parse().expect("tenant")
-    }
-
-    fn schedulable_view<'a>(
-        reasons: &'a [String],
-        owner: &'a TenantId,
-        pool_owner: &'a TenantId,
-    ) -> SchedulingView<'a> {
-        SchedulingView {
-            provision_state: ProvisionState::Adopted,
-            role: Role::Host,
-            maintenance: false,
-            cordoned: false,
-            connectivity: Connectivity::Connected,
-            no_schedule_reasons: reasons,
-            observed_generation: 1,
-            trust: Trust::Platform,
-            owner_tenant_id: Some(owner),
-            pool_owner_tenant_id: pool_owner,
-        }
-    }
-
-    #[test]
-    fn a_node_meeting_all_eight_conditions_is_schedulable() {
-        let platform = tenant("root");
-        assert!(schedulability(&schedulable_view(&[], &platform, &platform)).is_empty());
-        let deployed =
-            SchedulingView { provision_state: ProvisionState::Deployed, ..schedulable_view(&[], &platform, &platform) };
-        assert!(schedulability(&deployed).is_empty());
-    }
-
-    #[test]
-    fn each_condition_alone_makes_a_node_unschedulable() {
-        let platform = tenant("root");
-        let other = tenant("acme");
-        let reasons = vec!["GpuModelUnknown".to_owned()];
-        let base = schedulable_view(&[], &platform, &platform);
-        let cases: Vec<(SchedulingView<'_>, Unschedulable)> = vec![
-            (
-                SchedulingView { provision_state: ProvisionState::Ready, ..base.clone() },
-                Unschedulable::ProvisionState(ProvisionState::Ready),
-            ),
-            (SchedulingView { role: Role::Site, ..base.clone() }, Unschedulable::Role(Role::Site)),
-            (SchedulingView { maintenance: true, ..base.clone() }, Unschedulable::Maintenance),
-            (SchedulingView { cordoned: true, ..base.clone() }, Unschedulable::Cordoned),
-            (
-                SchedulingView { connectivity: Connectivity::Disconnected, ..base.clone() },
-                Unschedulable::Connectivity(Connectivity::Disconnected),
-            ),
-            (
-                SchedulingView { no_schedule_reasons: &reasons, ..base.clone() },
-                Unschedulable::NoScheduleReasons(reasons.clone()),
-            ),
-            (SchedulingView { observed_generation: 0, ..base.clone() }, Unschedulable::NotYetObserved),
-            (
-                SchedulingView { trust: Trust::TenantControlled, ..base.clone() },
-                Unschedulable::Trust(Trust::TenantControlled),
-            ),
-            (
-                SchedulingView { trust: Trust::TenantOwned, owner_tenant_id: Some(&other), ..base.clone() },
-                Unschedulable::Trust(Trust::TenantOwned),
-            ),
-        ];
-        for (view, expected) in cases {
-            assert_eq!(schedulability(&view), vec![expected.clone()], "{expected}");
-        }
-    }
-
-    #[test]
-    fn a_tenant_owned_node_is_schedulable_in_a_pool_its_owner_owns() {
-        let acme = tenant("acme");
-        let view = SchedulingView { trust: Trust::TenantOwned, ..schedulable_view(&[], &acme, &acme) };
-        assert!(schedulability(&view).is_empty());
-    }
-
-    #[test]
-    fn every_provision_state_but_adopted_and_deployed_is_unschedulable() {
-        let platform = tenant("root");
-        use ProvisionState::*;
-        for state in [
-            Adopting,
-            Enrolling,
-            Inspecting,
-            Commissioning,
-            Ready,
-            Deploying,
-            Releasing,
-            Rescue,
-            Failed,
-            Retiring,
-            Retired,
-        ] {
-            let view = SchedulingView { provision_state: state, ..schedulable_view(&[], &platform, &platform) };
-            assert_eq!(schedulability(&view), vec![Unschedulable::ProvisionState(state)]);
-        }
-    }
-
-    #[test]
-    fn silence_moves_a_node_through_disconnected_and_unreachable_to_lost() {
-        let lease = LIVENESS_LEASE_MS;
-        let lost_after = 600_000;
-        let at = |silence| connectivity_after_silence(silence, lease, lost_after);
-        assert_eq!(at(0), Connectivity::Connected);
-        assert_eq!(at(lease - 1), Connectivity::Connected);
-        assert_eq!(at(lease), Connectivity::Disconnected);
-        assert_eq!(at(2 * lease - 1), Connectivity::Disconnected);
-        assert_eq!(at(2 * lease), Connectivity::Unreachable);
-        assert_eq!(at(lost_after - 1), Connectivity::Unreachable);
-        assert_eq!(at(lost_after), Connectivity::Lost);
-        // A lostAfter shorter than twice the lease never skips unreachable.
-        assert_eq!(connectivity_after_silence(2 * lease - 1, lease, 1_000), Connectivity::Disconnected);
-        assert_eq!(connectivity_after_silence(2 * lease, lease, 1_000), Connectivity::Lost);
-    }
-
-    #[test]
-    fn a_hardware_change_is_a_notice_not_a_reason_to_stop_scheduling() {
-        let conditions = vec![
-            Condition { kind: ConditionType::HardwareChanged, message: "gpu swapped".into(), since_ms: 0 },
-            Condition { kind: ConditionType::NodeUnreachable, message: "silent".into(), since_ms: 0 },
-        ];
-        assert_eq!(no_schedule_reasons(&conditions), vec!["NodeUnreachable".to_owned()]);
-    }
-
-    #[test]
-    fn conditions_feed_no_schedule_reasons() {
-        let conditions = vec![
-            Condition { kind: ConditionType::GpuModelUnknown, message: "x".into(), since_ms: 0 },
-            Condition { kind: ConditionType::ClockSkew, message: "y".into(), since_ms: 0 },
-        ];
-        assert_eq!(no_schedule_reasons(&conditions), vec!["GpuModelUnknown".to_owned(), "ClockSkew".to_owned()]);
-        assert_eq!(serde_json::to_string(&Adapter::BcdV1).expect("json"), "\"bcd/v1\"");
-        assert_eq!(serde_json::to_string(&Trust::TenantControlled).expect("json"), "\"tenant-controlled\"");
-    }
-}
+mod tests;

@@ -150,3 +150,6 @@ pub fn create_project(
         at_ms: now_ms,
     })])
 }
+
+#[cfg(test)]
+mod tests;

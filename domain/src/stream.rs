@@ -74,22 +74,28 @@ macro_rules! into_any {
 
 into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation);
 
+impl AnyEvent {
+    /// Every event type this build knows, family by family.
+    pub fn event_types() -> Vec<&'static str> {
+        [
+            SiteEvent::event_types(),
+            ProjectEvent::event_types(),
+            PoolEvent::event_types(),
+            NodeEvent::event_types(),
+            ReservationEvent::event_types(),
+        ]
+        .concat()
+    }
+}
+
 #[cfg(test)]
 mod properties {
     use proptest::prelude::*;
 
     use super::AnyEvent;
-    use crate::event::DomainEvent as _;
 
     fn every_type() -> Vec<&'static str> {
-        [
-            crate::site::SiteEvent::event_types(),
-            crate::site::ProjectEvent::event_types(),
-            crate::pool::PoolEvent::event_types(),
-            crate::node::NodeEvent::event_types(),
-            crate::reservation::ReservationEvent::event_types(),
-        ]
-        .concat()
+        AnyEvent::event_types()
     }
 
     proptest! {

@@ -7,7 +7,7 @@ use bc_commands::reservations::Reserve;
 use bc_commands::worker::{Worker, WorkerConfig};
 use bc_commands::{App, Caller};
 use bc_domain::device::{DeviceClass, GpuInfo, MigInstance};
-use bc_domain::id::{PoolId, SiteId};
+use bc_domain::id::{NodeId, PoolId, SiteId};
 use bc_domain::node::{Role, Trust};
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing, SharingPolicy};
 use bc_domain::reservation::{ReservationRequest, Topology};
@@ -19,7 +19,7 @@ pub const T0: i64 = 1_893_456_000_000;
 const HOUR: i64 = 3_600_000;
 
 /// The scenarios by name.
-pub const NAMES: &[&str] = &["fleet_basics", "reservation_lifecycle"];
+pub const NAMES: &[&str] = &["fleet_basics", "reservation_lifecycle", "reservation_endings", "agent_life"];
 
 fn caller(tenant: &str, identity: &str) -> anyhow::Result<Caller> {
     Ok(Caller {
@@ -66,14 +66,7 @@ async fn pool(
     Ok(app.create_pool(owner, create).await?.value)
 }
 
-async fn node(
-    app: &App,
-    owner: &Caller,
-    pool: &PoolId,
-    name: &str,
-    gpus: usize,
-    mig: u32,
-) -> anyhow::Result<bc_domain::id::NodeId> {
+async fn node(app: &App, owner: &Caller, pool: &PoolId, name: &str, gpus: usize, mig: u32) -> anyhow::Result<NodeId> {
     let gpus = (0..gpus).map(|g| gpu(&format!("{name}-{g}"), mig)).collect::<anyhow::Result<Vec<_>>>()?;
     let register = RegisterNode {
         pool_id: pool.clone(),
@@ -92,6 +85,8 @@ pub async fn run(name: &str, app: &App) -> anyhow::Result<()> {
     match name {
         "fleet_basics" => fleet_basics(app).await,
         "reservation_lifecycle" => reservation_lifecycle(app).await,
+        "reservation_endings" => reservation_endings(app).await,
+        "agent_life" => agent_life(app).await,
         other => anyhow::bail!("no scenario named {other}"),
     }
 }
@@ -190,5 +185,132 @@ async fn reservation_lifecycle(app: &App) -> anyhow::Result<()> {
     // The later one's lease lapses before its start; the active one's window ends.
     advance(T0 + 2 * HOUR).await?;
     advance(T0 + 3 * HOUR).await?;
+    Ok(())
+}
+
+/// A site with one exclusive pool of `nodes` registered 2-GPU nodes, offered to acme with a quota of `gpus`.
+async fn small_fleet(app: &App, owner: &Caller, nodes: &[&str], gpus: u32) -> anyhow::Result<(PoolId, Vec<NodeId>)> {
+    let create = CreateSite { name: "fra1".into(), iam_region: "eu-central-1".into(), kind: SiteKind::Shared };
+    let site = app.create_site(owner, create).await?.value;
+    let pool_id = pool(app, owner, &site, "h100", Sharing::Exclusive, None).await?;
+    let mut ids = Vec::new();
+    for name in nodes {
+        ids.push(node(app, owner, &pool_id, name, 2, 0).await?);
+    }
+    let offer = OfferPool {
+        tenant_id: "acme".parse()?,
+        quota: [("gpu".to_owned(), gpus)].into(),
+        priority: 0,
+        include_descendants: false,
+    };
+    app.offer_pool(owner, &pool_id, offer).await?;
+    Ok((pool_id, ids))
+}
+
+/// Every way a reservation ends early: denied, cancelled with a reason, placed again off a drained node,
+/// failed at its deadline; and a node drained and deleted with force.
+async fn reservation_endings(app: &App) -> anyhow::Result<()> {
+    let owner = caller("root", "operator@platform")?;
+    let acme = caller("acme", "alice@acme")?;
+    let worker = Worker::new(app.clone(), WorkerConfig::default());
+    let (pool_id, nodes) = small_fleet(app, &owner, &["a", "b"], 4).await?;
+    let reserve = |key: &str, request: ReservationRequest| Reserve { idempotency_key: key.into(), request };
+
+    let refused = reserve("too-big", request(&pool_id, DeviceClass::Gpu, 2));
+    app.deny_reservation(&acme, refused, "users of this pool may reserve up to 1 H100".into()).await?;
+
+    let mut later = request(&pool_id, DeviceClass::Gpu, 2);
+    later.start_ms = Some(T0 + HOUR);
+    let cancelled = app.reserve(&acme, reserve("cancelled", later.clone())).await?.value.reservation;
+    app.cancel_reservation(&acme, &cancelled.id, Some("plans changed".into())).await?;
+
+    // A future reservation on a node that is drained moves to the other node before its start.
+    let moved = app.reserve(&acme, reserve("moved", later)).await?.value.reservation;
+    let from = moved.allocations.first().map(|a| a.node_id.clone()).ok_or_else(|| anyhow::anyhow!("placed"))?;
+    app.drain_node(&owner, &from, false, Some("fans".into())).await?;
+    worker.run_until_idle().await?;
+
+    // The other node is held for the next hour: a request that must be placed within a minute fails.
+    let remaining = nodes.iter().find(|n| **n != from).ok_or_else(|| anyhow::anyhow!("two nodes"))?;
+    let mut waiting = request(&pool_id, DeviceClass::Gpu, 2);
+    waiting.deadline_ms = Some(T0 + 60_000);
+    app.reserve(&owner, reserve("holds-the-rest", request(&pool_id, DeviceClass::Gpu, 2))).await?;
+    app.reserve(&acme, reserve("waits", waiting)).await?;
+    clock::set_sim_clock(app.db(), T0 + 61_000).await?;
+    worker.run_until_idle().await?;
+
+    app.delete_node(&owner, remaining, true, Some("decommissioned".into())).await?;
+    worker.run_until_idle().await?;
+    Ok(())
+}
+
+/// A machine's life through its agent: a join token, the join and adoption, heartbeats that observe its spec,
+/// a new spec, an inventory that lost a GPU and found it again, a rejoin after a GPU swap, and silence until
+/// the node is lost.
+async fn agent_life(app: &App) -> anyhow::Result<()> {
+    use bc_agent::simulate::{self, Simulated};
+    use bc_domain::agent::{Heartbeat, JoinRequest};
+    use bc_domain::inventory::SectionHashes;
+
+    let owner = caller("root", "operator@platform")?;
+    let create = CreateSite { name: "fra1".into(), iam_region: "eu-central-1".into(), kind: SiteKind::Shared };
+    let site = app.create_site(&owner, create).await?.value;
+    let lost_after = PoolPolicy { lost_after: 120, ..PoolPolicy::default() };
+    let create = CreatePool {
+        site_id: site,
+        name: "h100".into(),
+        class: PoolClass::MetalHost,
+        gpu_model: "H100".into(),
+        sharing: Sharing::Exclusive,
+        agent: PoolAgent::Bcd,
+        policy: lost_after,
+        provider_account_id: None,
+    };
+    let pool_id = app.create_pool(&owner, create).await?.value;
+    let spec: Simulated = "2xH100".parse().map_err(anyhow::Error::msg)?;
+    let mut document = simulate::inventory("gpu-a", &spec);
+    let join = |token: String, document: &bc_domain::inventory::NodeInventory| JoinRequest {
+        join_token: token,
+        agent_version: "replay".into(),
+        inventory: document.report(&SectionHashes::new()),
+    };
+
+    let token = app.create_join_token(&owner, &pool_id, 3600).await?.value.token;
+    let joined = app.join(join(token, &document)).await?;
+    let auth = app.authenticate_node(&joined.credential).await?;
+    // The agent's clock is read from the machine: the database server's clock, so no skew is raised.
+    let server_ms = || {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    };
+    let beat = |observed: u64| Heartbeat {
+        session_id: joined.session.session_id.clone(),
+        observed_generation: observed,
+        clock_ms: server_ms(),
+    };
+    app.heartbeat(&auth, &beat(joined.session.generation)).await?;
+    let labels = [("rack".to_owned(), "r12".to_owned())].into();
+    let generation = app.set_node_spec(&owner, &joined.node_id, labels, None).await?.value;
+    app.heartbeat(&auth, &beat(generation)).await?;
+
+    // A GPU falls off the bus, then comes back.
+    let gone = document.gpus.pop().ok_or_else(|| anyhow::anyhow!("a GPU"))?;
+    app.report_inventory(&auth, document.report(&joined.session.inventory_hashes)).await?;
+    document.gpus.push(gone);
+    let held = app.node_inventory(&owner, &joined.node_id).await?.document;
+    app.report_inventory(&auth, document.report(&held.hashes())).await?;
+
+    // Reinstalled with a GPU swapped, it joins again with a new token and is the same node.
+    let mut swapped = document.clone();
+    swapped.gpus[1].info.uuid = "GPU-0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0".parse()?;
+    let token = app.create_join_token(&owner, &pool_id, 3600).await?.value.token;
+    app.join(join(token, &swapped)).await?;
+
+    // Then silence: disconnected, unreachable, lost.
+    let worker = Worker::new(app.clone(), WorkerConfig::default());
+    for at in [T0 + 45_000, T0 + 90_000, T0 + 130_000] {
+        clock::set_sim_clock(app.db(), at).await?;
+        worker.sweep_liveness().await?;
+        worker.run_until_idle().await?;
+    }
     Ok(())
 }

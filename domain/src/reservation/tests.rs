@@ -511,3 +511,23 @@ fn denied_is_recorded_with_no_booking() {
     assert!(r.allocations.is_empty());
     assert!(r.state.is_terminal() && !r.state.holds_atoms());
 }
+
+#[test]
+fn the_harness_walks_a_reservation_from_its_request_to_its_release() {
+    use crate::testing::{Reservations, given as from};
+
+    let (placed, history) = given(request_with(None, None), &[place(T0)]);
+    let state = from::<Reservations>(history.clone()).state().cloned().expect("placed");
+    assert_eq!(state, placed);
+    let mut history = history;
+    history.push(ReservationEvent::BindingStarted(HandOver { at_ms: T0 + 1000, awaiting: Vec::new() }));
+    history.push(ReservationEvent::Activated(At { at_ms: T0 + 1000 }));
+    let released = from::<Reservations>(history.clone())
+        .when(|r| decide(r.expect("a reservation"), &Command::Release { now_ms: T0 + 2000, awaiting: Vec::new() }))
+        .then([ReservationEvent::ReleaseRequested(HandOver { at_ms: T0 + 2000, awaiting: Vec::new() })])
+        .expect("releasing");
+    assert_eq!(released.state, ReservationState::Releasing);
+    from::<Reservations>(history)
+        .when(|r| decide(r.expect("a reservation"), &Command::Cancel { now_ms: T0 + 2000, reason: None }))
+        .then_rejected(|r| matches!(r, Rejection::WrongState { verb: "cancel", state: ReservationState::Active }));
+}

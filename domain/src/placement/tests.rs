@@ -1,0 +1,64 @@
+//! Tests of `placement`.
+
+use super::*;
+use crate::device::DeviceClass;
+use crate::id::{Identity, TenantId};
+use crate::reservation::{Selector, Topology};
+
+fn rsv(key: &str) -> ReservationId {
+    let tenant: TenantId = "acme".parse().expect("tenant");
+    let identity: Identity = "alice".parse().expect("identity");
+    ReservationId::derive(&tenant, &identity, key)
+}
+
+fn node(n: usize, free: usize) -> NodeCandidate {
+    let node_id: NodeId = format!("node_{:026}", n).parse().expect("node");
+    NodeCandidate { node_id, free_atoms: (0..free).map(|g| format!("GPU-{n}-{g}").parse().expect("device")).collect() }
+}
+
+fn request(count: u32, topology: Topology) -> DeviceRequest {
+    DeviceRequest { class: DeviceClass::Gpu, count, selector: Selector::default(), topology }
+}
+
+#[test]
+fn a_same_node_request_takes_the_best_fitting_node() {
+    let candidates = vec![node(1, 8), node(2, 3), node(3, 4), node(4, 2)];
+    let planned = plan(&rsv("a"), &request(3, Topology::SameNode), &candidates).expect("fits");
+    assert_eq!(planned.len(), 1);
+    assert_eq!(planned[0].node_id, candidates[1].node_id, "3 free is the tightest fit for 3");
+    assert_eq!(planned[0].devices.len(), 3);
+    assert!(planned[0].devices.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[test]
+fn a_gang_takes_one_allocation_on_each_of_its_nodes() {
+    let candidates = vec![node(1, 8), node(2, 8), node(3, 2), node(4, 8)];
+    let planned = plan(&rsv("g"), &request(12, Topology::Gang { nodes: 3 }), &candidates).expect("fits");
+    assert_eq!(planned.len(), 3);
+    assert!(planned.iter().all(|a| a.devices.len() == 4));
+    assert!(!planned.iter().any(|a| a.node_id == candidates[2].node_id), "2 free atoms cannot hold a share of 4");
+    assert!(plan(&rsv("g"), &request(16, Topology::Gang { nodes: 4 }), &candidates).is_none());
+}
+
+#[test]
+fn nothing_fits_when_no_node_holds_the_request() {
+    let candidates = vec![node(1, 3), node(2, 3)];
+    assert!(plan(&rsv("a"), &request(4, Topology::SameNode), &candidates).is_none());
+    assert!(plan(&rsv("a"), &request(1, Topology::SameNode), &[]).is_none());
+}
+
+#[test]
+fn concurrent_requests_spread_over_equal_nodes() {
+    let candidates: Vec<NodeCandidate> = (0..20).map(|n| node(n, 8)).collect();
+    let chosen: std::collections::HashSet<NodeId> = (0..20)
+        .map(|k| {
+            plan(&rsv(&format!("key-{k}")), &request(1, Topology::SameNode), &candidates).expect("fits")[0]
+                .node_id
+                .clone()
+        })
+        .collect();
+    assert!(chosen.len() > 5, "20 requests landed on only {} of 20 equal nodes", chosen.len());
+    // The same request always gets the same plan.
+    let a = plan(&rsv("same"), &request(2, Topology::SameNode), &candidates);
+    assert_eq!(a, plan(&rsv("same"), &request(2, Topology::SameNode), &candidates));
+}
