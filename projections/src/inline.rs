@@ -763,7 +763,7 @@ async fn insert_reservation(
 }
 
 /// Rebuilds every inline table from the log into `schema` (created here, inside the caller's transaction,
-/// with the live tables' constraints, the exclusion constraint included), in log order. Returns the number of
+/// with the live tables' constraints, the exclusion constraint included), in log order, up to the horizon. Returns the number of
 /// events applied. Afterwards the transaction's `search_path` points at `schema` first.
 pub async fn rebuild_into(tx: &mut Tx, schema: &str) -> Result<u64> {
     if schema.is_empty() || !schema.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
@@ -778,34 +778,17 @@ pub async fn rebuild_into(tx: &mut Tx, schema: &str) -> Result<u64> {
     ddl.push_str(&format!(" SET LOCAL search_path = {schema}, public;"));
     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(tx.conn()).await?;
 
+    // The log is read as every reader reads it (events::read_after): in (epoch, txid, seq) order, only up to
+    // the horizon, so an event a transaction still running could precede is never applied before it.
     let mut applied = 0;
-    let mut after: (i32, String, i64) = (0, "0".to_owned(), 0);
+    let mut after = bc_eventstore::Position::START;
     loop {
-        // The columns are qualified: a bare `txid` in ORDER BY would name the text output column, which sorts
-        // "1000" before "999", so once transaction ids gained a digit within the log events were applied out of
-        // order, and the cursor (compared as xid8) read some again or skipped them.
-        let rows = sql::query(
-            "SELECT log_epoch, txid::text AS txid, seq, stream_id, event_type, schema_version, payload
-             FROM public.events AS e
-             WHERE (e.log_epoch, e.txid, e.seq) > ($1, $2::text::xid8, $3)
-             ORDER BY e.log_epoch, e.txid, e.seq
-             LIMIT 1000",
-        )
-        .bind(after.0)
-        .bind(&after.1)
-        .bind(after.2)
-        .fetch_all(tx.conn())
-        .await?;
-        if rows.is_empty() {
-            break;
-        }
-        for row in &rows {
-            after = (row.try_get("log_epoch")?, row.try_get("txid")?, row.try_get("seq")?);
-            let stream_id: String = row.try_get("stream_id")?;
-            let event_type: String = row.try_get("event_type")?;
-            let payload: Vec<u8> = row.try_get("payload")?;
-            if let Some(event) = AnyEvent::decode(&event_type, row.try_get("schema_version")?, &payload)? {
-                apply(tx, &stream_id, &event).await?;
+        let batch = bc_eventstore::events::read_after(tx, after, 1000).await?;
+        let Some(last) = batch.last() else { break };
+        after = last.position;
+        for recorded in &batch {
+            if let Some(event) = AnyEvent::decode(&recorded.event_type, recorded.schema_version, &recorded.payload)? {
+                apply(tx, &recorded.stream_id, &event).await?;
                 applied += 1;
             }
         }

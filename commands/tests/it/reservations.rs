@@ -423,31 +423,40 @@ async fn the_inline_rebuild_replays_in_log_order_across_transaction_ids_of_diffe
     fleet.app.cancel_reservation(&fleet.owner, &id, None).await.expect("cancel");
 
     let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
-    // Every event after the reservation's first moves to a transaction id two digits longer, starting "10...":
-    // the log's numeric order is kept, while its text order now puts the cancellation before the placement.
+    // Every event up to the reservation's first moves to a transaction id a digit shorter, starting "9...": the
+    // log's numeric order is kept (and every id stays behind the horizon), while its text order now puts the
+    // cancellation before the placement.
     let first: String = bc_eventstore::sql::query_scalar("SELECT min(txid)::text FROM events WHERE stream_id = $1")
         .bind(id.as_str())
         .fetch_one(tx.conn())
         .await
         .expect("the reservation's first transaction");
-    let shift = 10i64.pow(first.len() as u32 + 1);
+    let lowest: String = bc_eventstore::sql::query_scalar("SELECT min(txid)::text FROM events")
+        .fetch_one(tx.conn())
+        .await
+        .expect("the log's first transaction");
+    let shorter = 9 * 10i64.pow(first.len() as u32 - 2);
     let moved = bc_eventstore::sql::query(
-        "UPDATE events SET txid = (txid::text::int8 + $2)::text::xid8 WHERE txid > $1::text::xid8",
+        "UPDATE events SET txid = (txid::text::int8 - $2::text::int8 + $3)::text::xid8 WHERE txid <= $1::text::xid8",
     )
     .bind(&first)
-    .bind(shift)
+    .bind(&lowest)
+    .bind(shorter)
     .execute(tx.conn())
     .await
-    .expect("move the later events")
+    .expect("move the earlier events")
     .rows_affected();
-    assert!(moved > 0, "the cancellation was in a later transaction");
-    let later: String =
-        bc_eventstore::sql::query_scalar("SELECT min(txid)::text FROM events WHERE txid > $1::text::xid8")
-            .bind(&first)
-            .fetch_one(tx.conn())
-            .await
-            .expect("the moved id");
-    assert!(later < first, "{later} sorts before {first} as text");
+    assert!(moved > 0, "the reservation's first transaction and those before it");
+    let bound = 10i64.pow(first.len() as u32 - 1).to_string();
+    let (moved_max, kept_min): (String, String) = bc_eventstore::sql::query_as(
+        "SELECT (SELECT max(txid)::text FROM events WHERE txid < $1::text::xid8),
+                (SELECT min(txid)::text FROM events WHERE txid >= $1::text::xid8)",
+    )
+    .bind(&bound)
+    .fetch_one(tx.conn())
+    .await
+    .expect("the moved ids");
+    assert!(kept_min < moved_max, "{kept_min} sorts before {moved_max} as text, though it is larger");
 
     let logged: i64 = bc_eventstore::sql::query_scalar(
         "SELECT count(*) FROM events
