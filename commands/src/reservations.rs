@@ -4,9 +4,9 @@
 use bc_domain::Rejection;
 use bc_domain::id::{ReservationId, TenantId};
 use bc_domain::placement;
-use bc_domain::pool::governing_offer;
 use bc_domain::reservation::{
-    self, Allocation, Command, ExpiryCause, NewRequest, Reservation, ReservationEvent, ReservationRequest, placed_start,
+    self, AdmissionFacts, Allocation, Command, ExpiryCause, NewRequest, Reservation, ReservationEvent,
+    ReservationRequest, Waiting, placed_start,
 };
 use bc_eventstore::events::{self, ExpectedVersion};
 use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock};
@@ -49,10 +49,8 @@ fn check_idempotency_key(key: &str) -> Result<(), Rejection> {
 async fn quota_limit(tx: &mut Tx, pool: &PoolRow, holder: Option<&TenantId>, resource: &str) -> AppResult<Option<u32>> {
     let Some(holder) = holder else { return Ok(None) };
     let offers = store::offers(tx, &pool.id).await?;
-    let quota = offers
-        .iter()
-        .find(|offer| &offer.tenant_id == holder)
-        .map(|offer| offer.quota.get(resource).copied().unwrap_or(0));
+    let quota =
+        offers.iter().find(|offer| &offer.tenant_id == holder).map(|offer| reservation::quota_of(offer, resource));
     Ok(Some(quota.unwrap_or(0)))
 }
 
@@ -84,7 +82,7 @@ pub(crate) async fn try_place(
     }
     if let Some(quota) = quota {
         let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, start_ms, end_ms).await?;
-        if peak + i64::from(request.devices.count) > i64::from(quota) {
+        if !reservation::within_quota(peak, request.devices.count, quota) {
             return Ok(None);
         }
     }
@@ -355,48 +353,25 @@ async fn reserve_once(
 
     let not_found = || Rejection::NotFound { kind: "pool", id: request.pool_id.to_string() };
     let pool = store::pool(tx, &request.pool_id).await?.ok_or_else(not_found)?;
-    let (priority, quota_holder) = if pool.owner_tenant_id == caller.tenant_id {
-        (0, None)
-    } else {
-        let offers = store::offers(tx, &pool.id).await?;
-        let offer = governing_offer(&offers, &caller.tenant_id, &caller.ancestors).ok_or_else(not_found)?;
-        let quota = offer.quota.get(request.resource()).copied().unwrap_or(0);
-        if request.devices.count > quota {
-            return Err(Rejection::QuotaExceeded(format!(
-                "the quota for {} in pool {} is {quota}; the request asks for {}",
-                request.resource(),
-                pool.id,
-                request.devices.count
-            ))
-            .into());
-        }
-        (offer.priority, Some(offer.tenant_id.clone()))
+    // The owner is not quota-limited: its offers are not read.
+    let offers =
+        if pool.owner_tenant_id == caller.tenant_id { Vec::new() } else { store::offers(tx, &pool.id).await? };
+    let project_in_tenant = match &request.project_id {
+        Some(project) => store::project_in_tenant(tx, project.as_str(), &caller.tenant_id).await?,
+        None => true,
     };
-    let mut events = reservation::request(None, new(priority, quota_holder))?;
-    if let Some(project) = &request.project_id
-        && !store::project_in_tenant(tx, project.as_str(), &caller.tenant_id).await?
-    {
-        return Err(Rejection::invalid(
-            "projectId",
-            format!("{project} is not a project of tenant {}", caller.tenant_id),
-        )
-        .into());
-    }
-    let atom_class = pool.sharing.atom_class();
-    if request.devices.class != atom_class {
-        return Err(Rejection::CapacityUnavailable(format!(
-            "pool {} shares its GPUs as {}, so it books {atom_class} atoms, not {}",
-            pool.id,
-            pool.sharing.as_str(),
-            request.devices.class
-        ))
-        .into());
-    }
-    if request.devices.selector.gpu_model.as_ref().is_some_and(|model| model != &pool.gpu_model) {
-        return Err(
-            Rejection::CapacityUnavailable(format!("pool {} holds {} GPUs only", pool.id, pool.gpu_model)).into()
-        );
-    }
+    let facts = AdmissionFacts {
+        pool_id: &pool.id,
+        pool_owner: &pool.owner_tenant_id,
+        sharing: pool.sharing,
+        gpu_model: &pool.gpu_model,
+        offers: &offers,
+        tenant: &caller.tenant_id,
+        ancestors: &caller.ancestors,
+        project_in_tenant,
+    };
+    let admitted = reservation::admit(request, &facts)?;
+    let mut events = reservation::request(None, new(admitted.priority, admitted.quota_holder))?;
     let mut state = reservation::fold(&events)
         .ok_or_else(|| AppError::Store(bc_eventstore::Error::Internal("no state after a request".into())))?;
     let placed = match placement {
@@ -413,32 +388,13 @@ async fn reserve_once(
         }
         None => {
             // Whether it could ever fit is only worth asking when it does not fit now.
-            let holders = store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?;
-            if holders < i64::from(request.devices.nodes()) {
-                return Err(Rejection::CapacityUnavailable(format!(
-                    "the request can never fit pool {}: it needs {} node(s) with {} matching {} atoms, and the pool \
-                     has {holders}",
-                    pool.id,
-                    request.devices.nodes(),
-                    request.devices.per_node(),
-                    request.devices.class
-                ))
-                .into());
-            }
-            if !request.wait {
-                return Err(Rejection::CapacityUnavailable(format!(
-                    "pool {} has no room for the request now, and it asked not to wait",
-                    pool.id
-                ))
-                .into());
-            }
-            if store::pending_count(tx, &pool.id).await? >= i64::from(pool.policy.max_pending) {
-                return Err(Rejection::CapacityUnavailable(format!(
-                    "pool {}'s pending queue is full (maxPending {})",
-                    pool.id, pool.policy.max_pending
-                ))
-                .into());
-            }
+            let waiting = Waiting {
+                pool_id: &pool.id,
+                holders: store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?,
+                pending: store::pending_count(tx, &pool.id).await?,
+                max_pending: pool.policy.max_pending,
+            };
+            reservation::may_wait(request, &waiting)?;
         }
     }
     let position = record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
@@ -464,7 +420,7 @@ async fn extend_once(
     {
         store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
         let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, current_end, end_ms).await?;
-        if peak + i64::from(r.request.devices.count) > i64::from(quota) {
+        if !reservation::within_quota(peak, r.request.devices.count, quota) {
             return Err(Rejection::QuotaExceeded(format!(
                 "extending to {end_ms} would hold more than the quota of {quota} {resource} in pool {}",
                 pool.id

@@ -1085,5 +1085,9 @@ pub fn due(r: &Reservation, now_ms: i64) -> Due {
     }
 }
 
+mod admission;
+
+pub use admission::{AdmissionFacts, Admitted, Waiting, admit, may_wait, quota_of, within_quota};
+
 #[cfg(test)]
 mod tests;

@@ -531,3 +531,112 @@ fn the_harness_walks_a_reservation_from_its_request_to_its_release() {
         .when(|r| decide(r.expect("a reservation"), &Command::Cancel { now_ms: T0 + 2000, reason: None }))
         .then_rejected(|r| matches!(r, Rejection::WrongState { verb: "cancel", state: ReservationState::Active }));
 }
+
+mod admission {
+    //! Admission as a pure decision over the pool's facts, the governing offer and the tenant tree.
+
+    use super::*;
+    use crate::device::Sharing;
+    use crate::pool::PoolOffered;
+
+    fn offer(tenant_id: &str, gpus: u32, priority: i32, include_descendants: bool) -> PoolOffered {
+        PoolOffered {
+            pool_id: pool(),
+            tenant_id: tenant_id.parse().expect("tenant"),
+            quota: [("gpu".to_owned(), gpus)].into(),
+            priority,
+            include_descendants,
+            at_ms: T0,
+        }
+    }
+
+    /// The pool every test asks of, owned by the platform.
+    static POOL: std::sync::LazyLock<(PoolId, TenantId)> =
+        std::sync::LazyLock::new(|| (pool(), "root".parse().expect("tenant")));
+
+    fn facts<'a>(offers: &'a [PoolOffered], tenant: &'a TenantId, ancestors: &'a [TenantId]) -> AdmissionFacts<'a> {
+        AdmissionFacts {
+            pool_id: &POOL.0,
+            pool_owner: &POOL.1,
+            sharing: Sharing::Exclusive,
+            gpu_model: "H100",
+            offers,
+            tenant,
+            ancestors,
+            project_in_tenant: true,
+        }
+    }
+
+    #[test]
+    fn the_owner_is_not_quota_limited_and_a_tenant_is_charged_to_its_governing_offer() {
+        let owner: TenantId = "root".parse().expect("tenant");
+        let admitted = admit(&request_with(None, None), &facts(&[], &owner, &[])).expect("the owner");
+        assert_eq!(admitted, Admitted { priority: 0, quota_holder: None });
+        let offers = [offer("acme", 4, 10, false), offer("corp", 8, 1, true)];
+        let acme = tenant();
+        let admitted = admit(&request_with(None, None), &facts(&offers, &acme, &[])).expect("acme's own offer");
+        assert_eq!(admitted, Admitted { priority: 10, quota_holder: Some(acme.clone()) });
+        // A child of corp is reached by corp's offer, and charged to corp's quota.
+        let child: TenantId = "corp-eu".parse().expect("tenant");
+        let ancestors: [TenantId; 1] = ["corp".parse().expect("tenant")];
+        let admitted = admit(&request_with(None, None), &facts(&offers, &child, &ancestors)).expect("inherited");
+        assert_eq!(admitted.quota_holder, Some("corp".parse().expect("tenant")));
+    }
+
+    #[test]
+    fn a_pool_not_offered_does_not_exist_and_a_count_beyond_the_quota_never_fits() {
+        let offers = [offer("acme", 1, 0, false)];
+        let globex: TenantId = "globex".parse().expect("tenant");
+        let refused = admit(&request_with(None, None), &facts(&offers, &globex, &[])).expect_err("not offered");
+        assert!(matches!(refused, Rejection::NotFound { kind: "pool", .. }));
+        let acme = tenant();
+        let refused = admit(&request_with(None, None), &facts(&offers, &acme, &[])).expect_err("two of one");
+        assert!(matches!(refused, Rejection::QuotaExceeded(m) if m.contains("quota for gpu") && m.contains("is 1")));
+        let mut slots = request_with(None, None);
+        slots.devices.class = DeviceClass::GpuSlot;
+        let offers = [offer("acme", 4, 0, false)];
+        let refused = admit(&slots, &facts(&offers, &acme, &[])).expect_err("no gpu.slot quota");
+        assert!(matches!(refused, Rejection::QuotaExceeded(_)), "a resource the quota does not name grants none");
+    }
+
+    #[test]
+    fn the_atoms_model_and_project_must_be_the_pools_and_the_callers() {
+        let offers = [offer("acme", 8, 0, false)];
+        let acme = tenant();
+        let mut mig = request_with(None, None);
+        mig.devices.class = DeviceClass::GpuMig;
+        let mig_offers = [PoolOffered { quota: [("gpu.mig".to_owned(), 8)].into(), ..offer("acme", 8, 0, false) }];
+        let refused = admit(&mig, &facts(&mig_offers, &acme, &[])).expect_err("mig atoms of an exclusive pool");
+        assert!(matches!(refused, Rejection::CapacityUnavailable(m) if m.contains("books gpu atoms")));
+        let mut a100 = request_with(None, None);
+        a100.devices.selector.gpu_model = Some("A100".into());
+        let refused = admit(&a100, &facts(&offers, &acme, &[])).expect_err("an A100 of an H100 pool");
+        assert!(matches!(refused, Rejection::CapacityUnavailable(m) if m.contains("holds H100 GPUs only")));
+        let mut elsewhere = request_with(None, None);
+        elsewhere.project_id = Some("prj_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("project"));
+        let foreign = AdmissionFacts { project_in_tenant: false, ..facts(&offers, &acme, &[]) };
+        let refused = admit(&elsewhere, &foreign).expect_err("another tenant's project");
+        assert!(matches!(refused, Rejection::InvalidArgument { field, .. } if field == "projectId"));
+    }
+
+    #[test]
+    fn quota_holds_at_every_instant_and_a_request_that_does_not_fit_now_waits_when_it_may() {
+        assert!(within_quota(2, 2, 4));
+        assert!(!within_quota(3, 2, 4));
+        let pool_id = pool();
+        let room = Waiting { pool_id: &pool_id, holders: 1, pending: 0, max_pending: 10 };
+        assert_eq!(may_wait(&request_with(None, None), &room), Ok(()));
+        let never = Waiting { holders: 0, ..room };
+        assert!(
+            matches!(may_wait(&request_with(None, None), &never), Err(Rejection::CapacityUnavailable(m)) if m.contains("can never fit"))
+        );
+        let full = Waiting { pending: 10, ..room };
+        assert!(
+            matches!(may_wait(&request_with(None, None), &full), Err(Rejection::CapacityUnavailable(m)) if m.contains("maxPending 10"))
+        );
+        let impatient = ReservationRequest { wait: false, ..request_with(None, None) };
+        assert!(
+            matches!(may_wait(&impatient, &room), Err(Rejection::CapacityUnavailable(m)) if m.contains("not to wait"))
+        );
+    }
+}
