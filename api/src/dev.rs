@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, RunAs, StopMode, running_as_root};
+use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, PgSearch, RunAs, StopMode, running_as_root};
 use bc_eventstore::{Db, DbConfig};
 use sqlx::{ConnectOptions as _, Connection as _};
 
@@ -40,8 +40,8 @@ pub struct EmbeddedDatabase {
 
 impl EmbeddedDatabase {
     /// Creates the cluster in `data_dir` if it is new, and starts it unless it is already running.
-    pub fn start(data_dir: &Path) -> anyhow::Result<Self> {
-        let bins = PgBinaries::find()?;
+    pub fn start(data_dir: &Path, search: &PgSearch) -> anyhow::Result<Self> {
+        let bins = PgBinaries::find(search)?;
         let run_as = RunAs::for_this_process()?;
         let cluster = Cluster::new(bins, data_dir.to_path_buf(), run_as);
         if !cluster.is_initialized() {
@@ -320,6 +320,8 @@ pub struct DevConfig {
     pub data_dir: PathBuf,
     pub migrate: MigrateOnStart,
     pub db: DbConfig,
+    /// Where the embedded database's PostgreSQL binaries are.
+    pub pg: PgSearch,
 }
 
 /// Locks `data_dir/dev.lock` for as long as `dev` runs, so that a second `dev` on the same folder refuses to
@@ -361,8 +363,8 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
         return service::serve_on(db, auth, listener, shutdown).await;
     }
 
-    let data_dir = config.data_dir.clone();
-    let embedded = tokio::task::spawn_blocking(move || EmbeddedDatabase::start(&data_dir))
+    let (data_dir, pg) = (config.data_dir.clone(), config.pg.clone());
+    let embedded = tokio::task::spawn_blocking(move || EmbeddedDatabase::start(&data_dir, &pg))
         .await
         .context("start the embedded database")??;
     let result = async {

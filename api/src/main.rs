@@ -319,6 +319,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 data_dir,
                 migrate: migrate_on_start(args.no_migrate),
                 db: args.database.config(),
+                pg: bc_eventstore::cluster::PgSearch::from_env(),
             })
             .await
         }

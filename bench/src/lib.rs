@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, RunAs, StopMode};
+use bc_eventstore::cluster::{Cluster, InitOptions, PgBinaries, PgSearch, RunAs, StopMode};
 use bc_eventstore::migrate::Migrator;
 use bc_eventstore::{Db, DbConfig};
 use sqlx::{ConnectOptions as _, Connection as _};
@@ -69,7 +69,7 @@ impl BenchCluster {
     /// Creates and starts the cluster in `data_dir` (a fresh temporary folder when `None`), creates and
     /// migrates the `bench` database.
     pub async fn start(data_dir: Option<&Path>, keep: bool) -> anyhow::Result<Self> {
-        let bins = PgBinaries::find()?;
+        let bins = PgBinaries::find(&PgSearch::from_env())?;
         let run_as = RunAs::for_this_process()?;
         let root = match data_dir {
             Some(dir) => dir.to_path_buf(),

@@ -39,13 +39,30 @@ pub struct PgBinaries {
     pub bin_dir: PathBuf,
 }
 
+/// Where to look for the PostgreSQL binaries, as the process's configuration says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PgSearch {
+    /// A folder named outright (`BETTER_COMPUTE_PG_BINDIR`): it must hold them.
+    pub bin_dir: Option<PathBuf>,
+    /// The process's `PATH`, searched last.
+    pub path: Option<std::ffi::OsString>,
+}
+
+impl PgSearch {
+    /// The search the environment asks for. Called by the binaries' `main`s and the test harness only: the
+    /// library itself never reads the environment.
+    pub fn from_env() -> Self {
+        PgSearch { bin_dir: std::env::var_os("BETTER_COMPUTE_PG_BINDIR").map(PathBuf::from), path: std::env::var_os("PATH") }
+    }
+}
+
 impl PgBinaries {
-    /// Finds the binaries: `$BETTER_COMPUTE_PG_BINDIR`, then `pg_config --bindir`, then the newest
-    /// `/usr/lib/postgresql/<major>/bin` (Debian keeps the server out of PATH), then `initdb` on PATH.
-    pub fn find() -> ClusterResult<Self> {
+    /// Finds the binaries: the folder `search` names, then `pg_config --bindir`, then the newest
+    /// `/usr/lib/postgresql/<major>/bin` (Debian keeps the server out of PATH), then `initdb` on the `PATH` given.
+    pub fn find(search: &PgSearch) -> ClusterResult<Self> {
         let has_initdb = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-        if let Some(dir) = std::env::var_os("BETTER_COMPUTE_PG_BINDIR") {
-            let dir = PathBuf::from(dir);
+        if let Some(dir) = &search.bin_dir {
+            let dir = dir.clone();
             if has_initdb(&dir) {
                 return Ok(Self { bin_dir: dir });
             }
@@ -76,8 +93,8 @@ impl PgBinaries {
         if let Some((_, dir)) = versioned.pop() {
             return Ok(Self { bin_dir: dir });
         }
-        if let Some(path) = std::env::var_os("PATH") {
-            for dir in std::env::split_paths(&path) {
+        if let Some(path) = &search.path {
+            for dir in std::env::split_paths(path) {
                 if has_initdb(&dir) {
                     return Ok(Self { bin_dir: dir });
                 }

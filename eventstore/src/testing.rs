@@ -174,7 +174,7 @@ fn start_server() -> TestServer {
     }
 
     // Scratch clusters (restore and PgBouncer tests) need the binaries even with an existing server.
-    let bins = PgBinaries::find().ok();
+    let bins = PgBinaries::find(&crate::cluster::PgSearch::from_env()).ok();
     let run_as = RunAs::for_this_process().ok();
     if let Some(bins) = &bins {
         supervisor.env("BC_PG_CTL", bins.tool("pg_ctl"));
@@ -191,7 +191,7 @@ fn start_server() -> TestServer {
         }
         _ => {
             let bins = bins.clone().unwrap_or_else(|| {
-                harness_failure("find PostgreSQL", PgBinaries::find().err().map(|e| e.to_string()).unwrap_or_default())
+                harness_failure("find PostgreSQL", PgBinaries::find(&crate::cluster::PgSearch::from_env()).err().map(|e| e.to_string()).unwrap_or_default())
             });
             let run_as = run_as.clone().unwrap_or_else(|| {
                 harness_failure(
