@@ -21,12 +21,14 @@ use bc_domain::node::{Adapter, Connectivity, NodeEvent, NodeRegistered, Provisio
 use bc_domain::pool::Sharing;
 use bc_domain::reservation::{
     self, Allocation, Command, DeviceRequest, ExpiryCause, NewRequest, Reservation, ReservationEvent,
-    ReservationRequest, ReservationState, Selector, Topology,
+    ReservationRequest, Selector, Topology,
 };
+use bc_eventstore::bulk::{self, BulkEvents};
 use bc_eventstore::migrate::Migrator;
-use bc_eventstore::{Db, DbConfig, Position, TxOptions, clock, events, lease, sql};
+use bc_eventstore::{Db, DbConfig, Position, TxOptions, clock, events, lease, queue, sql};
 use bc_projections::framework::{self, Projection};
-use bc_projections::{inline, models};
+use bc_projections::inline::{self, bulk as bulk_inline};
+use bc_projections::models;
 use sqlx::{ConnectOptions as _, Connection as _, Row as _};
 use tokio::net::TcpListener;
 
@@ -353,71 +355,30 @@ fn lifecycle(fleet: &Fleet, idx: usize) -> anyhow::Result<(Reservation, Vec<Reco
 // ---------------------------------------------------------------------------------------------------------------
 // Bulk writes: each batch is one multi-row INSERT ... SELECT FROM unnest(...) in a transaction of its own.
 
-/// Events to insert, column by column.
-#[derive(Default)]
-struct EventBatch {
-    streams: Vec<String>,
-    versions: Vec<i32>,
-    types: Vec<&'static str>,
-    schema_versions: Vec<i16>,
-    tenants: Vec<String>,
-    payloads: Vec<Vec<u8>>,
-    metadata: Vec<i32>,
-    at: Vec<i64>,
+/// Adds one event, made by the domain, to a batch of the log to come.
+fn push_event<E: DomainEvent>(
+    batch: &mut BulkEvents,
+    stream: &str,
+    version: i32,
+    tenant: &str,
+    actor: Actor,
+    at: i64,
+    event: &E,
+) -> anyhow::Result<()> {
+    batch.stream_ids.push(stream.to_owned());
+    batch.stream_versions.push(version);
+    batch.event_types.push(event.event_type());
+    batch.schema_versions.push(event.schema_version());
+    batch.tenant_ids.push(tenant.to_owned());
+    batch.payloads.push(event.encode_payload()?);
+    batch.metadata.push(actor.index());
+    batch.recorded_at_ms.push(at);
+    Ok(())
 }
 
-impl EventBatch {
-    fn push<E: DomainEvent>(
-        &mut self,
-        stream: &str,
-        version: i32,
-        tenant: &str,
-        actor: Actor,
-        at: i64,
-        event: &E,
-    ) -> anyhow::Result<()> {
-        self.streams.push(stream.to_owned());
-        self.versions.push(version);
-        self.types.push(event.event_type());
-        self.schema_versions.push(event.schema_version());
-        self.tenants.push(tenant.to_owned());
-        self.payloads.push(event.encode_payload()?);
-        self.metadata.push(actor.index());
-        self.at.push(at);
-        Ok(())
-    }
-
-    fn len(&self) -> usize {
-        self.streams.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.streams.is_empty()
-    }
-}
-
-async fn insert_events(db: &Db, metadata: &[Vec<u8>], batch: &EventBatch) -> anyhow::Result<()> {
+async fn insert_events(db: &Db, metadata: &[Vec<u8>], batch: &BulkEvents) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-    sql::query(
-        "INSERT INTO events (log_epoch, stream_id, stream_version, event_type, schema_version, tenant_id, payload,
-                             metadata, recorded_at)
-         SELECT (SELECT epoch FROM event_log_epoch), u.stream_id, u.version, u.event_type, u.schema_version,
-                u.tenant_id, u.payload, ($7::bytea[])[u.meta], ms_ts(u.at)
-         FROM unnest($1::text[], $2::int4[], $3::text[], $4::int2[], $5::text[], $6::bytea[], $8::int4[], $9::int8[])
-              WITH ORDINALITY AS u(stream_id, version, event_type, schema_version, tenant_id, payload, meta, at, ord)
-         ORDER BY u.ord",
-    )
-    .bind(&batch.streams)
-    .bind(&batch.versions)
-    .bind(&batch.types)
-    .bind(&batch.schema_versions)
-    .bind(&batch.tenants)
-    .bind(&batch.payloads)
-    .bind(metadata)
-    .bind(&batch.metadata)
-    .bind(&batch.at)
-    .execute(tx.conn())
-    .await?;
+    bulk::load_events(&mut tx, metadata, batch).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -450,9 +411,8 @@ async fn generate_nodes(db: &Db, fleet: &Fleet, metadata: &[Vec<u8>]) -> anyhow:
     let mut written = 0;
     for chunk_start in (0..fleet.nodes).step_by(1000) {
         let chunk = chunk_start..(chunk_start + 1000).min(fleet.nodes);
-        let mut batch = EventBatch::default();
-        let (mut ids, mut pools, mut names, mut at) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut devices: [Vec<String>; 7] = Default::default();
+        let mut batch = BulkEvents::default();
+        let mut registered = Vec::new();
         for node in chunk {
             let pool = &fleet.pools[pool_of(node)];
             let id = node_id(fleet, node)?;
@@ -470,21 +430,12 @@ async fn generate_nodes(db: &Db, fleet: &Fleet, metadata: &[Vec<u8>]) -> anyhow:
             let (node_devices, unknown) = devices_for(&gpus, Sharing::Exclusive, 1);
             ensure!(unknown.is_empty(), "{GPU_NAME:?} is not in gpu-models.json");
             let registered_at = fleet.registered_ms + node as i64;
-            for device in &node_devices {
-                devices[0].push(device.id.to_string());
-                devices[1].push(id.to_string());
-                devices[2].push(pool.to_string());
-                devices[3].push(device.class.as_str().to_owned());
-                devices[4].push(device.gpu_model.clone());
-                devices[5].push(device.gpu_product.clone());
-                devices[6].push(serde_json::to_string(&device.attributes)?);
-            }
             let name = format!("gpu-{:02}-{node:06}", pool_of(node));
             let event = NodeEvent::Registered(NodeRegistered {
                 node_id: id.clone(),
                 pool_id: pool.clone(),
                 site_id: fleet.site.clone(),
-                name: name.clone(),
+                name,
                 role: Role::Host,
                 trust: Trust::Platform,
                 owner_tenant_id: None,
@@ -498,85 +449,43 @@ async fn generate_nodes(db: &Db, fleet: &Fleet, metadata: &[Vec<u8>]) -> anyhow:
                 conditions: Vec::new(),
                 at_ms: registered_at,
             });
-            batch.push(id.as_str(), 1, "root", Actor::Operator, registered_at, &event)?;
-            ids.push(id.to_string());
-            pools.push(pool.to_string());
-            names.push(name);
-            at.push(registered_at);
+            push_event(&mut batch, id.as_str(), 1, "root", Actor::Operator, registered_at, &event)?;
+            if let NodeEvent::Registered(e) = event {
+                registered.push(e);
+            }
         }
         insert_events(db, metadata, &batch).await?;
         let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-        // The columns the inline projection writes for `node.registered` with these values (and a schedulable
-        // node: adopted, a host, connected, observed, platform-trusted, no conditions).
-        sql::query(
-            "INSERT INTO nodes (id, pool_id, site_id, name, role, trust, adapter, provision_state, connectivity,
-                                conditions, no_schedule_reasons, generation, observed_generation, schedulable,
-                                registered_at)
-             SELECT u.id, u.pool_id, $1, u.name, 'host', 'platform', 'bcd/v1', 'adopted', 'connected', '[]'::jsonb,
-                    '{}'::text[], 1, 1, true, ms_ts(u.at)
-             FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[]) AS u(id, pool_id, name, at)",
-        )
-        .bind(fleet.site.as_str())
-        .bind(&ids)
-        .bind(&pools)
-        .bind(&names)
-        .bind(&at)
-        .execute(tx.conn())
-        .await?;
-        sql::query(
-            "INSERT INTO devices (id, node_id, pool_id, class, bookable, gpu_model, gpu_product, attributes)
-             SELECT u.id, u.node_id, u.pool_id, u.class, true, u.model, u.product, u.attributes::jsonb
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
-                  AS u(id, node_id, pool_id, class, model, product, attributes)",
-        )
-        .bind(&devices[0])
-        .bind(&devices[1])
-        .bind(&devices[2])
-        .bind(&devices[3])
-        .bind(&devices[4])
-        .bind(&devices[5])
-        .bind(&devices[6])
-        .execute(tx.conn())
-        .await?;
+        bulk_inline::load_registered_nodes(&mut tx, &"root".parse()?, &registered).await?;
         tx.commit().await?;
         written += batch.len();
     }
     Ok(written)
 }
 
-/// The inline rows of a batch of reservations, column by column.
+/// A batch of reservations' inline rows (through `inline::bulk`), and the work-queue wakes their recorded
+/// times call for.
 #[derive(Default)]
 struct InlineBatch {
-    ids: Vec<String>,
-    tenants: Vec<String>,
-    identities: Vec<String>,
-    pools: Vec<String>,
-    states: Vec<&'static str>,
-    counts: Vec<i32>,
-    requests: Vec<String>,
-    hashes: Vec<String>,
-    requested: Vec<i64>,
-    deadlines: Vec<i64>,
-    starts: Vec<Option<i64>>,
-    ends: Vec<Option<i64>>,
-    release_requested: Vec<Option<i64>>,
-    ended: Vec<Option<i64>>,
-    outcomes: Vec<Option<String>>,
-    versions: Vec<i32>,
-    allocation_ids: Vec<String>,
-    allocation_reservations: Vec<String>,
-    allocation_nodes: Vec<String>,
-    allocation_devices: Vec<String>,
-    booking_devices: Vec<String>,
-    booking_allocations: Vec<String>,
-    booking_reservations: Vec<String>,
-    booking_tenants: Vec<String>,
-    booking_pools: Vec<String>,
-    booking_from: Vec<i64>,
-    booking_to: Vec<i64>,
-    wake_keys: Vec<String>,
-    wake_shards: Vec<i32>,
-    wake_at: Vec<i64>,
+    rows: bulk_inline::Reservations,
+    wakes: Vec<(WorkKey, i64)>,
+}
+
+impl InlineBatch {
+    /// Adds reservation `r` (the fold of its events) and its next wake at `now_ms`.
+    fn push(&mut self, r: &Reservation, now_ms: i64, summary: &mut InlineSummary) -> anyhow::Result<()> {
+        *summary.by_state.entry(r.state.as_str()).or_default() += 1;
+        self.rows.push(r, &mut summary.counters)?;
+        let at = match reservation::next_look(r, now_ms) {
+            NextLook::Never => None,
+            NextLook::Now => Some(now_ms),
+            NextLook::At(at) => Some(at),
+        };
+        if let Some(at) = at {
+            self.wakes.push((WorkKey::Reservation(r.id.clone()), at));
+        }
+        Ok(())
+    }
 }
 
 /// What the inline pass found, for the report and the last writes.
@@ -584,82 +493,7 @@ struct InlineBatch {
 struct InlineSummary {
     by_state: BTreeMap<&'static str, u64>,
     events: u64,
-    bookings: u64,
-    /// `devices.booking_changes` per device: one per placement and one per ending that cut a booking short.
-    booking_changes: HashMap<String, i64>,
-    /// Placements per (tenant, pool): each took the tenant's quota row once.
-    quota_checks: BTreeMap<(String, String), i64>,
-}
-
-fn text_of<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
-    match serde_json::to_value(value)? {
-        serde_json::Value::String(text) => Ok(text),
-        other => bail!("expected a string, got {other}"),
-    }
-}
-
-impl InlineBatch {
-    /// The rows the inline projection holds for reservation `r` (the fold of its events), as its events would
-    /// have written them.
-    fn push(&mut self, r: &Reservation, now_ms: i64, summary: &mut InlineSummary) -> anyhow::Result<()> {
-        let id = r.id.to_string();
-        let pool = r.request.pool_id.to_string();
-        let tenant = r.tenant_id.to_string();
-        self.ids.push(id.clone());
-        self.tenants.push(tenant.clone());
-        self.identities.push(r.identity.to_string());
-        self.pools.push(pool.clone());
-        self.states.push(r.state.as_str());
-        self.counts.push(r.request.devices.count as i32);
-        self.requests.push(serde_json::to_string(&r.request)?);
-        self.hashes.push(r.request_hash.clone());
-        self.requested.push(r.requested_at_ms);
-        self.deadlines.push(r.pending_deadline_ms);
-        self.starts.push(r.start_ms);
-        self.ends.push(r.end_ms);
-        self.release_requested.push(r.release_requested_at_ms);
-        self.ended.push(r.ended_at_ms);
-        self.outcomes.push(match (r.state, r.expiry_cause) {
-            (ReservationState::Expired, Some(cause)) => Some(text_of(&cause)?),
-            _ => None,
-        });
-        self.versions.push(r.version as i32);
-        *summary.by_state.entry(r.state.as_str()).or_default() += 1;
-        let (Some(start), Some(end)) = (r.start_ms, r.end_ms) else { return Ok(()) };
-        let cut = r.ended_at_ms.filter(|ended| *ended < end);
-        let to = cut.map_or(end, |ended| ended.max(start));
-        *summary.quota_checks.entry((tenant.clone(), pool.clone())).or_default() += 1;
-        for allocation in &r.allocations {
-            self.allocation_ids.push(allocation.allocation_id.to_string());
-            self.allocation_reservations.push(id.clone());
-            self.allocation_nodes.push(allocation.node_id.to_string());
-            let devices: Vec<&str> = allocation.devices.iter().map(|d| d.as_str()).collect();
-            self.allocation_devices.push(devices.join(","));
-            for device in &allocation.devices {
-                self.booking_devices.push(device.to_string());
-                self.booking_allocations.push(allocation.allocation_id.to_string());
-                self.booking_reservations.push(id.clone());
-                self.booking_tenants.push(tenant.clone());
-                self.booking_pools.push(pool.clone());
-                self.booking_from.push(start);
-                self.booking_to.push(to);
-                *summary.booking_changes.entry(device.to_string()).or_default() += 1 + i64::from(cut.is_some());
-                summary.bookings += 1;
-            }
-        }
-        let at = match reservation::next_look(r, now_ms) {
-            NextLook::Never => None,
-            NextLook::Now => Some(now_ms),
-            NextLook::At(at) => Some(at),
-        };
-        if let Some(at) = at {
-            let key = WorkKey::Reservation(r.id.clone());
-            self.wake_shards.push(key.shard());
-            self.wake_keys.push(key.to_string());
-            self.wake_at.push(at);
-        }
-        Ok(())
-    }
+    counters: bulk_inline::Counters,
 }
 
 /// Time spent on each table of the inline state during the bulk writes.
@@ -673,80 +507,19 @@ struct InlineTimes {
 
 async fn insert_inline(db: &Db, batch: &InlineBatch, times: &mut InlineTimes) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-    let mut step = Instant::now();
-    sql::query(
-        "INSERT INTO reservations (id, tenant_id, identity, pool_id, state, resource, count, request, request_hash,
-                                   priority, requested_at, pending_deadline, start_at, end_at, release_requested_at,
-                                   ended_at, outcome, version)
-         SELECT u.id, u.tenant_id, u.identity, u.pool_id, u.state, 'gpu', u.count, u.request::jsonb, u.hash, 0,
-                ms_ts(u.requested), ms_ts(u.deadline), ms_ts(u.start_ms), ms_ts(u.end_ms), ms_ts(u.release_ms),
-                ms_ts(u.ended_ms), u.outcome, u.version
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::text[], $8::text[],
-                     $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[], $14::int8[], $15::text[],
-                     $16::int4[])
-              AS u(id, tenant_id, identity, pool_id, state, count, request, hash, requested, deadline, start_ms,
-                   end_ms, release_ms, ended_ms, outcome, version)",
-    )
-    .bind(&batch.ids)
-    .bind(&batch.tenants)
-    .bind(&batch.identities)
-    .bind(&batch.pools)
-    .bind(&batch.states)
-    .bind(&batch.counts)
-    .bind(&batch.requests)
-    .bind(&batch.hashes)
-    .bind(&batch.requested)
-    .bind(&batch.deadlines)
-    .bind(&batch.starts)
-    .bind(&batch.ends)
-    .bind(&batch.release_requested)
-    .bind(&batch.ended)
-    .bind(&batch.outcomes)
-    .bind(&batch.versions)
-    .execute(tx.conn())
-    .await?;
-    times.reservations += step.elapsed();
-    step = Instant::now();
-    sql::query(
-        "INSERT INTO allocations (id, reservation_id, node_id, devices)
-         SELECT u.id, u.reservation_id, u.node_id, string_to_array(u.devices, ',')
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(id, reservation_id, node_id, devices)",
-    )
-    .bind(&batch.allocation_ids)
-    .bind(&batch.allocation_reservations)
-    .bind(&batch.allocation_nodes)
-    .bind(&batch.allocation_devices)
-    .execute(tx.conn())
-    .await?;
-    times.allocations += step.elapsed();
-    step = Instant::now();
-    sql::query(
-        "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
-         SELECT u.device_id, u.allocation_id, u.reservation_id, u.tenant_id, u.pool_id, 'gpu',
-                tstzrange(ms_ts(u.from_ms), ms_ts(u.to_ms))
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[])
-              AS u(device_id, allocation_id, reservation_id, tenant_id, pool_id, from_ms, to_ms)",
-    )
-    .bind(&batch.booking_devices)
-    .bind(&batch.booking_allocations)
-    .bind(&batch.booking_reservations)
-    .bind(&batch.booking_tenants)
-    .bind(&batch.booking_pools)
-    .bind(&batch.booking_from)
-    .bind(&batch.booking_to)
-    .execute(tx.conn())
-    .await?;
-    times.bookings += step.elapsed();
-    step = Instant::now();
-    sql::query(
-        "INSERT INTO work_queue (key, shard, not_before)
-         SELECT u.key, u.shard, ms_ts(u.at) FROM unnest($1::text[], $2::int4[], $3::int8[]) AS u(key, shard, at)",
-    )
-    .bind(&batch.wake_keys)
-    .bind(&batch.wake_shards)
-    .bind(&batch.wake_at)
-    .execute(tx.conn())
-    .await?;
+    let loaded = bulk_inline::load_reservations(&mut tx, &batch.rows).await?;
+    times.reservations += loaded.reservations;
+    times.allocations += loaded.allocations;
+    times.bookings += loaded.bookings;
+    let step = Instant::now();
+    let keys: Vec<String> = batch.wakes.iter().map(|(key, _)| key.to_string()).collect();
+    let wakes: Vec<queue::Enqueue<'_>> = batch
+        .wakes
+        .iter()
+        .zip(&keys)
+        .map(|((key, at), text)| queue::Enqueue { key: text, shard: key.shard(), not_before_ms: Some(*at) })
+        .collect();
+    queue::enqueue(&mut tx, &wakes).await?;
     tx.commit().await?;
     times.work_queue += step.elapsed();
     Ok(())
@@ -755,51 +528,24 @@ async fn insert_inline(db: &Db, batch: &InlineBatch, times: &mut InlineTimes) ->
 /// One event of the log to come: when it is recorded, whose it is, its place in the stream.
 type LogEntry = (i64, u32, u8);
 
-/// The GiST indexes of `device_bookings` (the exclusion constraint's among them), as the catalog defines them:
-/// (name, the statement that makes it again).
+/// The GiST indexes of `device_bookings`, the exclusion constraint's among them (see `inline::bulk`).
 async fn booking_gist_indexes(db: &Db) -> anyhow::Result<Vec<(String, String)>> {
     let mut tx = db.begin(TxOptions::READ_ONLY).await?;
-    let rows = sql::query(
-        "SELECT i.indexrelid::regclass::text AS name,
-                coalesce('ALTER TABLE device_bookings ADD CONSTRAINT ' || quote_ident(c.conname) || ' '
-                             || pg_get_constraintdef(c.oid),
-                         pg_get_indexdef(i.indexrelid)) AS make,
-                c.conname IS NOT NULL AS is_constraint
-         FROM pg_index AS i
-         JOIN pg_class AS x ON x.oid = i.indexrelid
-         JOIN pg_am AS am ON am.oid = x.relam
-         LEFT JOIN pg_constraint AS c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid
-         WHERE i.indrelid = 'device_bookings'::regclass AND am.amname = 'gist'
-         ORDER BY is_constraint DESC, name",
-    )
-    .fetch_all(tx.conn())
-    .await?;
+    let indexes = bulk_inline::booking_indexes(&mut tx).await?;
     tx.commit().await?;
-    rows.iter().map(|row| Ok((row.try_get("name")?, row.try_get("make")?))).collect()
+    Ok(indexes)
 }
 
-/// Drops `device_bookings`' GiST indexes and exclusion constraint for the bulk load; [`restore_booking_indexes`]
-/// makes them again from the same definitions (the constraint then checks every booking at once).
 async fn drop_booking_indexes(db: &Db, indexes: &[(String, String)]) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-    for (name, make) in indexes {
-        let drop = if make.starts_with("ALTER TABLE") {
-            format!("ALTER TABLE device_bookings DROP CONSTRAINT {name}")
-        } else {
-            format!("DROP INDEX {name}")
-        };
-        sqlx::raw_sql(sqlx::AssertSqlSafe(drop)).execute(tx.conn()).await?;
-    }
+    bulk_inline::drop_booking_indexes(&mut tx, indexes).await?;
     tx.commit().await?;
     Ok(())
 }
 
 async fn restore_booking_indexes(db: &Db, indexes: &[(String, String)]) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-    sqlx::raw_sql("SET LOCAL maintenance_work_mem = '1GB'").execute(tx.conn()).await?;
-    for (_, make) in indexes {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(make.clone())).execute(tx.conn()).await?;
-    }
+    bulk_inline::restore_booking_indexes(&mut tx, indexes).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -820,11 +566,11 @@ async fn generate_inline(db: &Db, fleet: &Arc<Fleet>) -> anyhow::Result<(InlineS
                 }
                 summary.events += events.len() as u64;
                 batch.push(&state, fleet.now_ms, &mut summary)?;
-                if batch.ids.len() >= INLINE_BATCH && sender.blocking_send(std::mem::take(&mut batch)).is_err() {
+                if batch.rows.len() >= INLINE_BATCH && sender.blocking_send(std::mem::take(&mut batch)).is_err() {
                     bail!("the inline writer stopped");
                 }
             }
-            if !batch.ids.is_empty() && sender.blocking_send(batch).is_err() {
+            if !batch.rows.is_empty() && sender.blocking_send(batch).is_err() {
                 bail!("the inline writer stopped");
             }
             Ok((summary, log))
@@ -846,14 +592,14 @@ async fn generate_events(
     metadata: &[Vec<u8>],
     mut log: Vec<LogEntry>,
 ) -> anyhow::Result<u64> {
-    let (sender, mut receiver) = tokio::sync::mpsc::channel::<EventBatch>(2);
+    let (sender, mut receiver) = tokio::sync::mpsc::channel::<BulkEvents>(2);
     let producer = {
         let fleet = Arc::clone(fleet);
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
             log.sort_unstable();
             // Streams whose first event was written and whose later events are still to come.
             let mut open: HashMap<u32, (String, VecDeque<Recorded>)> = HashMap::new();
-            let mut batch = EventBatch::default();
+            let mut batch = BulkEvents::default();
             for (_, idx, k) in log {
                 if k == 0 {
                     let (state, events) = lifecycle(&fleet, idx as usize)?;
@@ -862,7 +608,7 @@ async fn generate_events(
                 let (stream_id, stream) = open.get_mut(&idx).context("an event before its stream's first")?;
                 let (at, actor, event) = stream.pop_front().context("an event the stream does not have")?;
                 let tenant = fleet.tenants[usize::from(fleet.plans[idx as usize].tenant)].as_str();
-                batch.push(stream_id, i32::from(k) + 1, tenant, actor, at, &event)?;
+                push_event(&mut batch, stream_id, i32::from(k) + 1, tenant, actor, at, &event)?;
                 if stream.is_empty() {
                     open.remove(&idx);
                 }
@@ -889,31 +635,7 @@ async fn generate_events(
 /// Writes what the inline pass counted: `devices.booking_changes`, and the quota rows.
 async fn finish_inline(db: &Db, summary: &InlineSummary) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-    let (devices, changes): (Vec<&str>, Vec<i64>) =
-        summary.booking_changes.iter().map(|(device, n)| (device.as_str(), *n)).unzip();
-    sql::query(
-        "UPDATE devices AS d SET booking_changes = u.n
-         FROM unnest($1::text[], $2::int8[]) AS u(id, n) WHERE d.id = u.id",
-    )
-    .bind(&devices)
-    .bind(&changes)
-    .execute(tx.conn())
-    .await?;
-    let (keys, checks): (Vec<&(String, String)>, Vec<i64>) =
-        summary.quota_checks.iter().map(|(key, n)| (key, *n)).unzip();
-    let tenants: Vec<&str> = keys.iter().map(|(tenant, _)| tenant.as_str()).collect();
-    let pools: Vec<&str> = keys.iter().map(|(_, pool)| pool.as_str()).collect();
-    sql::query(
-        "INSERT INTO quota_usage (tenant_id, pool_id, resource, checks)
-         SELECT u.tenant_id, u.pool_id, 'gpu', u.checks FROM unnest($1::text[], $2::text[], $3::int8[])
-              AS u(tenant_id, pool_id, checks)
-         ON CONFLICT (tenant_id, pool_id, resource) DO UPDATE SET checks = quota_usage.checks + excluded.checks",
-    )
-    .bind(&tenants)
-    .bind(&pools)
-    .bind(&checks)
-    .execute(tx.conn())
-    .await?;
+    bulk_inline::finish(&mut tx, &summary.counters).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -1482,7 +1204,7 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
         "  inline state: {} reservations ({}), {} allocations' bookings rows, in {:.1} s",
         fleet.plans.len(),
         states.join(", "),
-        summary.bookings,
+        summary.counters.bookings,
         step.elapsed().as_secs_f64()
     );
     println!(

@@ -12,7 +12,7 @@ use bc_domain::event::{DomainEvent, EventMetadata};
 use bc_domain::id::{AllocationId, Identity, NodeId, PoolId, ReservationId, TenantId};
 use bc_domain::reservation::{Allocation, Cancelled, Placed, Requested, ReservationEvent, ReservationRequest};
 use bc_eventstore::events::{self, AppendBatch, ExpectedVersion, NewEvent};
-use bc_eventstore::{Db, TxOptions, lease, sql};
+use bc_eventstore::{Db, TxOptions, bulk, lease};
 use bc_projections::framework::{self, DaemonConfig, Projection};
 use bc_projections::{models, status};
 
@@ -81,23 +81,12 @@ fn templates() -> anyhow::Result<Vec<NewEvent>> {
 /// Inserts `reservations` generated reservations (three events each) in one statement, as one transaction.
 async fn generate(db: &Db, reservations: i64) -> anyhow::Result<()> {
     let templates = templates()?;
-    let types: Vec<&str> = templates.iter().map(|t| t.event_type.as_str()).collect();
-    let payloads: Vec<&[u8]> = templates.iter().map(|t| t.payload.as_slice()).collect();
-    let metadata: Vec<&[u8]> = templates.iter().map(|t| t.metadata.as_slice()).collect();
+    let templates: Vec<bulk::Template<'_>> = templates
+        .iter()
+        .map(|t| bulk::Template { event_type: &t.event_type, payload: &t.payload, metadata: &t.metadata })
+        .collect();
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-    sql::query(
-        "INSERT INTO events (log_epoch, stream_id, stream_version, event_type, schema_version, tenant_id, payload, metadata)
-         SELECT 1, 'rsv_' || lpad(n::text, 52, '0'), t.v, t.event_type, 1, 'root', t.payload, t.metadata
-         FROM generate_series(1, $1::int8) AS n,
-              unnest($2::text[], $3::bytea[], $4::bytea[]) WITH ORDINALITY AS t(event_type, payload, metadata, v)
-         ORDER BY n, t.v",
-    )
-    .bind(reservations)
-    .bind(&types)
-    .bind(&payloads)
-    .bind(&metadata)
-    .execute(tx.conn())
-    .await?;
+    bulk::load_repeated(&mut tx, reservations, "rsv_", 52, "root", &templates).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use bc_domain::id::{PoolId, SiteId};
 use bc_domain::pool::{PoolAgent, PoolClass, PoolPolicy, Sharing};
 use bc_domain::reservation::ReservationRequest;
 use bc_domain::site::SiteKind;
-use bc_eventstore::{Db, TxOptions, sql};
+use bc_eventstore::{Db, TxOptions};
 
 use super::{BenchCluster, PgbenchRun, drive, percentile, pgbench};
 use bc_commands::fleet::{CreatePool, CreateSite};
@@ -68,43 +68,8 @@ pub(super) async fn bulk_fleet(
     booked: i64,
 ) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-    sql::query(
-        "INSERT INTO nodes (id, pool_id, site_id, name, role, trust, adapter, provision_state, connectivity,
-                            generation, observed_generation, schedulable, registered_at)
-         SELECT 'node_' || lpad(($3 + n)::text, 26, '0'), $1, $2, 'bench-' || ($3 + n), 'host', 'platform', 'bcd/v1',
-                'adopted', 'connected', 1, 1, true, compute_now()
-         FROM generate_series(1, $4::int8) AS n",
-    )
-    .bind(pool.as_str())
-    .bind(site.as_str())
-    .bind(offset)
-    .bind(nodes)
-    .execute(tx.conn())
-    .await?;
-    sql::query(
-        "INSERT INTO devices (id, node_id, pool_id, class, bookable, gpu_model, gpu_product)
-         SELECT 'GPU-' || ($2 + n) || '-' || g, 'node_' || lpad(($2 + n)::text, 26, '0'), $1, 'gpu', true, 'H100',
-                'H100-SXM5-80GB'
-         FROM generate_series(1, $3::int8) AS n, generate_series(0, $4::int8 - 1) AS g",
-    )
-    .bind(pool.as_str())
-    .bind(offset)
-    .bind(nodes)
-    .bind(gpus)
-    .execute(tx.conn())
-    .await?;
-    sql::query(
-        "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
-         SELECT 'GPU-' || ($2 + n) || '-' || g, 'alloc_bench_' || ($2 + n), 'rsv_bench_' || ($2 + n), 'root', $1, 'gpu',
-                tstzrange(compute_now() - interval '1 hour', compute_now() + interval '30 days')
-         FROM generate_series(1, $3::int8) AS n, generate_series(0, $4::int8 - 1) AS g",
-    )
-    .bind(pool.as_str())
-    .bind(offset)
-    .bind(booked)
-    .bind(gpus)
-    .execute(tx.conn())
-    .await?;
+    bc_projections::inline::bulk::synthetic_fleet(&mut tx, pool.as_str(), site.as_str(), offset, nodes, gpus, booked)
+        .await?;
     tx.commit().await?;
     Ok(())
 }

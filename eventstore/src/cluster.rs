@@ -52,7 +52,10 @@ impl PgSearch {
     /// The search the environment asks for. Called by the binaries' `main`s and the test harness only: the
     /// library itself never reads the environment.
     pub fn from_env() -> Self {
-        PgSearch { bin_dir: std::env::var_os("BETTER_COMPUTE_PG_BINDIR").map(PathBuf::from), path: std::env::var_os("PATH") }
+        PgSearch {
+            bin_dir: std::env::var_os("BETTER_COMPUTE_PG_BINDIR").map(PathBuf::from),
+            path: std::env::var_os("PATH"),
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! PostgreSQL is the only place processes coordinate. Everything here works behind PgBouncer in transaction
 //! mode: no session state, no session advisory locks, no LISTEN/NOTIFY, no named prepared statements.
 
+pub mod bulk;
 pub mod clock;
 pub mod cluster;
 pub mod db;

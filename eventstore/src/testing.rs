@@ -191,7 +191,13 @@ fn start_server() -> TestServer {
         }
         _ => {
             let bins = bins.clone().unwrap_or_else(|| {
-                harness_failure("find PostgreSQL", PgBinaries::find(&crate::cluster::PgSearch::from_env()).err().map(|e| e.to_string()).unwrap_or_default())
+                harness_failure(
+                    "find PostgreSQL",
+                    PgBinaries::find(&crate::cluster::PgSearch::from_env())
+                        .err()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default(),
+                )
             });
             let run_as = run_as.clone().unwrap_or_else(|| {
                 harness_failure(

@@ -4,6 +4,8 @@
 //! payload. Statements name tables without a schema, so a rebuild can run the same code against a scratch
 //! schema by putting it first on the `search_path`.
 
+pub mod bulk;
+
 use bc_domain::device::Device;
 use bc_domain::event::DomainEvent;
 use bc_domain::hardware::{HardwareKey, Identifier};
