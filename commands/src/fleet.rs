@@ -55,21 +55,24 @@ impl App {
     /// Creates a site owned by the caller's tenant.
     pub async fn create_site(&self, caller: &Caller, input: CreateSite) -> AppResult<Committed<SiteId>> {
         let site_id = SiteId::generate();
+        let command = site::CreateSite {
+            site_id: site_id.clone(),
+            owner_tenant_id: caller.tenant_id.clone(),
+            name: input.name.clone(),
+            iam_region: input.iam_region.clone(),
+            kind: input.kind,
+            now_ms: 0,
+        };
+        // The input is checked before a query reads with it: PostgreSQL refuses a NUL in text.
+        command.check()?;
         let result = self
             .db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
-                let (input, site_id) = (&input, &site_id);
+                let (input, site_id, command) = (&input, &site_id, &command);
                 async move {
                     let name_taken =
                         store::name_taken(tx, NamedTable::Sites, caller.tenant_id.as_str(), &input.name).await?;
-                    let command = site::CreateSite {
-                        site_id: site_id.clone(),
-                        owner_tenant_id: caller.tenant_id.clone(),
-                        name: input.name.clone(),
-                        iam_region: input.iam_region.clone(),
-                        kind: input.kind,
-                        now_ms: clock::compute_now_ms(tx).await?,
-                    };
+                    let command = site::CreateSite { now_ms: clock::compute_now_ms(tx).await?, ..command.clone() };
                     let events = site::create_site(&command, name_taken)?;
                     let stream = site_id.as_str();
                     let position =
@@ -84,26 +87,27 @@ impl App {
 
     /// Creates a pool in one of the caller's sites.
     pub async fn create_pool(&self, caller: &Caller, input: CreatePool) -> AppResult<Committed<PoolId>> {
-        let pool_id = PoolId::generate();
+        let created = PoolCreated {
+            pool_id: PoolId::generate(),
+            site_id: input.site_id.clone(),
+            owner_tenant_id: caller.tenant_id.clone(),
+            name: input.name.clone(),
+            class: input.class,
+            gpu_model: input.gpu_model.clone(),
+            sharing: input.sharing,
+            agent: input.agent,
+            policy: input.policy.clone(),
+            provider_account_id: input.provider_account_id.clone(),
+            at_ms: 0,
+        };
+        // The input is checked before a query reads with it: PostgreSQL refuses a NUL in text.
+        created.check()?;
         let result = self
             .db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
-                let (input, pool_id) = (&input, &pool_id);
+                let (input, created) = (&input, &created);
                 async move {
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let created = PoolCreated {
-                        pool_id: pool_id.clone(),
-                        site_id: input.site_id.clone(),
-                        owner_tenant_id: caller.tenant_id.clone(),
-                        name: input.name.clone(),
-                        class: input.class,
-                        gpu_model: input.gpu_model.clone(),
-                        sharing: input.sharing,
-                        agent: input.agent,
-                        policy: input.policy.clone(),
-                        provider_account_id: input.provider_account_id.clone(),
-                        at_ms,
-                    };
+                    let created = PoolCreated { at_ms: clock::compute_now_ms(tx).await?, ..created.clone() };
                     let site_owner = store::site_owner(tx, input.site_id.as_str()).await?;
                     let facts = pool::CreationFacts {
                         site_owned: site_owner.as_deref() == Some(caller.tenant_id.as_str()),
@@ -111,10 +115,10 @@ impl App {
                             .await?,
                     };
                     let events = pool::create(&created, facts)?;
-                    let stream = pool_id.as_str();
+                    let stream = created.pool_id.as_str();
                     let position =
                         record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
-                    Ok(Committed { value: pool_id.clone(), position })
+                    Ok(Committed { value: created.pool_id, position })
                 }
                 .scope_boxed()
             })
@@ -125,6 +129,8 @@ impl App {
     /// Creates a project in the caller's tenant.
     pub async fn create_project(&self, caller: &Caller, name: String) -> AppResult<Committed<ProjectId>> {
         let project_id = ProjectId::generate();
+        // The name is checked before a query reads with it: PostgreSQL refuses a NUL in text.
+        site::check_name("name", &name)?;
         let result = self
             .db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {

@@ -253,6 +253,14 @@ fn read_fold<T: DeserializeOwned>(name: &str, id: &str, text: &str) -> AppResult
     Ok(bc_projections::models::folded::read(name, id, text)?)
 }
 
+/// The views of folded pools (with their node counts), as `caller` sees them.
+fn pool_views(found: Vec<(String, String, i32)>, caller: &Caller) -> AppResult<Vec<(String, PoolView)>> {
+    found
+        .into_iter()
+        .map(|(id, text, nodes)| Ok((id.clone(), PoolView::seen_by(read_fold("pools", &id, &text)?, nodes, caller))))
+        .collect()
+}
+
 /// The views of folded nodes, for a caller of the tenant that owns their pools (the rows were filtered so).
 fn node_views(found: Vec<(String, String, i32)>, caller: &Caller) -> AppResult<Vec<(String, NodeView)>> {
     found
@@ -308,13 +316,7 @@ impl App {
         );
         let found = folded_rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), page.after_key.as_deref()]).await?;
         tx.commit().await?;
-        let views = found
-            .into_iter()
-            .map(|(id, text, nodes)| {
-                Ok((id.clone(), PoolView::seen_by(read_fold("pools", &id, &text)?, nodes, caller)))
-            })
-            .collect::<AppResult<Vec<_>>>()?;
-        Ok(paged(views, page))
+        Ok(paged(pool_views(found, caller)?, page))
     }
 
     /// One pool the caller's tenant owns or is offered.
@@ -328,13 +330,7 @@ impl App {
         );
         let found = folded_rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(pool_id.as_str())]).await?;
         tx.commit().await?;
-        let views = found
-            .into_iter()
-            .map(|(id, text, nodes)| {
-                Ok((id.clone(), PoolView::seen_by(read_fold("pools", &id, &text)?, nodes, caller)))
-            })
-            .collect::<AppResult<Vec<_>>>()?;
-        the_one(views, "pool", pool_id.as_str())
+        the_one(pool_views(found, caller)?, "pool", pool_id.as_str())
     }
 
     /// A pool's capacity rollup, by resource, if the caller may see the pool.

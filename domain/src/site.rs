@@ -111,13 +111,19 @@ pub struct CreateSite {
     pub now_ms: i64,
 }
 
+impl CreateSite {
+    /// Checks the command's own fields, before any fact is read with them.
+    pub fn check(&self) -> Result<IamRegion, crate::Rejection> {
+        check_name("name", &self.name)?;
+        self.iam_region
+            .parse()
+            .map_err(|err: crate::region::InvalidRegion| crate::Rejection::invalid("iamRegion", err.to_string()))
+    }
+}
+
 /// Decides creating a site; `name_taken` says whether its owner already has a site of that name.
 pub fn create_site(command: &CreateSite, name_taken: bool) -> Result<Vec<SiteEvent>, crate::Rejection> {
-    check_name("name", &command.name)?;
-    let iam_region: IamRegion = command
-        .iam_region
-        .parse()
-        .map_err(|err: crate::region::InvalidRegion| crate::Rejection::invalid("iamRegion", err.to_string()))?;
+    let iam_region = command.check()?;
     if name_taken {
         return Err(crate::Rejection::Conflict(format!("a site named {:?} already exists", command.name)));
     }
