@@ -84,6 +84,12 @@ impl From<bc_eventstore::Error> for ApiError {
     }
 }
 
+impl From<Rejection> for ApiError {
+    fn from(rejection: Rejection) -> Self {
+        AppError::Rejected(rejection).into()
+    }
+}
+
 impl From<AppError> for ApiError {
     fn from(err: AppError) -> Self {
         match err {

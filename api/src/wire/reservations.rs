@@ -2,14 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use bc_domain::Rejection;
 use bc_domain::device::{AttrValue, DeviceClass};
 use bc_domain::id::{PoolId, ProjectId};
 use bc_domain::reservation::{Allocation, Binding, DeviceRequest, Reservation, ReservationRequest, Selector, Topology};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-
-use crate::http::ApiError;
-use crate::http::request::path_id;
 
 /// An attribute value a selector asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -139,22 +137,31 @@ pub struct ReserveBody {
 
 impl ReserveBody {
     /// The domain's request, its ids parsed (naming the field when one is not).
-    pub fn request(self) -> Result<ReservationRequest, ApiError> {
+    pub fn request(self) -> Result<ReservationRequest, Rejection> {
         if self.spot == Some(true) {
-            return Err(ApiError::invalid_argument("spot", "spot reservations are not offered yet"));
+            return Err(Rejection::invalid("spot", "spot reservations are not offered yet"));
         }
         Ok(ReservationRequest {
-            pool_id: path_id::<PoolId>("poolId", &self.pool_id)?,
+            pool_id: parse_id::<PoolId>("poolId", &self.pool_id)?,
             devices: self.devices.into(),
             start_ms: self.start,
             duration_s: self.duration,
             binding: self.binding,
             lease_seconds: self.lease_seconds,
-            project_id: self.project_id.as_deref().map(|p| path_id::<ProjectId>("projectId", p)).transpose()?,
+            project_id: self.project_id.as_deref().map(|p| parse_id::<ProjectId>("projectId", p)).transpose()?,
             deadline_ms: self.deadline,
             wait: self.wait.unwrap_or(true),
         })
     }
+}
+
+/// An id from a body's field, naming the field when it is not one.
+fn parse_id<T>(field: &str, text: &str) -> Result<T, Rejection>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    text.parse().map_err(|err: T::Err| Rejection::invalid(field, err.to_string()))
 }
 
 /// A request as a reservation shows it: the create body's shape.
