@@ -276,6 +276,41 @@ pub async fn read_range(tx: &mut Tx, after: Position, until: Position, limit: u3
     rows.iter().map(RecordedEvent::from_row).collect()
 }
 
+/// Waits, up to `within`, until every event this transaction can see is behind the horizon, so that
+/// [`read_after`] returns all of them: transactions that began before the last of them (in any database of the
+/// cluster, since the horizon is the cluster's oldest running transaction) have ended. The horizon moves
+/// only between statements, so the transaction must be READ COMMITTED, and must not have appended events itself.
+pub async fn wait_for_horizon(tx: &mut Tx, within: Duration) -> Result<()> {
+    let isolation: String =
+        sql::query_scalar("SELECT current_setting('transaction_isolation')").fetch_one(tx.conn()).await?;
+    if isolation != "read committed" {
+        return Err(Error::InvalidArgument(format!(
+            "waiting for the horizon needs a READ COMMITTED transaction, not {isolation}: its snapshot never moves"
+        )));
+    }
+    let deadline = std::time::Instant::now() + within;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let beyond: bool = sql::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM events
+                            WHERE log_epoch = (SELECT epoch FROM event_log_epoch)
+                              AND txid >= pg_snapshot_xmin(pg_current_snapshot()))",
+        )
+        .fetch_one(tx.conn())
+        .await?;
+        if !beyond {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Internal(format!(
+                "events stayed beyond the horizon for {within:?}: a transaction older than they are is still running"
+            )));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
 /// The position of the last event a reader can see now (below the horizon), or [`Position::START`].
 pub async fn horizon_head(tx: &mut Tx) -> Result<Position> {
     let row = sql::query(

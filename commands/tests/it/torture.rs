@@ -316,7 +316,8 @@ async fn capacity_torture_keeps_every_invariant() {
         .sum();
     assert!(made > 300, "the run made {made} reservations");
 
-    let mut tx = db.begin(TxOptions::COMMAND).await.expect("begin");
+    // Every writer has finished; READ COMMITTED lets the inline rebuild below wait for the horizon.
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
     // No two bookings of one device overlap.
     let overlaps = scalar(
         &mut tx,

@@ -171,3 +171,29 @@ async fn the_horizon_head_is_the_last_event_a_reader_can_see() {
     assert_eq!(events::horizon_head(&mut tx).await.expect("head"), last.position);
     tx.commit().await.expect("commit");
 }
+
+#[tokio::test]
+async fn waiting_for_the_horizon_ends_when_the_older_transactions_do() {
+    let t = TestDb::new().await;
+    // A transaction that took an id before the event was appended, and is still running.
+    let mut older = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let _: String = bc_eventstore::sql::query_scalar("SELECT pg_current_xact_id()::text")
+        .fetch_one(older.conn())
+        .await
+        .expect("take an id");
+    support::append(&t.db, "a", ExpectedVersion::NO_STREAM, &[event(1)]).await.expect("append");
+
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let err = events::wait_for_horizon(&mut tx, std::time::Duration::from_millis(50)).await.expect_err("held back");
+    assert!(matches!(&err, Error::Internal(m) if m.contains("beyond the horizon")), "{err}");
+    assert!(events::read_after(&mut tx, Position::START, 10).await.expect("read").is_empty());
+    older.commit().await.expect("commit the older one");
+    events::wait_for_horizon(&mut tx, std::time::Duration::from_secs(60)).await.expect("the older one ended");
+    assert_eq!(events::read_after(&mut tx, Position::START, 10).await.expect("read").len(), 1);
+    tx.commit().await.expect("commit");
+
+    let mut fixed = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    let err = events::wait_for_horizon(&mut fixed, std::time::Duration::from_secs(1)).await.expect_err("refused");
+    assert!(matches!(&err, Error::InvalidArgument(m) if m.contains("READ COMMITTED")), "{err}");
+    fixed.rollback().await;
+}

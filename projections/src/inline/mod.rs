@@ -765,8 +765,10 @@ async fn insert_reservation(
 }
 
 /// Rebuilds every inline table from the log into `schema` (created here, inside the caller's transaction,
-/// with the live tables' constraints, the exclusion constraint included), in log order, up to the horizon. Returns the number of
-/// events applied. Afterwards the transaction's `search_path` points at `schema` first.
+/// with the live tables' constraints, the exclusion constraint included), in log order, up to the horizon,
+/// once the horizon has passed every event the transaction can see (waiting up to a minute for older
+/// transactions to end; the transaction must be READ COMMITTED). Returns the number of events applied.
+/// Afterwards the transaction's `search_path` points at `schema` first.
 pub async fn rebuild_into(tx: &mut Tx, schema: &str) -> Result<u64> {
     if schema.is_empty() || !schema.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
         return Err(Error::InvalidArgument(format!(
@@ -782,6 +784,7 @@ pub async fn rebuild_into(tx: &mut Tx, schema: &str) -> Result<u64> {
 
     // The log is read as every reader reads it (events::read_after): in (epoch, txid, seq) order, only up to
     // the horizon, so an event a transaction still running could precede is never applied before it.
+    bc_eventstore::events::wait_for_horizon(tx, std::time::Duration::from_secs(60)).await?;
     let mut applied = 0;
     let mut after = bc_eventstore::Position::START;
     loop {
