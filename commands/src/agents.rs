@@ -17,7 +17,7 @@ use bc_domain::agent::{
 use bc_domain::device::{Device, GpuInfo, devices_for};
 use bc_domain::hardware::{HardwareKey, hardware_key};
 use bc_domain::id::{CommandId, DeviceId, Identity, JoinTokenId, NodeId, PoolId, SessionId, TenantId};
-use bc_domain::inventory::{InventoryReport, NodeInventory, ReportError, SectionHashes};
+use bc_domain::inventory::{InventoryReport, NodeInventory, ReportError};
 use bc_domain::node::{
     Condition, ConditionType, Connectivity, MAX_CLOCK_SKEW_MS, NodeAdopted, NodeConditionCleared, NodeConditionRaised,
     NodeConnectivityChanged, NodeEvent, NodeHardwareChanged, NodeInventoryReported, NodeJoined, NodeRejoined, NodeSpec,
@@ -26,15 +26,14 @@ use bc_domain::node::{
 use bc_domain::reservation::{self, Command, FailureReason, ReservationState};
 use bc_domain::{acceptance, gpu, site::check_name};
 use bc_eventstore::events::ExpectedVersion;
-use bc_eventstore::queue::shard_for;
-use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock, sql};
-use sqlx::Row as _;
+use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock};
 
 use super::fleet::owned_pool;
 use super::node_commands as commands;
 use super::reservations::apply_and_schedule;
+use super::store::agents::{self, NodeState};
 use super::store::{self, PoolRow, corrupt};
-use super::work::{self, SHARDS, WorkKey};
+use super::work::{self, WorkKey};
 use super::{App, AppError, AppResult, Caller, Committed, record, record_node};
 
 /// How agents keep their sessions.
@@ -190,65 +189,6 @@ fn acceptance(
     Ok((passed, conditions))
 }
 
-/// A stored snapshot: its number, document and hashes.
-struct Snapshot {
-    number: u64,
-    document: NodeInventory,
-    hashes: SectionHashes,
-}
-
-async fn latest_snapshot(tx: &mut Tx, node_id: &NodeId) -> AppResult<Option<Snapshot>> {
-    let row = sql::query(
-        "SELECT snapshot, document::text AS document, hashes::text AS hashes FROM node_inventory_snapshots
-         WHERE node_id = $1 ORDER BY snapshot DESC LIMIT 1",
-    )
-    .bind(node_id.as_str())
-    .fetch_optional(tx.conn())
-    .await?;
-    let Some(row) = row else { return Ok(None) };
-    let document: String = row.try_get("document")?;
-    let hashes: String = row.try_get("hashes")?;
-    Ok(Some(Snapshot {
-        number: row.try_get::<i64, _>("snapshot")? as u64,
-        document: serde_json::from_str(&document).map_err(|err| corrupt("an inventory snapshot", err))?,
-        hashes: serde_json::from_str(&hashes).map_err(|err| corrupt("an inventory snapshot's hashes", err))?,
-    }))
-}
-
-async fn store_snapshot(tx: &mut Tx, node_id: &NodeId, number: u64, document: &NodeInventory) -> AppResult<()> {
-    let json = |text: serde_json::Result<String>| text.map_err(|err| corrupt("an inventory snapshot", err));
-    sql::query(
-        "INSERT INTO node_inventory_snapshots (node_id, snapshot, document, hashes) VALUES ($1, $2, $3::jsonb, $4::jsonb)",
-    )
-    .bind(node_id.as_str())
-    .bind(number as i64)
-    .bind(json(serde_json::to_string(document))?)
-    .bind(json(serde_json::to_string(&document.hashes()))?)
-    .execute(tx.conn())
-    .await?;
-    Ok(())
-}
-
-/// Opens (or replaces) a node's session, renewing its lease; returns the new session id.
-async fn upsert_session(tx: &mut Tx, node_id: &NodeId, agent_version: &str, lease: Duration) -> AppResult<SessionId> {
-    let session = SessionId::generate();
-    sql::query(
-        "INSERT INTO agent_sessions (node_id, session_id, shard, agent_version, expires_at)
-         VALUES ($1, $2, $3, $4, compute_now() + make_interval(secs => $5))
-         ON CONFLICT (node_id) DO UPDATE
-             SET session_id = excluded.session_id, agent_version = excluded.agent_version,
-                 started_at = compute_now(), heartbeat_at = compute_now(), expires_at = excluded.expires_at",
-    )
-    .bind(node_id.as_str())
-    .bind(session.as_str())
-    .bind(shard_for(node_id.as_str(), SHARDS) as i32)
-    .bind(agent_version)
-    .bind(lease.as_secs_f64())
-    .execute(tx.conn())
-    .await?;
-    Ok(session)
-}
-
 /// The node's events that bring it back to `connected` (and clear `NodeUnreachable`), if it was not.
 fn reconnect(node_id: &NodeId, state: &NodeState, at_ms: i64) -> Vec<NodeEvent> {
     let mut events = Vec::new();
@@ -262,44 +202,6 @@ fn reconnect(node_id: &NodeId, state: &NodeState, at_ms: i64) -> Vec<NodeEvent> 
     }
     events.extend(follow_condition(node_id, state, ConditionType::NodeUnreachable, false, String::new, at_ms));
     events
-}
-
-/// What the node row says about connectivity and conditions.
-struct NodeState {
-    pool_id: PoolId,
-    connectivity: Connectivity,
-    generation: u64,
-    observed_generation: u64,
-    spec: NodeSpec,
-    conditions: Vec<Condition>,
-}
-
-impl NodeState {
-    fn has(&self, kind: ConditionType) -> bool {
-        self.conditions.iter().any(|c| c.kind == kind)
-    }
-}
-
-async fn node_state(tx: &mut Tx, node_id: &NodeId) -> AppResult<NodeState> {
-    let row = sql::query(
-        "SELECT n.pool_id, n.connectivity, n.generation, n.observed_generation, n.spec::text AS spec,
-                n.conditions::text AS conditions
-         FROM nodes AS n WHERE n.id = $1",
-    )
-    .bind(node_id.as_str())
-    .fetch_optional(tx.conn())
-    .await?;
-    let Some(row) = row else { return Err(Rejection::NotFound { kind: "node", id: node_id.to_string() }.into()) };
-    let text = |column: &str| -> AppResult<String> { Ok(row.try_get::<String, _>(column)?) };
-    Ok(NodeState {
-        pool_id: text("pool_id")?.parse().map_err(|err| corrupt("nodes.pool_id", err))?,
-        connectivity: serde_json::from_value(serde_json::Value::String(text("connectivity")?))
-            .map_err(|err| corrupt("nodes.connectivity", err))?,
-        generation: row.try_get::<i64, _>("generation")?.max(0) as u64,
-        observed_generation: row.try_get::<i64, _>("observed_generation")?.max(0) as u64,
-        spec: serde_json::from_str(&text("spec")?).unwrap_or_default(),
-        conditions: serde_json::from_str(&text("conditions")?).map_err(|err| corrupt("nodes.conditions", err))?,
-    })
 }
 
 /// The event that makes a node's condition `kind` follow `active`: raised (with `message`) when it becomes true,
@@ -331,14 +233,6 @@ struct GpuChange {
     added: Vec<DeviceId>,
 }
 
-async fn node_gpus(tx: &mut Tx, node_id: &NodeId) -> AppResult<Vec<DeviceId>> {
-    let ids: Vec<String> = sql::query_scalar("SELECT id FROM devices WHERE node_id = $1 AND class = 'gpu' ORDER BY id")
-        .bind(node_id.as_str())
-        .fetch_all(tx.conn())
-        .await?;
-    ids.into_iter().map(|id| id.parse().map_err(|err| corrupt("devices.id", err))).collect()
-}
-
 fn gpu_change(held: &[DeviceId], reported: &[GpuInfo]) -> GpuChange {
     let held: BTreeSet<&DeviceId> = held.iter().collect();
     let now: BTreeSet<&DeviceId> = reported.iter().map(|g| &g.uuid).collect();
@@ -360,7 +254,7 @@ async fn hardware_events(
     hardware: &HardwareKey,
     at_ms: i64,
 ) -> AppResult<(Vec<NodeEvent>, bool)> {
-    let held = node_gpus(tx, node_id).await?;
+    let held = agents::node_devices(tx, node_id, true).await?;
     let gpus = gpus_of(document);
     let change = gpu_change(&held, &gpus);
     let mut events = Vec::new();
@@ -373,10 +267,7 @@ async fn hardware_events(
         || format!("the inventory reports {} GPUs; the node holds {}", gpus.len(), held.len()),
         at_ms,
     ));
-    let stored_key: Option<String> = sql::query_scalar("SELECT hardware_key FROM nodes WHERE id = $1")
-        .bind(node_id.as_str())
-        .fetch_one(tx.conn())
-        .await?;
+    let stored_key = agents::hardware_key_of(tx, node_id).await?;
     let swapped = !count_mismatch && (!change.removed.is_empty() || !change.added.is_empty());
     let identity_changed = stored_key.as_deref() != Some(hardware.key.as_str());
     if !(swapped || identity_changed) || count_mismatch {
@@ -386,14 +277,7 @@ async fn hardware_events(
     let devices = devices_of(document, &pool);
     let kept: BTreeSet<&str> = devices.iter().map(|d| d.id.as_str()).collect();
     let removed_devices: Vec<DeviceId> =
-        sql::query_scalar::<String>("SELECT id FROM devices WHERE node_id = $1 ORDER BY id")
-            .bind(node_id.as_str())
-            .fetch_all(tx.conn())
-            .await?
-            .into_iter()
-            .filter(|id| !kept.contains(id.as_str()))
-            .map(|id| id.parse().map_err(|err| corrupt("devices.id", err)))
-            .collect::<AppResult<_>>()?;
+        agents::node_devices(tx, node_id, false).await?.into_iter().filter(|id| !kept.contains(id.as_str())).collect();
     let mut described = Vec::new();
     if !change.removed.is_empty() {
         described.push(format!("GPUs {} replaced by {}", list(&change.removed), list(&change.added)));
@@ -421,35 +305,6 @@ fn list(ids: &[DeviceId]) -> String {
     ids.iter().map(DeviceId::as_str).collect::<Vec<_>>().join(", ")
 }
 
-/// A node's existing match for a machine: the node sharing the most identifiers, at least two.
-async fn matching_node(tx: &mut Tx, hardware: &HardwareKey) -> AppResult<Option<(NodeId, PoolId, Vec<usize>)>> {
-    let (kinds, values): (Vec<&str>, Vec<&str>) = hardware.surviving.iter().map(|i| i.parts()).unzip();
-    let row = sql::query(
-        "SELECT i.node_id, n.pool_id, array_agg(u.ord ORDER BY u.ord) AS matched
-         FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(kind, value, ord)
-         JOIN node_identifiers AS i ON i.kind = u.kind AND i.value = u.value
-         JOIN nodes AS n ON n.id = i.node_id
-         GROUP BY i.node_id, n.pool_id
-         HAVING count(*) >= $3
-         ORDER BY count(*) DESC, i.node_id
-         LIMIT 1",
-    )
-    .bind(&kinds)
-    .bind(&values)
-    .bind(bc_domain::hardware::MIN_MATCHING_IDENTIFIERS as i64)
-    .fetch_optional(tx.conn())
-    .await?;
-    let Some(row) = row else { return Ok(None) };
-    let node: String = row.try_get("node_id")?;
-    let pool: String = row.try_get("pool_id")?;
-    let matched: Vec<i64> = row.try_get("matched")?;
-    Ok(Some((
-        node.parse().map_err(|err| corrupt("node_identifiers.node_id", err))?,
-        pool.parse().map_err(|err| corrupt("nodes.pool_id", err))?,
-        matched.into_iter().map(|i| (i - 1) as usize).collect(),
-    )))
-}
-
 impl App {
     /// Issues a single-use join token for a pool the caller operates, valid for `ttl_s` seconds.
     pub async fn create_join_token(
@@ -468,17 +323,7 @@ impl App {
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let events = bc_domain::pool::issue_join_token(pool_id, id, ttl_s, MAX_JOIN_TOKEN_TTL_S, at_ms)?;
                     let expires_at_ms = at_ms + ttl_s as i64 * 1000;
-                    sql::query(
-                        "INSERT INTO join_tokens (id, secret_sha256, pool_id, created_by, expires_at)
-                         VALUES ($1, $2, $3, $4, ms_ts($5))",
-                    )
-                    .bind(id.as_str())
-                    .bind(hash)
-                    .bind(pool_id.as_str())
-                    .bind(caller.identity.as_str())
-                    .bind(expires_at_ms)
-                    .execute(tx.conn())
-                    .await?;
+                    agents::insert_join_token(tx, id, hash, pool_id, caller.identity.as_str(), expires_at_ms).await?;
                     // Each token is a stream of its own, so that tokens issued at once for one pool never race
                     // for the pool stream's next version.
                     let position =
@@ -532,32 +377,19 @@ impl App {
                     (&request, &document, &token_hash, &credential_hash);
                 async move {
                     // Join approvals lock the pool first, then the token.
-                    let pool_id: Option<String> =
-                        sql::query_scalar("SELECT pool_id FROM join_tokens WHERE secret_sha256 = $1")
-                            .bind(token_hash)
-                            .fetch_optional(tx.conn())
-                            .await?;
-                    let Some(pool_id) = pool_id else {
+                    let Some(pool_id) = agents::join_token_pool(tx, token_hash).await? else {
                         return Err(Rejection::Unauthenticated("the join token is unknown".to_owned()).into());
                     };
-                    let pool_id: PoolId = pool_id.parse().map_err(|err| corrupt("join_tokens.pool_id", err))?;
                     store::lock_pool(tx, &pool_id).await?;
-                    let token = sql::query(
-                        "SELECT id, used_at IS NOT NULL AS used, expires_at <= compute_now() AS expired
-                         FROM join_tokens WHERE secret_sha256 = $1 FOR UPDATE",
-                    )
-                    .bind(token_hash)
-                    .fetch_one(tx.conn())
-                    .await?;
-                    let token_id: String = token.try_get("id")?;
-                    let token_id: JoinTokenId = token_id.parse().map_err(|err| corrupt("join_tokens.id", err))?;
-                    if token.try_get::<bool, _>("used")? {
+                    let token = agents::lock_join_token(tx, token_hash).await?;
+                    let token_id = token.id;
+                    if token.used {
                         return Err(Rejection::Unauthenticated(format!(
                             "join token {token_id} was already used; a join token admits one machine"
                         ))
                         .into());
                     }
-                    if token.try_get::<bool, _>("expired")? {
+                    if token.expired {
                         return Err(Rejection::Unauthenticated(format!("join token {token_id} expired")).into());
                     }
                     let pool =
@@ -567,7 +399,7 @@ impl App {
                     let hardware = hardware_key(&document.hardware_identity());
                     let (checks, conditions) = acceptance(&pool, document, &hardware, at_ms)?;
                     let caller_for = |node: &NodeId| node_caller(node, &pool.owner_tenant_id);
-                    let (node_id, rejoined) = match matching_node(tx, &hardware).await? {
+                    let (node_id, rejoined) = match agents::matching_node(tx, &hardware).await? {
                         Some((node_id, matched_pool, matched)) => {
                             if matched_pool != pool_id {
                                 return Err(Rejection::Conflict(format!(
@@ -575,7 +407,7 @@ impl App {
                                 ))
                                 .into());
                             }
-                            let state = node_state(tx, &node_id).await?;
+                            let state = agents::node_state(tx, &node_id).await?;
                             let mut events = vec![NodeEvent::Rejoined(NodeRejoined {
                                 node_id: node_id.clone(),
                                 join_token_id: token_id.clone(),
@@ -590,12 +422,9 @@ impl App {
                             if lost_devices {
                                 work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
                             }
-                            sql::query("DELETE FROM node_credentials WHERE node_id = $1")
-                                .bind(node_id.as_str())
-                                .execute(tx.conn())
-                                .await?;
-                            let number = latest_snapshot(tx, &node_id).await?.map_or(0, |s| s.number);
-                            store_snapshot(tx, &node_id, number + 1, document).await?;
+                            agents::revoke_credentials(tx, &node_id).await?;
+                            let number = agents::latest_snapshot(tx, &node_id).await?.map_or(0, |s| s.number);
+                            agents::store_snapshot(tx, &node_id, number + 1, document).await?;
                             (node_id, true)
                         }
                         None => {
@@ -639,21 +468,13 @@ impl App {
                                 events,
                             )
                             .await?;
-                            store_snapshot(tx, &node_id, 1, document).await?;
+                            agents::store_snapshot(tx, &node_id, 1, document).await?;
                             (node_id, false)
                         }
                     };
-                    sql::query("UPDATE join_tokens SET used_at = compute_now(), node_id = $2 WHERE id = $1")
-                        .bind(token_id.as_str())
-                        .bind(node_id.as_str())
-                        .execute(tx.conn())
-                        .await?;
-                    sql::query("INSERT INTO node_credentials (secret_sha256, node_id) VALUES ($1, $2)")
-                        .bind(credential_hash)
-                        .bind(node_id.as_str())
-                        .execute(tx.conn())
-                        .await?;
-                    let session_id = upsert_session(tx, &node_id, &request.agent_version, lease).await?;
+                    agents::use_join_token(tx, &token_id, &node_id).await?;
+                    agents::insert_credential(tx, credential_hash, &node_id, true).await?;
+                    let session_id = agents::upsert_session(tx, &node_id, &request.agent_version, lease).await?;
                     work::wake_now(tx, &WorkKey::pool_pending(&pool_id)).await?;
                     let session = self.session(tx, &node_id, session_id).await?;
                     Ok::<_, AppError>((node_id, rejoined, session))
@@ -667,8 +488,8 @@ impl App {
 
     /// The session as the agent gets it, read in the transaction that opened it.
     async fn session(&self, tx: &mut Tx, node_id: &NodeId, session_id: SessionId) -> AppResult<Session> {
-        let state = node_state(tx, node_id).await?;
-        let hashes = latest_snapshot(tx, node_id).await?.map(|s| s.hashes).unwrap_or_default();
+        let state = agents::node_state(tx, node_id).await?;
+        let hashes = agents::latest_snapshot(tx, node_id).await?.map(|s| s.hashes).unwrap_or_default();
         Ok(Session {
             session_id,
             node_id: node_id.clone(),
@@ -688,34 +509,13 @@ impl App {
         }
         let hash = bc_domain::sha256_hex(credential);
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
-        let row = sql::query(
-            "SELECT c.node_id, n.pool_id, p.owner_tenant_id, c.confirmed
-             FROM node_credentials AS c JOIN nodes AS n ON n.id = c.node_id JOIN pools AS p ON p.id = n.pool_id
-             WHERE c.secret_sha256 = $1",
-        )
-        .bind(&hash)
-        .fetch_optional(tx.conn())
-        .await?;
-        let Some(row) = row else {
+        let Some(row) = agents::credential(&mut tx, &hash).await? else {
             tx.commit().await?;
             return Err(Rejection::Unauthenticated("the node credential is unknown or revoked".to_owned()).into());
         };
-        let text = |column: &str| -> AppResult<String> { Ok(row.try_get::<String, _>(column)?) };
-        let auth = NodeAuth {
-            node_id: text("node_id")?.parse().map_err(|err| corrupt("node_credentials.node_id", err))?,
-            pool_id: text("pool_id")?.parse().map_err(|err| corrupt("nodes.pool_id", err))?,
-            tenant_id: text("owner_tenant_id")?.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))?,
-        };
-        if !row.try_get::<bool, _>("confirmed")? {
-            sql::query("DELETE FROM node_credentials WHERE node_id = $1 AND secret_sha256 <> $2")
-                .bind(auth.node_id.as_str())
-                .bind(&hash)
-                .execute(tx.conn())
-                .await?;
-            sql::query("UPDATE node_credentials SET confirmed = true WHERE secret_sha256 = $1")
-                .bind(&hash)
-                .execute(tx.conn())
-                .await?;
+        let auth = NodeAuth { node_id: row.node_id, pool_id: row.pool_id, tenant_id: row.tenant_id };
+        if !row.confirmed {
+            agents::confirm_credential(&mut tx, &auth.node_id, &hash).await?;
         }
         tx.commit().await?;
         Ok(auth)
@@ -725,11 +525,7 @@ impl App {
     pub async fn rotate_credential(&self, node: &NodeAuth) -> AppResult<String> {
         let (credential, hash) = new_secret(CREDENTIAL_PREFIX)?;
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
-        sql::query("INSERT INTO node_credentials (secret_sha256, node_id, confirmed) VALUES ($1, $2, false)")
-            .bind(&hash)
-            .bind(node.node_id.as_str())
-            .execute(tx.conn())
-            .await?;
+        agents::insert_credential(&mut tx, &hash, &node.node_id, false).await?;
         tx.commit().await?;
         Ok(credential)
     }
@@ -741,11 +537,11 @@ impl App {
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 async move {
-                    let state = node_state(tx, &node.node_id).await?;
+                    let state = agents::node_state(tx, &node.node_id).await?;
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let events = reconnect(&node.node_id, &state, at_ms);
                     record_node(tx, &node.caller(), &node.node_id, &node.tenant_id, events).await?;
-                    let session_id = upsert_session(tx, &node.node_id, agent_version, lease).await?;
+                    let session_id = agents::upsert_session(tx, &node.node_id, agent_version, lease).await?;
                     work::wake_now(tx, &WorkKey::pool_pending(&node.pool_id)).await?;
                     self.session(tx, &node.node_id, session_id).await
                 }
@@ -759,13 +555,8 @@ impl App {
     /// does it run a command transaction as well.
     pub async fn heartbeat(&self, node: &NodeAuth, beat: &Heartbeat) -> AppResult<HeartbeatReply> {
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
-        let row = sql::query("SELECT * FROM agent_heartbeat($1, $2, $3, $4)")
-            .bind(node.node_id.as_str())
-            .bind(beat.session_id.as_str())
-            .bind(self.liveness.lease.as_secs_f64())
-            .bind(beat.clock_ms)
-            .fetch_optional(tx.conn())
-            .await?;
+        let beater = agents::Beater::Node(&node.node_id);
+        let row = agents::heartbeat(&mut tx, beater, &beat.session_id, self.liveness.lease, beat.clock_ms).await?;
         tx.commit().await?;
         let Some(row) = row else {
             return Err(Rejection::Conflict(format!(
@@ -774,7 +565,7 @@ impl App {
             ))
             .into());
         };
-        self.finish_heartbeat(node, beat, &row).await
+        self.finish_heartbeat(node, beat, row).await
     }
 
     /// A heartbeat authenticated by the node credential itself, in one statement: the credential's node is looked
@@ -785,28 +576,17 @@ impl App {
             return Err(Rejection::Unauthenticated(format!("a node credential starts with {CREDENTIAL_PREFIX}")).into());
         }
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
-        let row = sql::query(
-            "SELECT * FROM agent_heartbeat(
-                 (SELECT node_id FROM node_credentials WHERE secret_sha256 = $1 AND confirmed), $2, $3, $4)",
-        )
-        .bind(bc_domain::sha256_hex(credential))
-        .bind(beat.session_id.as_str())
-        .bind(self.liveness.lease.as_secs_f64())
-        .bind(beat.clock_ms)
-        .fetch_optional(tx.conn())
-        .await?;
+        let hash = bc_domain::sha256_hex(credential);
+        let beater = agents::Beater::CredentialHash(&hash);
+        let row = agents::heartbeat(&mut tx, beater, &beat.session_id, self.liveness.lease, beat.clock_ms).await?;
         tx.commit().await?;
         let Some(row) = row else {
             let node = self.authenticate_node(credential).await?;
             return self.heartbeat(&node, beat).await;
         };
-        let text = |column: &str| -> AppResult<String> { Ok(row.try_get::<String, _>(column)?) };
-        let node = NodeAuth {
-            node_id: text("node_id")?.parse().map_err(|err| corrupt("agent_heartbeat.node_id", err))?,
-            pool_id: text("pool_id")?.parse().map_err(|err| corrupt("agent_heartbeat.pool_id", err))?,
-            tenant_id: text("tenant_id")?.parse().map_err(|err| corrupt("agent_heartbeat.tenant_id", err))?,
-        };
-        self.finish_heartbeat(&node, beat, &row).await
+        let node =
+            NodeAuth { node_id: row.node_id.clone(), pool_id: row.pool_id.clone(), tenant_id: row.tenant_id.clone() };
+        self.finish_heartbeat(&node, beat, row).await
     }
 
     /// What a renewed session's row calls for: the log's changes when there are any, and the reply.
@@ -814,13 +594,10 @@ impl App {
         &self,
         node: &NodeAuth,
         beat: &Heartbeat,
-        row: &sqlx::postgres::PgRow,
+        row: agents::Beat,
     ) -> AppResult<HeartbeatReply> {
-        let connectivity: String = row.try_get("connectivity")?;
-        let generation = row.try_get::<i64, _>("generation")?.max(0) as u64;
-        let observed = row.try_get::<i64, _>("observed_generation")?.max(0) as u64;
-        let skew_ms: i64 = row.try_get("clock_skew_ms")?;
-        let skew_raised: bool = row.try_get("skew_raised")?;
+        let (generation, observed, skew_ms) = (row.generation, row.observed_generation, row.clock_skew_ms);
+        let (connectivity, skew_raised) = (row.connectivity.as_str(), row.skew_raised);
         let skewed = skew_ms.abs() > MAX_CLOCK_SKEW_MS;
         let newly_observed = beat.observed_generation > observed && beat.observed_generation <= generation;
         if beat.observed_generation > generation {
@@ -833,16 +610,15 @@ impl App {
         if connectivity != "connected" || newly_observed || skewed != skew_raised {
             self.heartbeat_changes(node, beat.observed_generation, skew_ms).await?;
         }
-        let spec: String = row.try_get("spec")?;
         Ok(HeartbeatReply {
-            lease_expires_ms: row.try_get("expires_ms")?,
+            lease_expires_ms: row.expires_ms,
             generation,
             spec: if beat.observed_generation < generation {
-                Some(serde_json::from_str(&spec).map_err(|err| corrupt("nodes.spec", err))?)
+                Some(serde_json::from_str(&row.spec).map_err(|err| corrupt("nodes.spec", err))?)
             } else {
                 None
             },
-            commands_waiting: row.try_get("waiting")?,
+            commands_waiting: row.waiting,
         })
     }
 
@@ -850,7 +626,7 @@ impl App {
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 async move {
-                    let state = node_state(tx, &node.node_id).await?;
+                    let state = agents::node_state(tx, &node.node_id).await?;
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let node_id = &node.node_id;
                     let mut events = reconnect(node_id, &state, at_ms);
@@ -893,7 +669,7 @@ impl App {
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 let report = &report;
                 async move {
-                    let held = latest_snapshot(tx, &node.node_id).await?;
+                    let held = agents::latest_snapshot(tx, &node.node_id).await?;
                     let document =
                         report.clone().apply(held.as_ref().map(|s| &s.document)).map_err(|err| match err {
                             ReportError::Missing(section) => Rejection::Conflict(format!(
@@ -914,8 +690,8 @@ impl App {
                         .filter(|s| previous.get(s) != hashes.get(s))
                         .collect();
                     let at_ms = clock::compute_now_ms(tx).await?;
-                    store_snapshot(tx, &node.node_id, number + 1, &document).await?;
-                    let state = node_state(tx, &node.node_id).await?;
+                    agents::store_snapshot(tx, &node.node_id, number + 1, &document).await?;
+                    let state = agents::node_state(tx, &node.node_id).await?;
                     let mut events = vec![NodeEvent::InventoryReported(NodeInventoryReported {
                         node_id: node.node_id.clone(),
                         snapshot: number + 1,

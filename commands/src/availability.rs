@@ -6,7 +6,7 @@ use bc_domain::id::{DeviceId, NodeId, PoolId};
 use bc_domain::placement;
 use bc_domain::pool::governing_offer;
 use bc_domain::reservation::{DeviceRequest, MAX_AHEAD_MS};
-use bc_eventstore::{TxOptions, clock, sql};
+use bc_eventstore::{TxOptions, clock};
 
 use super::store::{self, PoolRow};
 use super::{App, AppResult, Caller};
@@ -108,22 +108,7 @@ impl App {
             tx.commit().await?;
             return Ok(Some(first));
         }
-        // The overlap test adds nothing to the upper-bound tests but lets the (pool_id, during) index skip the
-        // bookings that ended before `first`.
-        let ends: Vec<i64> = sql::query_scalar(
-            "SELECT DISTINCT ((ts_ms(upper(during)) + 999) / 1000) * 1000 AS at
-             FROM device_bookings
-             WHERE pool_id = $1 AND upper(during) > ms_ts($2) AND upper(during) <= ms_ts($3) AND NOT isempty(during)
-               AND during && tstzrange(ms_ts($2), ms_ts($3), '(]')
-             ORDER BY at
-             LIMIT $4",
-        )
-        .bind(pool.id.as_str())
-        .bind(first)
-        .bind(horizon)
-        .bind(MAX_CANDIDATE_STARTS)
-        .fetch_all(tx.conn())
-        .await?;
+        let ends = store::booking_ends(&mut tx, &pool.id, first, horizon, MAX_CANDIDATE_STARTS).await?;
         for start in ends {
             if ask.fits(&mut tx, start).await? {
                 tx.commit().await?;

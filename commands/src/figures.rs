@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use bc_eventstore::{Access, Db, Isolation, Position, TxOptions, lease, sql};
+use bc_eventstore::{Access, Db, Isolation, Position, TxOptions};
 use bc_projections::status::VersionStatus;
 use bc_projections::{consistency, models, status};
-use sqlx::Row as _;
 
 use crate::reads::CONSISTENCY_WAIT;
+use crate::store;
 use crate::{App, AppError, AppResult};
 
 /// One projection version's figures.
@@ -55,50 +55,18 @@ impl DatabaseFigures {
             })
             .collect();
         let mut tx = db.begin(TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadOnly }).await?;
-        // The log's sequence counts every event ever appended (and the few a rolled-back append used).
-        let appended: i64 =
-            sql::query_scalar("SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('events', 'seq')), 0)")
-                .fetch_one(tx.conn())
-                .await?;
-        // Transactions with an id of their own (they wrote, or will) hold the log's read horizon back until they
-        // end: how old the oldest is, by the database server's own clock, which `xact_start` is on.
-        let horizon = sql::query(
-            "SELECT coalesce(extract(epoch FROM compute_db_clock() - min(xact_start)), 0)::float8 AS age,
-                    (pg_snapshot_xmax(pg_current_snapshot())::text::numeric
-                     - pg_snapshot_xmin(pg_current_snapshot())::text::numeric)::int8 AS xids
-             FROM pg_stat_activity
-             WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()",
-        )
-        .fetch_one(tx.conn())
-        .await?;
-        let queue = sql::query(
-            "SELECT count(*) AS depth,
-                    count(*) FILTER (WHERE not_before <= compute_now()) AS due,
-                    count(*) FILTER (WHERE claimed_until > compute_now()) AS claimed,
-                    coalesce(extract(epoch FROM compute_now() - min(not_before) FILTER (WHERE not_before <= compute_now())), 0)::float8
-                        AS oldest_due
-             FROM work_queue",
-        )
-        .fetch_one(tx.conn())
-        .await?;
-        let leases: Vec<(String, bool, i64)> = sql::query_as(
-            "SELECT split_part(name, ':', 1) AS kind, owner = $1 AS mine, count(*)
-             FROM leases WHERE expires_at > compute_now() GROUP BY 1, 2 ORDER BY 1, 2",
-        )
-        .bind(lease::process_owner_id())
-        .fetch_all(tx.conn())
-        .await?;
+        let log = store::figures::log_figures(&mut tx).await?;
         tx.commit().await?;
         Ok(Self {
-            appended,
+            appended: log.appended,
             projections,
-            horizon_age_seconds: horizon.try_get("age")?,
-            horizon_xids: horizon.try_get("xids")?,
-            queue_depth: queue.try_get("depth")?,
-            queue_due: queue.try_get("due")?,
-            queue_claimed: queue.try_get("claimed")?,
-            queue_oldest_due_seconds: queue.try_get("oldest_due")?,
-            leases,
+            horizon_age_seconds: log.horizon_age_seconds,
+            horizon_xids: log.horizon_xids,
+            queue_depth: log.queue_depth,
+            queue_due: log.queue_due,
+            queue_claimed: log.queue_claimed,
+            queue_oldest_due_seconds: log.queue_oldest_due_seconds,
+            leases: log.leases,
         })
     }
 }

@@ -9,7 +9,7 @@
 //! again before their start, or fail with `node-lost`. It also completes drains, and, for a forced drain, ends
 //! the reservations still running there (a forced delete ends them in its own transaction).
 
-use bc_domain::id::{NodeId, ReservationId, TenantId};
+use bc_domain::id::{NodeId, ReservationId};
 use bc_domain::node::{
     self, Condition, ConditionType, Connectivity, NodeCommand, NodeConditionRaised, NodeConnectivityChanged, NodeEvent,
     connectivity_after_silence,
@@ -17,31 +17,12 @@ use bc_domain::node::{
 use bc_domain::reservation::{self, Command, FailureReason, ReservationState};
 use bc_eventstore::lease::Lease;
 use bc_eventstore::queue::{self, WorkItem};
-use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock, sql};
-use sqlx::Row as _;
+use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
 
 use super::reservations::{apply_and_schedule, preempt, try_place};
-use super::store::corrupt;
+use super::store::liveness;
 use super::work::{self, WorkKey, fenced};
 use super::{App, AppError, AppResult, Caller, record_node, store};
-
-/// A session the sweep found silent past its lease.
-struct Silent {
-    node_id: NodeId,
-    connectivity: Connectivity,
-    silence_ms: i64,
-    lost_after_ms: i64,
-}
-
-fn connectivity(text: &str) -> AppResult<Connectivity> {
-    serde_json::from_value(serde_json::Value::String(text.to_owned())).map_err(|err| corrupt("nodes.connectivity", err))
-}
-
-/// The sweep's one query: the sessions of a shard past their lease whose node is not yet lost.
-const SILENT_SQL: &str = "SELECT s.node_id, n.connectivity, ts_ms(compute_now()) - ts_ms(s.heartbeat_at) AS silence_ms,
-            coalesce((p.policy ->> 'lostAfter')::bigint, 600) * 1000 AS lost_after_ms
-     FROM agent_sessions AS s JOIN nodes AS n ON n.id = s.node_id JOIN pools AS p ON p.id = n.pool_id
-     WHERE s.shard = $1 AND s.expires_at <= compute_now() AND n.connectivity <> 'lost'";
 
 impl App {
     /// One liveness sweep of a shard: every node whose agent's silence calls for another connectivity gets it.
@@ -49,18 +30,11 @@ impl App {
     /// With `fence`, each change commits only while this process still holds the shard's lease.
     pub async fn sweep_liveness(&self, shard: i32, fence: Option<&Lease>) -> AppResult<usize> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let rows = sql::query(SILENT_SQL).bind(shard).fetch_all(tx.conn()).await?;
+        let sessions = liveness::silent_sessions(&mut tx, shard).await?;
         tx.commit().await?;
         let lease_ms = self.liveness.lease.as_millis() as i64;
         let mut changed = 0;
-        for row in rows {
-            let node_id: String = row.try_get("node_id")?;
-            let silent = Silent {
-                node_id: node_id.parse().map_err(|err| corrupt("agent_sessions.node_id", err))?,
-                connectivity: connectivity(&row.try_get::<String, _>("connectivity")?)?,
-                silence_ms: row.try_get("silence_ms")?,
-                lost_after_ms: row.try_get("lost_after_ms")?,
-            };
+        for silent in sessions {
             let due = connectivity_after_silence(silent.silence_ms, lease_ms, silent.lost_after_ms);
             if due != silent.connectivity && due != Connectivity::Connected {
                 changed += usize::from(self.mark_silent(&silent.node_id, lease_ms, fence).await?);
@@ -76,25 +50,10 @@ impl App {
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 async move {
                     fenced(tx, fence).await?;
-                    let row = sql::query(
-                        "SELECT n.connectivity, n.pool_id, p.owner_tenant_id,
-                                ts_ms(compute_now()) - ts_ms(s.heartbeat_at) AS silence_ms,
-                                coalesce((p.policy ->> 'lostAfter')::bigint, 600) * 1000 AS lost_after_ms,
-                                n.conditions @> '[{\"type\": \"NodeUnreachable\"}]'::jsonb AS unreachable_raised
-                         FROM agent_sessions AS s JOIN nodes AS n ON n.id = s.node_id JOIN pools AS p ON p.id = n.pool_id
-                         WHERE s.node_id = $1
-                         FOR UPDATE OF s",
-                    )
-                    .bind(node_id.as_str())
-                    .fetch_optional(tx.conn())
-                    .await?;
-                    let Some(row) = row else { return Ok(false) };
-                    let from = connectivity(&row.try_get::<String, _>("connectivity")?)?;
-                    let to = connectivity_after_silence(
-                        row.try_get("silence_ms")?,
-                        lease_ms,
-                        row.try_get("lost_after_ms")?,
-                    );
+                    let Some(locked) = liveness::lock_session(tx, node_id).await? else { return Ok(false) };
+                    let from = locked.silent.connectivity;
+                    let to =
+                        connectivity_after_silence(locked.silent.silence_ms, lease_ms, locked.silent.lost_after_ms);
                     if to == from || to == Connectivity::Connected {
                         return Ok(false);
                     }
@@ -105,24 +64,17 @@ impl App {
                         to,
                         at_ms,
                     })];
-                    if matches!(to, Connectivity::Unreachable | Connectivity::Lost)
-                        && !row.try_get::<bool, _>("unreachable_raised")?
-                    {
+                    if matches!(to, Connectivity::Unreachable | Connectivity::Lost) && !locked.unreachable_raised {
                         events.push(NodeEvent::ConditionRaised(NodeConditionRaised {
                             node_id: node_id.clone(),
                             condition: Condition {
                                 kind: ConditionType::NodeUnreachable,
-                                message: format!(
-                                    "no heartbeat for {} s",
-                                    row.try_get::<i64, _>("silence_ms")? / 1000
-                                ),
+                                message: format!("no heartbeat for {} s", locked.silent.silence_ms / 1000),
                                 since_ms: at_ms,
                             },
                         }));
                     }
-                    let tenant: String = row.try_get("owner_tenant_id")?;
-                    let tenant: TenantId = tenant.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))?;
-                    record_node(tx, &Caller::system(), node_id, &tenant, events).await?;
+                    record_node(tx, &Caller::system(), node_id, &locked.owner_tenant_id, events).await?;
                     if to == Connectivity::Lost {
                         work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
                     }
@@ -138,32 +90,16 @@ impl App {
     /// delete ends what still runs there. Returns when to look again, if ever.
     pub(crate) async fn reconcile_node(&self, caller: &Caller, node_id: &NodeId) -> AppResult<Option<i64>> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let rows = sql::query(
-            "SELECT DISTINCT r.id, r.state FROM allocations AS a JOIN reservations AS r ON r.id = a.reservation_id
-             WHERE a.node_id = $1 AND r.state IN ('placed', 'binding', 'active', 'releasing')
-             ORDER BY r.id",
-        )
-        .bind(node_id.as_str())
-        .fetch_all(tx.conn())
-        .await?;
-        let node = sql::query("SELECT schedulable, draining, drain_forced FROM nodes WHERE id = $1")
-            .bind(node_id.as_str())
-            .fetch_optional(tx.conn())
-            .await?;
+        let holding = liveness::holding_reservations(&mut tx, node_id).await?;
+        let node = liveness::drain_state(&mut tx, node_id).await?;
         tx.commit().await?;
         // A deleted node has no row: its future bookings move; what ran there was ended by a forced delete.
-        let (schedulable, draining, force) = match &node {
-            Some(row) => (row.try_get("schedulable")?, row.try_get("draining")?, row.try_get("drain_forced")?),
-            None => (false, false, false),
-        };
+        let (schedulable, draining, force) = node.unwrap_or((false, false, false));
         let mut running = 0;
-        for row in &rows {
-            let id: String = row.try_get("id")?;
-            let id: ReservationId = id.parse().map_err(|err| corrupt("reservations.id", err))?;
-            let state: String = row.try_get("state")?;
+        for (id, state) in &holding {
             match state.as_str() {
-                "placed" => self.replace_reservation(caller, &id, node_id, schedulable).await?,
-                "active" if force => self.preempt(caller, &id).await?,
+                "placed" => self.replace_reservation(caller, id, node_id, schedulable).await?,
+                "active" if force => self.preempt(caller, id).await?,
                 _ => running += 1,
             }
         }
@@ -196,12 +132,7 @@ impl App {
                         return Ok(());
                     };
                     let devices: Vec<&str> = allocation.devices.iter().map(|d| d.as_str()).collect();
-                    let present: i64 =
-                        sql::query_scalar("SELECT count(*) FROM devices WHERE node_id = $1 AND id = ANY($2)")
-                            .bind(node_id.as_str())
-                            .bind(&devices)
-                            .fetch_one(tx.conn())
-                            .await?;
+                    let present = liveness::devices_present(tx, node_id, &devices).await?;
                     if schedulable && present == devices.len() as i64 {
                         return Ok(());
                     }

@@ -13,8 +13,7 @@ use bc_domain::node::{
 use bc_domain::site::check_name;
 use bc_domain::{gpu, id::PoolId};
 use bc_eventstore::events::ExpectedVersion;
-use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock, sql};
-use sqlx::Row as _;
+use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock};
 
 use super::node_commands::{self as commands, CommandRecord, Delivery};
 
@@ -252,22 +251,14 @@ impl App {
                     store::lock_pool(tx, &pool.id).await?;
                     let (held, active) = store::held_on_node(tx, node_id).await?;
                     let now_ms = clock::compute_now_ms(tx).await?;
-                    let command =
-                        NodeCommand::Delete { force, reason: reason.clone(), held: held.clone(), now_ms };
+                    let command = NodeCommand::Delete { force, reason: reason.clone(), held: held.clone(), now_ms };
                     let events = node::decide(&node, &command)?;
                     // What still runs there ends now; future bookings move (the reconciler, below).
                     for id in active {
                         super::reservations::preempt(tx, caller, &id).await?;
                     }
                     let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, events).await?;
-                    for statement in [
-                        "DELETE FROM node_credentials WHERE node_id = $1",
-                        "DELETE FROM agent_sessions WHERE node_id = $1",
-                        "UPDATE node_commands SET state = 'expired', finished_at = compute_now(), message = 'the node was deleted'
-                         WHERE node_id = $1 AND state = 'queued'",
-                    ] {
-                        sql::query(statement).bind(node_id.as_str()).execute(tx.conn()).await?;
-                    }
+                    store::agents::forget_node(tx, node_id).await?;
                     if !held.is_empty() {
                         work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
                     }
@@ -345,23 +336,11 @@ impl App {
     pub async fn node_inventory(&self, caller: &Caller, node_id: &NodeId) -> AppResult<InventorySnapshot> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         operated_node(&mut tx, caller, node_id).await?;
-        let row = sql::query(
-            "SELECT snapshot, document::text AS document, ts_ms(received_at) AS received_at_ms
-             FROM node_inventory_snapshots WHERE node_id = $1 ORDER BY snapshot DESC LIMIT 1",
-        )
-        .bind(node_id.as_str())
-        .fetch_optional(tx.conn())
-        .await?;
+        let latest = store::agents::latest_snapshot_received(&mut tx, node_id).await?;
         tx.commit().await?;
-        let Some(row) = row else {
+        let Some((snapshot, document, received_at_ms)) = latest else {
             return Err(Rejection::NotFound { kind: "inventory of node", id: node_id.to_string() }.into());
         };
-        let document: String = row.try_get("document")?;
-        Ok(InventorySnapshot {
-            snapshot: row.try_get::<i64, _>("snapshot")? as u64,
-            document: serde_json::from_str(&document)
-                .map_err(|err| bc_eventstore::Error::Internal(format!("an inventory snapshot is unreadable: {err}")))?,
-            received_at_ms: row.try_get("received_at_ms")?,
-        })
+        Ok(InventorySnapshot { snapshot, document, received_at_ms })
     }
 }

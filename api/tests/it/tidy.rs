@@ -24,6 +24,29 @@ fn no_http_module_holds_a_database_or_runs_sql() {
     assert!(checked >= 10, "only {checked} modules found under {}", dir.display());
 }
 
+/// Where the write side's crate may run SQL: its repository (`store`), the read models' queries (`reads`),
+/// authorization's resolution of resources (`auth/resolve.rs`), and the test fixture.
+const SQL_HOMES: [&str; 4] = ["store/", "reads.rs", "auth/resolve.rs", "testing.rs"];
+
+#[test]
+fn the_write_side_runs_sql_only_in_its_repository_modules() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../commands/src");
+    let mut files = Vec::new();
+    collect(&src, &mut files);
+    let mut homes_with_sql = 0;
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src").to_string_lossy().replace('\\', "/");
+        let text = std::fs::read_to_string(&file).expect("read a module");
+        let runs_sql = ["sql::query", "sqlx::query", "raw_sql("].iter().any(|word| text.contains(word));
+        if SQL_HOMES.iter().any(|home| relative.starts_with(home)) {
+            homes_with_sql += usize::from(runs_sql);
+        } else {
+            assert!(!runs_sql, "commands/src/{relative} runs SQL: queries belong in commands/src/store");
+        }
+    }
+    assert!(homes_with_sql >= 5, "only {homes_with_sql} modules with SQL found under {}", src.display());
+}
+
 /// The workspace's library crates, whose module graphs must have no circle.
 const CRATES: [&str; 8] = ["domain", "eventstore", "projections", "commands", "api", "agent", "bench", "replay-tests"];
 

@@ -12,6 +12,11 @@ use sqlx::Row as _;
 
 use super::{AppError, AppResult};
 
+pub mod agents;
+pub mod figures;
+pub mod liveness;
+pub mod node_commands;
+
 /// A stored value that does not read back: an internal error naming what.
 pub(crate) fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
     AppError::Store(Error::Internal(format!("{what}: {err}")))
@@ -433,4 +438,31 @@ pub async fn drop_unclaimed_wakes(tx: &mut Tx, keys: &[String]) -> AppResult<()>
         .execute(tx.conn())
         .await?;
     Ok(())
+}
+
+/// The distinct ends of the pool's bookings after `after_ms` and up to `until_ms`, rounded up to the second, in
+/// order, at most `limit`: the moments at which a request that does not fit now might start.
+pub async fn booking_ends(
+    tx: &mut Tx,
+    pool_id: &PoolId,
+    after_ms: i64,
+    until_ms: i64,
+    limit: i64,
+) -> AppResult<Vec<i64>> {
+    // The overlap test adds nothing to the upper-bound tests but lets the (pool_id, during) index skip the
+    // bookings that ended before `after_ms`.
+    Ok(sql::query_scalar(
+        "SELECT DISTINCT ((ts_ms(upper(during)) + 999) / 1000) * 1000 AS at
+         FROM device_bookings
+         WHERE pool_id = $1 AND upper(during) > ms_ts($2) AND upper(during) <= ms_ts($3) AND NOT isempty(during)
+           AND during && tstzrange(ms_ts($2), ms_ts($3), '(]')
+         ORDER BY at
+         LIMIT $4",
+    )
+    .bind(pool_id.as_str())
+    .bind(after_ms)
+    .bind(until_ms)
+    .bind(limit)
+    .fetch_all(tx.conn())
+    .await?)
 }
