@@ -59,7 +59,7 @@ impl Projection for ReservationsV2 {
             }
             touched.sort_unstable();
             touched.dedup();
-            store(tx, touched.iter().filter_map(|id| folded.get(*id))).await
+            store(tx, touched.iter().filter_map(|id| folded.get(*id).map(|r| (*id, r)))).await
         })
     }
 }
@@ -90,12 +90,13 @@ async fn load(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Result<HashM
     Ok(folded)
 }
 
-/// Writes the folded reservations back in one statement.
-async fn store<'r>(tx: &mut Tx, folded: impl Iterator<Item = &'r Reservation>) -> Result<()> {
+/// Writes the folded reservations back in one statement, each under the stream it was folded from (the key
+/// [`load`] reads it back by).
+async fn store<'r>(tx: &mut Tx, folded: impl Iterator<Item = (&'r str, &'r Reservation)>) -> Result<()> {
     let (mut ids, mut tenants, mut pools, mut states, mut requested, mut docs) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for r in folded {
-        ids.push(r.id.as_str());
+    for (id, r) in folded {
+        ids.push(id);
         tenants.push(r.tenant_id.as_str());
         pools.push(r.request.pool_id.as_str());
         states.push(r.state.as_str());
