@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use bc_agent::run::{AgentConfig, InventorySource, run};
+use anyhow::Context as _;
+use bc_agent::run::{AgentConfig, InventorySource, ServerTrust, run};
 use bc_agent::simulate;
 use clap::{Parser, Subcommand};
 
@@ -31,8 +32,14 @@ enum Command {
     /// Join the control plane (once, with a join token) and run: heartbeats, inventory, commands.
     Run {
         /// The control plane's base URL.
-        #[arg(long, env = "BCD_SERVER", default_value = "http://127.0.0.1:8080")]
+        #[arg(long, env = "BCD_SERVER", default_value = "https://127.0.0.1:8080")]
         server: String,
+        /// The control plane's CA certificate (the `ca.crt` of its PKI bundle): the only CA this agent trusts.
+        #[arg(long, env = "BCD_CA", required_unless_present = "insecure_http")]
+        ca: Option<PathBuf>,
+        /// Talk plain HTTP to an http:// server instead (join tokens and credentials cross in the clear).
+        #[arg(long, conflicts_with = "ca")]
+        insecure_http: bool,
         /// The join token (`jt_...`), needed only until the node has its credential.
         #[arg(long, env = "BCD_JOIN_TOKEN", hide_env_values = true)]
         join_token: Option<String>,
@@ -74,9 +81,17 @@ fn main() -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&out)?);
             Ok(())
         }
-        Command::Run { server, join_token, state_dir, cdi_dir, simulate, hostname } => {
+        Command::Run { server, ca, insecure_http, join_token, state_dir, cdi_dir, simulate, hostname } => {
+            let trust = match ca {
+                Some(path) if !insecure_http => ServerTrust::PinnedCa(
+                    std::fs::read_to_string(&path)
+                        .with_context(|| format!("read the CA certificate {}", path.display()))?,
+                ),
+                _ => ServerTrust::InsecureHttp,
+            };
             let config = AgentConfig {
                 server,
+                trust,
                 join_token,
                 state_dir,
                 cdi_dir,

@@ -62,11 +62,22 @@ impl InventorySource {
     }
 }
 
+/// How the agent trusts the control plane.
+#[derive(Debug, Clone)]
+pub enum ServerTrust {
+    /// HTTPS, trusting only this CA certificate (PEM): the `ca.crt` of the control plane's PKI bundle. The
+    /// system's roots are not used, so nothing else can pose as the control plane.
+    PinnedCa(String),
+    /// Plain HTTP (`--insecure-http`): join tokens and credentials cross the network in the clear.
+    InsecureHttp,
+}
+
 /// How to run the agent.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// The control plane's base URL, such as `http://127.0.0.1:8080`.
+    /// The control plane's base URL, such as `https://control.example:8443`.
     pub server: String,
+    pub trust: ServerTrust,
     /// Used only when the state folder holds no credential yet.
     pub join_token: Option<String>,
     /// Where the credential is kept.
@@ -134,9 +145,24 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(base: &str) -> anyhow::Result<Client> {
-        let http =
-            reqwest::Client::builder().timeout(Duration::from_secs(30)).build().context("build the HTTP client")?;
+    pub fn new(base: &str, trust: &ServerTrust) -> anyhow::Result<Client> {
+        let builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+        let builder = match trust {
+            ServerTrust::PinnedCa(ca) => {
+                if !base.starts_with("https://") {
+                    bail!("the server {base:?} is not https://: a pinned CA needs TLS (or run with --insecure-http)");
+                }
+                let config = bc_pki::tls::client_config(ca, None).context("the pinned CA certificate")?;
+                builder.tls_backend_preconfigured(config)
+            }
+            ServerTrust::InsecureHttp => {
+                if !base.starts_with("http://") {
+                    bail!("--insecure-http talks plain HTTP, but the server {base:?} is not http://");
+                }
+                builder
+            }
+        };
+        let http = builder.build().context("build the HTTP client")?;
         Ok(Client { http, base: base.trim_end_matches('/').to_owned(), credential: None })
     }
 
@@ -352,7 +378,7 @@ fn now_ms() -> i64 {
 /// Runs the agent until `shutdown` resolves. Errors talking to the control plane are retried; only a
 /// configuration that can never work (no credential and no token, a refused join token) ends it.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let client = Client::new(&config.server)?;
+    let client = Client::new(&config.server, &config.trust)?;
     tokio::pin!(shutdown);
     let mut backoff = Duration::from_millis(200);
     'connect: loop {

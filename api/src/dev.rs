@@ -177,7 +177,12 @@ impl DemoAgents {
 /// Starts the demo machines' agents in this process, against the API at `server`: each keeps its credential
 /// under `<data dir>/agents/<host>` and joins with a fresh join token the first time. Machines whose pool is
 /// not in the database (it was seeded by an older `dev`) are left out.
-pub async fn start_demo_agents(db: &Db, server: &str, data_dir: &Path) -> anyhow::Result<DemoAgents> {
+pub async fn start_demo_agents(
+    db: &Db,
+    server: &str,
+    trust: &bc_agent::run::ServerTrust,
+    data_dir: &Path,
+) -> anyhow::Result<DemoAgents> {
     let app = App::new(db.clone());
     let operator = dev_operator()?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -200,6 +205,7 @@ pub async fn start_demo_agents(db: &Db, server: &str, data_dir: &Path) -> anyhow
         let (inventory, _) = bc_agent::run::InventorySource::simulated(bc_agent::simulate::inventory(host, &spec));
         let config = bc_agent::run::AgentConfig {
             server: server.to_owned(),
+            trust: trust.clone(),
             join_token,
             cdi_dir: state_dir.join("cdi"),
             state_dir,
@@ -296,17 +302,54 @@ max_hours = 72
 }
 
 /// Prints how to call the API as the platform and as the demo customer.
-fn print_welcome(listen: std::net::SocketAddr, root: &str, demo: &str) {
-    let base = format!("http://{listen}");
+fn print_welcome(base: &str, ca: Option<&Path>, root: &str, demo: &str) {
+    let curl = match ca {
+        Some(ca) => format!("curl --cacert {}", ca.display()),
+        None => "curl".to_owned(),
+    };
     println!("better-compute dev: call the API with one of these headers");
     println!("  platform administrator (ops@platform): Authorization: Bearer {root}");
     println!("  demo customer (alice@{DEMO_TENANT}):        Authorization: Bearer {demo}");
+    if let Some(ca) = ca {
+        println!("the API speaks TLS with a certificate of dev's own CA, {}: trust that file", ca.display());
+    }
     println!("for example:");
-    println!("  curl -H 'Authorization: Bearer {demo}' {base}/v1/pools");
+    println!("  {curl} -H 'Authorization: Bearer {demo}' {base}/v1/pools");
     println!(
-        "  curl -H 'Authorization: Bearer {demo}' -H 'Idempotency-Key: first' -H 'Content-Type: application/json' \\\n       -d '{{\"poolId\": \"<id from /v1/pools>\", \"devices\": {{\"class\": \"gpu\", \"count\": 2}}, \"duration\": 3600}}' {base}/v1/reservations"
+        "  {curl} -H 'Authorization: Bearer {demo}' -H 'Idempotency-Key: first' -H 'Content-Type: application/json' \\\n       -d '{{\"poolId\": \"<id from /v1/pools>\", \"devices\": {{\"class\": \"gpu\", \"count\": 2}}, \"duration\": 3600}}' {base}/v1/reservations"
     );
-    println!("  curl -N -H 'Authorization: Bearer {demo}' {base}/v1/events");
+    println!("  {curl} -N -H 'Authorization: Bearer {demo}' {base}/v1/events");
+}
+
+/// How `dev` listens.
+#[derive(Debug, Clone)]
+pub enum DevTransport {
+    /// TLS with the PKI bundle in this folder, made on the first start.
+    Tls { pki_dir: PathBuf },
+    /// Plain HTTP (`--insecure-http`).
+    InsecureHttp,
+}
+
+impl DevTransport {
+    /// The transport and, for TLS, the CA certificate's file and its PEM text.
+    fn prepare(&self, listen: std::net::SocketAddr) -> anyhow::Result<(service::Transport, Option<(PathBuf, String)>)> {
+        match self {
+            DevTransport::InsecureHttp => Ok((service::Transport::InsecureHttp, None)),
+            DevTransport::Tls { pki_dir } => {
+                let mut options = bc_pki::InitOptions::default();
+                if !listen.ip().is_unspecified() && !listen.ip().is_loopback() {
+                    options.server_names.push(listen.ip().to_string());
+                }
+                let made = !bc_pki::Bundle::exists(pki_dir);
+                let bundle = bc_pki::Bundle::load_or_init(pki_dir, &options)?;
+                if made {
+                    tracing::info!(path = %pki_dir.display(), ca = %bundle.ca_fingerprint(), "made the PKI bundle");
+                }
+                let transport = service::Transport::tls(&bundle, None)?;
+                Ok((transport, Some((pki_dir.join("ca.crt"), bundle.ca_pem().to_owned()))))
+            }
+        }
+    }
 }
 
 /// What `dev` needs.
@@ -322,6 +365,7 @@ pub struct DevConfig {
     pub db: DbConfig,
     /// Where the embedded database's PostgreSQL binaries are.
     pub pg: PgSearch,
+    pub transport: DevTransport,
 }
 
 /// Locks `data_dir/dev.lock` for as long as `dev` runs, so that a second `dev` on the same folder refuses to
@@ -358,8 +402,9 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
     if let Some(url) = &config.database_url {
         let db = Db::connect_lazy(url, &config.db)?;
         service::prepare(&db, config.migrate).await?;
-        let listener = service::bind(config.listen).await?;
-        print_welcome(listener.local_addr()?, &root_token, &demo_token);
+        let (transport, ca) = config.transport.prepare(config.listen)?;
+        let listener = service::bind(config.listen, &transport).await?;
+        print_welcome(&listener.url()?, ca.as_ref().map(|(path, _)| path.as_path()), &root_token, &demo_token);
         return service::serve_on(db, auth, listener, shutdown).await;
     }
 
@@ -376,8 +421,13 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
             embedded.cluster.root().display(),
             embedded.cluster.socket_dir().display(),
         );
-        let listener = service::bind(config.listen).await?;
-        let address = listener.local_addr()?;
+        let (transport, ca) = config.transport.prepare(config.listen)?;
+        let listener = service::bind(config.listen, &transport).await?;
+        let base = listener.url()?;
+        let trust = match &ca {
+            Some((_, pem)) => bc_agent::run::ServerTrust::PinnedCa(pem.clone()),
+            None => bc_agent::run::ServerTrust::InsecureHttp,
+        };
         let (agents_up, agents_ready) = tokio::sync::oneshot::channel::<DemoAgents>();
         let signal = async move {
             shutdown.await;
@@ -387,10 +437,12 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
             }
         };
         let serving = tokio::spawn(service::serve_on(db.clone(), auth, listener, signal));
-        let agents = start_demo_agents(&db, &format!("http://{address}"), &config.data_dir).await?;
+        // The agents reach the API by loopback, a name the certificate holds, whatever address it listens on.
+        let agents_base = base.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]");
+        let agents = start_demo_agents(&db, &agents_base, &trust, &config.data_dir).await?;
         await_demo_nodes(&db).await?;
         let _ = agents_up.send(agents);
-        print_welcome(address, &root_token, &demo_token);
+        print_welcome(&base, ca.as_ref().map(|(path, _)| path.as_path()), &root_token, &demo_token);
         let served = serving.await.context("the server task")?;
         db.close().await;
         served

@@ -10,4 +10,5 @@ pub mod http;
 pub mod metrics;
 pub mod ops;
 pub mod service;
+pub mod tls;
 pub mod wire;

@@ -48,6 +48,72 @@ enum Command {
     /// Read the event log: follow it, show a stream's history, replay state at a past position.
     #[command(subcommand)]
     Events(EventsCommand),
+    /// The control plane's PKI bundle: its CA, server certificate and sealing key.
+    #[command(subcommand)]
+    Pki(PkiCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum PkiCommand {
+    /// Make a new bundle (refused where one exists: a new CA makes every node join again).
+    Init {
+        /// The bundle's folder.
+        #[arg(long, env = "BETTER_COMPUTE_PKI_DIR")]
+        dir: PathBuf,
+        /// A DNS name or IP address the server certificate is valid for (repeat for each; default localhost,
+        /// 127.0.0.1 and ::1).
+        #[arg(long = "name")]
+        names: Vec<String>,
+    },
+    /// Show the bundle: the CA's fingerprint (what `bcd` pins) and the server certificate's names and expiry.
+    Show {
+        #[arg(long, env = "BETTER_COMPUTE_PKI_DIR")]
+        dir: PathBuf,
+    },
+    /// Issue a new server certificate for these names (the CA and the nodes' certificates stay valid).
+    ServerCertificate {
+        #[arg(long, env = "BETTER_COMPUTE_PKI_DIR")]
+        dir: PathBuf,
+        #[arg(long = "name", required = true)]
+        names: Vec<String>,
+    },
+}
+
+/// How `serve` and `dev` listen.
+#[derive(Debug, Args)]
+struct TransportArgs {
+    /// The PKI bundle's folder (made by `better-compute pki init`): the API speaks TLS with its server
+    /// certificate, and verifies node certificates against its CA.
+    #[arg(long, env = "BETTER_COMPUTE_PKI_DIR")]
+    pki_dir: Option<PathBuf>,
+
+    /// Present this certificate chain (PEM) instead of the bundle's server certificate; needs --tls-key.
+    #[arg(long, env = "BETTER_COMPUTE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The key of --tls-cert (PEM).
+    #[arg(long, env = "BETTER_COMPUTE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// Serve plain HTTP, for a proxy in front that terminates TLS. Node certificates are not checked then.
+    #[arg(long, conflicts_with_all = ["pki_dir", "tls_cert", "tls_key"])]
+    insecure_http: bool,
+}
+
+impl TransportArgs {
+    fn transport(&self) -> anyhow::Result<service::Transport> {
+        if self.insecure_http {
+            return Ok(service::Transport::InsecureHttp);
+        }
+        let Some(dir) = &self.pki_dir else {
+            anyhow::bail!(
+                "serve needs TLS: give --pki-dir (make a bundle with `better-compute pki init --dir DIR`), or \
+                 --insecure-http behind a proxy that terminates TLS"
+            );
+        };
+        let certificate = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+        service::Transport::from_bundle(dir, certificate)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -180,6 +246,9 @@ struct ServeArgs {
     lease_renew_ms: Option<u64>,
 
     #[command(flatten)]
+    transport: TransportArgs,
+
+    #[command(flatten)]
     database: DatabaseArgs,
 }
 
@@ -223,6 +292,14 @@ struct DevArgs {
     #[arg(long, env = "BETTER_COMPUTE_AUTH_CONFIG")]
     auth_config: Option<PathBuf>,
 
+    /// The PKI bundle's folder (default: pki in the data folder, made on the first start).
+    #[arg(long, env = "BETTER_COMPUTE_PKI_DIR")]
+    pki_dir: Option<PathBuf>,
+
+    /// Serve plain HTTP instead of TLS.
+    #[arg(long, conflicts_with = "pki_dir")]
+    insecure_http: bool,
+
     #[command(flatten)]
     database: DatabaseArgs,
 }
@@ -251,9 +328,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let shutdown = service::shutdown_signal();
             let options = args.options()?;
             let auth = service::load_authorizer(&args.auth_config)?;
+            let transport = args.transport.transport()?;
             let db = Db::connect_lazy(args.database.required_url()?, &args.database.config())?;
             service::prepare(&db, migrate_on_start(args.no_migrate)).await?;
-            let listener = service::bind(args.listen).await?;
+            let listener = service::bind(args.listen, &transport).await?;
             service::serve_with(db, auth, listener, options, shutdown).await
         }
         Command::Doctor { threshold_secs, database } => {
@@ -306,6 +384,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 bc_api::ops::events_replay(&connect(&database)?, until, target).await
             }
         },
+        Command::Pki(command) => pki(command),
         Command::Dev(args) => {
             let data_dir = match args.data_dir {
                 Some(dir) => dir,
@@ -316,12 +395,55 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 listen: args.listen,
                 auth_config: args.auth_config,
                 database_url: args.database.database_url.clone().filter(|url| !url.is_empty()),
-                data_dir,
                 migrate: migrate_on_start(args.no_migrate),
                 db: args.database.config(),
                 pg: bc_eventstore::cluster::PgSearch::from_env(),
+                transport: if args.insecure_http {
+                    dev::DevTransport::InsecureHttp
+                } else {
+                    dev::DevTransport::Tls { pki_dir: args.pki_dir.unwrap_or_else(|| data_dir.join("pki")) }
+                },
+                data_dir,
             })
             .await
+        }
+    }
+}
+
+fn pki(command: PkiCommand) -> anyhow::Result<()> {
+    match command {
+        PkiCommand::Init { dir, names } => {
+            let mut options = bc_pki::InitOptions::default();
+            if !names.is_empty() {
+                options.server_names = names;
+            }
+            let bundle = bc_pki::Bundle::init(&dir, &options)?;
+            println!("made the PKI bundle in {}", dir.display());
+            println!("  CA certificate: {} (sha256 {})", dir.join("ca.crt").display(), bundle.ca_fingerprint());
+            println!("  server certificate for: {}", options.server_names.join(", "));
+            println!("back this folder up with the database: a new bundle makes every node join again");
+            Ok(())
+        }
+        PkiCommand::Show { dir } => {
+            let bundle = bc_pki::Bundle::load(&dir)?;
+            let (server, _) = bundle.server_certificate();
+            let (ca_from, ca_until) = bc_pki::certificate_validity(bundle.ca_pem())?;
+            let (_, server_until) = bc_pki::certificate_validity(server)?;
+            println!("PKI bundle in {}", dir.display());
+            println!("  CA sha256 {}", bundle.ca_fingerprint());
+            println!("  CA valid from {} until {}", bc_pki::date(ca_from), bc_pki::date(ca_until));
+            println!("  server certificate valid until {}", bc_pki::date(server_until));
+            Ok(())
+        }
+        PkiCommand::ServerCertificate { dir, names } => {
+            let mut bundle = bc_pki::Bundle::load(&dir)?;
+            bundle.reissue_server_certificate(&names)?;
+            println!(
+                "issued a new server certificate for {} in {}; restart serve to use it",
+                names.join(", "),
+                dir.display()
+            );
+            Ok(())
         }
     }
 }

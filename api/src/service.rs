@@ -14,6 +14,8 @@ use bc_eventstore::shards::{ShardConfig, ShardKeeper};
 use bc_eventstore::{Db, events};
 use tokio::net::TcpListener;
 
+use crate::tls::{Bound, Peer, TlsListener};
+
 use bc_projections::framework::{self, DaemonConfig};
 use bc_projections::models;
 
@@ -68,14 +70,50 @@ pub async fn prepare(db: &Db, migrate_on_start: MigrateOnStart) -> anyhow::Resul
     Ok(())
 }
 
+/// How `serve` and `dev` listen.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// TLS with this configuration (the bundle's server certificate, or the operator's).
+    Tls(Arc<rustls::ServerConfig>),
+    /// Plain HTTP, asked for explicitly (`--insecure-http`), for a proxy that terminates TLS in front.
+    InsecureHttp,
+}
+
+impl Transport {
+    /// TLS from the PKI bundle in `pki_dir`, presenting `certificate` (a PEM chain file and its key file)
+    /// instead of the bundle's server certificate when given.
+    pub fn from_bundle(pki_dir: &Path, certificate: Option<(&Path, &Path)>) -> anyhow::Result<Transport> {
+        let bundle = bc_pki::Bundle::load(pki_dir)?;
+        Transport::tls(&bundle, certificate)
+    }
+
+    /// TLS from a loaded bundle.
+    pub fn tls(bundle: &bc_pki::Bundle, certificate: Option<(&Path, &Path)>) -> anyhow::Result<Transport> {
+        let texts = match certificate {
+            Some((chain, key)) => Some((
+                std::fs::read_to_string(chain)
+                    .with_context(|| format!("read the TLS certificate {}", chain.display()))?,
+                std::fs::read_to_string(key).with_context(|| format!("read the TLS key {}", key.display()))?,
+            )),
+            None => None,
+        };
+        let config = bc_pki::tls::server_config(bundle, texts.as_ref().map(|(c, k)| (c.as_str(), k.as_str())))?;
+        Ok(Transport::Tls(config))
+    }
+}
+
 /// Binds `listen` (port 0 picks a free port) and says where the API is, on standard output, so that scripts
 /// and tests can find it.
-pub async fn bind(listen: SocketAddr) -> anyhow::Result<TcpListener> {
+pub async fn bind(listen: SocketAddr, transport: &Transport) -> anyhow::Result<Bound> {
     let listener = TcpListener::bind(listen).await.with_context(|| format!("listen on {listen}"))?;
-    let local = listener.local_addr().context("read the listening address")?;
-    tracing::info!(address = %local, "serving the API");
-    println!("better-compute: serving http://{local}");
-    Ok(listener)
+    let bound = match transport {
+        Transport::Tls(config) => Bound::Tls(TlsListener::new(listener, Arc::clone(config))?),
+        Transport::InsecureHttp => Bound::Plain(listener),
+    };
+    let url = bound.url().context("read the listening address")?;
+    tracing::info!(address = %url, "serving the API");
+    println!("better-compute: serving {url}");
+    Ok(bound)
 }
 
 /// What a `serve` process runs.
@@ -134,7 +172,7 @@ impl Default for ServeOptions {
 pub async fn serve_on(
     db: Db,
     auth: Arc<dyn Authorizer>,
-    listener: TcpListener,
+    listener: impl Into<Bound>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     serve_with(db, auth, listener, ServeOptions::default(), shutdown).await
@@ -146,7 +184,7 @@ pub async fn serve_on(
 pub async fn serve_with(
     db: Db,
     auth: Arc<dyn Authorizer>,
-    listener: TcpListener,
+    listener: impl Into<Bound>,
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -185,7 +223,12 @@ pub async fn serve_with(
         shutdown.await;
         hub.close();
     };
-    let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await.context("serve HTTP");
+    let app = router.into_make_service_with_connect_info::<Peer>();
+    let served = match listener.into() {
+        Bound::Plain(listener) => axum::serve(listener, app).with_graceful_shutdown(shutdown).await,
+        Bound::Tls(listener) => axum::serve(listener, app).with_graceful_shutdown(shutdown).await,
+    }
+    .context("serve HTTP");
     let _ = stop_background.send(true);
     for task in background {
         task.await.context("stop the background work")?;

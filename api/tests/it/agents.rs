@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bc_agent::run::{AgentConfig, InventorySource};
+use bc_agent::run::{AgentConfig, InventorySource, ServerTrust};
 use bc_agent::{cdi, simulate};
 use bc_api::http::{AppState, router};
+use bc_api::tls::{Peer, TlsListener};
 use bc_commands::App;
 use bc_commands::agents::LivenessConfig;
 use bc_commands::auth::BuiltinAuthorizer;
@@ -72,6 +73,8 @@ struct Cluster {
     base: String,
     pool: PoolId,
     http: reqwest::Client,
+    /// The CA the agents pin.
+    ca: String,
     root: tempdir::Dir,
     shutdown: watch::Sender<bool>,
 }
@@ -108,12 +111,17 @@ impl Cluster {
         let mut state = AppState::new(App::new(t.db.clone()).with_authorizer(auth)).expect("state");
         state.app.liveness = LivenessConfig { lease: Duration::from_secs(2), heartbeat: Duration::from_millis(150) };
         let app: App = state.app.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        // Through TLS, as in production: the server presents the bundle's certificate, clients pin its CA.
+        let root = tempdir::Dir::new(name);
+        let bundle = bc_pki::Bundle::init(&root.path().join("pki"), &bc_pki::InitOptions::default()).expect("pki");
+        let ca = bundle.ca_pem().to_owned();
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = TlsListener::new(tcp, bc_pki::tls::server_config(&bundle, None).expect("tls")).expect("tls");
+        let base = format!("https://{}", listener.address());
         let (shutdown, mut stopped) = watch::channel(false);
         let mut serving = shutdown.subscribe();
         tokio::spawn(async move {
-            axum::serve(listener, router(state))
+            axum::serve(listener, router(state).into_make_service_with_connect_info::<Peer>())
                 .with_graceful_shutdown(async move {
                     let _ = serving.changed().await;
                 })
@@ -158,7 +166,11 @@ impl Cluster {
             .await
             .expect("pool")
             .value;
-        Cluster { t, base, pool, http: reqwest::Client::new(), root: tempdir::Dir::new(name), shutdown }
+        let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(bc_pki::tls::client_config(&ca, None).expect("client tls"))
+            .build()
+            .expect("client");
+        Cluster { t, base, pool, http, ca, root, shutdown }
     }
 
     /// Starts the agents of three machines and waits until their nodes are adopted, connected and schedulable.
@@ -219,6 +231,7 @@ impl Cluster {
     ) -> RunningAgent {
         let config = AgentConfig {
             server: self.base.clone(),
+            trust: ServerTrust::PinnedCa(self.ca.clone()),
             join_token,
             state_dir: state_dir.clone(),
             cdi_dir: cdi_dir.clone(),

@@ -92,6 +92,8 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_schema() {
                 .current_dir(&scratch)
                 .args(["run", &schema])
                 .args(["--header", &format!("Authorization: Bearer {bearer}")])
+                .arg("--tls-verify")
+                .arg(&server.ca_file)
                 .args(CHECKS)
                 .args(filter)
                 .args(["--max-time", &seconds, "--seed", &seed.to_string()])

@@ -14,16 +14,48 @@ use bc_eventstore::{TxOptions, sql};
 const BINARY: &str = env!("CARGO_BIN_EXE_better-compute");
 const WAIT: Duration = Duration::from_secs(120);
 
+/// The binary with `args`; a `serve` presents the tests' PKI bundle ([`test_pki`]).
 pub(crate) fn command(args: &[&str]) -> Command {
     let mut command = Command::new(BINARY);
-    command.args(args).env_remove("BETTER_COMPUTE_DATABASE_URL").env("BETTER_COMPUTE_LOG", "warn");
     command
+        .args(args)
+        .env_remove("BETTER_COMPUTE_DATABASE_URL")
+        .env_remove("BETTER_COMPUTE_PKI_DIR")
+        .env("BETTER_COMPUTE_LOG", "warn");
+    if args.first() == Some(&"serve") {
+        command.env("BETTER_COMPUTE_PKI_DIR", test_pki());
+    }
+    command
+}
+
+/// The PKI bundle every `serve` of these tests presents, made once per test process.
+pub(crate) fn test_pki() -> &'static Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("bc-it-pki-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        bc_pki::Bundle::init(&dir, &bc_pki::InitOptions::default()).expect("the tests' PKI bundle");
+        dir
+    })
+}
+
+/// An HTTPS client trusting only the CA in `ca_file`.
+pub(crate) fn https_trusting(ca_file: &Path) -> reqwest::ClientBuilder {
+    let ca = std::fs::read_to_string(ca_file).expect("the CA certificate");
+    reqwest::Client::builder().tls_backend_preconfigured(bc_pki::tls::client_config(&ca, None).expect("client TLS"))
+}
+
+/// An HTTPS client trusting only the tests' CA.
+pub(crate) fn https() -> reqwest::ClientBuilder {
+    https_trusting(&test_pki().join("ca.crt"))
 }
 
 /// A running server process, killed on drop if a test fails half-way.
 pub(crate) struct Server {
     child: Child,
     pub(crate) base_url: String,
+    /// The CA certificate its TLS certificate chains to.
+    pub(crate) ca_file: std::path::PathBuf,
     /// Its later standard output lines (kept open, so the process can go on writing).
     lines: mpsc::Receiver<String>,
 }
@@ -47,7 +79,8 @@ impl Server {
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 .unwrap_or_else(|_| panic!("the server never said where it serves: {:?}", child.try_wait()));
             if let Some(url) = line.strip_prefix("better-compute: serving ") {
-                return Server { child, base_url: url.trim().to_owned(), lines: received };
+                let ca_file = test_pki().join("ca.crt");
+                return Server { child, base_url: url.trim().to_owned(), ca_file, lines: received };
             }
         }
     }
@@ -64,6 +97,11 @@ impl Server {
                 return line;
             }
         }
+    }
+
+    /// A client trusting the server's CA.
+    pub(crate) fn client(&self) -> reqwest::Client {
+        https_trusting(&self.ca_file).build().expect("client")
     }
 
     pub(crate) fn signal(&self, name: &str) {
@@ -91,7 +129,7 @@ impl Drop for Server {
 }
 
 async fn healthz(server: &Server) -> (u16, serde_json::Value) {
-    let response = reqwest::get(format!("{}/v1/healthz", server.base_url)).await.expect("request");
+    let response = server.client().get(format!("{}/v1/healthz", server.base_url)).send().await.expect("request");
     let status = response.status().as_u16();
     (status, response.json().await.expect("json"))
 }
@@ -122,6 +160,53 @@ fn serve_without_a_database_url_says_what_is_missing() {
     assert!(!output.status.success());
     let text = String::from_utf8_lossy(&output.stderr);
     assert!(text.contains("BETTER_COMPUTE_DATABASE_URL"), "{text}");
+}
+
+#[test]
+fn serve_without_a_pki_bundle_or_insecure_http_refuses_to_serve_in_the_clear() {
+    let auth = auth_file("serve-no-tls", crate::http_api::AUTH);
+    let url = "postgres://nobody@127.0.0.1:1/nothing";
+    let mut plain = command(&["serve", "--listen", "127.0.0.1:0", "--auth-config"]);
+    plain.arg(&auth).env("BETTER_COMPUTE_DATABASE_URL", url).env_remove("BETTER_COMPUTE_PKI_DIR");
+    let output = plain.output().expect("run");
+    assert!(!output.status.success());
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(text.contains("--pki-dir") && text.contains("--insecure-http"), "{text}");
+    // A folder without a bundle: the refusal says how to make one or restore it.
+    let empty = testing::server().scratch_dir("no-bundle");
+    let mut missing = command(&["serve", "--listen", "127.0.0.1:0", "--auth-config"]);
+    missing.arg(&auth).env("BETTER_COMPUTE_DATABASE_URL", url).env("BETTER_COMPUTE_PKI_DIR", &empty);
+    let output = missing.output().expect("run");
+    assert!(!output.status.success());
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(text.contains("no PKI bundle") && text.contains("pki init") && text.contains("restore"), "{text}");
+}
+
+#[test]
+fn pki_init_makes_a_bundle_once_and_show_prints_the_ca_fingerprint() {
+    let dir = testing::server().scratch_dir("pki-cli").join("bundle");
+    let _ = std::fs::remove_dir_all(&dir);
+    let init = |names: &[&str]| {
+        let mut c = command(&["pki", "init", "--dir"]);
+        c.arg(&dir);
+        for name in names {
+            c.args(["--name", name]);
+        }
+        c.output().expect("pki init")
+    };
+    let made = init(&["control.example", "10.0.0.5"]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let bundle = bc_pki::Bundle::load(&dir).expect("the bundle it made");
+    let text = String::from_utf8_lossy(&made.stdout);
+    assert!(text.contains(&bundle.ca_fingerprint()) && text.contains("control.example, 10.0.0.5"), "{text}");
+    let again = init(&[]);
+    assert!(!again.status.success(), "a second init must refuse");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    assert_eq!(bc_pki::Bundle::load(&dir).expect("still there").ca_fingerprint(), bundle.ca_fingerprint());
+    let show = command(&["pki", "show", "--dir"]).arg(&dir).output().expect("pki show");
+    assert!(show.status.success());
+    assert!(String::from_utf8_lossy(&show.stdout).contains(&bundle.ca_fingerprint()));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -164,7 +249,9 @@ async fn migrate_then_serve_answers_healthz_and_stops_on_sigterm() {
     let (status, body) = healthz(&server).await;
     assert_eq!(status, 200, "{body}");
     // An open event stream does not hold the shutdown: it ends with where to resume and when to reconnect.
-    let mut stream = reqwest::Client::new()
+    assert!(server.base_url.starts_with("https://"), "serve speaks TLS: {}", server.base_url);
+    let mut stream = server
+        .client()
         .get(format!("{}/v1/events", server.base_url))
         .bearer_auth(crate::http_api::ROOT)
         .send()
@@ -198,12 +285,8 @@ async fn list_until(
 ) -> Vec<serde_json::Value> {
     let deadline = Instant::now() + WAIT;
     loop {
-        let response = reqwest::Client::new()
-            .get(format!("{}{path}", server.base_url))
-            .bearer_auth(token)
-            .send()
-            .await
-            .expect("request");
+        let response =
+            server.client().get(format!("{}{path}", server.base_url)).bearer_auth(token).send().await.expect("request");
         assert_eq!(response.status().as_u16(), 200);
         let listed: serde_json::Value = response.json().await.expect("json");
         let mut items = listed["items"].as_array().cloned().unwrap_or_default();
@@ -233,6 +316,9 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     };
 
     let mut first = Server::start(dev());
+    // dev made its own PKI bundle in its data folder, and speaks TLS with it.
+    first.ca_file = data_dir.join("pki").join("ca.crt");
+    assert!(first.base_url.starts_with("https://"), "{}", first.base_url);
     let (status, body) = healthz(&first).await;
     assert_eq!(status, 200, "{body}");
     // It prints ready-to-use tokens; the demo customer sees the two demo pools offered to it.
@@ -265,7 +351,10 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     assert!(!dev_cluster(&data_dir).is_running(), "Ctrl-C stops the embedded cluster too");
 
     // A second start reuses the cluster and its data: the machines come back as the same nodes.
+    let ca_before = std::fs::read(data_dir.join("pki").join("ca.crt")).expect("the CA");
     let mut second = Server::start(dev());
+    second.ca_file = data_dir.join("pki").join("ca.crt");
+    assert_eq!(std::fs::read(&second.ca_file).expect("the CA"), ca_before, "a restart keeps the bundle");
     let (status, _) = healthz(&second).await;
     assert_eq!(status, 200);
     second.line_containing("curl");
@@ -310,7 +399,8 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
 
 /// A call to the server as the platform: its status and error code.
 async fn call(server: &Server, method: reqwest::Method, path: &str, body: Option<serde_json::Value>) -> (u16, String) {
-    let mut request = reqwest::Client::new()
+    let mut request = server
+        .client()
         .request(method, format!("{}{path}", server.base_url))
         .bearer_auth(crate::http_api::ROOT)
         .header("idempotency-key", bc_domain::id::new_id("k"));
@@ -401,7 +491,7 @@ async fn a_backup_restored_into_a_younger_cluster_serves_new_events_to_read_mode
         c.arg(auth_file("restored", crate::http_api::AUTH)).env("BETTER_COMPUTE_DATABASE_URL", &url);
         c
     });
-    let client = reqwest::Client::new();
+    let client = serve.client();
     // A stream resumed from the position handed out before the restore gets exactly what comes after it.
     let mut stream = client
         .get(format!("{}/v1/events?types=reservation.*", serve.base_url))
@@ -533,7 +623,7 @@ async fn the_server_killed_under_load_loses_no_acknowledged_command_and_streams_
     for c in 0..4 {
         let (base, answered, pool) = (base.clone(), answered.clone(), pool.to_string());
         clients.push(tokio::spawn(async move {
-            let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
+            let http = https().timeout(Duration::from_secs(10)).build().expect("client");
             for i in 0..30 {
                 let key = format!("c{c}-{i}");
                 loop {
@@ -564,7 +654,7 @@ async fn the_server_killed_under_load_loses_no_acknowledged_command_and_streams_
     let subscriber = {
         let (base, received, done, start) = (base.clone(), received.clone(), done.clone(), start.clone());
         tokio::spawn(async move {
-            let http = reqwest::Client::new();
+            let http = https().build().expect("client");
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
                 let last = received.lock().expect("received").last().cloned().unwrap_or_else(|| start.clone());
                 let Ok(mut response) = http

@@ -99,7 +99,7 @@ async fn a_killed_process_has_its_shards_taken_over_and_nothing_is_lost_or_done_
         let (urls, done, answered, errors, pool) =
             (urls.clone(), done.clone(), answered.clone(), errors.clone(), pool.to_string());
         clients.push(tokio::spawn(async move {
-            let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("client");
+            let http = crate::process::https().timeout(Duration::from_secs(10)).build().expect("client");
             let mut i = 0;
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
                 let body =

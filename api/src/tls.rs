@@ -1,0 +1,158 @@
+//! Serving over TLS: a listener that completes each handshake in its own task (a slow or hostile client never
+//! holds up the others) and hands axum finished streams, with the client certificate the handshake verified.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::connect_info::Connected;
+use axum::serve::{IncomingStream, Listener};
+use bc_pki::PeerCertificate;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// How long a client may take to finish its handshake.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// Who is at the other end of a connection: its address, and the certificate it presented (already verified
+/// against the bundle's CA) when it presented one. Requests carry it as `ConnectInfo<Peer>`.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub certificate: Option<PeerCertificate>,
+    /// Whether the connection is TLS: node routes require a node certificate only then.
+    pub tls: bool,
+}
+
+/// A TCP listener whose connections are TLS.
+pub struct TlsListener {
+    local: SocketAddr,
+    ready: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for TlsListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsListener").field("local", &self.local).finish_non_exhaustive()
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+impl TlsListener {
+    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> io::Result<TlsListener> {
+        let local = tcp.local_addr()?;
+        let (send, ready) = mpsc::channel(64);
+        let acceptor = TlsAcceptor::from(config);
+        let accepting = tokio::spawn(async move {
+            loop {
+                let (stream, addr) = match tcp.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        // Out of file descriptors and the like: wait a little rather than spin.
+                        tracing::warn!(error = %err, "cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let acceptor = acceptor.clone();
+                let send = send.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let certificate = tls
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|chain| chain.first())
+                                .and_then(|der| PeerCertificate::parse(der).ok());
+                            let _ = send.send((tls, Peer { addr, certificate, tls: true })).await;
+                        }
+                        Ok(Err(err)) => tracing::debug!(%addr, error = %err, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener { local, ready, accepting })
+    }
+
+    /// The address it listens on.
+    pub fn address(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+impl Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = Peer;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(ready) => ready,
+            // The accepting task only ends when the listener is dropped.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(Peer { addr: self.local, certificate: None, tls: true })
+    }
+}
+
+impl Connected<IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+        stream.remote_addr().clone()
+    }
+}
+
+impl Connected<IncomingStream<'_, TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
+        Peer { addr: *stream.remote_addr(), certificate: None, tls: false }
+    }
+}
+
+/// A bound listener, plain or TLS.
+#[derive(Debug)]
+pub enum Bound {
+    /// Plain HTTP: only behind a proxy that terminates TLS (`--insecure-http`), and in tests of the HTTP layer.
+    Plain(TcpListener),
+    Tls(TlsListener),
+}
+
+impl Bound {
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            Bound::Plain(listener) => listener.local_addr(),
+            Bound::Tls(listener) => Ok(listener.address()),
+        }
+    }
+
+    /// The API's base URL on this listener.
+    pub fn url(&self) -> io::Result<String> {
+        let scheme = match self {
+            Bound::Plain(_) => "http",
+            Bound::Tls(_) => "https",
+        };
+        Ok(format!("{scheme}://{}", self.local_addr()?))
+    }
+}
+
+impl From<TcpListener> for Bound {
+    fn from(listener: TcpListener) -> Self {
+        Bound::Plain(listener)
+    }
+}
+
+impl From<TlsListener> for Bound {
+    fn from(listener: TlsListener) -> Self {
+        Bound::Tls(listener)
+    }
+}
