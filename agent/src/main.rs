@@ -69,6 +69,7 @@ fn source(simulate: Option<simulate::Simulated>, hostname: Option<String>) -> In
 }
 
 fn main() -> anyhow::Result<()> {
+    bc_pki::tls::install_default_provider();
     match Cli::parse().command {
         Command::Version => {
             println!("bcd {}", bc_agent::VERSION);

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use bc_domain::agent::{
-    Ack, AgentCommand, CommandKind, Commands, Heartbeat, HeartbeatReply, InventoryAccepted, JoinRequest, Joined,
-    Session, SessionRequest,
+    Ack, AgentCommand, CertificateRequest, CommandKind, Commands, Heartbeat, HeartbeatReply, InventoryAccepted,
+    JoinRequest, Joined, NodeCertificate, Session, SessionRequest,
 };
 use bc_domain::id::NodeId;
 use bc_domain::inventory::{NodeInventory, SectionHashes};
@@ -110,9 +110,42 @@ fn load(dir: &Path) -> anyhow::Result<Option<Saved>> {
 }
 
 fn save(dir: &Path, saved: &Saved) -> anyhow::Result<()> {
+    write_private(dir, "credential.json", &serde_json::to_vec_pretty(saved)?)
+}
+
+/// The node's certificate and its key, as saved in the state folder (`node.crt`, `node.key`).
+#[derive(Debug, Clone)]
+struct Identity {
+    cert_pem: String,
+    key_pem: String,
+    peer: bc_pki::PeerCertificate,
+}
+
+fn load_identity(dir: &Path) -> anyhow::Result<Option<Identity>> {
+    let read = |name: &str| match std::fs::read_to_string(dir.join(name)) {
+        Ok(text) => Ok(Some(text)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err).with_context(|| format!("read {name}")),
+    };
+    let (Some(cert_pem), Some(key_pem)) = (read("node.crt")?, read("node.key")?) else { return Ok(None) };
+    let peer = bc_pki::PeerCertificate::parse_pem(&cert_pem).context("node.crt is unreadable")?;
+    Ok(Some(Identity { cert_pem, key_pem, peer }))
+}
+
+/// Saves the key first: a crash between the two leaves a certificate that does not match, which the next
+/// start replaces, never a certificate without its key.
+fn save_identity(dir: &Path, cert_pem: &str, key_pem: &str) -> anyhow::Result<Identity> {
+    let peer = bc_pki::PeerCertificate::parse_pem(cert_pem).context("the certificate the control plane answered")?;
+    write_private(dir, "node.key", key_pem.as_bytes())?;
+    write_private(dir, "node.crt", cert_pem.as_bytes())?;
+    Ok(Identity { cert_pem: cert_pem.to_owned(), key_pem: key_pem.to_owned(), peer })
+}
+
+/// Writes `bytes` to `dir/name`, readable by its owner only, through a temporary file and a rename.
+fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    let path = credential_path(dir);
-    let temporary = dir.join(".credential.json.tmp");
+    let path = dir.join(name);
+    let temporary = dir.join(format!(".{name}.tmp"));
     {
         use std::io::Write as _;
         let mut options = std::fs::OpenOptions::new();
@@ -120,7 +153,7 @@ fn save(dir: &Path, saved: &Saved) -> anyhow::Result<()> {
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         let mut file = options.open(&temporary).with_context(|| format!("write {}", temporary.display()))?;
-        file.write_all(&serde_json::to_vec_pretty(saved)?)?;
+        file.write_all(bytes)?;
         file.sync_all()?;
     }
     std::fs::rename(&temporary, &path).with_context(|| format!("write {}", path.display()))?;
@@ -141,29 +174,25 @@ pub struct ApiError {
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    trust: ServerTrust,
     credential: Option<String>,
 }
 
 impl Client {
     pub fn new(base: &str, trust: &ServerTrust) -> anyhow::Result<Client> {
-        let builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
-        let builder = match trust {
-            ServerTrust::PinnedCa(ca) => {
-                if !base.starts_with("https://") {
-                    bail!("the server {base:?} is not https://: a pinned CA needs TLS (or run with --insecure-http)");
-                }
-                let config = bc_pki::tls::client_config(ca, None).context("the pinned CA certificate")?;
-                builder.tls_backend_preconfigured(config)
-            }
-            ServerTrust::InsecureHttp => {
-                if !base.starts_with("http://") {
-                    bail!("--insecure-http talks plain HTTP, but the server {base:?} is not http://");
-                }
-                builder
-            }
-        };
-        let http = builder.build().context("build the HTTP client")?;
-        Ok(Client { http, base: base.trim_end_matches('/').to_owned(), credential: None })
+        let http = http_client(base, trust, None)?;
+        Ok(Client { http, base: base.trim_end_matches('/').to_owned(), trust: trust.clone(), credential: None })
+    }
+
+    /// The same client presenting the node's certificate (chain and key, PEM) to the control plane.
+    pub fn with_identity(&self, cert_pem: &str, key_pem: &str) -> anyhow::Result<Client> {
+        let http = http_client(&self.base, &self.trust, Some((cert_pem, key_pem)))?;
+        Ok(Client { http, ..self.clone() })
+    }
+
+    /// Whether the control plane is reached through TLS with a pinned CA (and so signs node certificates).
+    fn pins_ca(&self) -> bool {
+        matches!(self.trust, ServerTrust::PinnedCa(_))
     }
 
     /// The same client speaking with a node credential.
@@ -215,6 +244,10 @@ impl Client {
         answer["credential"].as_str().map(str::to_owned).context("the rotation answered no credential")
     }
 
+    pub async fn certificate(&self, request: &CertificateRequest) -> anyhow::Result<NodeCertificate> {
+        self.call(reqwest::Method::POST, "/v1/agent/certificate", Some(request)).await
+    }
+
     pub async fn heartbeat(&self, beat: &Heartbeat) -> anyhow::Result<HeartbeatReply> {
         self.call(reqwest::Method::POST, "/v1/agent/heartbeat", Some(beat)).await
     }
@@ -231,6 +264,27 @@ impl Client {
     pub async fn ack(&self, command: &AgentCommand, ack: &Ack) -> anyhow::Result<serde_json::Value> {
         self.call(reqwest::Method::POST, &format!("/v1/agent/commands/{}/ack", command.id), Some(ack)).await
     }
+}
+
+/// The HTTP client for `base`: TLS trusting only the pinned CA, presenting `identity` when given.
+fn http_client(base: &str, trust: &ServerTrust, identity: Option<(&str, &str)>) -> anyhow::Result<reqwest::Client> {
+    let builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
+    let builder = match trust {
+        ServerTrust::PinnedCa(ca) => {
+            if !base.starts_with("https://") {
+                bail!("the server {base:?} is not https://: a pinned CA needs TLS (or run with --insecure-http)");
+            }
+            let config = bc_pki::tls::client_config(ca, identity).context("the pinned CA or the node certificate")?;
+            builder.tls_backend_preconfigured(config)
+        }
+        ServerTrust::InsecureHttp => {
+            if !base.starts_with("http://") {
+                bail!("--insecure-http talks plain HTTP, but the server {base:?} is not http://");
+            }
+            builder.tls_backend_preconfigured(bc_pki::tls::plain_http_client_config()?)
+        }
+    };
+    builder.build().context("build the HTTP client")
 }
 
 /// The status of an error answer, if it was one.
@@ -253,10 +307,18 @@ struct State {
 /// Joins with the token (when no credential is saved) or opens a session with the saved credential.
 async fn connect(config: &AgentConfig, client: &Client) -> anyhow::Result<State> {
     if let Some(saved) = load(&config.state_dir)? {
-        let client = client.with_credential(&saved.credential);
+        let mut client = client.with_credential(&saved.credential);
+        // The saved certificate, unless it expired (the handshake would fail; the node asks for a new one).
+        if client.pins_ca()
+            && let Some(identity) = load_identity(&config.state_dir)?
+            && identity.peer.not_after > now_ms() / 1000 + 60
+        {
+            client = client.with_identity(&identity.cert_pem, &identity.key_pem)?;
+        }
         match client.open_session().await {
             Ok(session) => {
                 let client = rotate(config, client, &saved.node_id).await;
+                let client = renew_certificate(config, client, false).await;
                 return Ok(fresh(client, saved.node_id, session));
             }
             // The credential was revoked (the node deleted): join again if a token was given.
@@ -270,14 +332,54 @@ async fn connect(config: &AgentConfig, client: &Client) -> anyhow::Result<State>
         bail!("no credential in {} and no join token to join with", config.state_dir.display());
     };
     let document = config.inventory.read();
+    // Through TLS the node makes its key here and sends a request for its certificate with the join.
+    let key = if client.pins_ca() { Some(bc_pki::NodeKey::generate(&document.system.hostname)?) } else { None };
     let request = JoinRequest {
         join_token: token.clone(),
         agent_version: crate::VERSION.to_owned(),
         inventory: document.report(&SectionHashes::new()),
+        csr: key.as_ref().map(|key| key.csr_pem.clone()),
     };
     let joined = client.join(&request).await?;
     save(&config.state_dir, &Saved { node_id: joined.node_id.clone(), credential: joined.credential.clone() })?;
-    Ok(fresh(client.with_credential(&joined.credential), joined.node_id, joined.session))
+    let mut client = client.with_credential(&joined.credential);
+    if let (Some(key), Some(certificate)) = (&key, &joined.certificate) {
+        save_identity(&config.state_dir, certificate, &key.key_pem)?;
+        client = client.with_identity(certificate, &key.key_pem)?;
+    }
+    Ok(fresh(client, joined.node_id, joined.session))
+}
+
+/// Asks for the node's next certificate when it has none, when a third of its validity is left, or when
+/// `force`d, with a new key; saves it and answers a client presenting it. Keeps the current client when that
+/// fails (the current certificate keeps working until it expires).
+async fn renew_certificate(config: &AgentConfig, client: Client, force: bool) -> Client {
+    if !client.pins_ca() {
+        return client;
+    }
+    let renewed = async {
+        let current = load_identity(&config.state_dir)?;
+        let due = match &current {
+            Some(identity) => force || identity.peer.due_for_renewal(now_ms() / 1000),
+            None => true,
+        };
+        if !due {
+            return anyhow::Ok(None);
+        }
+        let hostname = config.inventory.read().system.hostname;
+        let key = bc_pki::NodeKey::generate(&hostname)?;
+        let issued = client.certificate(&CertificateRequest { csr: key.csr_pem.clone() }).await?;
+        save_identity(&config.state_dir, &issued.certificate, &key.key_pem)?;
+        Ok(Some(client.with_identity(&issued.certificate, &key.key_pem)?))
+    };
+    match renewed.await {
+        Ok(Some(renewed)) => renewed,
+        Ok(None) => client,
+        Err(err) => {
+            eprintln!("bcd: could not renew the node certificate (keeping the current one): {err:#}");
+            client
+        }
+    }
 }
 
 /// Rotates the credential at each start: the new secret is saved before it is used, and the old one keeps
@@ -371,6 +473,9 @@ impl State {
     }
 }
 
+/// How often, in heartbeats, the agent looks at its certificate's expiry.
+const CERTIFICATE_CHECK_EVERY: u32 = 20;
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
 }
@@ -433,6 +538,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 Err(err) => eprintln!("bcd: heartbeat failed: {err:#}"),
             }
             beats = beats.wrapping_add(1);
+            if beats.is_multiple_of(CERTIFICATE_CHECK_EVERY) {
+                state.client = renew_certificate(&config, state.client.clone(), false).await;
+            }
             if config.inventory_every > 0
                 && beats.is_multiple_of(config.inventory_every)
                 && let Err(err) = state.report_inventory(&config.inventory).await

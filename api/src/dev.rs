@@ -345,8 +345,9 @@ impl DevTransport {
                 if made {
                     tracing::info!(path = %pki_dir.display(), ca = %bundle.ca_fingerprint(), "made the PKI bundle");
                 }
-                let transport = service::Transport::tls(&bundle, None)?;
-                Ok((transport, Some((pki_dir.join("ca.crt"), bundle.ca_pem().to_owned()))))
+                let ca = bundle.ca_pem().to_owned();
+                let transport = service::Transport::tls(bundle, None)?;
+                Ok((transport, Some((pki_dir.join("ca.crt"), ca))))
             }
         }
     }
@@ -405,7 +406,8 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
         let (transport, ca) = config.transport.prepare(config.listen)?;
         let listener = service::bind(config.listen, &transport).await?;
         print_welcome(&listener.url()?, ca.as_ref().map(|(path, _)| path.as_path()), &root_token, &demo_token);
-        return service::serve_on(db, auth, listener, shutdown).await;
+        let options = service::ServeOptions { pki: transport.pki(), ..Default::default() };
+        return service::serve_with(db, auth, listener, options, shutdown).await;
     }
 
     let (data_dir, pg) = (config.data_dir.clone(), config.pg.clone());
@@ -436,7 +438,8 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
                 agents.stop().await;
             }
         };
-        let serving = tokio::spawn(service::serve_on(db.clone(), auth, listener, signal));
+        let options = service::ServeOptions { pki: transport.pki(), ..Default::default() };
+        let serving = tokio::spawn(service::serve_with(db.clone(), auth, listener, options, signal));
         // The agents reach the API by loopback, a name the certificate holds, whatever address it listens on.
         let agents_base = base.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]");
         let agents = start_demo_agents(&db, &agents_base, &trust, &config.data_dir).await?;

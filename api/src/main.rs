@@ -313,6 +313,7 @@ fn migrate_on_start(no_migrate: bool) -> MigrateOnStart {
 }
 
 fn main() -> anyhow::Result<()> {
+    bc_pki::tls::install_default_provider();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).context("parse --log")?)
@@ -326,9 +327,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => {
             let shutdown = service::shutdown_signal();
-            let options = args.options()?;
+            let mut options = args.options()?;
             let auth = service::load_authorizer(&args.auth_config)?;
             let transport = args.transport.transport()?;
+            options.pki = transport.pki();
             let db = Db::connect_lazy(args.database.required_url()?, &args.database.config())?;
             service::prepare(&db, migrate_on_start(args.no_migrate)).await?;
             let listener = service::bind(args.listen, &transport).await?;

@@ -70,11 +70,28 @@ pub async fn prepare(db: &Db, migrate_on_start: MigrateOnStart) -> anyhow::Resul
     Ok(())
 }
 
+/// The PKI a TLS listener serves with: the bundle (whose CA signs node certificates and whose revocation list
+/// the handshakes check) and the certificate presented, when it is not the bundle's.
+#[derive(Debug, Clone)]
+pub struct Pki {
+    pub bundle: Arc<bc_pki::Bundle>,
+    /// A certificate chain and its key, PEM, presented instead of the bundle's server certificate.
+    pub certificate: Option<(String, String)>,
+}
+
+impl Pki {
+    /// The server configuration refusing the certificates `crl` revokes.
+    pub fn server_config(&self, crl: Option<&[u8]>) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+        let certificate = self.certificate.as_ref().map(|(c, k)| (c.as_str(), k.as_str()));
+        Ok(bc_pki::tls::server_config_with_crl(&self.bundle, certificate, crl)?)
+    }
+}
+
 /// How `serve` and `dev` listen.
 #[derive(Debug, Clone)]
 pub enum Transport {
-    /// TLS with this configuration (the bundle's server certificate, or the operator's).
-    Tls(Arc<rustls::ServerConfig>),
+    /// TLS with the PKI bundle.
+    Tls(Pki),
     /// Plain HTTP, asked for explicitly (`--insecure-http`), for a proxy that terminates TLS in front.
     InsecureHttp,
 }
@@ -84,21 +101,30 @@ impl Transport {
     /// instead of the bundle's server certificate when given.
     pub fn from_bundle(pki_dir: &Path, certificate: Option<(&Path, &Path)>) -> anyhow::Result<Transport> {
         let bundle = bc_pki::Bundle::load(pki_dir)?;
-        Transport::tls(&bundle, certificate)
+        Transport::tls(bundle, certificate)
     }
 
     /// TLS from a loaded bundle.
-    pub fn tls(bundle: &bc_pki::Bundle, certificate: Option<(&Path, &Path)>) -> anyhow::Result<Transport> {
-        let texts = match certificate {
-            Some((chain, key)) => Some((
-                std::fs::read_to_string(chain)
-                    .with_context(|| format!("read the TLS certificate {}", chain.display()))?,
-                std::fs::read_to_string(key).with_context(|| format!("read the TLS key {}", key.display()))?,
-            )),
+    pub fn tls(bundle: bc_pki::Bundle, certificate: Option<(&Path, &Path)>) -> anyhow::Result<Transport> {
+        let read = |path: &Path, what: &str| {
+            std::fs::read_to_string(path).with_context(|| format!("read the TLS {what} {}", path.display()))
+        };
+        let certificate = match certificate {
+            Some((chain, key)) => Some((read(chain, "certificate")?, read(key, "key")?)),
             None => None,
         };
-        let config = bc_pki::tls::server_config(bundle, texts.as_ref().map(|(c, k)| (c.as_str(), k.as_str())))?;
-        Ok(Transport::Tls(config))
+        let pki = Pki { bundle: Arc::new(bundle), certificate };
+        // Checked now, so that a bad certificate stops the start with its reason.
+        pki.server_config(None)?;
+        Ok(Transport::Tls(pki))
+    }
+
+    /// The PKI, for TLS.
+    pub fn pki(&self) -> Option<Pki> {
+        match self {
+            Transport::Tls(pki) => Some(pki.clone()),
+            Transport::InsecureHttp => None,
+        }
     }
 }
 
@@ -107,7 +133,7 @@ impl Transport {
 pub async fn bind(listen: SocketAddr, transport: &Transport) -> anyhow::Result<Bound> {
     let listener = TcpListener::bind(listen).await.with_context(|| format!("listen on {listen}"))?;
     let bound = match transport {
-        Transport::Tls(config) => Bound::Tls(TlsListener::new(listener, Arc::clone(config))?),
+        Transport::Tls(pki) => Bound::Tls(TlsListener::new(listener, pki.server_config(None)?)?),
         Transport::InsecureHttp => Bound::Plain(listener),
     };
     let url = bound.url().context("read the listening address")?;
@@ -159,11 +185,60 @@ pub struct ServeOptions {
     pub work_lease: LeaseConfig,
     /// The gateway lease of the event stream's poller (seed: 20 s, renewed every 5 s).
     pub gateway_lease: LeaseConfig,
+    /// The PKI, when the listener is TLS: joins get node certificates, node routes require them, and the
+    /// handshakes refuse revoked ones.
+    pub pki: Option<Pki>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        Self { role: Role::All, work_lease: LeaseConfig::SHARD, gateway_lease: LeaseConfig::GATEWAY }
+        Self { role: Role::All, work_lease: LeaseConfig::SHARD, gateway_lease: LeaseConfig::GATEWAY, pki: None }
+    }
+}
+
+/// How often a TLS listener reads the revoked node certificates.
+const REVOCATION_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Keeps `config` refusing the node certificates revoked in the database: reads them every second and, when
+/// they changed, gives new handshakes a configuration with the new revocation list.
+pub async fn keep_revocations(
+    app: App,
+    pki: Pki,
+    config: crate::tls::SharedConfig,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut applied: Option<Vec<(String, i64)>> = None;
+    loop {
+        match app.revoked_certificates().await {
+            Ok(revoked) if applied.as_ref() != Some(&revoked) => {
+                let rebuilt = app
+                    .revocation_list_of(&revoked)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|crl| pki.server_config(crl.as_deref().filter(|_| !revoked.is_empty())));
+                match rebuilt {
+                    Ok(next) => {
+                        match config.write() {
+                            Ok(mut current) => *current = next,
+                            Err(poisoned) => *poisoned.into_inner() = next,
+                        }
+                        if !revoked.is_empty() {
+                            tracing::info!(
+                                revoked = revoked.len(),
+                                "TLS handshakes refuse the revoked node certificates"
+                            );
+                        }
+                        applied = Some(revoked);
+                    }
+                    Err(err) => tracing::warn!(error = %err, "cannot apply the revocation list; keeping the last one"),
+                }
+            }
+            Ok(_) => {}
+            Err(err) => tracing::debug!(error = %err, "cannot read the revoked node certificates; retrying"),
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(REVOCATION_POLL) => {}
+        }
     }
 }
 
@@ -213,7 +288,15 @@ pub async fn serve_with(
         .role
         .serves_api()
         .then(|| LeaseKeeper::start(db.clone(), format!("gateway:{owner}"), owner.clone(), options.gateway_lease));
-    let state = AppState::new(App::new(db).with_authorizer(auth)).context("check the method table")?;
+    let mut app = App::new(db).with_authorizer(auth);
+    if let Some(pki) = &options.pki {
+        app = app.with_pki(Arc::clone(&pki.bundle));
+    }
+    let listener = listener.into();
+    if let (Bound::Tls(tls), Some(pki)) = (&listener, &options.pki) {
+        background.push(tokio::spawn(keep_revocations(app.clone(), pki.clone(), tls.config(), stopped.clone())));
+    }
+    let state = AppState::new(app).context("check the method table")?;
     let hub = Arc::clone(&state.events);
     let router = if options.role.serves_api() { http::router(state) } else { http::worker_router(state) };
     // On the signal the listener stops accepting, in-flight requests finish, and event streams end with a
@@ -224,7 +307,7 @@ pub async fn serve_with(
         hub.close();
     };
     let app = router.into_make_service_with_connect_info::<Peer>();
-    let served = match listener.into() {
+    let served = match listener {
         Bound::Plain(listener) => axum::serve(listener, app).with_graceful_shutdown(shutdown).await,
         Bound::Tls(listener) => axum::serve(listener, app).with_graceful_shutdown(shutdown).await,
     }

@@ -27,9 +27,13 @@ pub struct Peer {
     pub tls: bool,
 }
 
+/// The server configuration new connections are accepted with, replaced when the revocation list changes.
+pub type SharedConfig = Arc<std::sync::RwLock<Arc<rustls::ServerConfig>>>;
+
 /// A TCP listener whose connections are TLS.
 pub struct TlsListener {
     local: SocketAddr,
+    config: SharedConfig,
     ready: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
     accepting: tokio::task::JoinHandle<()>,
 }
@@ -50,7 +54,8 @@ impl TlsListener {
     pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let (send, ready) = mpsc::channel(64);
-        let acceptor = TlsAcceptor::from(config);
+        let config: SharedConfig = Arc::new(std::sync::RwLock::new(config));
+        let shared = Arc::clone(&config);
         let accepting = tokio::spawn(async move {
             loop {
                 let (stream, addr) = match tcp.accept().await {
@@ -62,7 +67,11 @@ impl TlsListener {
                         continue;
                     }
                 };
-                let acceptor = acceptor.clone();
+                let current = match shared.read() {
+                    Ok(config) => Arc::clone(&config),
+                    Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+                };
+                let acceptor = TlsAcceptor::from(current);
                 let send = send.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
@@ -81,7 +90,12 @@ impl TlsListener {
                 });
             }
         });
-        Ok(TlsListener { local, ready, accepting })
+        Ok(TlsListener { local, config, ready, accepting })
+    }
+
+    /// The configuration new connections get: replace it to change what the next handshakes check.
+    pub fn config(&self) -> SharedConfig {
+        Arc::clone(&self.config)
     }
 
     /// The address it listens on.

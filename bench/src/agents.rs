@@ -324,6 +324,7 @@ pub async fn agents(config: AgentsBenchConfig) -> anyhow::Result<()> {
                     join_token: tokens[i].clone(),
                     agent_version: bc_agent::VERSION.to_owned(),
                     inventory: document.report(&SectionHashes::new()),
+                    csr: None,
                 };
                 let joined = app.join(request).await.with_context(|| format!("join {host}"))?;
                 anyhow::ensure!(!joined.rejoined, "{host} was taken for a machine that already joined");

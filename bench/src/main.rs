@@ -191,6 +191,7 @@ struct BenchAppendArgs {
 }
 
 fn main() -> anyhow::Result<()> {
+    bc_pki::tls::install_default_provider();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).context("parse --log")?)

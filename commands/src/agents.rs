@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use bc_domain::Rejection;
 use bc_domain::agent::{
-    Ack, AgentCommand, CREDENTIAL_PREFIX, Heartbeat, HeartbeatReply, InventoryAccepted, JOIN_TOKEN_PREFIX, JoinRequest,
-    Joined, Session,
+    Ack, AgentCommand, CREDENTIAL_PREFIX, CertificateRequest, Heartbeat, HeartbeatReply, InventoryAccepted,
+    JOIN_TOKEN_PREFIX, JoinRequest, Joined, NodeCertificate, Session,
 };
 use bc_domain::device::{Device, GpuInfo, devices_for};
 use bc_domain::hardware::{HardwareKey, hardware_key};
@@ -32,6 +32,7 @@ use super::fleet::owned_pool;
 use super::node_commands as commands;
 use super::reservations::apply_and_schedule;
 use super::store::agents::{self, NodeState};
+use super::store::certificates;
 use super::store::{self, PoolRow, corrupt};
 use super::work::{self, WorkKey};
 use super::{App, AppError, AppResult, Caller, Committed, record, record_node};
@@ -474,16 +475,98 @@ impl App {
                     };
                     agents::use_join_token(tx, &token_id, &node_id).await?;
                     agents::insert_credential(tx, credential_hash, &node_id, true).await?;
+                    // A machine that joins again has a new key: the certificates of its earlier life end.
+                    certificates::revoke_all(tx, &node_id).await?;
+                    let certificate = match &request.csr {
+                        Some(csr) => Some(self.sign_node_certificate(tx, &node_id, csr).await?),
+                        None => None,
+                    };
                     let session_id = agents::upsert_session(tx, &node_id, &request.agent_version, lease).await?;
                     work::wake_now(tx, &WorkKey::pool_pending(&pool_id)).await?;
                     let session = self.session(tx, &node_id, session_id).await?;
-                    Ok::<_, AppError>((node_id, rejoined, session))
+                    Ok::<_, AppError>((node_id, rejoined, session, certificate))
                 }
                 .scope_boxed()
             })
             .await?;
-        let (node_id, rejoined, session) = joined;
-        Ok(Joined { node_id, credential, rejoined, session })
+        let (node_id, rejoined, session, certificate) = joined;
+        Ok(Joined { node_id, credential, rejoined, session, certificate: certificate.map(|c| c.certificate) })
+    }
+
+    /// Signs `csr` for `node_id` with the bundle's CA and records the certificate, in the caller's transaction.
+    async fn sign_node_certificate(&self, tx: &mut Tx, node_id: &NodeId, csr: &str) -> AppResult<NodeCertificate> {
+        let Some(bundle) = &self.pki else {
+            return Err(Rejection::invalid(
+                "csr",
+                "this control plane signs no certificates: it serves without a PKI bundle (leave csr out)",
+            )
+            .into());
+        };
+        let lifetime = self.node_certificate_lifetime.as_secs().min(i64::MAX as u64) as i64;
+        let issued = bundle.sign_node_csr(csr, node_id.as_str(), lifetime).map_err(|err| match err {
+            bc_pki::PkiError::InvalidCsr(reason) => AppError::from(Rejection::invalid("csr", reason)),
+            other => AppError::Store(bc_eventstore::Error::Internal(format!("sign a node certificate: {other}"))),
+        })?;
+        certificates::insert(tx, &issued.serial, node_id, issued.not_after).await?;
+        Ok(NodeCertificate {
+            node_id: node_id.clone(),
+            certificate: issued.pem,
+            serial: issued.serial,
+            not_after: issued.not_after,
+        })
+    }
+
+    /// A node's next certificate, for `csr`. Its earlier certificates stay valid until they expire, so a
+    /// rotation whose answer was lost leaves the node its current one.
+    pub async fn issue_node_certificate(
+        &self,
+        node: &NodeAuth,
+        request: &CertificateRequest,
+    ) -> AppResult<NodeCertificate> {
+        let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
+        let issued = self.sign_node_certificate(&mut tx, &node.node_id, &request.csr).await?;
+        tx.commit().await?;
+        Ok(issued)
+    }
+
+    /// Whether `node` holds a certificate that is neither expired nor revoked.
+    pub async fn node_has_live_certificate(&self, node: &NodeId) -> AppResult<bool> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let live = certificates::has_live(&mut tx, node).await?;
+        tx.commit().await?;
+        Ok(live)
+    }
+
+    /// The node certificates revoked and not yet expired: serial and when it was revoked (seconds since the
+    /// epoch), oldest revocation first.
+    pub async fn revoked_certificates(&self) -> AppResult<Vec<(String, i64)>> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let revoked = certificates::revoked(&mut tx).await?;
+        tx.commit().await?;
+        Ok(revoked)
+    }
+
+    /// The revocation list of the node certificates revoked and not yet expired, signed by the CA (DER), or
+    /// `None` without a PKI.
+    pub async fn revocation_list(&self) -> AppResult<Option<Vec<u8>>> {
+        let revoked = self.revoked_certificates().await?;
+        self.revocation_list_of(&revoked)
+    }
+
+    /// The revocation list of `revoked`, signed by the CA (DER), or `None` without a PKI. Its number grows with
+    /// every revocation, so a newer list has a higher one.
+    pub fn revocation_list_of(&self, revoked: &[(String, i64)]) -> AppResult<Option<Vec<u8>>> {
+        let Some(bundle) = &self.pki else { return Ok(None) };
+        let latest = revoked.iter().map(|(_, at)| *at).max().unwrap_or(0).max(0) as u64;
+        let number = latest.saturating_mul(1_000).saturating_add(revoked.len() as u64);
+        let revoked: Vec<bc_pki::RevokedCertificate> = revoked
+            .iter()
+            .map(|(serial, revoked_at)| bc_pki::RevokedCertificate { serial: serial.clone(), revoked_at: *revoked_at })
+            .collect();
+        let der = bundle.revocation_list(&revoked, number).map_err(|err| {
+            AppError::Store(bc_eventstore::Error::Internal(format!("sign the revocation list: {err}")))
+        })?;
+        Ok(Some(der))
     }
 
     /// The session as the agent gets it, read in the transaction that opened it.
@@ -571,17 +654,26 @@ impl App {
     /// A heartbeat authenticated by the node credential itself, in one statement: the credential's node is looked
     /// up in the call of `agent_heartbeat`. A credential that is unknown or not yet confirmed, or a session that
     /// is not current, takes the slow path, which says which it is (or confirms the credential).
-    pub async fn heartbeat_with_credential(&self, credential: &str, beat: &Heartbeat) -> AppResult<HeartbeatReply> {
+    ///
+    /// `certified` is the node a verified client certificate names, where the connection must carry one: the
+    /// credential must then be that node's.
+    pub async fn heartbeat_with_credential(
+        &self,
+        credential: &str,
+        beat: &Heartbeat,
+        certified: Option<&str>,
+    ) -> AppResult<HeartbeatReply> {
         if !credential.starts_with(CREDENTIAL_PREFIX) {
             return Err(Rejection::Unauthenticated(format!("a node credential starts with {CREDENTIAL_PREFIX}")).into());
         }
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
         let hash = bc_domain::sha256_hex(credential);
-        let beater = agents::Beater::CredentialHash(&hash);
+        let beater = agents::Beater::CredentialHash(&hash, certified);
         let row = agents::heartbeat(&mut tx, beater, &beat.session_id, self.liveness.lease, beat.clock_ms).await?;
         tx.commit().await?;
         let Some(row) = row else {
             let node = self.authenticate_node(credential).await?;
+            check_certified(&node, certified)?;
             return self.heartbeat(&node, beat).await;
         };
         let node =
@@ -786,4 +878,16 @@ fn section_name(section: bc_domain::inventory::Section) -> &'static str {
 fn check_inventory(document: &NodeInventory) -> Result<(), Rejection> {
     bc_domain::device::check_gpus("inventory.gpus", document.gpus.iter().map(|g| &g.info))?;
     bc_domain::device::check_no_nul("inventory", document)
+}
+
+/// Refuses a node credential used on a connection whose client certificate names another node.
+pub fn check_certified(node: &NodeAuth, certified: Option<&str>) -> AppResult<()> {
+    match certified {
+        Some(name) if name != node.node_id.as_str() => Err(Rejection::Unauthenticated(format!(
+            "the client certificate is node {name}'s, but the credential is node {}'s",
+            node.node_id
+        ))
+        .into()),
+        _ => Ok(()),
+    }
 }

@@ -160,6 +160,10 @@ pub struct App {
     auth: Arc<dyn Authorizer>,
     /// Denials by method, since start.
     denials: Arc<DenialCounts>,
+    /// The PKI bundle whose CA signs node certificates, when the control plane has one.
+    pki: Option<Arc<bc_pki::Bundle>>,
+    /// How long a node certificate lasts (30 days); nodes ask for the next one when a third is left.
+    pub node_certificate_lifetime: std::time::Duration,
 }
 
 impl App {
@@ -172,7 +176,20 @@ impl App {
             liveness: agents::LivenessConfig::default(),
             auth: Arc::new(auth::BuiltinAuthorizer::nobody()),
             denials: Arc::new(DenialCounts::default()),
+            pki: None,
+            node_certificate_lifetime: std::time::Duration::from_secs(30 * 24 * 3600),
         }
+    }
+
+    /// The same application, signing node certificates with `bundle`'s CA.
+    pub fn with_pki(mut self, bundle: Arc<bc_pki::Bundle>) -> Self {
+        self.pki = Some(bundle);
+        self
+    }
+
+    /// The PKI bundle, when there is one.
+    pub fn pki(&self) -> Option<&Arc<bc_pki::Bundle>> {
+        self.pki.as_ref()
     }
 
     /// The same application, deciding calls from outside with `auth`.

@@ -23,6 +23,10 @@ pub struct JoinRequest {
     pub agent_version: String,
     /// The whole inventory (every section).
     pub inventory: InventoryReport,
+    /// A certificate signing request (PEM) for the node's own key: where the control plane has a PKI, the join
+    /// answers a certificate for it, and the node speaks mutual TLS with it from then on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csr: Option<String>,
 }
 
 /// What a join answers: the node, its credential (shown once), and a first session.
@@ -34,6 +38,30 @@ pub struct Joined {
     /// True when the machine was recognised as a node that already existed.
     pub rejoined: bool,
     pub session: Session,
+    /// The node's certificate (PEM), signed by the control plane's CA for the join's request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
+}
+
+/// `POST /v1/agent/certificate`: a node asks for its next certificate, before the current one expires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CertificateRequest {
+    /// A certificate signing request (PEM) for the key the node will use.
+    pub csr: String,
+}
+
+/// A certificate the control plane's CA signed for a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCertificate {
+    pub node_id: NodeId,
+    /// PEM.
+    pub certificate: String,
+    /// Its serial number, lowercase hex.
+    pub serial: String,
+    /// When it expires, in seconds since the epoch.
+    pub not_after: i64,
 }
 
 /// `POST /v1/agent/sessions`: an agent (re)starting with its credential opens a session.

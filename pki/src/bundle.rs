@@ -26,6 +26,8 @@ pub const FILES: [&str; 5] = [CA_CERT, CA_KEY, SEALING_KEY, SERVER_CERT, SERVER_
 const CA_LIFETIME: Duration = Duration::days(3650);
 /// How long a server certificate lasts (the most browsers accept).
 const SERVER_LIFETIME: Duration = Duration::days(397);
+/// The longest certificate signing request accepted, in bytes (a P-256 request in PEM is about 500).
+pub const MAX_CSR: usize = 4096;
 /// How far back a new certificate's validity starts, for machines whose clocks are a little behind.
 const BACKDATE: Duration = Duration::minutes(5);
 
@@ -217,8 +219,8 @@ impl Bundle {
         node_id: &str,
         lifetime_secs: i64,
     ) -> Result<IssuedCertificate, PkiError> {
-        if csr_pem.len() > 16 * 1024 {
-            return Err(PkiError::InvalidCsr("longer than 16 KiB".into()));
+        if csr_pem.len() > MAX_CSR {
+            return Err(PkiError::InvalidCsr(format!("longer than {MAX_CSR} bytes")));
         }
         let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|err| PkiError::InvalidCsr(format!("not a signed PEM request ({err})")))?;

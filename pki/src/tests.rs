@@ -145,6 +145,18 @@ async fn clients_pinning_the_ca_reach_the_server_and_nodes_present_their_certifi
     let seen = handshake(server.clone(), node).await.expect("node handshake").expect("a client certificate");
     assert_eq!(seen.common_name, "node_x");
 
+    // Once revoked, the same certificate is refused at the handshake; others still pass.
+    let crl = bundle
+        .revocation_list(&[RevokedCertificate { serial: issued.serial.clone(), revoked_at: unix_now() }], 2)
+        .expect("crl");
+    let revoking = tls::server_config_with_crl(&bundle, None, Some(&crl)).expect("server with crl");
+    let revoked = tls::client_config(bundle.ca_pem(), Some((&issued.pem, &key.key_pem))).expect("node");
+    assert!(handshake(revoking.clone(), revoked).await.is_err(), "a revoked certificate must be refused");
+    let other_key = NodeKey::generate("host").expect("key");
+    let other_cert = bundle.sign_node_csr(&other_key.csr_pem, "node_z", 3600).expect("sign");
+    let fine = tls::client_config(bundle.ca_pem(), Some((&other_cert.pem, &other_key.key_pem))).expect("node");
+    assert_eq!(handshake(revoking, fine).await.expect("not revoked").map(|p| p.common_name), Some("node_z".into()));
+
     // A client pinning another CA refuses this server.
     let other_dir = scratch("tls-other");
     let other = Bundle::init(&other_dir, &InitOptions::default()).expect("other");

@@ -20,6 +20,25 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Makes ring the process's default crypto provider, for TLS clients built without a configuration of their
+/// own (reqwest's, when it speaks to an `http://` address). The binaries call it first thing; a second call
+/// changes nothing.
+pub fn install_default_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A client configuration that trusts no server at all: for clients that only ever speak plain HTTP, so that
+/// an `https://` address fails instead of trusting the system's roots.
+pub fn plain_http_client_config() -> Result<ClientConfig, PkiError> {
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|err| PkiError::Tls(err.to_string()))?
+        .with_root_certificates(RootCertStore::empty())
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
 /// Every certificate of a PEM text.
 pub fn certificates(pem: &str) -> Result<Vec<CertificateDer<'static>>, PkiError> {
     CertificateDer::pem_slice_iter(pem.as_bytes())
@@ -49,11 +68,25 @@ fn roots(ca_pem: &str) -> Result<RootCertStore, PkiError> {
 /// operator got elsewhere), client certificates verified against the bundle's CA when a client offers one.
 /// HTTP/1.1 only, as the API serves.
 pub fn server_config(bundle: &Bundle, certificate: Option<(&str, &str)>) -> Result<Arc<ServerConfig>, PkiError> {
+    server_config_with_crl(bundle, certificate, None)
+}
+
+/// [`server_config`] refusing, at the handshake, the client certificates the revocation list `crl` (DER,
+/// signed by the bundle's CA) names.
+pub fn server_config_with_crl(
+    bundle: &Bundle,
+    certificate: Option<(&str, &str)>,
+    crl: Option<&[u8]>,
+) -> Result<Arc<ServerConfig>, PkiError> {
     let provider = provider();
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(bundle.ca_pem())?), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|err| PkiError::Tls(format!("client verifier: {err}")))?;
+    let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(bundle.ca_pem())?), provider.clone())
+        .allow_unauthenticated();
+    if let Some(crl) = crl {
+        verifier = verifier
+            .with_crls([rustls_pki_types::CertificateRevocationListDer::from(crl.to_vec())])
+            .only_check_end_entity_revocation();
+    }
+    let verifier = verifier.build().map_err(|err| PkiError::Tls(format!("client verifier: {err}")))?;
     let (chain_pem, key_pem) = certificate.unwrap_or_else(|| bundle.server_certificate());
     let chain = certificates(chain_pem)?;
     if chain.is_empty() {

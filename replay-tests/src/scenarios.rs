@@ -273,6 +273,7 @@ async fn agent_life(app: &App) -> anyhow::Result<()> {
         join_token: token,
         agent_version: "replay".into(),
         inventory: document.report(&SectionHashes::new()),
+        csr: None,
     };
 
     let token = app.create_join_token(&owner, &pool_id, 3600).await?.value.token;

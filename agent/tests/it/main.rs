@@ -46,3 +46,27 @@ fn a_bad_simulation_spec_names_what_is_wrong() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("Z9000"));
 }
+
+#[test]
+fn run_needs_the_control_planes_ca_or_an_explicit_insecure_http() {
+    let output = Command::new(BINARY)
+        .args(["run", "--server", "https://127.0.0.1:1", "--state-dir", "/nonexistent"])
+        .env_remove("BCD_CA")
+        .output()
+        .expect("run");
+    assert!(!output.status.success());
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(text.contains("--ca"), "{text}");
+}
+
+#[test]
+fn the_agents_client_refuses_a_scheme_its_trust_does_not_fit_and_builds_without_a_process_provider() {
+    use bc_agent::run::{Client, ServerTrust};
+    // No crypto provider is installed in this test process: the plain HTTP client must still build.
+    assert!(Client::new("http://127.0.0.1:1", &ServerTrust::InsecureHttp).is_ok());
+    let https = Client::new("https://127.0.0.1:1", &ServerTrust::InsecureHttp).expect_err("https with insecure");
+    assert!(https.to_string().contains("not http://"), "{https}");
+    let ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_owned();
+    let http = Client::new("http://127.0.0.1:1", &ServerTrust::PinnedCa(ca)).expect_err("http with a pinned CA");
+    assert!(http.to_string().contains("not https://"), "{http}");
+}

@@ -3,11 +3,12 @@
 //! no node id from the caller. They sit outside the IAM method table: a node is not a tenant's principal.
 
 use axum::Json;
+use axum::extract::ConnectInfo;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
-use bc_domain::agent::{Ack, Heartbeat, JoinRequest, SessionRequest};
+use bc_domain::agent::{Ack, CertificateRequest, Heartbeat, JoinRequest, SessionRequest};
 use bc_domain::id::CommandId;
 use bc_domain::inventory::InventoryReport;
 use serde::Deserialize;
@@ -15,10 +16,12 @@ use serde::Deserialize;
 use super::error::{CommonErrors, ErrorBody};
 use super::request::{JsonBody, QueryParams, path_id};
 use super::{ApiError, AppState};
+use crate::tls::Peer;
 use crate::wire::agent::{
-    AckedDto, CommandsDto, CredentialDto, HeartbeatReplyDto, InventoryAcceptedDto, JoinedDto, SessionDto,
+    AckedDto, CertificateRequestDto, CommandsDto, CredentialDto, HeartbeatReplyDto, InventoryAcceptedDto, JoinedDto,
+    NodeCertificateDto, SessionDto,
 };
-use bc_commands::agents::NodeAuth;
+use bc_commands::agents::{NodeAuth, check_certified};
 
 /// A request authenticated by a node credential.
 #[derive(Debug, Clone)]
@@ -29,7 +32,58 @@ impl axum::extract::FromRequestParts<AppState> for NodeAuthed {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let NodeCredential(credential) = NodeCredential::from_request_parts(parts, state).await?;
-        Ok(NodeAuthed(state.app.authenticate_node(&credential).await?))
+        let certified = Certified::from_request_parts(parts, state).await?.required()?;
+        let node = state.app.authenticate_node(&credential).await?;
+        check_certified(&node, certified.as_deref())?;
+        Ok(NodeAuthed(node))
+    }
+}
+
+/// What the connection's client certificate says, where node routes need one: on a TLS connection to a
+/// control plane with a PKI, every node route but the join (and a first certificate) requires the node's
+/// certificate, and the credential must be that node's. Plain connections (a proxy terminating TLS, the HTTP
+/// layer's own tests) need none.
+#[derive(Debug, Clone)]
+pub enum Certified {
+    /// No certificate is needed on this connection.
+    NotRequired,
+    /// A verified certificate naming this node.
+    Node(String),
+    /// A certificate is needed and none was presented.
+    Missing,
+}
+
+impl Certified {
+    /// The node the certificate names, or `UNAUTHENTICATED` when one is needed and missing.
+    fn required(self) -> Result<Option<String>, ApiError> {
+        match self {
+            Certified::NotRequired => Ok(None),
+            Certified::Node(node) => Ok(Some(node)),
+            Certified::Missing => Err(missing_certificate()),
+        }
+    }
+}
+
+fn missing_certificate() -> ApiError {
+    ApiError::unauthenticated(
+        "nodes speak mutual TLS with this control plane: present the node certificate the join answered",
+    )
+}
+
+impl axum::extract::FromRequestParts<AppState> for Certified {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<Peer>>() else {
+            return Ok(Certified::NotRequired);
+        };
+        if !peer.tls || state.app.pki().is_none() {
+            return Ok(Certified::NotRequired);
+        }
+        Ok(match &peer.certificate {
+            Some(certificate) => Certified::Node(certificate.common_name.clone()),
+            None => Certified::Missing,
+        })
     }
 }
 
@@ -101,6 +155,38 @@ pub async fn rotate_credential(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
+/// `POST /v1/agent/certificate`: signs the node's next certificate.
+#[utoipa::path(
+    post,
+    path = "/v1/agent/certificate",
+    tag = "agent",
+    summary = "Sign the node's next certificate for a CSR (before the current one expires; without one only when the node holds no live certificate)",
+    request_body(content = CertificateRequestDto, description = "A certificate signing request for the node's key"),
+    responses(CommonErrors, (status = 201, description = "The certificate", body = NodeCertificateDto)),
+    security(("node" = [])),
+)]
+pub async fn issue_certificate(
+    State(state): State<AppState>,
+    NodeCredential(credential): NodeCredential,
+    certified: Certified,
+    JsonBody(body): JsonBody<CertificateRequest>,
+) -> Result<Response, ApiError> {
+    let node = state.app.authenticate_node(&credential).await?;
+    match certified {
+        Certified::NotRequired => {}
+        Certified::Node(name) => check_certified(&node, Some(&name))?,
+        // A node whose certificate expired (or that joined before the control plane had a PKI) gets one with
+        // its credential alone; a node that holds a live certificate must present it.
+        Certified::Missing => {
+            if state.app.node_has_live_certificate(&node.node_id).await? {
+                return Err(missing_certificate());
+            }
+        }
+    }
+    let issued = state.app.issue_node_certificate(&node, &body).await?;
+    Ok((StatusCode::CREATED, Json(NodeCertificateDto::from(&issued))).into_response())
+}
+
 /// `POST /v1/agent/heartbeat`: renews the session's liveness lease.
 #[utoipa::path(
     post,
@@ -114,9 +200,11 @@ pub async fn rotate_credential(
 pub async fn heartbeat(
     State(state): State<AppState>,
     NodeCredential(credential): NodeCredential,
+    certified: Certified,
     JsonBody(body): JsonBody<Heartbeat>,
 ) -> Result<Response, ApiError> {
-    let reply = state.app.heartbeat_with_credential(&credential, &body).await?;
+    let certified = certified.required()?;
+    let reply = state.app.heartbeat_with_credential(&credential, &body, certified.as_deref()).await?;
     Ok(Json(HeartbeatReplyDto::from(&reply)).into_response())
 }
 

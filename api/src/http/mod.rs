@@ -10,6 +10,7 @@ mod fleet;
 mod health;
 mod nodes;
 pub mod openapi;
+mod pki;
 mod projections;
 pub mod request;
 mod reservations;
@@ -107,6 +108,8 @@ macro_rules! routes {
 routes! {
     health::healthz => open;
     openapi::document => open;
+    pki::ca_certificate => open;
+    pki::revocation_list => open;
     fleet::create_site => "sites.create";
     fleet::list_sites => "sites.list";
     fleet::get_site => "sites.get";
@@ -136,6 +139,7 @@ routes! {
     agent::join => open;
     agent::open_session => open;
     agent::rotate_credential => open;
+    agent::issue_certificate => open;
     agent::heartbeat => open;
     agent::report_inventory => open;
     agent::agent_commands => open;

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use bc_domain::agent::{AgentCommand, HeartbeatReply, InventoryAccepted, Joined, Session};
+use bc_domain::agent::{AgentCommand, HeartbeatReply, InventoryAccepted, Joined, NodeCertificate, Session};
 use bc_domain::inventory::SectionHashes;
 use bc_domain::node::NodeSpec;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::nodes::CommandBodyDto;
@@ -83,6 +83,9 @@ pub struct JoinedDto {
     /// True when the machine was recognised as a node that already existed.
     pub rejoined: bool,
     pub session: SessionDto,
+    /// The node's certificate (PEM) for the join's `csr`, signed by the control plane's CA.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
 }
 
 impl From<&Joined> for JoinedDto {
@@ -92,6 +95,40 @@ impl From<&Joined> for JoinedDto {
             credential: j.credential.clone(),
             rejoined: j.rejoined,
             session: (&j.session).into(),
+            certificate: j.certificate.clone(),
+        }
+    }
+}
+
+/// A request for the node's next certificate.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CertificateRequestDto {
+    /// A PKCS#10 certificate signing request, PEM, at most 4,096 characters (a P-256 request is about 500).
+    #[schema(max_length = 4096)]
+    pub csr: String,
+}
+
+/// A node certificate the control plane's CA signed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCertificateDto {
+    pub node_id: String,
+    /// PEM.
+    pub certificate: String,
+    /// The serial number, lowercase hex.
+    pub serial: String,
+    /// When it expires, in seconds since the epoch.
+    pub not_after: i64,
+}
+
+impl From<&NodeCertificate> for NodeCertificateDto {
+    fn from(c: &NodeCertificate) -> Self {
+        NodeCertificateDto {
+            node_id: c.node_id.to_string(),
+            certificate: c.certificate.clone(),
+            serial: c.serial.clone(),
+            not_after: c.not_after,
         }
     }
 }

@@ -108,17 +108,21 @@ impl Cluster {
     async fn start(name: &str) -> Cluster {
         let t = TestDb::new().await;
         let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));
-        let mut state = AppState::new(App::new(t.db.clone()).with_authorizer(auth)).expect("state");
-        state.app.liveness = LivenessConfig { lease: Duration::from_secs(2), heartbeat: Duration::from_millis(150) };
-        let app: App = state.app.clone();
-        // Through TLS, as in production: the server presents the bundle's certificate, clients pin its CA.
+        // Through TLS, as in production: the server presents the bundle's certificate, clients pin its CA, and
+        // the nodes get certificates at their join and speak mutual TLS.
         let root = tempdir::Dir::new(name);
         let bundle = bc_pki::Bundle::init(&root.path().join("pki"), &bc_pki::InitOptions::default()).expect("pki");
         let ca = bundle.ca_pem().to_owned();
+        let pki = bc_api::service::Pki { bundle: Arc::new(bundle), certificate: None };
+        let app = App::new(t.db.clone()).with_authorizer(auth).with_pki(Arc::clone(&pki.bundle));
+        let mut state = AppState::new(app).expect("state");
+        state.app.liveness = LivenessConfig { lease: Duration::from_secs(2), heartbeat: Duration::from_millis(150) };
+        let app: App = state.app.clone();
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let listener = TlsListener::new(tcp, bc_pki::tls::server_config(&bundle, None).expect("tls")).expect("tls");
+        let listener = TlsListener::new(tcp, pki.server_config(None).expect("tls")).expect("tls");
         let base = format!("https://{}", listener.address());
         let (shutdown, mut stopped) = watch::channel(false);
+        tokio::spawn(bc_api::service::keep_revocations(app.clone(), pki, listener.config(), shutdown.subscribe()));
         let mut serving = shutdown.subscribe();
         tokio::spawn(async move {
             axum::serve(listener, router(state).into_make_service_with_connect_info::<Peer>())
@@ -475,4 +479,109 @@ async fn a_stopped_agent_makes_its_node_unschedulable_and_new_reservations_avoid
     for agent in &mut agents[1..] {
         agent.stop().await;
     }
+}
+
+/// The credential, certificate and key an agent saved.
+fn saved_identity(agent: &RunningAgent) -> (String, String, String) {
+    let credential: Value =
+        serde_json::from_slice(&std::fs::read(agent.state_dir.join("credential.json")).expect("credential"))
+            .expect("json");
+    let cert = std::fs::read_to_string(agent.state_dir.join("node.crt")).expect("node.crt");
+    let key = std::fs::read_to_string(agent.state_dir.join("node.key")).expect("node.key");
+    (credential["credential"].as_str().expect("credential").to_owned(), cert, key)
+}
+
+impl Cluster {
+    /// An HTTPS client pinning the CA and presenting `identity` (certificate and key, PEM), if any.
+    fn client_with(&self, identity: Option<(&str, &str)>) -> reqwest::Client {
+        reqwest::Client::builder()
+            .tls_backend_preconfigured(bc_pki::tls::client_config(&self.ca, identity).expect("client tls"))
+            .build()
+            .expect("client")
+    }
+}
+
+/// A node's call with `credential`, through `client`: its status and error message, or `None` when the TLS
+/// handshake itself was refused.
+async fn node_call(
+    client: &reqwest::Client,
+    base: &str,
+    path: &str,
+    credential: &str,
+    body: Value,
+) -> Option<(u16, Value)> {
+    let response = client.post(format!("{base}{path}")).bearer_auth(credential).json(&body).send().await.ok()?;
+    let status = response.status().as_u16();
+    Some((status, response.json().await.unwrap_or(Value::Null)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_speak_mutual_tls_with_the_certificate_of_their_join_and_a_deleted_nodes_is_refused_at_the_handshake() {
+    let cluster = Cluster::start("mtls").await;
+    let (mut a, mut b) = (cluster.agent("gpu-a").await, cluster.agent("gpu-b").await);
+    let (node_a, node_b) = (cluster.node_of(&a).await, cluster.node_of(&b).await);
+    for node in [&node_a, &node_b] {
+        cluster.await_node(node, "an adopted, connected, schedulable node", schedulable_and_connected).await;
+    }
+    // The join answered a certificate for the key the agent made: it names the node, and the CA signed it.
+    let (credential_a, cert_a, key_a) = saved_identity(&a);
+    let (_, cert_b, key_b) = saved_identity(&b);
+    let peer = bc_pki::PeerCertificate::parse_pem(&cert_a).expect("node.crt");
+    assert_eq!(peer.common_name, node_a.to_string());
+    let issued = cluster
+        .count("SELECT count(*) FROM node_certificates WHERE node_id = $1 AND revoked_at IS NULL", &node_a)
+        .await;
+    assert!(issued >= 1, "the certificate is recorded");
+    let body = json!({ "agentVersion": "test" });
+    // The credential alone is refused: a node route needs the node's certificate.
+    let anonymous = cluster.client_with(None);
+    let (status, answer) =
+        node_call(&anonymous, &cluster.base, "/v1/agent/sessions", &credential_a, body.clone()).await.expect("answer");
+    assert_eq!(status, 401, "{answer}");
+    assert!(answer.to_string().contains("mutual TLS"), "{answer}");
+    // Another node's certificate with this node's credential is refused too.
+    let as_b = cluster.client_with(Some((&cert_b, &key_b)));
+    let (status, answer) =
+        node_call(&as_b, &cluster.base, "/v1/agent/sessions", &credential_a, body.clone()).await.expect("answer");
+    assert_eq!(status, 401, "{answer}");
+    assert!(answer.to_string().contains(&format!("node {node_b}'s")), "{answer}");
+    // A node holding a live certificate must present it to get the next one; presenting it, it does.
+    let csr = bc_pki::NodeKey::generate("gpu-a").expect("key").csr_pem;
+    let (status, _) =
+        node_call(&anonymous, &cluster.base, "/v1/agent/certificate", &credential_a, json!({ "csr": csr }))
+            .await
+            .expect("answer");
+    assert_eq!(status, 401);
+    let as_a = cluster.client_with(Some((&cert_a, &key_a)));
+    let (status, next) = node_call(&as_a, &cluster.base, "/v1/agent/certificate", &credential_a, json!({ "csr": csr }))
+        .await
+        .expect("answer");
+    assert_eq!(status, 201, "{next}");
+    assert_eq!(next["nodeId"], node_a.to_string());
+    assert_ne!(next["serial"].as_str(), Some(peer.serial.as_str()), "a new certificate");
+    let (status, bad) =
+        node_call(&as_a, &cluster.base, "/v1/agent/certificate", &credential_a, json!({ "csr": "not a request" }))
+            .await
+            .expect("answer");
+    assert_eq!((status, bad["error"]["details"]["field"].as_str()), (400, Some("csr")), "{bad}");
+
+    // Deleting the node revokes its certificates: new handshakes with them are refused, while the other node's
+    // still pass.
+    a.stop().await;
+    let (status, deleted) =
+        cluster.call(reqwest::Method::DELETE, &format!("/v1/nodes/{node_a}?force=true"), None).await;
+    assert!(status < 300, "{deleted}");
+    eventually("the deleted node's certificate refused at the handshake", || async {
+        let fresh = cluster.client_with(Some((&cert_a, &key_a)));
+        fresh.get(format!("{}/v1/healthz", cluster.base)).send().await.is_err().then_some(())
+    })
+    .await;
+    let fresh_b = cluster.client_with(Some((&cert_b, &key_b)));
+    let healthy = fresh_b.get(format!("{}/v1/healthz", cluster.base)).send().await.expect("b still connects");
+    assert_eq!(healthy.status().as_u16(), 200);
+    let crl = anonymous.get(format!("{}/v1/pki/crl", cluster.base)).send().await.expect("crl");
+    assert_eq!(crl.headers()["content-type"], "application/pkix-crl");
+    let ca = anonymous.get(format!("{}/v1/pki/ca.crt", cluster.base)).send().await.expect("ca");
+    assert_eq!(ca.text().await.expect("pem"), cluster.ca);
+    b.stop().await;
 }

@@ -62,15 +62,27 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_schema() {
     let token = fleet.app.create_join_token(&fleet.owner, &pool, 3600).await.expect("join token").value.token;
     let spec: Simulated = "8xH100".parse().expect("spec");
     let machine = simulate::inventory("sim-1", &spec);
+    // The served process has the tests' PKI, so the node joins with a certificate request, as bcd does, and the
+    // agent's pass presents the certificate (mutual TLS).
+    let bundle = bc_pki::Bundle::load(crate::process::test_pki()).expect("the tests' PKI bundle");
+    let node_key = bc_pki::NodeKey::generate("sim-1").expect("node key");
     let joined = fleet
         .app
+        .clone()
+        .with_pki(std::sync::Arc::new(bundle))
         .join(JoinRequest {
             join_token: token,
             agent_version: "test".into(),
             inventory: machine.report(&SectionHashes::new()),
+            csr: Some(node_key.csr_pem.clone()),
         })
         .await
         .expect("join");
+    let identity = bc_eventstore::testing::server().scratch_dir("schemathesis-node");
+    std::fs::create_dir_all(&identity).expect("scratch folder");
+    let (cert_file, key_file) = (identity.join("node.crt"), identity.join("node.key"));
+    std::fs::write(&cert_file, joined.certificate.as_deref().expect("a node certificate")).expect("write");
+    std::fs::write(&key_file, &node_key.key_pem).expect("write");
 
     let auth = auth_file("schemathesis", AUTH);
     let mut serve = command(&["serve", "--no-migrate", "--listen", "127.0.0.1:0", "--auth-config"]);
@@ -79,10 +91,16 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_schema() {
     let schema = format!("{}/v1/openapi.json", server.base_url);
     // The event stream never ends, so a generated request could only time out; its input is checked by the SSE
     // tests. Agents' routes take a node credential, which only the agent's pass has.
+    let (cert_arg, key_arg) = (cert_file.display().to_string(), key_file.display().to_string());
+    // The agent's pass goes first: the operator's pass may delete the node (revoking its certificate).
     let passes = [
-        ("the platform's operator", ROOT, ["--exclude-path-regex", "^/v1/(agent/|events$)"]),
-        ("a customer", ALICE, ["--exclude-path-regex", "^/v1/(agent/|events$)"]),
-        ("a node's agent", joined.credential.as_str(), ["--include-path-regex", "^/v1/agent/"]),
+        (
+            "a node's agent",
+            joined.credential.as_str(),
+            vec!["--include-path-regex", "^/v1/agent/", "--request-cert", &cert_arg, "--request-cert-key", &key_arg],
+        ),
+        ("the platform's operator", ROOT, vec!["--exclude-path-regex", "^/v1/(agent/|events$)"]),
+        ("a customer", ALICE, vec!["--exclude-path-regex", "^/v1/(agent/|events$)"]),
     ];
     let scratch = bc_eventstore::testing::server().scratch_dir("schemathesis-runs");
     std::fs::create_dir_all(&scratch).expect("scratch folder");

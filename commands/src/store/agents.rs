@@ -319,7 +319,8 @@ pub async fn confirm_credential(tx: &mut Tx, node_id: &NodeId, secret_sha256: &s
 #[derive(Debug, Clone, Copy)]
 pub enum Beater<'a> {
     Node(&'a NodeId),
-    CredentialHash(&'a str),
+    /// A credential's hash, and the node the connection's client certificate names, when it must name one.
+    CredentialHash(&'a str, Option<&'a str>),
 }
 
 /// A session renewed by a heartbeat, as `agent_heartbeat` answers it.
@@ -347,21 +348,21 @@ pub async fn heartbeat(
     lease: Duration,
     clock_ms: i64,
 ) -> AppResult<Option<Beat>> {
-    let (query, who) = match beater {
-        Beater::Node(node_id) => ("SELECT * FROM agent_heartbeat($1, $2, $3, $4)", node_id.as_str()),
-        Beater::CredentialHash(hash) => (
+    let (query, who, certified) = match beater {
+        Beater::Node(node_id) => ("SELECT * FROM agent_heartbeat($1, $2, $3, $4)", node_id.as_str(), None),
+        Beater::CredentialHash(hash, certified) => (
             "SELECT * FROM agent_heartbeat(
-                 (SELECT node_id FROM node_credentials WHERE secret_sha256 = $1 AND confirmed), $2, $3, $4)",
+                 (SELECT node_id FROM node_credentials
+                  WHERE secret_sha256 = $1 AND confirmed AND ($5::text IS NULL OR node_id = $5)), $2, $3, $4)",
             hash,
+            Some(certified),
         ),
     };
-    let row = sql::query(query)
-        .bind(who)
-        .bind(session_id.as_str())
-        .bind(lease.as_secs_f64())
-        .bind(clock_ms)
-        .fetch_optional(tx.conn())
-        .await?;
+    let mut statement = sql::query(query).bind(who).bind(session_id.as_str()).bind(lease.as_secs_f64()).bind(clock_ms);
+    if let Some(certified) = certified {
+        statement = statement.bind(certified);
+    }
+    let row = statement.fetch_optional(tx.conn()).await?;
     let Some(row) = row else { return Ok(None) };
     let text = |column: &str| -> AppResult<String> { Ok(row.try_get::<String, _>(column)?) };
     Ok(Some(Beat {
@@ -379,11 +380,13 @@ pub async fn heartbeat(
     }))
 }
 
-/// Forgets a deleted node's runtime rows: its credentials and session end, and its queued commands expire.
+/// Forgets a deleted node's runtime rows: its credentials and session end, its certificates are revoked, and its
+/// queued commands expire.
 pub async fn forget_node(tx: &mut Tx, node_id: &NodeId) -> AppResult<()> {
     for statement in [
         "DELETE FROM node_credentials WHERE node_id = $1",
         "DELETE FROM agent_sessions WHERE node_id = $1",
+        "UPDATE node_certificates SET revoked_at = compute_now() WHERE node_id = $1 AND revoked_at IS NULL",
         "UPDATE node_commands SET state = 'expired', finished_at = compute_now(), message = 'the node was deleted'
          WHERE node_id = $1 AND state = 'queued'",
     ] {

@@ -13,6 +13,7 @@ use sqlx::Row as _;
 use super::{AppError, AppResult};
 
 pub mod agents;
+pub mod certificates;
 pub mod figures;
 pub mod liveness;
 pub mod node_commands;

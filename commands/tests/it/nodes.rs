@@ -39,6 +39,7 @@ async fn join_with(fleet: &Fleet, token: &str, document: &NodeInventory) -> Resu
             join_token: token.to_owned(),
             agent_version: "test".into(),
             inventory: document.report(&SectionHashes::new()),
+            csr: None,
         })
         .await
 }
@@ -666,25 +667,25 @@ async fn a_heartbeat_by_credential_renews_in_one_call_and_says_what_is_wrong_oth
         observed_generation: 1,
         clock_ms: now_ms(),
     };
-    let reply = fleet.app.heartbeat_with_credential(&a.credential, &beat(&a)).await.expect("heartbeat");
+    let reply = fleet.app.heartbeat_with_credential(&a.credential, &beat(&a), None).await.expect("heartbeat");
     assert_eq!((reply.generation, reply.spec.is_none()), (1, true));
     assert_eq!(
         scalar_i64(&fleet, "SELECT count(*) FROM nodes WHERE id = $1 AND schedulable", a.node_id.as_str()).await,
         1
     );
     // A's credential with B's session: refused, B untouched.
-    let err = fleet.app.heartbeat_with_credential(&a.credential, &beat(&b)).await.expect_err("B's session");
+    let err = fleet.app.heartbeat_with_credential(&a.credential, &beat(&b), None).await.expect_err("B's session");
     assert_eq!(code(&err), "CONFLICT");
     assert_eq!(
         scalar_i64(&fleet, "SELECT heartbeats FROM agent_sessions WHERE node_id = $1", b.node_id.as_str()).await,
         0
     );
-    let err = fleet.app.heartbeat_with_credential("nc_unknown", &beat(&a)).await.expect_err("unknown");
+    let err = fleet.app.heartbeat_with_credential("nc_unknown", &beat(&a), None).await.expect_err("unknown");
     assert_eq!(code(&err), "UNAUTHENTICATED");
     // A rotated credential's first heartbeat confirms it.
     let auth = fleet.app.authenticate_node(&a.credential).await.expect("auth");
     let rotated = fleet.app.rotate_credential(&auth).await.expect("rotate");
-    fleet.app.heartbeat_with_credential(&rotated, &beat(&a)).await.expect("with the new credential");
+    fleet.app.heartbeat_with_credential(&rotated, &beat(&a), None).await.expect("with the new credential");
     assert_eq!(code(&fleet.app.authenticate_node(&a.credential).await.expect_err("old")), "UNAUTHENTICATED");
 }
 

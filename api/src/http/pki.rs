@@ -1,0 +1,40 @@
+//! `/v1/pki/*`: what anyone may fetch of the control plane's PKI: the CA certificate (what nodes and clients
+//! pin) and the revocation list of node certificates (signed by that CA). Both are public by nature.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ErrorBody;
+use super::{ApiError, AppState};
+
+fn no_pki() -> ApiError {
+    ApiError::not_found("pki", "bundle")
+        .with_details(serde_json::json!({ "reason": "this control plane serves without a PKI bundle" }))
+}
+
+/// `GET /v1/pki/ca.crt`: the CA certificate, PEM.
+#[utoipa::path(
+    get,
+    path = "/v1/pki/ca.crt",
+    tag = "pki",
+    summary = "The CA certificate that signs the server's and every node's certificate (PEM)",
+    responses((status = 200, description = "The CA certificate", content_type = "application/x-pem-file", body = String), (status = 404, description = "The control plane serves without a PKI bundle", body = ErrorBody)),
+)]
+pub async fn ca_certificate(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let bundle = state.app.pki().ok_or_else(no_pki)?;
+    Ok(([(header::CONTENT_TYPE, "application/x-pem-file")], bundle.ca_pem().to_owned()).into_response())
+}
+
+/// `GET /v1/pki/crl`: the node certificates revoked and not yet expired, as a revocation list the CA signed.
+#[utoipa::path(
+    get,
+    path = "/v1/pki/crl",
+    tag = "pki",
+    summary = "The revocation list of node certificates (DER, signed by the CA); TLS handshakes refuse what it names",
+    responses((status = 200, description = "The revocation list", content_type = "application/pkix-crl", body = String), (status = 404, description = "The control plane serves without a PKI bundle", body = ErrorBody)),
+)]
+pub async fn revocation_list(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let crl = state.app.revocation_list().await?.ok_or_else(no_pki)?;
+    Ok(([(header::CONTENT_TYPE, "application/pkix-crl")], crl).into_response())
+}
