@@ -259,6 +259,11 @@ async fn projections(db: &Db, too_old: f64) -> Checked {
             "no process runs the projections, and the read models are behind the log",
             "start `better-compute serve` (role worker or all), or `better-compute projections run`",
         ));
+    } else if running == 0 {
+        found.push(Finding::warn(
+            "no process runs the projections: the read models are caught up, but the next change will not show",
+            "start `better-compute serve` (role worker or all), or `better-compute projections run`",
+        ));
     }
     for row in &rows {
         if row.active && row.lag_seconds >= too_old {
@@ -309,6 +314,12 @@ async fn work_queue(db: &Db, too_old: f64) -> Checked {
             format!("no worker runs, and {due} work items are due (the oldest for {oldest:.0} s)"),
             "start `better-compute serve` with role worker or all",
         ));
+    } else if workers == 0 {
+        found.push(Finding::warn(
+            "no worker runs: nothing is due yet, but no reservation will start or end, and no silent node will be \
+             noticed",
+            "start `better-compute serve` with role worker or all",
+        ));
     } else if oldest >= too_old {
         found.push(Finding::warn(
             format!("{due} work items are due, the oldest for {oldest:.0} s"),
@@ -328,6 +339,58 @@ async fn work_queue(db: &Db, too_old: f64) -> Checked {
         )));
     }
     Ok(found)
+}
+
+/// Checks the PKI bundle in `dir`, when the deployment has one: a bundle that cannot be read must be restored
+/// from the backup taken with the database, never made anew.
+pub fn pki(dir: Option<&std::path::Path>) -> Vec<Finding> {
+    let Some(dir) = dir else {
+        return vec![Finding::warn(
+            "no PKI bundle given (--pki-dir or BETTER_COMPUTE_PKI_DIR): its files were not checked",
+            "run doctor with the --pki-dir that `serve` uses",
+        )];
+    };
+    match bc_pki::Bundle::load(dir) {
+        Ok(bundle) => {
+            let (server, _) = bundle.server_certificate();
+            let mut found =
+                vec![Finding::ok(format!("PKI bundle in {}: CA sha256 {}", dir.display(), bundle.ca_fingerprint()))];
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or_default();
+            for (what, pem, renew) in [
+                (
+                    "the CA certificate",
+                    bundle.ca_pem(),
+                    "rotate the CA: see docs/operations.md (every node joins again)",
+                ),
+                ("the server certificate", server, "better-compute pki server-certificate --dir ... --name ..."),
+            ] {
+                match bc_pki::certificate_validity(pem) {
+                    Ok((_, until)) if until <= now => {
+                        found.push(Finding::fail(format!("{what} expired at {}", bc_pki::date(until)), renew))
+                    }
+                    Ok((_, until)) if until - now < 30 * 24 * 3600 => {
+                        found.push(Finding::warn(format!("{what} expires at {}", bc_pki::date(until)), renew))
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        found.push(Finding::fail(format!("{what} does not parse: {err}"), "restore the bundle"))
+                    }
+                }
+            }
+            found
+        }
+        Err(err) => vec![Finding::fail(
+            format!("the PKI bundle cannot be used: {err}"),
+            format!(
+                "restore {} from the backup taken with the database; do not make a new one: a new CA makes every node \
+                 join again and leaves the sealed secrets unreadable",
+                dir.display()
+            ),
+        )],
+    }
 }
 
 /// Prints the findings, each problem with what to do; answers whether none failed.

@@ -34,6 +34,9 @@ enum Command {
         /// model's lag, a due work item.
         #[arg(long, default_value_t = 30)]
         threshold_secs: u64,
+        /// The PKI bundle `serve` uses, to check that it can be read and its certificates are current.
+        #[arg(long, env = "BETTER_COMPUTE_PKI_DIR")]
+        pki_dir: Option<PathBuf>,
         #[command(flatten)]
         database: DatabaseArgs,
     },
@@ -336,10 +339,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let listener = service::bind(args.listen, &transport).await?;
             service::serve_with(db, auth, listener, options, shutdown).await
         }
-        Command::Doctor { threshold_secs, database } => {
+        Command::Doctor { threshold_secs, pki_dir, database } => {
             let db = connect(&database)?;
             let thresholds = bc_api::doctor::Thresholds { too_old: Duration::from_secs(threshold_secs) };
-            let findings = bc_api::doctor::examine(&db, thresholds).await;
+            let mut findings = bc_api::doctor::examine(&db, thresholds).await;
+            findings.extend(bc_api::doctor::pki(pki_dir.as_deref()));
             if bc_api::doctor::report(&findings) { Ok(()) } else { std::process::exit(1) }
         }
         Command::Migrate(args) => {

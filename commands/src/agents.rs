@@ -537,6 +537,36 @@ impl App {
         Ok(live)
     }
 
+    /// Keeps `secret` (a BMC's password, a provider's key) sealed with the bundle's sealing key, bound to its
+    /// `kind` and `owner_id`: never in the clear, never in an event.
+    pub async fn seal_secret(&self, kind: &str, owner_id: &str, secret: &[u8]) -> AppResult<()> {
+        let sealer = self.sealer()?;
+        let sealed = sealer.seal(secret, &secret_context(kind, owner_id)).map_err(pki_failure)?;
+        let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
+        certificates::put_secret(&mut tx, kind, owner_id, &sealed).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The secret of `kind` for `owner_id`, opened; `None` when there is none.
+    pub async fn open_secret(&self, kind: &str, owner_id: &str) -> AppResult<Option<Vec<u8>>> {
+        let sealer = self.sealer()?;
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let sealed = certificates::secret(&mut tx, kind, owner_id).await?;
+        tx.commit().await?;
+        sealed.map(|sealed| sealer.open(&sealed, &secret_context(kind, owner_id)).map_err(pki_failure)).transpose()
+    }
+
+    fn sealer(&self) -> AppResult<&bc_pki::seal::Sealer> {
+        match &self.pki {
+            Some(bundle) => Ok(bundle.sealer()),
+            None => Err(Rejection::Conflict(
+                "no PKI bundle: secrets are sealed with its key (serve with --pki-dir)".to_owned(),
+            )
+            .into()),
+        }
+    }
+
     /// The node certificates revoked and not yet expired: serial and when it was revoked (seconds since the
     /// epoch), oldest revocation first.
     pub async fn revoked_certificates(&self) -> AppResult<Vec<(String, i64)>> {
@@ -890,4 +920,14 @@ pub fn check_certified(node: &NodeAuth, certified: Option<&str>) -> AppResult<()
         .into()),
         _ => Ok(()),
     }
+}
+
+/// What a sealed secret is bound to: a secret copied onto another row does not open there.
+fn secret_context(kind: &str, owner_id: &str) -> String {
+    format!("{kind}:{owner_id}")
+}
+
+/// A PKI failure where there is nothing the caller can fix: the bundle's key does not open what it sealed.
+fn pki_failure(err: bc_pki::PkiError) -> AppError {
+    AppError::Store(bc_eventstore::Error::Internal(format!("sealed secret: {err}")))
 }

@@ -347,10 +347,18 @@ async fn doctor_passes_a_healthy_database_and_names_each_problem_with_what_to_do
     // Healthy: migrated, on the server's clock, nothing behind, nothing due.
     bc_eventstore::clock::restore_system_clock(&fleet.t.db).await.expect("system clock");
     catch_up(&fleet.t.db).await;
-    let output = command(&fleet, &["doctor"]).output().expect("run doctor");
+    let output =
+        command(&fleet, &["doctor", "--pki-dir"]).arg(crate::process::test_pki()).output().expect("run doctor");
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "a healthy database passes:\n{text}");
-    for line in ["migrations: all", "btree_gist", "business time follows the database server's clock", "0 problems"] {
+    for line in [
+        "migrations: all",
+        "btree_gist",
+        "business time follows the database server's clock",
+        "ok    PKI bundle in",
+        "WARN  no worker runs",
+        "0 problems",
+    ] {
         assert!(text.contains(line), "{line:?} missing:\n{text}");
     }
 
@@ -360,7 +368,12 @@ async fn doctor_passes_a_healthy_database_and_names_each_problem_with_what_to_do
     let mut open = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
     sql::query("SELECT pg_current_xact_id()::text").execute(open.conn()).await.expect("a transaction id");
     let pid: i32 = sql::query_scalar("SELECT pg_backend_pid()").fetch_one(open.conn()).await.expect("pid");
-    let output = command(&fleet, &["doctor", "--threshold-secs", "0"]).output().expect("run doctor");
+    let damaged = bc_eventstore::testing::server().scratch_dir("doctor-pki");
+    let _ = std::fs::remove_dir_all(&damaged);
+    bc_pki::Bundle::init(&damaged, &bc_pki::InitOptions::default()).expect("bundle");
+    std::fs::write(damaged.join("sealing.key"), "not a key").expect("damage it");
+    let output =
+        command(&fleet, &["doctor", "--threshold-secs", "0", "--pki-dir"]).arg(&damaged).output().expect("run doctor");
     open.commit().await.expect("commit");
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     assert_eq!(output.status.code(), Some(1), "problems fail the run:\n{text}");
@@ -370,6 +383,9 @@ async fn doctor_passes_a_healthy_database_and_names_each_problem_with_what_to_do
         "FAIL  no process runs the projections",
         &format!("FAIL  transaction of pid {pid}"),
         &format!("do: end it if nobody is waiting on it: SELECT pg_terminate_backend({pid});"),
+        "FAIL  the PKI bundle cannot be used: cannot read",
+        "sealing.key",
+        "from the backup taken with the database; do not make a new one",
     ] {
         assert!(text.contains(line), "{line:?} missing:\n{text}");
     }

@@ -50,3 +50,26 @@ pub async fn revoked(tx: &mut Tx) -> AppResult<Vec<(String, i64)>> {
     .await?;
     rows.iter().map(|row| Ok((row.try_get("serial")?, row.try_get("revoked_at")?))).collect()
 }
+
+/// Stores a sealed secret, replacing the one of the same kind and owner.
+pub async fn put_secret(tx: &mut Tx, kind: &str, owner_id: &str, sealed: &[u8]) -> AppResult<()> {
+    sql::query(
+        "INSERT INTO sealed_secrets (kind, owner_id, sealed) VALUES ($1, $2, $3)
+         ON CONFLICT (kind, owner_id) DO UPDATE SET sealed = excluded.sealed, sealed_at = compute_now()",
+    )
+    .bind(kind)
+    .bind(owner_id)
+    .bind(sealed)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// A sealed secret, if there is one.
+pub async fn secret(tx: &mut Tx, kind: &str, owner_id: &str) -> AppResult<Option<Vec<u8>>> {
+    Ok(sql::query_scalar("SELECT sealed FROM sealed_secrets WHERE kind = $1 AND owner_id = $2")
+        .bind(kind)
+        .bind(owner_id)
+        .fetch_optional(tx.conn())
+        .await?)
+}

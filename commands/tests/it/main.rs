@@ -5,4 +5,5 @@ mod fleet;
 mod nodes;
 mod read_models;
 mod reservations;
+mod secrets;
 mod torture;
