@@ -68,8 +68,19 @@ fn source(simulate: Option<simulate::Simulated>, hostname: Option<String>) -> In
     }
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     bc_pki::tls::install_default_provider();
+    match start() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // One line, never a backtrace.
+            eprintln!("bcd: {}", format!("{err:#}").replace('\n', " "));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn start() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Version => {
             println!("bcd {}", bc_agent::VERSION);

@@ -34,12 +34,14 @@ pub fn default_data_dir() -> anyhow::Result<PathBuf> {
 #[derive(Debug)]
 pub struct EmbeddedDatabase {
     pub cluster: Cluster,
-    /// Whether this process started the cluster (and so stops it at the end).
+    /// Whether this process owns the cluster (and so stops it at the end).
     started_here: bool,
 }
 
 impl EmbeddedDatabase {
-    /// Creates the cluster in `data_dir` if it is new, and starts it unless it is already running.
+    /// Creates the cluster in `data_dir` if it is new, and starts it unless it is already running. Call it
+    /// holding the data folder's lock: a cluster found running then was left by a `dev` that crashed (no
+    /// other `dev` can hold the folder), and this one adopts it, stopping it at the end like one it started.
     pub fn start(data_dir: &Path, search: &PgSearch) -> anyhow::Result<Self> {
         let bins = PgBinaries::find(search)?;
         let run_as = RunAs::for_this_process()?;
@@ -52,8 +54,8 @@ impl EmbeddedDatabase {
             cluster.init(&InitOptions::default())?;
         }
         if cluster.is_running() {
-            tracing::info!(path = %data_dir.display(), "reusing the running embedded database cluster");
-            return Ok(Self { cluster, started_here: false });
+            tracing::info!(path = %data_dir.display(), "adopting the embedded database cluster a stopped dev left running");
+            return Ok(Self { cluster, started_here: true });
         }
         cluster.start()?;
         tracing::info!(path = %data_dir.display(), "started the embedded database cluster");
@@ -422,6 +424,10 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
             "better-compute dev: embedded database in {} (psql -h {} -U postgres {DEV_DATABASE})",
             embedded.cluster.root().display(),
             embedded.cluster.socket_dir().display(),
+        );
+        println!(
+            "better-compute dev: the other commands take BETTER_COMPUTE_DATABASE_URL='{}'",
+            embedded.cluster.url(DEV_DATABASE)
         );
         let (transport, ca) = config.transport.prepare(config.listen)?;
         let listener = service::bind(config.listen, &transport).await?;

@@ -315,15 +315,42 @@ fn migrate_on_start(no_migrate: bool) -> MigrateOnStart {
     if no_migrate { MigrateOnStart::Skip } else { MigrateOnStart::Migrate }
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     bc_pki::tls::install_default_provider();
     let cli = Cli::parse();
+    match start(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // One line a person can act on, never a backtrace: the code of the first error in the chain that
+            // has one, then the chain of causes.
+            eprintln!("better-compute: {}", describe(&err));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn start(cli: Cli) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).context("parse --log")?)
         .with_writer(std::io::stderr)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the runtime")?;
     runtime.block_on(run(cli.command))
+}
+
+/// An error as one line: `CODE: what, because why` where the chain holds a coded error.
+fn describe(err: &anyhow::Error) -> String {
+    let code = err.chain().find_map(|cause| {
+        if let Some(store) = cause.downcast_ref::<bc_eventstore::Error>() {
+            return Some(store.code());
+        }
+        cause.downcast_ref::<bc_commands::auth::InvalidConfig>().map(|_| "INVALID_CONFIG")
+    });
+    let text = format!("{err:#}").replace('\n', " ");
+    match code {
+        Some(code) if !text.starts_with(code) => format!("{code}: {text}"),
+        _ => text,
+    }
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {

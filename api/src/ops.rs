@@ -12,7 +12,9 @@ use bc_projections::{models, rebuild, replay, status};
 use futures_util::StreamExt as _;
 use serde_json::json;
 
-use crate::http::events::{event_json, type_matches};
+use crate::http::events::event_json;
+use bc_commands::App;
+use bc_domain::stream::{parse_type_filter, type_matches};
 
 /// `projections status`: one line per projection version.
 pub async fn projections_status(db: &Db) -> anyhow::Result<()> {
@@ -42,7 +44,7 @@ pub async fn projections_rebuild(db: &Db, name: &str) -> anyhow::Result<()> {
     let projections = models::read_models();
     let Some(projection) = projections.iter().filter(|p| p.name() == name).max_by_key(|p| p.version()) else {
         let known: Vec<&str> = projections.iter().map(|p| p.name()).collect();
-        bail!("no projection named {name:?}; the read models are {}", known.join(", "));
+        bail!("INVALID_ARGUMENT: no projection named {name:?}; the read models are {}", known.join(", "));
     };
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
@@ -57,11 +59,10 @@ pub async fn projections_rebuild(db: &Db, name: &str) -> anyhow::Result<()> {
     })
     .await
     .with_context(|| format!("rebuild {name}"))?;
-    bar.finish_with_message(format!(
-        "rebuilt {} v{}: {applied} events applied",
-        projection.name(),
-        projection.version()
-    ));
+    bar.finish_and_clear();
+    // Printed as a line of its own, so that it is there also when standard error is not a terminal (the
+    // progress bar draws nothing then).
+    println!("rebuilt {} v{}: {applied} events applied", projection.name(), projection.version());
     Ok(())
 }
 
@@ -83,6 +84,12 @@ pub async fn events_tail(
     types: &[String],
     stream: Option<&str>,
 ) -> anyhow::Result<()> {
+    // The same filter the event stream takes, refused the same way.
+    let types =
+        parse_type_filter(&types.join(",")).map_err(|reason| anyhow::anyhow!("INVALID_ARGUMENT: --type {reason}"))?;
+    if let Some(after) = after {
+        refuse_beyond_log(db, "--after", after).await?;
+    }
     let after = match after {
         Some(position) => position,
         None => {
@@ -144,6 +151,7 @@ pub enum ReplayTarget {
 /// `events replay --until POSITION`: the state of a stream, or a pool's capacity, as the fold of the log up to
 /// that position.
 pub async fn events_replay(db: &Db, until: Position, target: ReplayTarget) -> anyhow::Result<()> {
+    refuse_beyond_log(db, "--until", until).await?;
     let state = match &target {
         ReplayTarget::Stream(stream) => {
             let events = replay::stream_until(db, stream, until).await?;
@@ -159,4 +167,14 @@ pub async fn events_replay(db: &Db, until: Position, target: ReplayTarget) -> an
     };
     println!("{}", serde_json::to_string_pretty(&state)?);
     Ok(())
+}
+
+/// Refuses a position this log never handed out (beyond its end), as the API refuses `after` and
+/// `Last-Event-ID`.
+async fn refuse_beyond_log(db: &Db, flag: &str, position: Position) -> anyhow::Result<()> {
+    if App::new(db.clone()).within_log(position).await? {
+        Ok(())
+    } else {
+        bail!("INVALID_ARGUMENT: {flag} {position} is beyond the end of this event log: it was not handed out by it")
+    }
 }

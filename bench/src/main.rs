@@ -190,8 +190,19 @@ struct BenchAppendArgs {
     keep: bool,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     bc_pki::tls::install_default_provider();
+    match start() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // One line, never a backtrace.
+            eprintln!("better-compute-bench: {}", format!("{err:#}").replace('\n', " "));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn start() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).context("parse --log")?)

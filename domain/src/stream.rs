@@ -88,6 +88,67 @@ impl AnyEvent {
     }
 }
 
+/// Reads a filter of event types, as the event stream and `events tail` take it: a comma-separated list of
+/// exact types (`reservation.placed`) or whole families (`reservation.*`), each one this build knows, so that
+/// a misspelled type is refused instead of silently matching nothing. Empty entries are skipped; an empty
+/// list matches every type.
+pub fn parse_type_filter(text: &str) -> Result<Vec<String>, String> {
+    let known = AnyEvent::event_types();
+    let mut types = Vec::new();
+    for entry in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        if entry.len() > 100 {
+            return Err(format!("{:?}...: longer than 100 characters", &entry[..entry.floor_char_boundary(20)]));
+        }
+        match entry.strip_suffix(".*") {
+            Some(family)
+                if !family.contains('*')
+                    && !known.iter().any(|t| t.split_once('.').is_some_and(|(f, _)| f == family)) =>
+            {
+                return Err(format!("{entry:?}: no event type of family {family:?}"));
+            }
+            Some(family) if !family.contains('*') => {}
+            _ if entry.contains('*') => return Err(format!("{entry:?}: a wildcard is a whole family, `name.*`")),
+            _ if !known.contains(&entry) => return Err(format!("{entry:?}: not an event type")),
+            _ => {}
+        }
+        types.push(entry.to_owned());
+    }
+    Ok(types)
+}
+
+/// Whether `event_type` matches one entry of a type filter (an exact type or `family.*`).
+pub fn type_matches(filter: &str, event_type: &str) -> bool {
+    match filter.strip_suffix(".*") {
+        Some(family) => event_type.split_once('.').is_some_and(|(f, _)| f == family),
+        None => filter == event_type,
+    }
+}
+
+#[cfg(test)]
+mod filters {
+    use super::{parse_type_filter, type_matches};
+
+    #[test]
+    fn a_type_filter_takes_known_types_and_families_and_names_what_it_refuses() {
+        assert_eq!(parse_type_filter(" reservation.placed, pool.*,,").expect("ok"), ["reservation.placed", "pool.*"]);
+        assert_eq!(parse_type_filter("").expect("empty"), Vec::<String>::new());
+        for (bad, says) in [
+            ("reservation.plaecd", "not an event type"),
+            ("nothing.*", "no event type of family"),
+            ("reserv*", "a wildcard is a whole family"),
+            ("*.*", "a wildcard is a whole family"),
+            ("*", "a wildcard is a whole family"),
+        ] {
+            let err = parse_type_filter(bad).expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+        assert!(parse_type_filter(&"x".repeat(200)).expect_err("long").contains("longer than 100"));
+        assert!(type_matches("reservation.*", "reservation.placed"));
+        assert!(!type_matches("reservation.*", "reservations.placed"));
+        assert!(type_matches("pool.created", "pool.created"));
+    }
+}
+
 #[cfg(test)]
 mod properties {
     use proptest::prelude::*;

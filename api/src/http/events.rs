@@ -13,6 +13,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use bc_domain::stream::type_matches;
 use bc_eventstore::Position;
 use bc_eventstore::events::RecordedEvent;
 use futures_util::Stream;
@@ -291,7 +292,8 @@ pub const CLOSING_RETRY: Duration = Duration::from_secs(1);
 pub struct EventsParams {
     /// Resume after this position (as `Last-Event-ID` does).
     pub after: Option<String>,
-    /// Comma-separated event types; `reservation.*` matches a family.
+    /// Comma-separated event types; `reservation.*` matches a family. Each must be a type (or family) the
+    /// service knows: a misspelled one is refused with 400 rather than matching nothing.
     pub types: Option<String>,
     pub stream: Option<String>,
 }
@@ -333,14 +335,8 @@ pub async fn event_stream(
         // response starts, so whatever commits after the subscriber has its headers is delivered.
         (None, None) => state.app.log_head().await?,
     };
-    let types: Vec<String> = params
-        .types
-        .as_deref()
-        .map(|t| t.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_owned).collect())
-        .unwrap_or_default();
-    if let Some(bad) = types.iter().find(|t| t.contains('*') && !t.ends_with(".*") || t.matches('*').count() > 1) {
-        return Err(ApiError::invalid_argument("types", format!("{bad:?}: a wildcard is a whole family, `name.*`")));
-    }
+    let types = bc_domain::stream::parse_type_filter(params.types.as_deref().unwrap_or_default())
+        .map_err(|reason| ApiError::invalid_argument("types", reason))?;
     let filter = Filter {
         tenant: if who.0.principal.is_root() { None } else { Some(who.0.principal.tenant_id.to_string()) },
         types,
@@ -373,12 +369,4 @@ pub async fn event_stream(
 /// metadata decoded (see [`EventDto`]).
 pub fn event_json(event: &RecordedEvent) -> String {
     serde_json::to_string(&EventDto::from(event)).unwrap_or_else(|err| format!("{{\"undecodable\": \"{err}\"}}"))
-}
-
-/// Whether `event_type` matches a filter: an exact type, or `family.*`.
-pub fn type_matches(filter: &str, event_type: &str) -> bool {
-    match filter.strip_suffix(".*") {
-        Some(family) => event_type.split_once('.').is_some_and(|(f, _)| f == family),
-        None => filter == event_type,
-    }
 }

@@ -447,6 +447,10 @@ async fn bad_input_is_a_4xx_naming_what_is_wrong_and_writes_nothing() {
         ("GET", "/v1/reservations?limit=ten".into(), vec![], None, StatusCode::BAD_REQUEST, "limit"),
         ("GET", "/v1/reservations?cursor=nope".into(), vec![], None, StatusCode::BAD_REQUEST, "cursor"),
         ("GET", "/v1/reservations?state=sleeping".into(), vec![], None, StatusCode::BAD_REQUEST, "state"),
+        // A misspelled event type would match nothing: it is refused, not silently streamed as nothing.
+        ("GET", "/v1/events?types=reservation.plaecd".into(), vec![], None, StatusCode::BAD_REQUEST, "types"),
+        ("GET", "/v1/events?types=nothing.*".into(), vec![], None, StatusCode::BAD_REQUEST, "types"),
+        ("GET", "/v1/events?types=reserv*".into(), vec![], None, StatusCode::BAD_REQUEST, "types"),
         ("GET", "/v1/reservations?colour=red".into(), vec![], None, StatusCode::BAD_REQUEST, "colour"),
         ("POST", format!("/v1/reservations/{id}/extend"), vec![], Some("{}".into()), StatusCode::BAD_REQUEST, "end"),
         ("POST", format!("/v1/reservations/{id}/cancel"), vec![], Some(r#"{"why": 1}"#.into()), StatusCode::BAD_REQUEST, "why"),

@@ -182,11 +182,18 @@ async fn status_rebuild_show_replay_and_tail_answer_an_investigator() {
 
     let rebuilt = command(&fleet, &["projections", "rebuild", "pools"]).output().expect("rebuild");
     assert!(rebuilt.status.success(), "{}", String::from_utf8_lossy(&rebuilt.stderr));
+    // Its result line is printed when its output is not a terminal too.
+    let said = String::from_utf8_lossy(&rebuilt.stdout);
+    assert!(said.contains("rebuilt pools v2:") && said.contains("events applied"), "{said}");
     let pools = models::read_models().into_iter().find(|p| p.name() == "pools").expect("pools");
     assert_eq!(rebuild::verify(&fleet.t.db, pools.as_ref()).await.expect("verify"), vec![("pools_v2".to_owned(), 0)]);
     let unknown = command(&fleet, &["projections", "rebuild", "nope"]).output().expect("rebuild");
     assert!(!unknown.status.success());
-    assert!(String::from_utf8_lossy(&unknown.stderr).contains("pools"), "names the read models");
+    let refused = String::from_utf8_lossy(&unknown.stderr);
+    assert!(refused.contains("pools"), "names the read models");
+    // A user's mistake is one line, never a backtrace.
+    assert_eq!(refused.trim_end().lines().count(), 1, "{refused}");
+    assert!(!refused.contains("backtrace") && !refused.contains("Caused by"), "{refused}");
 
     let history = run(&fleet, &["events", "show", id.as_str()]);
     let lines: Vec<serde_json::Value> = history.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
@@ -224,6 +231,18 @@ async fn status_rebuild_show_replay_and_tail_answer_an_investigator() {
     assert_eq!(capacity_now["capacity"][0]["allocatable"], allocatable, "the replayed fold equals the read model");
     assert_eq!(capacity_now["capacity"][0]["reserved"], reserved);
 
+    // Positions beyond the log and type filters the API refuses are refused here the same way.
+    for args in [
+        vec!["events", "replay", "--until", "999-1-0", "--stream", id.as_str()],
+        vec!["events", "tail", "--type", "reservation.plaecd"],
+        vec!["events", "tail", "--type", "reserv*"],
+        vec!["events", "tail", "--after", "999-1-0"],
+    ] {
+        let refused = command(&fleet, &args).stdin(Stdio::null()).output().expect("run");
+        let text = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{args:?}");
+        assert!(text.contains("INVALID_ARGUMENT"), "{args:?}: {text}");
+    }
     let mut tail = command(&fleet, &["events", "tail", "--after", "0-0-0", "--type", "reservation.*"])
         .stdin(Stdio::null())
         .stderr(Stdio::null())

@@ -58,6 +58,8 @@ pub(crate) struct Server {
     pub(crate) ca_file: std::path::PathBuf,
     /// Its later standard output lines (kept open, so the process can go on writing).
     lines: mpsc::Receiver<String>,
+    /// The lines it printed before it said where it serves.
+    earlier: Vec<String>,
 }
 
 impl Server {
@@ -74,19 +76,24 @@ impl Server {
             }
         });
         let deadline = Instant::now() + WAIT;
+        let mut earlier = Vec::new();
         loop {
             let line = received
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 .unwrap_or_else(|_| panic!("the server never said where it serves: {:?}", child.try_wait()));
             if let Some(url) = line.strip_prefix("better-compute: serving ") {
                 let ca_file = test_pki().join("ca.crt");
-                return Server { child, base_url: url.trim().to_owned(), ca_file, lines: received };
+                return Server { child, base_url: url.trim().to_owned(), ca_file, lines: received, earlier };
             }
+            earlier.push(line);
         }
     }
 
     /// The next standard output line containing `needle`.
-    fn line_containing(&self, needle: &str) -> String {
+    fn line_containing(&mut self, needle: &str) -> String {
+        if let Some(at) = self.earlier.iter().position(|line| line.contains(needle)) {
+            return self.earlier.remove(at);
+        }
         let deadline = Instant::now() + WAIT;
         loop {
             let line = self
@@ -327,6 +334,11 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     let line = first.line_containing("demo customer");
     let token = line.split("Bearer ").nth(1).expect("a bearer token").trim().to_owned();
     first.line_containing("curl");
+    // It says which database URL the other commands take, and they work with it.
+    let url_line = first.line_containing("BETTER_COMPUTE_DATABASE_URL='");
+    let url = url_line.split('\'').nth(1).expect("a quoted URL").to_owned();
+    let status = command(&["projections", "status"]).env("BETTER_COMPUTE_DATABASE_URL", &url).output().expect("run");
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
     let names = list_until(&first, "/v1/pools", &token, |items| items.len() == 2).await;
     assert_eq!(names.iter().map(|p| p["name"].as_str().unwrap_or("")).collect::<Vec<_>>(), ["a100", "h100"]);
     // Its simulated machines joined through their agents and are live.
@@ -394,6 +406,18 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     second.signal("INT");
     assert!(second.wait().success());
     assert!(!dev_cluster(&data_dir).is_running());
+
+    // A dev killed outright leaves its cluster running; the next dev adopts it, and its Ctrl-C stops it.
+    let mut crashed = Server::start(dev());
+    crashed.signal("KILL");
+    let _ = crashed.wait();
+    assert!(dev_cluster(&data_dir).is_running(), "a killed dev cannot stop its cluster");
+    let mut after = Server::start(dev());
+    after.ca_file = data_dir.join("pki").join("ca.crt");
+    assert_eq!(healthz(&after).await.0, 200);
+    after.signal("INT");
+    assert!(after.wait().success());
+    assert!(!dev_cluster(&data_dir).is_running(), "Ctrl-C stops the cluster it adopted too");
     let _ = std::fs::remove_dir_all(&data_dir);
 }
 
@@ -745,4 +769,22 @@ async fn the_server_killed_under_load_loses_no_acknowledged_command_and_streams_
     }
     bc_projections::testing::catch_up(&t.db).await;
     crate::investigate::assert_models_equal_rebuilds(&t.db, &format!("after three kills (seed {seed})")).await;
+}
+
+#[tokio::test]
+async fn migrate_refuses_a_ledger_it_cannot_account_for_with_invalid_config_naming_the_entries() {
+    let t = TestDb::new().await;
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query(
+        "INSERT INTO compute_migrations (name, applied_at) VALUES ('nodes/9999_from_the_future', compute_now())",
+    )
+    .execute(tx.conn())
+    .await
+    .expect("a ledger entry of a newer release");
+    tx.commit().await.expect("commit");
+    let output = command(&["migrate"]).env("BETTER_COMPUTE_DATABASE_URL", t.url()).output().expect("migrate");
+    assert!(!output.status.success());
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(text.contains("INVALID_CONFIG") && text.contains("nodes/9999_from_the_future"), "{text}");
+    assert_eq!(text.trim_end().lines().count(), 1, "one line, no backtrace: {text}");
 }

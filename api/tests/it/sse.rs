@@ -88,14 +88,14 @@ async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_or
 
     // Writers append acme's events (numbered), noise of another type, and globex's events, all the time.
     const TOTAL: u64 = 120;
-    let start = append(&t.db, "acme", "test.sse", 0).await;
+    let start = append(&t.db, "acme", "site.created", 0).await;
     let writer = {
         let db = t.db.clone();
         tokio::spawn(async move {
             for n in 1..TOTAL {
-                append(&db, "acme", "test.sse", n).await;
-                append(&db, "acme", "test.noise", n).await;
-                append(&db, "globex", "test.sse", 1000 + n).await;
+                append(&db, "acme", "site.created", n).await;
+                append(&db, "acme", "pool.created", n).await;
+                append(&db, "globex", "site.created", 1000 + n).await;
                 tokio::task::yield_now().await;
             }
         })
@@ -110,7 +110,7 @@ async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_or
     // The first connection starts before the first event (?after=) and drops a third of the way.
     let first_after = Position::START.to_string();
     let mut response = client
-        .get(format!("{base}/v1/events?after={first_after}&types=test.sse"))
+        .get(format!("{base}/v1/events?after={first_after}&types=site.created"))
         .bearer_auth(ALICE)
         .send()
         .await
@@ -133,7 +133,7 @@ async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_or
         attempts += 1;
         assert!(attempts < 10, "too many reconnections");
         let mut response = client
-            .get(format!("{base}/v1/events?types=test.sse"))
+            .get(format!("{base}/v1/events?types=site.created"))
             .bearer_auth(ALICE)
             .header("last-event-id", &last_id)
             .send()
@@ -141,7 +141,7 @@ async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_or
             .expect("resume");
         let mut buffer = String::new();
         read_events(&mut response, &mut buffer, |sse| {
-            assert_eq!(sse.event.as_deref(), Some("test.sse"), "{sse:?}");
+            assert_eq!(sse.event.as_deref(), Some("site.created"), "{sse:?}");
             let data: serde_json::Value = serde_json::from_str(&sse.data).expect("json");
             assert_eq!(data["tenantId"], "acme", "only acme's events");
             received.push(data["payload"].as_u64().expect("n"));
@@ -155,7 +155,7 @@ async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_or
 
     // The platform sees every tenant's events; a bad position names the header.
     let mut root = client
-        .get(format!("{base}/v1/events?after={first_after}&types=test.*"))
+        .get(format!("{base}/v1/events?after={first_after}&types=site.*,pool.*"))
         .bearer_auth(ROOT)
         .send()
         .await
@@ -208,7 +208,7 @@ async fn a_subscriber_a_whole_buffer_behind_is_cut_off_and_resumes_without_losin
     let config = EventsConfig { poll: Duration::from_millis(5), buffer: 4, ..EventsConfig::default() };
     let hub = Arc::new(EventHub::new(bc_commands::App::new(t.db.clone()), config));
     let filter = Filter { tenant: Some("acme".into()), ..Filter::default() };
-    let first = append(&t.db, "acme", "test.sse", 0).await;
+    let first = append(&t.db, "acme", "site.created", 0).await;
     let slow = subscription(Arc::clone(&hub), Position::START, filter.clone());
     let mut slow = std::pin::pin!(slow);
     let got = slow.next().await.expect("the first event");
@@ -219,7 +219,7 @@ async fn a_subscriber_a_whole_buffer_behind_is_cut_off_and_resumes_without_losin
     let mut prompt = std::pin::pin!(prompt);
     let mut last = first;
     for n in 1..=20 {
-        last = append(&t.db, "acme", "test.sse", n).await;
+        last = append(&t.db, "acme", "site.created", n).await;
         let item = tokio::time::timeout(Duration::from_secs(30), prompt.next()).await.expect("prompt").expect("item");
         assert!(matches!(item, Item::Event { position, .. } if position == last), "{item:?}");
     }
