@@ -152,7 +152,8 @@ pub struct ErrorBody {
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct ErrorDetail {
     /// `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `FORBIDDEN`, `NOT_FOUND`, `CONFLICT`, `CAPACITY_UNAVAILABLE`,
-    /// `QUOTA_EXCEEDED`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNAVAILABLE`, `INTERNAL_ERROR`.
+    /// `QUOTA_EXCEEDED`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNSUPPORTED_MEDIA_TYPE`, `UNAVAILABLE`,
+    /// `INTERNAL_ERROR`.
     pub code: String,
     pub message: String,
     /// Such as `field`, naming what is wrong with the input.
@@ -183,6 +184,9 @@ pub enum CommonErrors {
     /// The body is larger than the API reads.
     #[response(status = 413)]
     TooLarge(ErrorBody),
+    /// A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`).
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorBody),
     /// Something failed inside; the message is generic and the cause is logged.
     #[response(status = 500)]
     Internal(ErrorBody),

@@ -134,6 +134,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        check_json_content_type(request.headers())?;
         let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(
@@ -150,6 +151,23 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// Refuses a body that does not say it is JSON: `415 UNSUPPORTED_MEDIA_TYPE`, naming `content-type`.
+/// `application/json` with parameters (`; charset=utf-8`) is JSON.
+fn check_json_content_type(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    let value = headers.get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let media = value.split(';').next().unwrap_or_default().trim();
+    if media.eq_ignore_ascii_case("application/json") {
+        return Ok(());
+    }
+    let said = if value.is_empty() { "no content-type".to_owned() } else { format!("content-type {value:?}") };
+    Err(ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "UNSUPPORTED_MEDIA_TYPE",
+        format!("the body must be application/json, not {said}"),
+    )
+    .with_details(json!({ "field": "content-type" })))
+}
+
 /// An optional JSON body: absent or empty means the default.
 #[derive(Debug, Clone)]
 pub struct OptionalBody<T>(pub T);
@@ -158,12 +176,14 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalB
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let headers = request.headers().clone();
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(|rejection| ApiError::invalid_argument("body", rejection.body_text()))?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalBody(T::default()));
         }
+        check_json_content_type(&headers)?;
         parse_json(&bytes).map(OptionalBody)
     }
 }

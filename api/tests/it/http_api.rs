@@ -415,6 +415,12 @@ async fn bad_input_is_a_4xx_naming_what_is_wrong_and_writes_nothing() {
     let big = "x".repeat(70 * 1024);
     let cases: Vec<BadInput> = vec![
         ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")], Some("{".into()), StatusCode::BAD_REQUEST, "body"),
+        // A body must say it is JSON.
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k"), ("content-type", "text/plain")],
+            Some(reservation(&pool, 1, 60).to_string()), StatusCode::UNSUPPORTED_MEDIA_TYPE, "content-type"),
+        ("POST", "/v1/sites".into(), vec![("content-type", "application/x-www-form-urlencoded")],
+            Some(json!({ "name": "form", "iamRegion": "eu-central-1", "kind": "shared" }).to_string()),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE, "content-type"),
         ("POST", "/v1/reservations".into(), vec![("idempotency-key", "k")], Some(String::new()), StatusCode::BAD_REQUEST, "body"),
         // A struct's fields as an array, which serde alone would read (found by schemathesis).
         ("POST", "/v1/sites".into(), vec![("idempotency-key", "k")], Some(r#"["x", "eu-central-1", "shared"]"#.into()), StatusCode::BAD_REQUEST, "body"),
@@ -479,7 +485,9 @@ async fn bad_input_is_a_4xx_naming_what_is_wrong_and_writes_nothing() {
         let reply = api.call(method, &uri, Some(token), &headers, body).await;
         assert_eq!(reply.status, status, "{method} {uri}: {:?}", reply.body);
         assert_eq!(reply.field(), field, "{method} {uri}: {:?}", reply.body);
-        assert_eq!(reply.body["error"]["code"], "INVALID_ARGUMENT", "{method} {uri}");
+        let code =
+            if status == StatusCode::UNSUPPORTED_MEDIA_TYPE { "UNSUPPORTED_MEDIA_TYPE" } else { "INVALID_ARGUMENT" };
+        assert_eq!(reply.body["error"]["code"], code, "{method} {uri}");
         assert!(reply.header("x-request-id").is_some(), "{method} {uri}: errors carry the request id too");
     }
     assert_eq!(api.events().await, before, "no bad input wrote anything");
