@@ -31,6 +31,7 @@ use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock};
 use super::fleet::owned_pool;
 use super::node_commands as commands;
 use super::reservations::apply_and_schedule;
+pub use super::store::agents::JoinTokenInfo;
 use super::store::agents::{self, NodeState};
 use super::store::certificates;
 use super::store::{self, PoolRow, corrupt};
@@ -345,6 +346,65 @@ impl App {
             .await
     }
 
+    /// A page of the pool's join tokens (never their secrets), by id.
+    pub async fn list_join_tokens(
+        &self,
+        caller: &Caller,
+        pool_id: &PoolId,
+        page: &crate::reads::Page,
+    ) -> AppResult<crate::reads::Listed<JoinTokenInfo>> {
+        let after: Option<JoinTokenId> = match &page.after_key {
+            Some(key) => {
+                Some(key.parse().map_err(|_| Rejection::invalid("cursor", "is not a cursor this API gave out"))?)
+            }
+            None => None,
+        };
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        owned_pool(&mut tx, caller, pool_id).await?;
+        let mut tokens = agents::list_join_tokens(&mut tx, pool_id, after.as_ref(), i64::from(page.limit) + 1).await?;
+        tx.commit().await?;
+        let more = tokens.len() > page.limit as usize;
+        tokens.truncate(page.limit as usize);
+        let next_key = if more { tokens.last().map(|t| t.id.to_string()) } else { None };
+        Ok(crate::reads::Listed { items: tokens, next_key })
+    }
+
+    /// Revokes a join token no machine has used: it admits nobody from now on. Revoking it again answers it
+    /// as it is; one a machine used is refused (`CONFLICT`).
+    pub async fn revoke_join_token(
+        &self,
+        caller: &Caller,
+        pool_id: &PoolId,
+        token_id: &JoinTokenId,
+    ) -> AppResult<Committed<JoinTokenInfo>> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                async move {
+                    let pool = owned_pool(tx, caller, pool_id).await?;
+                    let not_found = || Rejection::NotFound { kind: "join token", id: token_id.to_string() };
+                    let Some(row) = agents::lock_pool_join_token(tx, pool_id, token_id).await? else {
+                        return Err(not_found().into());
+                    };
+                    let Some((state, version)) = store::join_token_aggregate(tx, token_id).await? else {
+                        return Err(not_found().into());
+                    };
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let used_by = row.node_id.as_ref().map(NodeId::as_str);
+                    let events = bc_domain::pool::revoke_join_token(&state, used_by, at_ms)?;
+                    if !events.is_empty() {
+                        agents::revoke_join_token(tx, token_id).await?;
+                    }
+                    let version = ExpectedVersion::Exact(version);
+                    let position =
+                        record(tx, caller, token_id.as_str(), &pool.owner_tenant_id, version, events).await?;
+                    let value = agents::lock_pool_join_token(tx, pool_id, token_id).await?.ok_or_else(not_found)?;
+                    Ok(Committed { value, position })
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
     /// A machine joins the pool of its join token: the token is used up, the inventory checked against the
     /// pool's acceptance checks, and the machine is either a new node (`adopting`, then `adopted`) or, when it
     /// shares two identifiers with an existing node, that node again. Answers the node's new credential and a
@@ -392,6 +452,9 @@ impl App {
                     }
                     if token.expired {
                         return Err(Rejection::Unauthenticated(format!("join token {token_id} expired")).into());
+                    }
+                    if token.revoked {
+                        return Err(Rejection::Unauthenticated(format!("join token {token_id} was revoked")).into());
                     }
                     let pool =
                         store::pool(tx, &pool_id).await?.ok_or_else(|| corrupt("the join token's pool", "missing"))?;

@@ -251,6 +251,15 @@ pub struct JoinTokenIssued {
     pub at_ms: i64,
 }
 
+/// A join token that no machine had used was revoked: it admits nobody from now on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenRevoked {
+    pub pool_id: PoolId,
+    pub token_id: crate::id::JoinTokenId,
+    pub at_ms: i64,
+}
+
 domain_events! {
     /// Events of a pool's stream.
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -259,6 +268,7 @@ domain_events! {
         Offered(PoolOffered) = "pool.offered",
         QuotaSet(PoolQuotaSet) = "pool.quota_set",
         JoinTokenIssued(JoinTokenIssued) = "pool.join_token_issued",
+        JoinTokenRevoked(JoinTokenRevoked) = "pool.join_token_revoked",
     }
 }
 
@@ -266,6 +276,7 @@ mod state;
 
 pub use state::{
     CreationFacts, JoinToken, Pool, PoolCommand, create, decide, evolve, evolve_join_token, fold, issue_join_token,
+    revoke_join_token,
 };
 
 /// Which offering governs a tenant in a pool: a direct offer wins over one inherited through an ancestor's

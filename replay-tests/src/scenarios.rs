@@ -313,5 +313,9 @@ async fn agent_life(app: &App) -> anyhow::Result<()> {
         worker.sweep_liveness().await?;
         worker.run_until_idle().await?;
     }
+
+    // A token issued and revoked before any machine used it.
+    let unused = app.create_join_token(&owner, &pool_id, 3600).await?.value.id;
+    app.revoke_join_token(&owner, &pool_id, &unused).await?;
     Ok(())
 }

@@ -135,6 +135,8 @@ routes! {
     nodes::list_commands => "nodes.commands.list";
     nodes::node_inventory => "nodes.inventory.get";
     nodes::create_join_token => "nodes.join_tokens.create";
+    nodes::list_join_tokens => "nodes.join_tokens.list";
+    nodes::revoke_join_token => "nodes.join_tokens.revoke";
     // The agent's routes: a join token or the node credential, never a tenant's principal.
     agent::join => open;
     agent::open_session => open;

@@ -5,18 +5,19 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use bc_domain::device::GpuInfo;
-use bc_domain::id::{DeviceId, NodeId, PoolId, TenantId};
+use bc_domain::id::{DeviceId, JoinTokenId, NodeId, PoolId, TenantId};
 use serde::Deserialize;
 
 use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
-use super::request::{Authed, JsonBody, OptionalBody, QueryParams, committed_answer, next_cursor, path_id};
+use super::request::{Authed, JsonBody, OptionalBody, PageParams, QueryParams, committed_answer, next_cursor, path_id};
 use super::{ApiError, AppState};
+use crate::wire::nodes::JoinTokenInfoDto;
 use crate::wire::nodes::{
     CommandBody, CommandListDto, CommandQueuedDto, ForceBody, InventoryDto, JoinTokenBody, JoinTokenDto,
     NodeChangedDto, NodeDeletedDto, NodeDto, RegisterBody, SpecBody, SpecSetDto, VerbBody,
 };
-use crate::wire::{CreatedDto, NodePage};
+use crate::wire::{CreatedDto, JoinTokenPage, NodePage};
 use bc_commands::Caller;
 use bc_commands::door::Subject;
 use bc_commands::node_commands::Delivery;
@@ -92,7 +93,7 @@ pub async fn list_nodes(
     QueryParams(params): QueryParams<ListParams>,
 ) -> Result<Json<NodePage>, ApiError> {
     let caller = state.app.authorize(&who.0, "nodes.list", Subject::OwnTenant).await?;
-    let page = super::request::PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
+    let page = PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
     let pool_id = params.pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
     let listed = state.app.list_nodes(&caller, pool_id.as_ref(), &page, after).await?;
     Ok(Json(NodePage {
@@ -235,6 +236,58 @@ pub async fn create_join_token(
     let caller = state.app.authorize(&who.0, "nodes.join_tokens.create", Subject::Pool(&pool_id)).await?;
     let done = state.app.create_join_token(&caller, &pool_id, body.ttl_seconds.unwrap_or(3600)).await?;
     Ok(committed_answer(StatusCode::CREATED, JoinTokenDto::from(&done.value), done.position, None))
+}
+
+/// `GET /v1/pools/{pool_id}/join-tokens`: the pool's join tokens, never their secrets.
+#[utoipa::path(
+    get,
+    path = "/v1/pools/{pool_id}/join-tokens",
+    tag = "nodes",
+    summary = "The pool's join tokens (never their secrets), by id: whether each is unused, used, expired or revoked",
+    params(("pool_id" = String, Path, description = "The pool id"), PageParams),
+    responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = JoinTokenPage)),
+    security(("bearer" = [])),
+)]
+pub async fn list_join_tokens(
+    State(state): State<AppState>,
+    who: Authed,
+    // Join tokens are read where they are written, so every token is already reached; it is still checked.
+    MinPosition(_): MinPosition,
+    Path(pool_id): Path<String>,
+    QueryParams(params): QueryParams<PageParams>,
+) -> Result<Json<JoinTokenPage>, ApiError> {
+    let pool_id: PoolId = path_id("poolId", &pool_id)?;
+    let caller = state.app.authorize(&who.0, "nodes.join_tokens.list", Subject::Pool(&pool_id)).await?;
+    let page = params.page()?;
+    let listed = state.app.list_join_tokens(&caller, &pool_id, &page).await?;
+    let now_ms = state.app.now_ms().await?;
+    Ok(Json(JoinTokenPage {
+        items: listed.items.iter().map(|t| JoinTokenInfoDto::at(t, now_ms)).collect(),
+        next_cursor: next_cursor(&listed.next_key),
+    }))
+}
+
+/// `DELETE /v1/pools/{pool_id}/join-tokens/{token_id}`: revokes a join token no machine used.
+#[utoipa::path(
+    delete,
+    path = "/v1/pools/{pool_id}/join-tokens/{token_id}",
+    tag = "nodes",
+    summary = "Revoke a join token no machine used: it admits nobody from now on (revoking again answers it as it is)",
+    params(("pool_id" = String, Path, description = "The pool id"), ("token_id" = String, Path, description = "The join token's id")),
+    responses(CommonErrors, (status = 200, description = "The token, revoked", body = JoinTokenInfoDto)),
+    security(("bearer" = [])),
+)]
+pub async fn revoke_join_token(
+    State(state): State<AppState>,
+    who: Authed,
+    Path((pool_id, token_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let pool_id: PoolId = path_id("poolId", &pool_id)?;
+    let token_id: JoinTokenId = path_id("tokenId", &token_id)?;
+    let caller = state.app.authorize(&who.0, "nodes.join_tokens.revoke", Subject::Pool(&pool_id)).await?;
+    let done = state.app.revoke_join_token(&caller, &pool_id, &token_id).await?;
+    let now_ms = state.app.now_ms().await?;
+    Ok(committed_answer(StatusCode::OK, JoinTokenInfoDto::at(&done.value, now_ms), done.position, None))
 }
 
 /// Decides `method` on the node a path names: the node's id and the caller to run the command as.

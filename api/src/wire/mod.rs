@@ -56,6 +56,10 @@ page!(
     AuditPage of fleet::AuditDto
 );
 page!(
+    /// A page of a pool's join tokens.
+    JoinTokenPage of nodes::JoinTokenInfoDto
+);
+page!(
     /// A page of nodes.
     NodePage of nodes::NodeDto
 );

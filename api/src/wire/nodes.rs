@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use bc_commands::agents::IssuedJoinToken;
+use bc_commands::agents::{IssuedJoinToken, JoinTokenInfo};
 use bc_commands::node_commands::CommandRecord;
 use bc_commands::nodes::InventorySnapshot;
 use bc_commands::reads::NodeView;
@@ -357,6 +357,49 @@ impl From<&IssuedJoinToken> for JoinTokenDto {
             token: t.token.clone(),
             pool_id: t.pool_id.to_string(),
             expires_at: t.expires_at_ms,
+        }
+    }
+}
+
+/// A join token as an operator lists it: never its secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenInfoDto {
+    pub id: String,
+    pub pool_id: String,
+    /// `unused`, `used`, `expired` or `revoked`.
+    pub state: String,
+    pub created_by: String,
+    pub created_at: i64,
+    pub expires_at: i64,
+    /// When a machine joined with it, and the node it became.
+    pub used_at: Option<i64>,
+    pub node_id: Option<String>,
+    pub revoked_at: Option<i64>,
+}
+
+impl JoinTokenInfoDto {
+    /// The token as of `now_ms`.
+    pub fn at(t: &JoinTokenInfo, now_ms: i64) -> Self {
+        let state = if t.used_at_ms.is_some() {
+            "used"
+        } else if t.revoked_at_ms.is_some() {
+            "revoked"
+        } else if t.expires_at_ms <= now_ms {
+            "expired"
+        } else {
+            "unused"
+        };
+        JoinTokenInfoDto {
+            id: t.id.to_string(),
+            pool_id: t.pool_id.to_string(),
+            state: state.to_owned(),
+            created_by: t.created_by.clone(),
+            created_at: t.created_at_ms,
+            expires_at: t.expires_at_ms,
+            used_at: t.used_at_ms,
+            node_id: t.node_id.as_ref().map(ToString::to_string),
+            revoked_at: t.revoked_at_ms,
         }
     }
 }

@@ -889,3 +889,78 @@ async fn the_agent_protocol_and_the_node_routes_answer_within_their_schemas() {
     assert_eq!(rotated.status, StatusCode::CREATED, "{:?}", rotated.body);
     assert_eq!(rotated.body["nodeId"], node.as_str());
 }
+
+#[tokio::test]
+async fn join_tokens_are_listed_without_their_secrets_and_an_unused_one_is_revoked_for_good() {
+    use bc_agent::simulate::{self, Simulated};
+    use bc_domain::agent::JoinRequest;
+    use bc_domain::inventory::SectionHashes;
+
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let issue = || async {
+        let made = api.call("POST", &format!("/v1/pools/{pool}/join-tokens"), Some(ROOT), &[], None).await;
+        assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+        (made.body["id"].as_str().expect("id").to_owned(), made.body["token"].as_str().expect("token").to_owned())
+    };
+    let (kept, kept_secret) = issue().await;
+    let (revoked, revoked_secret) = issue().await;
+
+    let listed = api.call("GET", &format!("/v1/pools/{pool}/join-tokens"), Some(ROOT), &[], None).await;
+    assert_eq!(listed.status, StatusCode::OK, "{:?}", listed.body);
+    let text = listed.body.to_string();
+    assert!(!text.contains(&kept_secret) && !text.contains("jt_"), "no secret is ever listed: {text}");
+    let items = listed.body["items"].as_array().expect("items");
+    assert_eq!(items.len(), 2);
+    assert!(items.iter().all(|t| t["state"] == "unused" && t["createdBy"] == "operator@platform"), "{items:?}");
+    // A customer of the pool is no operator of it.
+    let customer = api.call("GET", &format!("/v1/pools/{pool}/join-tokens"), Some(ALICE), &[], None).await;
+    assert!(
+        customer.status == StatusCode::FORBIDDEN || customer.status == StatusCode::NOT_FOUND,
+        "{:?}",
+        customer.body
+    );
+
+    // Revoked, it admits nobody; revoking again answers it as it is and appends nothing.
+    let path = format!("/v1/pools/{pool}/join-tokens/{revoked}");
+    let done = api.call("DELETE", &path, Some(ROOT), &[], None).await;
+    assert_eq!((done.status, done.body["state"].as_str()), (StatusCode::OK, Some("revoked")), "{:?}", done.body);
+    assert!(done.header("x-position").is_some());
+    let events = api.events().await;
+    let again = api.call("DELETE", &path, Some(ROOT), &[], None).await;
+    assert_eq!((again.status, again.body["state"].as_str()), (StatusCode::OK, Some("revoked")));
+    assert_eq!(api.events().await, events, "a second revocation appends nothing");
+    let spec: Simulated = "2xH100".parse().expect("spec");
+    let join = |token: String, host: &str| JoinRequest {
+        join_token: token,
+        agent_version: "test".into(),
+        inventory: simulate::inventory(host, &spec).report(&SectionHashes::new()),
+        csr: None,
+    };
+    let refused = api.fleet.app.join(join(revoked_secret, "sim-revoked")).await.expect_err("a revoked token");
+    assert!(refused.to_string().contains("was revoked"), "{refused}");
+
+    // Used, it cannot be revoked: it admits nobody else already, and the node is what to delete.
+    let joined = api.fleet.app.join(join(kept_secret, "sim-kept")).await.expect("join");
+    let used = api.call("DELETE", &format!("/v1/pools/{pool}/join-tokens/{kept}"), Some(ROOT), &[], None).await;
+    assert_eq!(used.status, StatusCode::CONFLICT, "{:?}", used.body);
+    assert!(used.body.to_string().contains(&joined.node_id.to_string()), "{:?}", used.body);
+    let listed = api.call("GET", &format!("/v1/pools/{pool}/join-tokens?limit=1"), Some(ROOT), &[], None).await;
+    assert_eq!(listed.body["items"].as_array().map(Vec::len), Some(1));
+    let cursor = listed.body["nextCursor"].as_str().expect("a second page").to_owned();
+    let rest = api.call("GET", &format!("/v1/pools/{pool}/join-tokens?cursor={cursor}"), Some(ROOT), &[], None).await;
+    let states: Vec<&str> = listed.body["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(rest.body["items"].as_array().into_iter().flatten())
+        .filter_map(|t| t["state"].as_str())
+        .collect();
+    let mut sorted = states.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, ["revoked", "used"], "{states:?}");
+    let missing = api
+        .call("DELETE", &format!("/v1/pools/{pool}/join-tokens/jtk_01jd8w2k3m4n5p6q7r8s9t0v1w"), Some(ROOT), &[], None)
+        .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+}

@@ -179,6 +179,8 @@ pub const METHODS: &[MethodSpec] = &[
     m("nodes.commands.list", "compute:nodes.commands.list", Target::Node, OPERATOR, false),
     m("nodes.inventory.get", "compute:nodes.inventory.get", Target::Node, OPERATOR, false),
     m("nodes.join_tokens.create", "compute:nodes.join_tokens.create", Target::Pool, OPERATOR, true),
+    m("nodes.join_tokens.list", "compute:nodes.join_tokens.list", Target::Pool, OPERATOR, false),
+    m("nodes.join_tokens.revoke", "compute:nodes.join_tokens.revoke", Target::Pool, OPERATOR, true),
     m("reservations.create", "compute:reservations.create", Target::Reservation, USER, true),
     m("reservations.get", "compute:reservations.get", Target::Reservation, MEMBER, false),
     m("reservations.list", "compute:reservations.list", Target::Tenant, MEMBER, false),

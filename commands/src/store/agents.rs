@@ -227,12 +227,14 @@ pub struct JoinTokenRow {
     pub id: JoinTokenId,
     pub used: bool,
     pub expired: bool,
+    pub revoked: bool,
 }
 
 /// Locks the join token with this hash (after its pool, in the lock order).
 pub async fn lock_join_token(tx: &mut Tx, secret_sha256: &str) -> AppResult<JoinTokenRow> {
     let row = sql::query(
-        "SELECT id, used_at IS NOT NULL AS used, expires_at <= compute_now() AS expired
+        "SELECT id, used_at IS NOT NULL AS used, expires_at <= compute_now() AS expired,
+                revoked_at IS NOT NULL AS revoked
          FROM join_tokens WHERE secret_sha256 = $1 FOR UPDATE",
     )
     .bind(secret_sha256)
@@ -243,7 +245,80 @@ pub async fn lock_join_token(tx: &mut Tx, secret_sha256: &str) -> AppResult<Join
         id: id.parse().map_err(|err| corrupt("join_tokens.id", err))?,
         used: row.try_get("used")?,
         expired: row.try_get("expired")?,
+        revoked: row.try_get("revoked")?,
     })
+}
+
+/// A join token as an operator sees it (never its secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinTokenInfo {
+    pub id: JoinTokenId,
+    pub pool_id: PoolId,
+    pub created_by: String,
+    pub created_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub used_at_ms: Option<i64>,
+    pub node_id: Option<NodeId>,
+    pub revoked_at_ms: Option<i64>,
+}
+
+fn join_token_info(row: &sqlx::postgres::PgRow) -> AppResult<JoinTokenInfo> {
+    let text = |column: &str| -> AppResult<String> { Ok(row.try_get::<String, _>(column)?) };
+    let node_id: Option<String> = row.try_get("node_id")?;
+    Ok(JoinTokenInfo {
+        id: text("id")?.parse().map_err(|err| corrupt("join_tokens.id", err))?,
+        pool_id: text("pool_id")?.parse().map_err(|err| corrupt("join_tokens.pool_id", err))?,
+        created_by: text("created_by")?,
+        created_at_ms: row.try_get("created_at")?,
+        expires_at_ms: row.try_get("expires_at")?,
+        used_at_ms: row.try_get("used_at")?,
+        node_id: node_id.map(|n| n.parse().map_err(|err| corrupt("join_tokens.node_id", err))).transpose()?,
+        revoked_at_ms: row.try_get("revoked_at")?,
+    })
+}
+
+/// The pool's join tokens after `after` (by id), at most `limit`, newest id last.
+pub async fn list_join_tokens(
+    tx: &mut Tx,
+    pool_id: &PoolId,
+    after: Option<&JoinTokenId>,
+    limit: i64,
+) -> AppResult<Vec<JoinTokenInfo>> {
+    let rows = sql::query(
+        "SELECT id, pool_id, created_by, ts_ms(created_at) AS created_at, ts_ms(expires_at) AS expires_at,
+                ts_ms(used_at) AS used_at, node_id, ts_ms(revoked_at) AS revoked_at
+         FROM join_tokens WHERE pool_id = $1 AND ($2::text IS NULL OR id > $2)
+         ORDER BY id LIMIT $3",
+    )
+    .bind(pool_id.as_str())
+    .bind(after.map(JoinTokenId::as_str))
+    .bind(limit)
+    .fetch_all(tx.conn())
+    .await?;
+    rows.iter().map(join_token_info).collect()
+}
+
+/// One join token of the pool, locked.
+pub async fn lock_pool_join_token(tx: &mut Tx, pool_id: &PoolId, id: &JoinTokenId) -> AppResult<Option<JoinTokenInfo>> {
+    let row = sql::query(
+        "SELECT id, pool_id, created_by, ts_ms(created_at) AS created_at, ts_ms(expires_at) AS expires_at,
+                ts_ms(used_at) AS used_at, node_id, ts_ms(revoked_at) AS revoked_at
+         FROM join_tokens WHERE pool_id = $1 AND id = $2 FOR UPDATE",
+    )
+    .bind(pool_id.as_str())
+    .bind(id.as_str())
+    .fetch_optional(tx.conn())
+    .await?;
+    row.as_ref().map(join_token_info).transpose()
+}
+
+/// Marks a join token revoked.
+pub async fn revoke_join_token(tx: &mut Tx, id: &JoinTokenId) -> AppResult<()> {
+    sql::query("UPDATE join_tokens SET revoked_at = compute_now() WHERE id = $1 AND revoked_at IS NULL")
+        .bind(id.as_str())
+        .execute(tx.conn())
+        .await?;
+    Ok(())
 }
 
 /// Marks a join token used by the node it admitted.

@@ -225,6 +225,21 @@ pub async fn pool_aggregate(tx: &mut Tx, pool_id: &PoolId) -> AppResult<Option<(
     Ok(bc_domain::pool::fold(&decoded).map(|pool| (pool, version)))
 }
 
+/// A join token as the fold of its stream, with the stream's version (`None`: no such token).
+pub async fn join_token_aggregate(
+    tx: &mut Tx,
+    id: &bc_domain::id::JoinTokenId,
+) -> AppResult<Option<(bc_domain::pool::JoinToken, u32)>> {
+    let recorded = events::read_stream(tx, id.as_str(), 0, 1_000).await?;
+    let mut state = None;
+    for event in &recorded {
+        let event = PoolEvent::decode(&event.event_type, event.schema_version, &event.payload)?;
+        state = bc_domain::pool::evolve_join_token(state, &event);
+    }
+    let version = recorded.last().map_or(0, |e| e.stream_version);
+    Ok(state.map(|token| (token, version)))
+}
+
 /// The selector's SQL parameters: gpuModel, gpuProduct, and the attributes as a JSON object.
 fn selector_params(request: &DeviceRequest) -> AppResult<(Option<&str>, Option<&str>, String)> {
     let attributes = serde_json::to_string(&request.selector.attributes).map_err(|err| corrupt("selector", err))?;

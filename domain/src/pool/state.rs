@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    JoinTokenIssued, PoolAgent, PoolClass, PoolCreated, PoolEvent, PoolOffered, PoolPolicy, PoolQuotaSet, Quota,
-    Sharing, check_quota,
+    JoinTokenIssued, JoinTokenRevoked, PoolAgent, PoolClass, PoolCreated, PoolEvent, PoolOffered, PoolPolicy,
+    PoolQuotaSet, Quota, Sharing, check_quota,
 };
 use crate::Rejection;
 use crate::id::{JoinTokenId, PoolId, SiteId, TenantId};
@@ -39,6 +39,9 @@ pub struct JoinToken {
     pub pool_id: PoolId,
     pub expires_at_ms: i64,
     pub issued_at_ms: i64,
+    /// When it was revoked, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at_ms: Option<i64>,
 }
 
 /// Applies one event of a pool's stream (a `pool.join_token_issued` belongs to the token's own stream).
@@ -66,7 +69,7 @@ pub fn evolve(state: Option<Pool>, event: &PoolEvent) -> Option<Pool> {
     };
     pool.version += 1;
     match event {
-        PoolEvent::Created(_) | PoolEvent::JoinTokenIssued(_) => {}
+        PoolEvent::Created(_) | PoolEvent::JoinTokenIssued(_) | PoolEvent::JoinTokenRevoked(_) => {}
         PoolEvent::Offered(e) => {
             pool.offers.retain(|offer| offer.tenant_id != e.tenant_id);
             pool.offers.push(e.clone());
@@ -95,7 +98,11 @@ pub fn evolve_join_token(state: Option<JoinToken>, event: &PoolEvent) -> Option<
             pool_id: e.pool_id.clone(),
             expires_at_ms: e.expires_at_ms,
             issued_at_ms: e.at_ms,
+            revoked_at_ms: None,
         }),
+        (Some(token), PoolEvent::JoinTokenRevoked(e)) if token.revoked_at_ms.is_none() => {
+            Some(JoinToken { revoked_at_ms: Some(e.at_ms), ..token })
+        }
         (state, _) => state,
     }
 }
@@ -177,6 +184,25 @@ pub fn issue_join_token(
         pool_id: pool_id.clone(),
         token_id: token_id.clone(),
         expires_at_ms: now_ms + ttl_s as i64 * 1000,
+        at_ms: now_ms,
+    })])
+}
+
+/// Decides revoking a join token: one a machine used is refused (delete that node instead); revoking a revoked
+/// token again changes nothing.
+pub fn revoke_join_token(token: &JoinToken, used_by: Option<&str>, now_ms: i64) -> Result<Vec<PoolEvent>, Rejection> {
+    if let Some(node) = used_by {
+        return Err(Rejection::Conflict(format!(
+            "join token {} was used by node {node}: it admits nobody else already (delete the node to remove it)",
+            token.id
+        )));
+    }
+    if token.revoked_at_ms.is_some() {
+        return Ok(Vec::new());
+    }
+    Ok(vec![PoolEvent::JoinTokenRevoked(JoinTokenRevoked {
+        pool_id: token.pool_id.clone(),
+        token_id: token.id.clone(),
         at_ms: now_ms,
     })])
 }

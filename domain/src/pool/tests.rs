@@ -212,4 +212,28 @@ mod aggregate {
                 .then_rejected(|r| matches!(r, Rejection::InvalidArgument { field, .. } if field == "ttlSeconds"));
         }
     }
+
+    #[test]
+    fn an_unused_join_token_is_revoked_once_and_a_used_one_is_refused() {
+        let id: JoinTokenId = "jtk_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("token id");
+        let issued = PoolEvent::JoinTokenIssued(JoinTokenIssued {
+            pool_id: pool_id(),
+            token_id: id.clone(),
+            expires_at_ms: T0 + 3_600_000,
+            at_ms: T0,
+        });
+        let revoked =
+            PoolEvent::JoinTokenRevoked(JoinTokenRevoked { pool_id: pool_id(), token_id: id.clone(), at_ms: T0 + 5 });
+        let token = given::<JoinTokens>([issued.clone()])
+            .when(|token| revoke_join_token(token.expect("issued"), None, T0 + 5))
+            .then([revoked.clone()])
+            .expect("a token");
+        assert_eq!(token.revoked_at_ms, Some(T0 + 5));
+        given::<JoinTokens>([issued.clone(), revoked])
+            .when(|token| revoke_join_token(token.expect("issued"), None, T0 + 9))
+            .then_nothing();
+        given::<JoinTokens>([issued])
+            .when(|token| revoke_join_token(token.expect("issued"), Some("node_1"), T0 + 5))
+            .then_rejected(|r| matches!(r, Rejection::Conflict(m) if m.contains("node_1")));
+    }
 }

@@ -130,7 +130,7 @@ async fn apply_pool(tx: &mut Tx, event: &PoolEvent) -> Result<()> {
             .execute(tx.conn())
             .await?;
         }
-        PoolEvent::JoinTokenIssued(_) => {}
+        PoolEvent::JoinTokenIssued(_) | PoolEvent::JoinTokenRevoked(_) => {}
         PoolEvent::QuotaSet(e) => {
             sql::query(
                 "UPDATE pool_offers SET quota = $3::jsonb, updated_at = ms_ts($4) WHERE pool_id = $1 AND tenant_id = $2",

@@ -95,6 +95,7 @@ fn pool_of(event: &PoolEvent) -> &str {
         PoolEvent::Offered(e) => e.pool_id.as_str(),
         PoolEvent::QuotaSet(e) => e.pool_id.as_str(),
         PoolEvent::JoinTokenIssued(e) => e.pool_id.as_str(),
+        PoolEvent::JoinTokenRevoked(e) => e.pool_id.as_str(),
     }
 }
 
