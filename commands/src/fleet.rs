@@ -151,6 +151,71 @@ impl App {
         result.map_err(|err| name_race(err, "project", &name))
     }
 
+    /// A page of the caller's tenant's projects, by id.
+    pub async fn list_projects(
+        &self,
+        caller: &Caller,
+        page: &crate::reads::Page,
+    ) -> AppResult<crate::reads::Listed<ProjectInfo>> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let mut rows =
+            store::projects(&mut tx, &caller.tenant_id, page.after_key.as_deref(), i64::from(page.limit) + 1).await?;
+        tx.commit().await?;
+        let more = rows.len() > page.limit as usize;
+        rows.truncate(page.limit as usize);
+        let next_key = if more { rows.last().map(|(id, _, _)| id.clone()) } else { None };
+        let items = rows
+            .into_iter()
+            .map(|(id, name, created_at_ms)| {
+                Ok(ProjectInfo {
+                    id: id.parse().map_err(|err| store::corrupt("projects.id", err))?,
+                    name,
+                    created_at_ms,
+                })
+            })
+            .collect::<AppResult<Vec<_>>>()?;
+        Ok(crate::reads::Listed { items, next_key })
+    }
+
+    /// One project of the caller's tenant.
+    pub async fn get_project(&self, caller: &Caller, id: &ProjectId) -> AppResult<ProjectInfo> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let found = store::project_aggregate(&mut tx, id).await?;
+        tx.commit().await?;
+        match found {
+            Some((project, _)) if project.tenant_id == caller.tenant_id && project.deleted_at_ms.is_none() => {
+                Ok(ProjectInfo { id: project.project_id, name: project.name, created_at_ms: project.at_ms })
+            }
+            _ => Err(Rejection::NotFound { kind: "project", id: id.to_string() }.into()),
+        }
+    }
+
+    /// Deletes a project of the caller's tenant whose reservations have all ended; answers it as it was.
+    pub async fn delete_project(&self, caller: &Caller, id: &ProjectId) -> AppResult<Committed<ProjectInfo>> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                async move {
+                    let found = store::project_aggregate(tx, id).await?;
+                    let (project, version) = match found {
+                        Some((project, version)) if project.tenant_id == caller.tenant_id => (Some(project), version),
+                        _ => (None, 0),
+                    };
+                    let live = store::live_reservations_of_project(tx, id).await?;
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let events = site::delete_project(project.as_ref(), live.max(0) as u64, now_ms, id)?;
+                    let position =
+                        record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::Exact(version), events)
+                            .await?;
+                    let project = project.ok_or_else(|| corrupt_missing(id))?;
+                    let value =
+                        ProjectInfo { id: project.project_id, name: project.name, created_at_ms: project.at_ms };
+                    Ok(Committed { value, position })
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
     /// Offers a pool the caller owns to another tenant (or replaces the offer), with a quota per resource.
     pub async fn offer_pool(&self, caller: &Caller, pool_id: &PoolId, offer: OfferPool) -> AppResult<Committed<()>> {
         self.pool_command(caller, pool_id, |now_ms| PoolCommand::Offer {
@@ -229,4 +294,16 @@ pub(crate) async fn owned_pool(
         Some(pool) if pool.owner_tenant_id == caller.tenant_id => Ok(pool),
         _ => Err(Rejection::NotFound { kind: "pool", id: pool_id.to_string() }.into()),
     }
+}
+
+/// A project as its tenant lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectInfo {
+    pub id: ProjectId,
+    pub name: String,
+    pub created_at_ms: i64,
+}
+
+fn corrupt_missing(id: &ProjectId) -> AppError {
+    AppError::from(Rejection::NotFound { kind: "project", id: id.to_string() })
 }

@@ -66,7 +66,16 @@ domain_events! {
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
     pub enum ProjectEvent {
         Created(ProjectCreated) = "project.created",
+        Deleted(ProjectDeleted) = "project.deleted",
     }
+}
+
+/// A project was deleted; its name is free again, and the reservations it grouped keep their history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProjectDeleted {
+    pub project_id: ProjectId,
+    pub at_ms: i64,
 }
 
 /// Checks a display name: 1 to 128 printable characters, not only spaces.
@@ -81,7 +90,17 @@ pub fn check_name(field: &'static str, name: &str) -> Result<(), crate::Rejectio
 pub type Site = SiteCreated;
 
 /// A project as its events left it.
-pub type Project = ProjectCreated;
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Project {
+    pub project_id: ProjectId,
+    pub tenant_id: TenantId,
+    pub name: String,
+    pub at_ms: i64,
+    /// When it was deleted, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_at_ms: Option<i64>,
+}
 
 /// Applies one event of a site's stream.
 pub fn evolve_site(state: Option<Site>, event: &SiteEvent) -> Option<Site> {
@@ -94,9 +113,38 @@ pub fn evolve_site(state: Option<Site>, event: &SiteEvent) -> Option<Site> {
 /// Applies one event of a project's stream.
 pub fn evolve_project(state: Option<Project>, event: &ProjectEvent) -> Option<Project> {
     match (state, event) {
-        (None, ProjectEvent::Created(e)) => Some(e.clone()),
-        (state, ProjectEvent::Created(_)) => state,
+        (None, ProjectEvent::Created(e)) => Some(Project {
+            project_id: e.project_id.clone(),
+            tenant_id: e.tenant_id.clone(),
+            name: e.name.clone(),
+            at_ms: e.at_ms,
+            deleted_at_ms: None,
+        }),
+        (Some(project), ProjectEvent::Deleted(e)) if project.deleted_at_ms.is_none() => {
+            Some(Project { deleted_at_ms: Some(e.at_ms), ..project })
+        }
+        (state, _) => state,
     }
+}
+
+/// Decides deleting a project: refused while `live_reservations` of it have not ended (cancel or release them
+/// first); a deleted project is not found.
+pub fn delete_project(
+    project: Option<&Project>,
+    live_reservations: u64,
+    now_ms: i64,
+    id: &ProjectId,
+) -> Result<Vec<ProjectEvent>, crate::Rejection> {
+    let Some(project) = project.filter(|p| p.deleted_at_ms.is_none()) else {
+        return Err(crate::Rejection::NotFound { kind: "project", id: id.to_string() });
+    };
+    if live_reservations > 0 {
+        return Err(crate::Rejection::Conflict(format!(
+            "project {} still groups {live_reservations} reservations that have not ended: cancel or release them first",
+            project.project_id
+        )));
+    }
+    Ok(vec![ProjectEvent::Deleted(ProjectDeleted { project_id: project.project_id.clone(), at_ms: now_ms })])
 }
 
 /// `sites.create` as the domain decides it.

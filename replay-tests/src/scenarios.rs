@@ -120,6 +120,10 @@ async fn fleet_basics(app: &App) -> anyhow::Result<()> {
     clock::set_sim_clock(app.db(), T0 + 120_000).await?;
     app.node_verb(&owner, &a, NodeVerb::EndMaintenance, None).await?;
     app.node_verb(&owner, &a, NodeVerb::Uncordon, None).await?;
+    // A second project, deleted: the projects table keeps the first only.
+    let admin = caller("acme", "admin@acme")?;
+    let scratch = app.create_project(&admin, "scratch".into()).await?.value;
+    app.delete_project(&admin, &scratch).await?;
     Ok(())
 }
 

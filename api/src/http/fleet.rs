@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use bc_domain::device::DeviceClass;
-use bc_domain::id::{PoolId, SiteId, TenantId};
+use bc_domain::id::{PoolId, ProjectId, SiteId, TenantId};
 use bc_domain::reservation::{DeviceRequest, Selector, Topology};
 use serde::Deserialize;
 
@@ -13,11 +13,12 @@ use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, PageParams, QueryParams, committed_answer, next_cursor, path_id};
 use super::{ApiError, AppState};
+use crate::wire::fleet::ProjectDto;
 use crate::wire::fleet::{
     AvailabilityDto, EarliestStartDto, FreeAtomsDto, OfferBody, OfferedDto, PoolBody, PoolCapacityDto, PoolDto,
     ProjectBody, QuotaBody, QuotaSetDto, SiteBody, SiteDto,
 };
-use crate::wire::{AuditPage, CreatedDto, PoolPage, SitePage};
+use crate::wire::{AuditPage, CreatedDto, PoolPage, ProjectPage, SitePage};
 use bc_commands::availability::EarliestStart;
 use bc_commands::door::Subject;
 use bc_commands::fleet::{CreatePool, CreateSite, OfferPool};
@@ -109,6 +110,72 @@ pub async fn create_project(
     let caller = state.app.authorize(&who.0, "projects.create", Subject::OwnTenant).await?;
     let done = state.app.create_project(&caller, body.name).await?;
     Ok(committed_answer(StatusCode::CREATED, CreatedDto { id: done.value.to_string() }, done.position, None))
+}
+
+/// `GET /v1/projects`: the caller's tenant's projects.
+#[utoipa::path(
+    get,
+    path = "/v1/projects",
+    tag = "fleet",
+    summary = "The caller's tenant's projects, by id",
+    params(PageParams),
+    responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = ProjectPage)),
+    security(("bearer" = [])),
+)]
+pub async fn list_projects(
+    State(state): State<AppState>,
+    who: Authed,
+    // Projects are read where they are written, so every token is already reached; it is still checked.
+    MinPosition(_): MinPosition,
+    QueryParams(params): QueryParams<PageParams>,
+) -> Result<Json<ProjectPage>, ApiError> {
+    let caller = state.app.authorize(&who.0, "projects.list", Subject::OwnTenant).await?;
+    let listed = state.app.list_projects(&caller, &params.page()?).await?;
+    Ok(Json(ProjectPage {
+        items: listed.items.iter().map(Into::into).collect(),
+        next_cursor: next_cursor(&listed.next_key),
+    }))
+}
+
+/// `GET /v1/projects/{project_id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/projects/{project_id}",
+    tag = "fleet",
+    summary = "One project of the caller's tenant",
+    params(("project_id" = String, Path, description = "The project id")),
+    responses(CommonErrors, (status = 200, description = "The project", body = ProjectDto)),
+    security(("bearer" = [])),
+)]
+pub async fn get_project(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+) -> Result<Json<ProjectDto>, ApiError> {
+    let id: ProjectId = path_id("projectId", &id)?;
+    let caller = state.app.authorize(&who.0, "projects.get", Subject::OwnTenant).await?;
+    Ok(Json((&state.app.get_project(&caller, &id).await?).into()))
+}
+
+/// `DELETE /v1/projects/{project_id}`: once its reservations have ended.
+#[utoipa::path(
+    delete,
+    path = "/v1/projects/{project_id}",
+    tag = "fleet",
+    summary = "Delete a project of the caller's tenant (refused with CONFLICT while its reservations have not ended)",
+    params(("project_id" = String, Path, description = "The project id")),
+    responses(CommonErrors, (status = 200, description = "The project as it was", body = ProjectDto)),
+    security(("bearer" = [])),
+)]
+pub async fn delete_project(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id: ProjectId = path_id("projectId", &id)?;
+    let caller = state.app.authorize(&who.0, "projects.delete", Subject::OwnTenant).await?;
+    let done = state.app.delete_project(&caller, &id).await?;
+    Ok(committed_answer(StatusCode::OK, ProjectDto::from(&done.value), done.position, None))
 }
 
 /// `POST /v1/pools`: a pool in one of the caller's tenant's sites.

@@ -114,6 +114,9 @@ routes! {
     fleet::list_sites => "sites.list";
     fleet::get_site => "sites.get";
     fleet::create_project => "projects.create";
+    fleet::list_projects => "projects.list";
+    fleet::get_project => "projects.get";
+    fleet::delete_project => "projects.delete";
     fleet::create_pool => "pools.create";
     fleet::list_pools => "pools.list";
     fleet::get_pool => "pools.get";

@@ -383,3 +383,18 @@ impl From<&AuditEntry> for AuditDto {
         }
     }
 }
+
+/// A project of the caller's tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProjectDto {
+    pub id: String,
+    pub name: String,
+    pub created_at: i64,
+}
+
+impl From<&bc_commands::fleet::ProjectInfo> for ProjectDto {
+    fn from(p: &bc_commands::fleet::ProjectInfo) -> Self {
+        ProjectDto { id: p.id.to_string(), name: p.name.clone(), created_at: p.created_at_ms }
+    }
+}

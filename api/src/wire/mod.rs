@@ -48,6 +48,10 @@ page!(
     SitePage of fleet::SiteDto
 );
 page!(
+    /// A page of projects.
+    ProjectPage of fleet::ProjectDto
+);
+page!(
     /// A page of pools.
     PoolPage of fleet::PoolDto
 );

@@ -964,3 +964,55 @@ async fn join_tokens_are_listed_without_their_secrets_and_an_unused_one_is_revok
         .await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn projects_are_listed_read_and_deleted_once_their_reservations_have_ended() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let made = api.call("POST", "/v1/projects", Some(ROOT), &[], Some(json!({ "name": "research" }).to_string())).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let id = made.body["id"].as_str().expect("id").to_owned();
+    let listed = api.call("GET", "/v1/projects", Some(ROOT), &[], None).await;
+    assert_eq!(listed.body["items"][0]["name"], "research", "{:?}", listed.body);
+    let read = api.call("GET", &format!("/v1/projects/{id}"), Some(ROOT), &[], None).await;
+    assert_eq!((read.status, read.body["id"].as_str()), (StatusCode::OK, Some(id.as_str())));
+    // Another tenant neither lists nor reads it.
+    let other = api.call("GET", "/v1/projects", Some(GUS), &[], None).await;
+    assert_eq!(other.body["items"].as_array().map(Vec::len), Some(0), "{:?}", other.body);
+    assert_eq!(
+        api.call("GET", &format!("/v1/projects/{id}"), Some(GUS), &[], None).await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // A live reservation of the project holds it.
+    let mut body = reservation(&pool, 1, 3600);
+    body["projectId"] = json!(id);
+    let reserved = api.reserve(ROOT, "in-project", body).await;
+    assert_eq!(reserved.status, StatusCode::CREATED, "{:?}", reserved.body);
+    let held = api.call("DELETE", &format!("/v1/projects/{id}"), Some(ROOT), &[], None).await;
+    assert_eq!(held.status, StatusCode::CONFLICT, "{:?}", held.body);
+    assert!(held.body.to_string().contains("1 reservations"), "{:?}", held.body);
+    let rid = reserved.body["id"].as_str().expect("id");
+    let cancelled = api.call("POST", &format!("/v1/reservations/{rid}/cancel"), Some(ROOT), &[], None).await;
+    assert!(cancelled.status.is_success(), "{:?}", cancelled.body);
+
+    let deleted = api.call("DELETE", &format!("/v1/projects/{id}"), Some(ROOT), &[], None).await;
+    assert_eq!(
+        (deleted.status, deleted.body["name"].as_str()),
+        (StatusCode::OK, Some("research")),
+        "{:?}",
+        deleted.body
+    );
+    assert_eq!(
+        api.call("GET", &format!("/v1/projects/{id}"), Some(ROOT), &[], None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        api.call("DELETE", &format!("/v1/projects/{id}"), Some(ROOT), &[], None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    // Its name is free again.
+    let again =
+        api.call("POST", "/v1/projects", Some(ROOT), &[], Some(json!({ "name": "research" }).to_string())).await;
+    assert_eq!(again.status, StatusCode::CREATED, "{:?}", again.body);
+}

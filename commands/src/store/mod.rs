@@ -240,6 +240,48 @@ pub async fn join_token_aggregate(
     Ok(state.map(|token| (token, version)))
 }
 
+/// A project as the fold of its stream, with the stream's version (`None`: no such project).
+pub async fn project_aggregate(
+    tx: &mut Tx,
+    id: &bc_domain::id::ProjectId,
+) -> AppResult<Option<(bc_domain::site::Project, u32)>> {
+    let recorded = events::read_stream(tx, id.as_str(), 0, 1_000).await?;
+    let mut state = None;
+    for event in &recorded {
+        let event = bc_domain::site::ProjectEvent::decode(&event.event_type, event.schema_version, &event.payload)?;
+        state = bc_domain::site::evolve_project(state, &event);
+    }
+    let version = recorded.last().map_or(0, |e| e.stream_version);
+    Ok(state.map(|project| (project, version)))
+}
+
+/// How many reservations of a project have not ended.
+pub async fn live_reservations_of_project(tx: &mut Tx, id: &bc_domain::id::ProjectId) -> AppResult<i64> {
+    Ok(sql::query_scalar(
+        "SELECT count(*) FROM reservations
+         WHERE project_id = $1 AND state NOT IN ('released', 'failed', 'cancelled', 'expired', 'denied')",
+    )
+    .bind(id.as_str())
+    .fetch_one(tx.conn())
+    .await?)
+}
+
+/// A project row: id, name, created at (epoch ms).
+pub type ProjectRow = (String, String, i64);
+
+/// A tenant's projects by id after `after`, at most `limit`.
+pub async fn projects(tx: &mut Tx, tenant: &TenantId, after: Option<&str>, limit: i64) -> AppResult<Vec<ProjectRow>> {
+    Ok(sql::query_as(
+        "SELECT id, name, ts_ms(created_at) FROM projects
+         WHERE tenant_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
+    )
+    .bind(tenant.as_str())
+    .bind(after)
+    .bind(limit)
+    .fetch_all(tx.conn())
+    .await?)
+}
+
 /// The selector's SQL parameters: gpuModel, gpuProduct, and the attributes as a JSON object.
 fn selector_params(request: &DeviceRequest) -> AppResult<(Option<&str>, Option<&str>, String)> {
     let attributes = serde_json::to_string(&request.selector.attributes).map_err(|err| corrupt("selector", err))?;

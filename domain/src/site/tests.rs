@@ -62,3 +62,30 @@ fn a_project_is_created_under_a_free_name_of_its_tenant() {
         .when(|_| create_project(&id, &tenant, "research", true, T0))
         .then_rejected(|r| matches!(r, Rejection::Conflict(_)));
 }
+
+#[test]
+fn a_project_is_deleted_once_its_reservations_have_ended() {
+    let id: ProjectId = "prj_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("project");
+    let tenant: TenantId = "acme".parse().expect("tenant");
+    let created = ProjectEvent::Created(ProjectCreated {
+        project_id: id.clone(),
+        tenant_id: tenant,
+        name: "research".into(),
+        at_ms: T0,
+    });
+    given::<Projects>([created.clone()])
+        .when(|p| delete_project(p, 2, T0 + 1, &id))
+        .then_rejected(|r| matches!(r, Rejection::Conflict(m) if m.contains("2 reservations")));
+    let deleted = ProjectEvent::Deleted(ProjectDeleted { project_id: id.clone(), at_ms: T0 + 1 });
+    let project = given::<Projects>([created.clone()])
+        .when(|p| delete_project(p, 0, T0 + 1, &id))
+        .then([deleted.clone()])
+        .expect("still folded");
+    assert_eq!(project.deleted_at_ms, Some(T0 + 1));
+    given::<Projects>([created, deleted])
+        .when(|p| delete_project(p, 0, T0 + 2, &id))
+        .then_rejected(|r| matches!(r, Rejection::NotFound { kind: "project", .. }));
+    given::<Projects>([])
+        .when(|p| delete_project(p, 0, T0, &id))
+        .then_rejected(|r| matches!(r, Rejection::NotFound { .. }));
+}

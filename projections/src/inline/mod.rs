@@ -87,6 +87,9 @@ async fn apply_project(tx: &mut Tx, event: &ProjectEvent) -> Result<()> {
                 .execute(tx.conn())
                 .await?;
         }
+        ProjectEvent::Deleted(e) => {
+            sql::query("DELETE FROM projects WHERE id = $1").bind(e.project_id.as_str()).execute(tx.conn()).await?;
+        }
     }
     Ok(())
 }
