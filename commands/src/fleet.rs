@@ -228,6 +228,18 @@ impl App {
         .await
     }
 
+    /// Withdraws an offering: the tenant no longer sees the pool or reserves in it; what it reserved already
+    /// keeps running.
+    pub async fn revoke_offer(
+        &self,
+        caller: &Caller,
+        pool_id: &PoolId,
+        tenant_id: &TenantId,
+    ) -> AppResult<Committed<()>> {
+        self.pool_command(caller, pool_id, |now_ms| PoolCommand::RevokeOffer { tenant_id: tenant_id.clone(), now_ms })
+            .await
+    }
+
     /// Replaces the quota of an existing offering. Lowering it keeps existing reservations.
     pub async fn set_quota(
         &self,

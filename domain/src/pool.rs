@@ -251,6 +251,16 @@ pub struct JoinTokenIssued {
     pub at_ms: i64,
 }
 
+/// An offering was revoked: the tenant can no longer see the pool or reserve in it; what it already reserved
+/// keeps running.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolOfferRevoked {
+    pub pool_id: PoolId,
+    pub tenant_id: TenantId,
+    pub at_ms: i64,
+}
+
 /// A join token that no machine had used was revoked: it admits nobody from now on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -269,6 +279,7 @@ domain_events! {
         QuotaSet(PoolQuotaSet) = "pool.quota_set",
         JoinTokenIssued(JoinTokenIssued) = "pool.join_token_issued",
         JoinTokenRevoked(JoinTokenRevoked) = "pool.join_token_revoked",
+        OfferRevoked(PoolOfferRevoked) = "pool.offer_revoked",
     }
 }
 

@@ -124,6 +124,8 @@ async fn fleet_basics(app: &App) -> anyhow::Result<()> {
     let admin = caller("acme", "admin@acme")?;
     let scratch = app.create_project(&admin, "scratch".into()).await?.value;
     app.delete_project(&admin, &scratch).await?;
+    // globex's offering of the MIG pool withdrawn.
+    app.revoke_offer(&owner, &mig, &"globex".parse()?).await?;
     Ok(())
 }
 

@@ -13,11 +13,11 @@ use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, PageParams, QueryParams, committed_answer, next_cursor, path_id};
 use super::{ApiError, AppState};
-use crate::wire::fleet::ProjectDto;
 use crate::wire::fleet::{
     AvailabilityDto, EarliestStartDto, FreeAtomsDto, OfferBody, OfferedDto, PoolBody, PoolCapacityDto, PoolDto,
     ProjectBody, QuotaBody, QuotaSetDto, SiteBody, SiteDto,
 };
+use crate::wire::fleet::{ProjectDto, RevokedOfferDto};
 use crate::wire::{AuditPage, CreatedDto, PoolPage, ProjectPage, SitePage};
 use bc_commands::availability::EarliestStart;
 use bc_commands::door::Subject;
@@ -351,6 +351,29 @@ pub async fn availability(
             "ask with count and duration (the earliest start) or with start and end (the free atoms)",
         )),
     }
+}
+
+/// `DELETE /v1/pools/{pool_id}/offers/{tenant_id}`: withdraw an offering.
+#[utoipa::path(
+    delete,
+    path = "/v1/pools/{pool_id}/offers/{tenant_id}",
+    tag = "fleet",
+    summary = "Withdraw the pool's offering to a tenant: it no longer sees the pool or reserves in it; what it reserved keeps running",
+    params(("pool_id" = String, Path, description = "The pool id"), ("tenant_id" = String, Path, description = "The tenant the pool was offered to")),
+    responses(CommonErrors, (status = 200, description = "Withdrawn", body = RevokedOfferDto)),
+    security(("bearer" = [])),
+)]
+pub async fn revoke_offer(
+    State(state): State<AppState>,
+    who: Authed,
+    Path((id, tenant)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let id: PoolId = path_id("poolId", &id)?;
+    let tenant_id: TenantId = path_id("tenantId", &tenant)?;
+    let caller = state.app.authorize(&who.0, "pools.offers.revoke", Subject::Pool(&id)).await?;
+    let done = state.app.revoke_offer(&caller, &id, &tenant_id).await?;
+    let body = RevokedOfferDto { pool_id: id.to_string(), tenant_id: tenant_id.to_string() };
+    Ok(committed_answer(StatusCode::OK, body, done.position, None))
 }
 
 /// `POST /v1/pools/{id}/offers`: offer the pool to a tenant (or replace the offer).

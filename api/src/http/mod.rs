@@ -123,6 +123,7 @@ routes! {
     fleet::pool_capacity => "pools.capacity";
     fleet::availability => "pools.availability";
     fleet::offer_pool => "pools.offer";
+    fleet::revoke_offer => "pools.offers.revoke";
     fleet::set_quota => "quotas.set";
     nodes::register_node => "nodes.register";
     nodes::list_nodes => "nodes.list";

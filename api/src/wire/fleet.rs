@@ -398,3 +398,11 @@ impl From<&bc_commands::fleet::ProjectInfo> for ProjectDto {
         ProjectDto { id: p.id.to_string(), name: p.name.clone(), created_at: p.created_at_ms }
     }
 }
+
+/// An offering withdrawn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevokedOfferDto {
+    pub pool_id: String,
+    pub tenant_id: String,
+}

@@ -1016,3 +1016,39 @@ async fn projects_are_listed_read_and_deleted_once_their_reservations_have_ended
         api.call("POST", "/v1/projects", Some(ROOT), &[], Some(json!({ "name": "research" }).to_string())).await;
     assert_eq!(again.status, StatusCode::CREATED, "{:?}", again.body);
 }
+
+#[tokio::test]
+async fn a_revoked_offering_hides_the_pool_and_refuses_new_reservations_while_the_old_keep_running() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let kept = api.reserve(ALICE, "before", reservation(&pool, 1, 3600)).await;
+    assert_eq!(kept.status, StatusCode::CREATED, "{:?}", kept.body);
+    let kept_id = kept.body["id"].as_str().expect("id").to_owned();
+
+    // Only the pool's administrators withdraw it.
+    let path = format!("/v1/pools/{pool}/offers/acme");
+    assert!(api.call("DELETE", &path, Some(ALICE), &[], None).await.status.is_client_error());
+    let done = api.call("DELETE", &path, Some(ROOT), &[], None).await;
+    assert_eq!(done.status, StatusCode::OK, "{:?}", done.body);
+    assert!(done.header("x-position").is_some());
+    assert_eq!(api.call("DELETE", &path, Some(ROOT), &[], None).await.status, StatusCode::NOT_FOUND, "withdrawn once");
+
+    let refused = api.reserve(ALICE, "after", reservation(&pool, 1, 3600)).await;
+    assert!(refused.status.is_client_error(), "{:?}", refused.body);
+    let position = done.header("x-position").expect("position").to_owned();
+    catch_up(&api.fleet.t.db).await;
+    let pools = api.call("GET", &format!("/v1/pools?after={position}"), Some(ALICE), &[], None).await;
+    assert_eq!(pools.status, StatusCode::OK, "{:?}", pools.body);
+    assert!(!pools.body.to_string().contains(&pool), "the pool is no longer listed for acme: {:?}", pools.body);
+    // What acme had reserved keeps running; globex keeps its offering.
+    let mut tx = api.fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let state: String = sql::query_scalar("SELECT state FROM reservations WHERE id = $1")
+        .bind(&kept_id)
+        .fetch_one(tx.conn())
+        .await
+        .expect("state");
+    tx.commit().await.expect("commit");
+    assert_eq!(state, "placed");
+    let globex = api.reserve(GUS, "globex", reservation(&pool, 1, 3600)).await;
+    assert_eq!(globex.status, StatusCode::CREATED, "{:?}", globex.body);
+}

@@ -163,6 +163,7 @@ pub const METHODS: &[MethodSpec] = &[
     m("pools.capacity", "compute:pools.capacity", Target::Pool, VIEWER, false),
     m("pools.availability", "compute:pools.availability", Target::Pool, VIEWER, false),
     m("pools.offer", "compute:pools.offer", Target::Pool, ADMIN, true),
+    m("pools.offers.revoke", "compute:pools.offers.revoke", Target::Pool, ADMIN, true),
     m("quotas.set", "compute:quotas.set", Target::Tenant, TENANT_ADMIN, true),
     m("projects.create", "compute:projects.create", Target::Tenant, TENANT_ADMIN, true),
     m("projects.list", "compute:projects.list", Target::Tenant, MEMBER, false),

@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    JoinTokenIssued, JoinTokenRevoked, PoolAgent, PoolClass, PoolCreated, PoolEvent, PoolOffered, PoolPolicy,
-    PoolQuotaSet, Quota, Sharing, check_quota,
+    JoinTokenIssued, JoinTokenRevoked, PoolAgent, PoolClass, PoolCreated, PoolEvent, PoolOfferRevoked, PoolOffered,
+    PoolPolicy, PoolQuotaSet, Quota, Sharing, check_quota,
 };
 use crate::Rejection;
 use crate::id::{JoinTokenId, PoolId, SiteId, TenantId};
@@ -81,6 +81,7 @@ pub fn evolve(state: Option<Pool>, event: &PoolEvent) -> Option<Pool> {
                 offer.at_ms = e.at_ms;
             }
         }
+        PoolEvent::OfferRevoked(e) => pool.offers.retain(|offer| offer.tenant_id != e.tenant_id),
     }
     Some(pool)
 }
@@ -135,6 +136,8 @@ pub enum PoolCommand {
     Offer { tenant_id: TenantId, quota: Quota, priority: i32, include_descendants: bool, now_ms: i64 },
     /// Replace an existing offering's quota.
     SetQuota { tenant_id: TenantId, quota: Quota, now_ms: i64 },
+    /// Withdraw an offering.
+    RevokeOffer { tenant_id: TenantId, now_ms: i64 },
 }
 
 /// Decides a command on a pool.
@@ -163,6 +166,16 @@ pub fn decide(pool: &Pool, command: &PoolCommand) -> Result<Vec<PoolEvent>, Reje
                 pool_id: pool.id.clone(),
                 tenant_id: tenant_id.clone(),
                 quota: quota.clone(),
+                at_ms: *now_ms,
+            })])
+        }
+        PoolCommand::RevokeOffer { tenant_id, now_ms } => {
+            if !pool.offers.iter().any(|offer| &offer.tenant_id == tenant_id) {
+                return Err(Rejection::NotFound { kind: "offering", id: format!("{}/{tenant_id}", pool.id) });
+            }
+            Ok(vec![PoolEvent::OfferRevoked(PoolOfferRevoked {
+                pool_id: pool.id.clone(),
+                tenant_id: tenant_id.clone(),
                 at_ms: *now_ms,
             })])
         }

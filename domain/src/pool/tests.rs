@@ -170,6 +170,24 @@ mod aggregate {
     }
 
     #[test]
+    fn an_offering_is_revoked_only_when_it_exists_and_others_stay() {
+        let revoke = |tenant_id: &str| PoolCommand::RevokeOffer { tenant_id: tenant(tenant_id), now_ms: T0 + 1 };
+        let pool = given::<Pools>([PoolEvent::Created(created()), offered("acme", 4, T0), offered("globex", 1, T0)])
+            .when(on(revoke("acme")))
+            .then([PoolEvent::OfferRevoked(PoolOfferRevoked {
+                pool_id: pool_id(),
+                tenant_id: tenant("acme"),
+                at_ms: T0 + 1,
+            })])
+            .expect("a pool");
+        let left: Vec<&str> = pool.offers.iter().map(|o| o.tenant_id.as_str()).collect();
+        assert_eq!(left, ["globex"]);
+        given::<Pools>([PoolEvent::Created(created()), offered("globex", 1, T0)])
+            .when(on(revoke("acme")))
+            .then_rejected(|r| matches!(r, Rejection::NotFound { kind: "offering", .. }));
+    }
+
+    #[test]
     fn a_quota_is_set_only_on_an_existing_offering() {
         let set = |tenant_id: &str| PoolCommand::SetQuota {
             tenant_id: tenant(tenant_id),

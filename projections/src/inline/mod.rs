@@ -134,6 +134,13 @@ async fn apply_pool(tx: &mut Tx, event: &PoolEvent) -> Result<()> {
             .await?;
         }
         PoolEvent::JoinTokenIssued(_) | PoolEvent::JoinTokenRevoked(_) => {}
+        PoolEvent::OfferRevoked(e) => {
+            sql::query("DELETE FROM pool_offers WHERE pool_id = $1 AND tenant_id = $2")
+                .bind(e.pool_id.as_str())
+                .bind(e.tenant_id.as_str())
+                .execute(tx.conn())
+                .await?;
+        }
         PoolEvent::QuotaSet(e) => {
             sql::query(
                 "UPDATE pool_offers SET quota = $3::jsonb, updated_at = ms_ts($4) WHERE pool_id = $1 AND tenant_id = $2",

@@ -27,7 +27,15 @@ impl Projection for PoolsV2 {
     }
 
     fn event_types(&self) -> &'static [&'static str] {
-        &["pool.created", "pool.offered", "pool.quota_set", "node.registered", "node.joined", "node.deleted"]
+        &[
+            "pool.created",
+            "pool.offered",
+            "pool.quota_set",
+            "pool.offer_revoked",
+            "node.registered",
+            "node.joined",
+            "node.deleted",
+        ]
     }
 
     fn tables(&self) -> &'static [&'static str] {
@@ -41,7 +49,10 @@ impl Projection for PoolsV2 {
             for envelope in events {
                 match &envelope.event {
                     Some(AnyEvent::Pool(
-                        event @ (PoolEvent::Created(_) | PoolEvent::Offered(_) | PoolEvent::QuotaSet(_)),
+                        event @ (PoolEvent::Created(_)
+                        | PoolEvent::Offered(_)
+                        | PoolEvent::QuotaSet(_)
+                        | PoolEvent::OfferRevoked(_)),
                     )) => pool_events.push(event),
                     Some(AnyEvent::Node(NodeEvent::Registered(e))) => {
                         *node_counts.entry(e.pool_id.as_str()).or_default() += 1
@@ -94,6 +105,7 @@ fn pool_of(event: &PoolEvent) -> &str {
         PoolEvent::Created(e) => e.pool_id.as_str(),
         PoolEvent::Offered(e) => e.pool_id.as_str(),
         PoolEvent::QuotaSet(e) => e.pool_id.as_str(),
+        PoolEvent::OfferRevoked(e) => e.pool_id.as_str(),
         PoolEvent::JoinTokenIssued(e) => e.pool_id.as_str(),
         PoolEvent::JoinTokenRevoked(e) => e.pool_id.as_str(),
     }
