@@ -151,6 +151,30 @@ impl App {
         result.map_err(|err| name_race(err, "project", &name))
     }
 
+    /// Deletes a site of the caller's tenant that holds no pools.
+    pub async fn delete_site(&self, caller: &Caller, id: &SiteId) -> AppResult<Committed<()>> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                async move {
+                    let (site, version) = match store::site_aggregate(tx, id).await? {
+                        Some((site, version)) if site.created.owner_tenant_id == caller.tenant_id => {
+                            (Some(site), version)
+                        }
+                        _ => (None, 0),
+                    };
+                    let pools = store::site_pool_count(tx, id).await?;
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let events = site::delete_site(site.as_ref(), pools.max(0) as u64, now_ms, id)?;
+                    let position =
+                        record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::Exact(version), events)
+                            .await?;
+                    Ok(Committed { value: (), position })
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
     /// A page of the caller's tenant's projects, by id.
     pub async fn list_projects(
         &self,
@@ -228,6 +252,32 @@ impl App {
         .await
     }
 
+    /// Changes a pool's name, policy or (while it has no nodes) sharing mode.
+    pub async fn update_pool(
+        &self,
+        caller: &Caller,
+        pool_id: &PoolId,
+        change: pool::PoolChange,
+    ) -> AppResult<Committed<()>> {
+        if let Some(name) = &change.name {
+            // Checked before a query reads with it: PostgreSQL refuses a NUL in text.
+            site::check_name("name", name)?;
+        }
+        self.pool_command(caller, pool_id, |now_ms| PoolCommand::Update {
+            change: change.clone(),
+            facts: pool::UpdateFacts::default(),
+            now_ms,
+        })
+        .await
+        .map_err(|err| name_race(err, "pool", change.name.as_deref().unwrap_or_default()))
+    }
+
+    /// Deletes a pool with no nodes and no reservations that have not ended.
+    pub async fn delete_pool(&self, caller: &Caller, pool_id: &PoolId) -> AppResult<Committed<()>> {
+        self.pool_command(caller, pool_id, |now_ms| PoolCommand::Delete { facts: pool::UpdateFacts::default(), now_ms })
+            .await
+    }
+
     /// Withdraws an offering: the tenant no longer sees the pool or reserves in it; what it reserved already
     /// keeps running.
     pub async fn revoke_offer(
@@ -269,15 +319,38 @@ impl App {
                 async move {
                     let now_ms = clock::compute_now_ms(tx).await?;
                     let (pool, version) = match store::pool_aggregate(tx, pool_id).await? {
-                        Some((pool, version)) if pool.owner_tenant_id == caller.tenant_id => (pool, version),
+                        Some((pool, version))
+                            if pool.owner_tenant_id == caller.tenant_id && pool.deleted_at_ms.is_none() =>
+                        {
+                            (pool, version)
+                        }
                         _ => return Err(Rejection::NotFound { kind: "pool", id: pool_id.to_string() }.into()),
                     };
-                    let events = pool::decide(&pool, &command(now_ms))?;
+                    let facts = pool::UpdateFacts {
+                        name_taken: match &command(now_ms) {
+                            PoolCommand::Update { change: pool::PoolChange { name: Some(name), .. }, .. } => {
+                                store::name_taken(tx, NamedTable::Pools, caller.tenant_id.as_str(), name).await?
+                            }
+                            _ => false,
+                        },
+                        nodes: store::pool_node_count(tx, pool_id).await?.max(0) as u64,
+                        live_reservations: store::live_reservations_of_pool(tx, pool_id).await?.max(0) as u64,
+                    };
+                    let events = pool::decide(&pool, &with_facts(command(now_ms), facts))?;
                     record_quota_change(tx, caller, &pool, version, events).await
                 }
                 .scope_boxed()
             })
             .await
+    }
+}
+
+/// The command with the facts read for it (updates and deletions need them).
+fn with_facts(command: PoolCommand, facts: pool::UpdateFacts) -> PoolCommand {
+    match command {
+        PoolCommand::Update { change, now_ms, .. } => PoolCommand::Update { change, facts, now_ms },
+        PoolCommand::Delete { now_ms, .. } => PoolCommand::Delete { facts, now_ms },
+        other => other,
     }
 }
 

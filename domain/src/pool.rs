@@ -117,7 +117,7 @@ impl PoolPolicy {
         self.sharing.replicas.unwrap_or(1)
     }
 
-    fn check(&self, sharing: Sharing) -> Result<(), Rejection> {
+    pub(crate) fn check(&self, sharing: Sharing) -> Result<(), Rejection> {
         if !(self.disruption_budget.is_finite() && self.disruption_budget > 0.0 && self.disruption_budget <= 1.0) {
             return Err(Rejection::invalid("policy.disruptionBudget", "must be above 0 and at most 1"));
         }
@@ -251,6 +251,28 @@ pub struct JoinTokenIssued {
     pub at_ms: i64,
 }
 
+/// A pool's name, policy or (while it had no nodes) sharing mode changed; only what changed is set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolUpdated {
+    pub pool_id: PoolId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PoolPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<Sharing>,
+    pub at_ms: i64,
+}
+
+/// A pool without nodes or live reservations was deleted; its name is free again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolDeleted {
+    pub pool_id: PoolId,
+    pub at_ms: i64,
+}
+
 /// An offering was revoked: the tenant can no longer see the pool or reserve in it; what it already reserved
 /// keeps running.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -280,14 +302,16 @@ domain_events! {
         JoinTokenIssued(JoinTokenIssued) = "pool.join_token_issued",
         JoinTokenRevoked(JoinTokenRevoked) = "pool.join_token_revoked",
         OfferRevoked(PoolOfferRevoked) = "pool.offer_revoked",
+        Updated(PoolUpdated) = "pool.updated",
+        Deleted(PoolDeleted) = "pool.deleted",
     }
 }
 
 mod state;
 
 pub use state::{
-    CreationFacts, JoinToken, Pool, PoolCommand, create, decide, evolve, evolve_join_token, fold, issue_join_token,
-    revoke_join_token,
+    CreationFacts, JoinToken, Pool, PoolChange, PoolCommand, UpdateFacts, create, decide, evolve, evolve_join_token,
+    fold, issue_join_token, revoke_join_token,
 };
 
 /// Which offering governs a tenant in a pool: a direct offer wins over one inherited through an ancestor's

@@ -48,7 +48,16 @@ domain_events! {
     pub enum SiteEvent {
         /// Version 2: the region is `iamRegion` (version 1 called it `region`).
         Created(SiteCreated) = "site.created" @ 2,
+        Deleted(SiteDeleted) = "site.deleted",
     }
+}
+
+/// A site without pools was deleted; its name is free again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteDeleted {
+    pub site_id: SiteId,
+    pub at_ms: i64,
 }
 
 /// A project as created.
@@ -86,8 +95,16 @@ pub fn check_name(field: &'static str, name: &str) -> Result<(), crate::Rejectio
     Ok(())
 }
 
-/// A site as its events left it (its one event creates it).
-pub type Site = SiteCreated;
+/// A site as its events left it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Site {
+    #[serde(flatten)]
+    pub created: SiteCreated,
+    /// When it was deleted, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_at_ms: Option<i64>,
+}
 
 /// A project as its events left it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,9 +122,31 @@ pub struct Project {
 /// Applies one event of a site's stream.
 pub fn evolve_site(state: Option<Site>, event: &SiteEvent) -> Option<Site> {
     match (state, event) {
-        (None, SiteEvent::Created(e)) => Some(e.clone()),
-        (state, SiteEvent::Created(_)) => state,
+        (None, SiteEvent::Created(e)) => Some(Site { created: e.clone(), deleted_at_ms: None }),
+        (Some(site), SiteEvent::Deleted(e)) if site.deleted_at_ms.is_none() => {
+            Some(Site { deleted_at_ms: Some(e.at_ms), ..site })
+        }
+        (state, _) => state,
     }
+}
+
+/// Decides deleting a site: refused while it holds `pools` (delete them first); a deleted site is not found.
+pub fn delete_site(
+    site: Option<&Site>,
+    pools: u64,
+    now_ms: i64,
+    id: &SiteId,
+) -> Result<Vec<SiteEvent>, crate::Rejection> {
+    let Some(site) = site.filter(|s| s.deleted_at_ms.is_none()) else {
+        return Err(crate::Rejection::NotFound { kind: "site", id: id.to_string() });
+    };
+    if pools > 0 {
+        return Err(crate::Rejection::Conflict(format!(
+            "site {} holds {pools} pools: delete them first",
+            site.created.site_id
+        )));
+    }
+    Ok(vec![SiteEvent::Deleted(SiteDeleted { site_id: site.created.site_id.clone(), at_ms: now_ms })])
 }
 
 /// Applies one event of a project's stream.

@@ -45,7 +45,9 @@ mod tests {
             "atMs": 0,
         }))
         .expect("encode");
-        let SiteEvent::Created(site) = SiteEvent::decode("site.created", 1, &v1).expect("decode v1");
+        let SiteEvent::Created(site) = SiteEvent::decode("site.created", 1, &v1).expect("decode v1") else {
+            panic!("site.created decodes as a creation");
+        };
         assert_eq!(site.iam_region.as_str(), "eu-central-1");
         assert_eq!(SiteEvent::Created(site).schema_version(), 2);
     }

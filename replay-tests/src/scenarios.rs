@@ -126,6 +126,20 @@ async fn fleet_basics(app: &App) -> anyhow::Result<()> {
     app.delete_project(&admin, &scratch).await?;
     // globex's offering of the MIG pool withdrawn.
     app.revoke_offer(&owner, &mig, &"globex".parse()?).await?;
+    // A site and a pool that were tried and taken down: renamed, re-policied, deleted, and the site after it.
+    let trial = app
+        .create_site(
+            &owner,
+            CreateSite { name: "trial".into(), iam_region: "eu-west-1".into(), kind: SiteKind::Shared },
+        )
+        .await?
+        .value;
+    let tried = pool(app, &owner, &trial, "tried", Sharing::Exclusive, None).await?;
+    let policy = PoolPolicy { disruption_budget: 0.5, ..PoolPolicy::default() };
+    let change = bc_domain::pool::PoolChange { name: Some("tried-b".into()), policy: Some(policy), sharing: None };
+    app.update_pool(&owner, &tried, change).await?;
+    app.delete_pool(&owner, &tried).await?;
+    app.delete_site(&owner, &trial).await?;
     Ok(())
 }
 

@@ -15,7 +15,7 @@ use super::request::{Authed, JsonBody, PageParams, QueryParams, committed_answer
 use super::{ApiError, AppState};
 use crate::wire::fleet::{
     AvailabilityDto, EarliestStartDto, FreeAtomsDto, OfferBody, OfferedDto, PoolBody, PoolCapacityDto, PoolDto,
-    ProjectBody, QuotaBody, QuotaSetDto, SiteBody, SiteDto,
+    PoolUpdateBody, ProjectBody, QuotaBody, QuotaSetDto, SiteBody, SiteDto,
 };
 use crate::wire::fleet::{ProjectDto, RevokedOfferDto};
 use crate::wire::{AuditPage, CreatedDto, PoolPage, ProjectPage, SitePage};
@@ -90,6 +90,27 @@ pub async fn get_site(
     let id: SiteId = path_id("siteId", &id)?;
     let caller = state.app.authorize(&who.0, "sites.get", Subject::Site(&id)).await?;
     Ok(Json((&state.app.site(&caller, &id).await?).into()))
+}
+
+/// `DELETE /v1/sites/{site_id}`: a site that holds no pools.
+#[utoipa::path(
+    delete,
+    path = "/v1/sites/{site_id}",
+    tag = "fleet",
+    summary = "Delete a site of the caller's tenant (refused with CONFLICT while it holds pools)",
+    params(("site_id" = String, Path, description = "The site id")),
+    responses(CommonErrors, (status = 200, description = "Deleted", body = CreatedDto)),
+    security(("bearer" = [])),
+)]
+pub async fn delete_site(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id: SiteId = path_id("siteId", &id)?;
+    let caller = state.app.authorize(&who.0, "sites.delete", Subject::Site(&id)).await?;
+    let done = state.app.delete_site(&caller, &id).await?;
+    Ok(committed_answer(StatusCode::OK, CreatedDto { id: id.to_string() }, done.position, None))
 }
 
 /// `POST /v1/projects`.
@@ -243,6 +264,52 @@ pub struct ReadParams {
     /// A consistency token: answer once the read models have passed this position (as `X-Min-Position`).
     #[allow(dead_code)]
     pub after: Option<String>,
+}
+
+/// `PATCH /v1/pools/{id}`: change a pool's name, policy or (while it has no nodes) sharing mode.
+#[utoipa::path(
+    patch,
+    path = "/v1/pools/{pool_id}",
+    tag = "fleet",
+    summary = "Change the pool's name, policy or (while it has no nodes) sharing mode",
+    params(("pool_id" = String, Path, description = "The pool id")),
+    request_body = PoolUpdateBody,
+    responses(CommonErrors, (status = 200, description = "Changed", body = CreatedDto)),
+    security(("bearer" = [])),
+)]
+pub async fn update_pool(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<PoolUpdateBody>,
+) -> Result<Response, ApiError> {
+    let id: PoolId = path_id("poolId", &id)?;
+    let caller = state.app.authorize(&who.0, "pools.update", Subject::Pool(&id)).await?;
+    let change =
+        bc_domain::pool::PoolChange { name: body.name, policy: body.policy.map(Into::into), sharing: body.sharing };
+    let done = state.app.update_pool(&caller, &id, change).await?;
+    Ok(committed_answer(StatusCode::OK, CreatedDto { id: id.to_string() }, done.position, None))
+}
+
+/// `DELETE /v1/pools/{id}`: a pool without nodes or live reservations.
+#[utoipa::path(
+    delete,
+    path = "/v1/pools/{pool_id}",
+    tag = "fleet",
+    summary = "Delete a pool (refused with CONFLICT while it has nodes or reservations that have not ended)",
+    params(("pool_id" = String, Path, description = "The pool id")),
+    responses(CommonErrors, (status = 200, description = "Deleted", body = CreatedDto)),
+    security(("bearer" = [])),
+)]
+pub async fn delete_pool(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id: PoolId = path_id("poolId", &id)?;
+    let caller = state.app.authorize(&who.0, "pools.delete", Subject::Pool(&id)).await?;
+    let done = state.app.delete_pool(&caller, &id).await?;
+    Ok(committed_answer(StatusCode::OK, CreatedDto { id: id.to_string() }, done.position, None))
 }
 
 /// `GET /v1/pools/{id}`.

@@ -113,6 +113,7 @@ routes! {
     fleet::create_site => "sites.create";
     fleet::list_sites => "sites.list";
     fleet::get_site => "sites.get";
+    fleet::delete_site => "sites.delete";
     fleet::create_project => "projects.create";
     fleet::list_projects => "projects.list";
     fleet::get_project => "projects.get";
@@ -120,6 +121,8 @@ routes! {
     fleet::create_pool => "pools.create";
     fleet::list_pools => "pools.list";
     fleet::get_pool => "pools.get";
+    fleet::update_pool => "pools.update";
+    fleet::delete_pool => "pools.delete";
     fleet::pool_capacity => "pools.capacity";
     fleet::availability => "pools.availability";
     fleet::offer_pool => "pools.offer";

@@ -144,6 +144,18 @@ impl From<&PoolPolicy> for PoolPolicyDto {
     }
 }
 
+/// The body of `PATCH /v1/pools/{id}`: what to change; what is left out stays.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolUpdateBody {
+    pub name: Option<String>,
+    /// The whole policy: what it leaves out takes its default.
+    pub policy: Option<PoolPolicyDto>,
+    /// Only while the pool has no nodes.
+    #[schema(value_type = Option<String>)]
+    pub sharing: Option<Sharing>,
+}
+
 /// The body of `POST /v1/pools`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

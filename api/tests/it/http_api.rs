@@ -1052,3 +1052,80 @@ async fn a_revoked_offering_hides_the_pool_and_refuses_new_reservations_while_th
     let globex = api.reserve(GUS, "globex", reservation(&pool, 1, 3600)).await;
     assert_eq!(globex.status, StatusCode::CREATED, "{:?}", globex.body);
 }
+
+#[tokio::test]
+async fn a_pool_is_changed_and_deleted_and_its_site_after_it_each_refused_while_something_remains() {
+    let api = Api::new().await;
+    let site = api.post("/v1/sites", ROOT, json!({ "name": "ams1", "iamRegion": "eu-west-1" })).await;
+    let site_id = site.body["id"].as_str().expect("site id").to_owned();
+    let pool = api
+        .post(
+            "/v1/pools",
+            ROOT,
+            json!({ "siteId": site_id, "name": "h100", "class": "metal-host", "gpuModel": "H100" }),
+        )
+        .await;
+    let pool_id = pool.body["id"].as_str().expect("pool id").to_owned();
+    let path = format!("/v1/pools/{pool_id}");
+    let api = &api;
+    let patch = |body: Value| {
+        let path = path.clone();
+        async move { api.call("PATCH", &path, Some(ROOT), &[], Some(body.to_string())).await }
+    };
+
+    // Renamed, with a new policy, and (while empty) a new sharing mode.
+    let changed = patch(json!({ "name": "h100-b", "policy": { "disruptionBudget": 0.5 }, "sharing": "mig" })).await;
+    assert_eq!(changed.status, StatusCode::OK, "{:?}", changed.body);
+    let position = changed.header("x-position").expect("position").to_owned();
+    catch_up(&api.fleet.t.db).await;
+    let read = api.call("GET", &format!("/v1/pools/{pool_id}?after={position}"), Some(ROOT), &[], None).await;
+    assert_eq!(read.status, StatusCode::OK, "{:?}", read.body);
+    assert_eq!(
+        (read.body["name"].as_str(), read.body["sharing"].as_str()),
+        (Some("h100-b"), Some("mig")),
+        "{:?}",
+        read.body
+    );
+    assert_eq!(read.body["policy"]["disruptionBudget"], 0.5, "{:?}", read.body);
+    for (body, field) in [
+        (json!({}), "body"),
+        (json!({ "colour": "red" }), "colour"),
+        (json!({ "policy": { "disruptionBudget": 2 } }), "policy.disruptionBudget"),
+        (json!({ "name": "" }), "name"),
+    ] {
+        let refused = patch(body.clone()).await;
+        assert_eq!((refused.status, refused.field()), (StatusCode::BAD_REQUEST, field), "{body}: {:?}", refused.body);
+    }
+    assert_eq!(patch(json!({ "sharing": "exclusive" })).await.status, StatusCode::OK, "back, while still empty");
+    // With a node, its sharing mode stays and it cannot be deleted; nor can its site.
+    let node = api.fleet.node(&pool_id.parse().expect("pool"), "n1", 2, 0).await;
+    let refused = patch(json!({ "sharing": "mig" })).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{:?}", refused.body);
+    let held = api.call("DELETE", &format!("/v1/pools/{pool_id}"), Some(ROOT), &[], None).await;
+    assert_eq!(held.status, StatusCode::CONFLICT, "{:?}", held.body);
+    let site_held = api.call("DELETE", &format!("/v1/sites/{site_id}"), Some(ROOT), &[], None).await;
+    assert_eq!(site_held.status, StatusCode::CONFLICT, "{:?}", site_held.body);
+    assert!(site_held.body.to_string().contains("1 pools"), "{:?}", site_held.body);
+
+    // Without the node, the pool goes, then the site; both are then not found, and their names are free.
+    let gone = api.call("DELETE", &format!("/v1/nodes/{node}?force=true"), Some(ROOT), &[], None).await;
+    assert!(gone.status.is_success(), "{:?}", gone.body);
+    let deleted = api.call("DELETE", &format!("/v1/pools/{pool_id}"), Some(ROOT), &[], None).await;
+    assert_eq!(deleted.status, StatusCode::OK, "{:?}", deleted.body);
+    assert_eq!(
+        api.call("GET", &format!("/v1/pools/{pool_id}"), Some(ROOT), &[], None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(patch(json!({ "name": "x" })).await.status, StatusCode::NOT_FOUND);
+    catch_up(&api.fleet.t.db).await;
+    let listed = api.get("/v1/pools", ROOT).await;
+    assert!(!listed.body.to_string().contains(&pool_id), "{:?}", listed.body);
+    let site_deleted = api.call("DELETE", &format!("/v1/sites/{site_id}"), Some(ROOT), &[], None).await;
+    assert_eq!(site_deleted.status, StatusCode::OK, "{:?}", site_deleted.body);
+    assert_eq!(
+        api.call("GET", &format!("/v1/sites/{site_id}"), Some(ROOT), &[], None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let again = api.post("/v1/sites", ROOT, json!({ "name": "ams1", "iamRegion": "eu-west-1" })).await;
+    assert_eq!(again.status, StatusCode::CREATED, "the name is free again: {:?}", again.body);
+}

@@ -255,6 +255,48 @@ pub async fn project_aggregate(
     Ok(state.map(|project| (project, version)))
 }
 
+/// A site as the fold of its stream, with the stream's version (`None`: no such site).
+pub async fn site_aggregate(
+    tx: &mut Tx,
+    id: &bc_domain::id::SiteId,
+) -> AppResult<Option<(bc_domain::site::Site, u32)>> {
+    let recorded = events::read_stream(tx, id.as_str(), 0, 1_000).await?;
+    let mut state = None;
+    for event in &recorded {
+        let event = bc_domain::site::SiteEvent::decode(&event.event_type, event.schema_version, &event.payload)?;
+        state = bc_domain::site::evolve_site(state, &event);
+    }
+    let version = recorded.last().map_or(0, |e| e.stream_version);
+    Ok(state.map(|site| (site, version)))
+}
+
+/// How many pools a site holds.
+pub async fn site_pool_count(tx: &mut Tx, id: &bc_domain::id::SiteId) -> AppResult<i64> {
+    Ok(sql::query_scalar("SELECT count(*) FROM pools WHERE site_id = $1")
+        .bind(id.as_str())
+        .fetch_one(tx.conn())
+        .await?)
+}
+
+/// How many nodes a pool has.
+pub async fn pool_node_count(tx: &mut Tx, pool_id: &PoolId) -> AppResult<i64> {
+    Ok(sql::query_scalar("SELECT count(*) FROM nodes WHERE pool_id = $1")
+        .bind(pool_id.as_str())
+        .fetch_one(tx.conn())
+        .await?)
+}
+
+/// How many reservations in a pool have not ended.
+pub async fn live_reservations_of_pool(tx: &mut Tx, pool_id: &PoolId) -> AppResult<i64> {
+    Ok(sql::query_scalar(
+        "SELECT count(*) FROM reservations
+         WHERE pool_id = $1 AND state NOT IN ('released', 'failed', 'cancelled', 'expired', 'denied')",
+    )
+    .bind(pool_id.as_str())
+    .fetch_one(tx.conn())
+    .await?)
+}
+
 /// How many reservations of a project have not ended.
 pub async fn live_reservations_of_project(tx: &mut Tx, id: &bc_domain::id::ProjectId) -> AppResult<i64> {
     Ok(sql::query_scalar(

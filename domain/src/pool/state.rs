@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    JoinTokenIssued, JoinTokenRevoked, PoolAgent, PoolClass, PoolCreated, PoolEvent, PoolOfferRevoked, PoolOffered,
-    PoolPolicy, PoolQuotaSet, Quota, Sharing, check_quota,
+    JoinTokenIssued, JoinTokenRevoked, PoolAgent, PoolClass, PoolCreated, PoolDeleted, PoolEvent, PoolOfferRevoked,
+    PoolOffered, PoolPolicy, PoolQuotaSet, PoolUpdated, Quota, Sharing, check_quota,
 };
 use crate::Rejection;
 use crate::id::{JoinTokenId, PoolId, SiteId, TenantId};
@@ -29,6 +29,9 @@ pub struct Pool {
     pub offers: Vec<PoolOffered>,
     /// Events folded.
     pub version: u32,
+    /// When it was deleted, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_at_ms: Option<i64>,
 }
 
 /// A join token as its stream records it (the secret itself is never recorded).
@@ -62,6 +65,7 @@ pub fn evolve(state: Option<Pool>, event: &PoolEvent) -> Option<Pool> {
                 created_at_ms: e.at_ms,
                 offers: Vec::new(),
                 version: 1,
+                deleted_at_ms: None,
             });
         }
         (Some(pool), _) => pool,
@@ -82,6 +86,20 @@ pub fn evolve(state: Option<Pool>, event: &PoolEvent) -> Option<Pool> {
             }
         }
         PoolEvent::OfferRevoked(e) => pool.offers.retain(|offer| offer.tenant_id != e.tenant_id),
+        PoolEvent::Updated(e) => {
+            if let Some(name) = &e.name {
+                pool.name = name.clone();
+            }
+            if let Some(policy) = &e.policy {
+                pool.policy = policy.clone();
+            }
+            if let Some(sharing) = e.sharing {
+                pool.sharing = sharing;
+            }
+        }
+        PoolEvent::Deleted(e) => {
+            pool.deleted_at_ms.get_or_insert(e.at_ms);
+        }
     }
     Some(pool)
 }
@@ -138,6 +156,28 @@ pub enum PoolCommand {
     SetQuota { tenant_id: TenantId, quota: Quota, now_ms: i64 },
     /// Withdraw an offering.
     RevokeOffer { tenant_id: TenantId, now_ms: i64 },
+    /// Change the name, the policy or (while the pool has no nodes) the sharing mode.
+    Update { change: PoolChange, facts: UpdateFacts, now_ms: i64 },
+    /// Delete a pool with no nodes and no live reservations.
+    Delete { facts: UpdateFacts, now_ms: i64 },
+}
+
+/// What a pool update asks to change; what is left out stays.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolChange {
+    pub name: Option<String>,
+    pub policy: Option<PoolPolicy>,
+    pub sharing: Option<Sharing>,
+}
+
+/// What updating or deleting a pool needs to know beyond the pool itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UpdateFacts {
+    /// Whether the owner has another pool of the new name.
+    pub name_taken: bool,
+    pub nodes: u64,
+    /// Reservations in the pool that have not ended.
+    pub live_reservations: u64,
 }
 
 /// Decides a command on a pool.
@@ -168,6 +208,47 @@ pub fn decide(pool: &Pool, command: &PoolCommand) -> Result<Vec<PoolEvent>, Reje
                 quota: quota.clone(),
                 at_ms: *now_ms,
             })])
+        }
+        PoolCommand::Update { change, facts, now_ms } => {
+            if change.name.is_none() && change.policy.is_none() && change.sharing.is_none() {
+                return Err(Rejection::invalid("body", "give name, policy or sharing to change"));
+            }
+            if let Some(name) = &change.name {
+                crate::site::check_name("name", name)?;
+                if facts.name_taken && name != &pool.name {
+                    return Err(Rejection::Conflict(format!("a pool named {name:?} already exists")));
+                }
+            }
+            let sharing = change.sharing.unwrap_or(pool.sharing);
+            if change.sharing.is_some_and(|s| s != pool.sharing) && facts.nodes > 0 {
+                return Err(Rejection::Conflict(format!(
+                    "pool {} has {} nodes: its sharing mode changes only while it has none",
+                    pool.id, facts.nodes
+                )));
+            }
+            change.policy.as_ref().unwrap_or(&pool.policy).check(sharing)?;
+            Ok(vec![PoolEvent::Updated(PoolUpdated {
+                pool_id: pool.id.clone(),
+                name: change.name.clone(),
+                policy: change.policy.clone(),
+                sharing: change.sharing,
+                at_ms: *now_ms,
+            })])
+        }
+        PoolCommand::Delete { facts, now_ms } => {
+            if facts.nodes > 0 {
+                return Err(Rejection::Conflict(format!(
+                    "pool {} has {} nodes: delete them first",
+                    pool.id, facts.nodes
+                )));
+            }
+            if facts.live_reservations > 0 {
+                return Err(Rejection::Conflict(format!(
+                    "pool {} has {} reservations that have not ended: cancel or release them first",
+                    pool.id, facts.live_reservations
+                )));
+            }
+            Ok(vec![PoolEvent::Deleted(PoolDeleted { pool_id: pool.id.clone(), at_ms: *now_ms })])
         }
         PoolCommand::RevokeOffer { tenant_id, now_ms } => {
             if !pool.offers.iter().any(|offer| &offer.tenant_id == tenant_id) {

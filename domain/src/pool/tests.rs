@@ -188,6 +188,74 @@ mod aggregate {
     }
 
     #[test]
+    fn a_pool_is_renamed_and_given_a_policy_and_changes_sharing_only_while_empty() {
+        let facts = |nodes| UpdateFacts { name_taken: false, nodes, live_reservations: 0 };
+        let change = PoolChange { name: Some("h100-b".into()), ..PoolChange::default() };
+        let pool = given::<Pools>([PoolEvent::Created(created())])
+            .when(on(PoolCommand::Update { change: change.clone(), facts: facts(3), now_ms: T0 + 1 }))
+            .then([PoolEvent::Updated(PoolUpdated {
+                pool_id: pool_id(),
+                name: Some("h100-b".into()),
+                policy: None,
+                sharing: None,
+                at_ms: T0 + 1,
+            })])
+            .expect("a pool");
+        assert_eq!(pool.name, "h100-b");
+        let taken = UpdateFacts { name_taken: true, ..facts(0) };
+        given::<Pools>([PoolEvent::Created(created())])
+            .when(on(PoolCommand::Update { change, facts: taken, now_ms: T0 + 1 }))
+            .then_rejected(|r| matches!(r, Rejection::Conflict(m) if m.contains("h100-b")));
+        let mig = PoolChange { sharing: Some(Sharing::Mig), ..PoolChange::default() };
+        given::<Pools>([PoolEvent::Created(created())])
+            .when(on(PoolCommand::Update { change: mig.clone(), facts: facts(2), now_ms: T0 + 1 }))
+            .then_rejected(|r| matches!(r, Rejection::Conflict(m) if m.contains("2 nodes")));
+        let pool = given::<Pools>([PoolEvent::Created(created())])
+            .when(on(PoolCommand::Update { change: mig, facts: facts(0), now_ms: T0 + 1 }))
+            .then([PoolEvent::Updated(PoolUpdated {
+                pool_id: pool_id(),
+                name: None,
+                policy: None,
+                sharing: Some(Sharing::Mig),
+                at_ms: T0 + 1,
+            })])
+            .expect("a pool");
+        assert_eq!(pool.sharing, Sharing::Mig);
+        let bad = PoolPolicy { disruption_budget: 0.0, ..PoolPolicy::default() };
+        given::<Pools>([PoolEvent::Created(created())])
+            .when(on(PoolCommand::Update {
+                change: PoolChange { policy: Some(bad), ..PoolChange::default() },
+                facts: facts(0),
+                now_ms: T0 + 1,
+            }))
+            .then_rejected(
+                |r| matches!(r, Rejection::InvalidArgument { field, .. } if field == "policy.disruptionBudget"),
+            );
+        given::<Pools>([PoolEvent::Created(created())])
+            .when(on(PoolCommand::Update { change: PoolChange::default(), facts: facts(0), now_ms: T0 + 1 }))
+            .then_rejected(|r| matches!(r, Rejection::InvalidArgument { field, .. } if field == "body"));
+    }
+
+    #[test]
+    fn a_pool_is_deleted_only_without_nodes_or_live_reservations() {
+        let delete = |nodes, live| PoolCommand::Delete {
+            facts: UpdateFacts { name_taken: false, nodes, live_reservations: live },
+            now_ms: T0 + 1,
+        };
+        given::<Pools>([PoolEvent::Created(created())])
+            .when(on(delete(1, 0)))
+            .then_rejected(|r| matches!(r, Rejection::Conflict(m) if m.contains("1 nodes")));
+        given::<Pools>([PoolEvent::Created(created())])
+            .when(on(delete(0, 2)))
+            .then_rejected(|r| matches!(r, Rejection::Conflict(m) if m.contains("2 reservations")));
+        let pool = given::<Pools>([PoolEvent::Created(created())])
+            .when(on(delete(0, 0)))
+            .then([PoolEvent::Deleted(PoolDeleted { pool_id: pool_id(), at_ms: T0 + 1 })])
+            .expect("folded");
+        assert_eq!(pool.deleted_at_ms, Some(T0 + 1));
+    }
+
+    #[test]
     fn a_quota_is_set_only_on_an_existing_offering() {
         let set = |tenant_id: &str| PoolCommand::SetQuota {
             tenant_id: tenant(tenant_id),

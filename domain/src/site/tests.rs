@@ -29,7 +29,7 @@ fn a_site_is_created_once_under_a_free_name_in_a_valid_region() {
         at_ms: T0,
     });
     let site = given::<Sites>([]).when(|_| create_site(&create, false)).then([expected.clone()]).expect("a site");
-    assert_eq!(site.name, "fra1");
+    assert_eq!(site.created.name, "fra1");
     given::<Sites>([])
         .when(|_| create_site(&create, true))
         .then_rejected(|r| matches!(r, Rejection::Conflict(m) if m.contains("fra1")));
@@ -88,4 +88,29 @@ fn a_project_is_deleted_once_its_reservations_have_ended() {
     given::<Projects>([])
         .when(|p| delete_project(p, 0, T0, &id))
         .then_rejected(|r| matches!(r, Rejection::NotFound { .. }));
+}
+
+#[test]
+fn a_site_is_deleted_only_without_pools() {
+    let id: SiteId = "site_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("site");
+    let created = SiteEvent::Created(SiteCreated {
+        site_id: id.clone(),
+        owner_tenant_id: "root".parse().expect("tenant"),
+        name: "fra1".into(),
+        iam_region: "eu-central-1".parse().expect("region"),
+        kind: SiteKind::Shared,
+        at_ms: T0,
+    });
+    given::<Sites>([created.clone()])
+        .when(|s| delete_site(s, 1, T0 + 1, &id))
+        .then_rejected(|r| matches!(r, Rejection::Conflict(m) if m.contains("1 pools")));
+    let deleted = SiteEvent::Deleted(SiteDeleted { site_id: id.clone(), at_ms: T0 + 1 });
+    let site = given::<Sites>([created.clone()])
+        .when(|s| delete_site(s, 0, T0 + 1, &id))
+        .then([deleted.clone()])
+        .expect("folded");
+    assert_eq!(site.deleted_at_ms, Some(T0 + 1));
+    given::<Sites>([created, deleted])
+        .when(|s| delete_site(s, 0, T0 + 2, &id))
+        .then_rejected(|r| matches!(r, Rejection::NotFound { kind: "site", .. }));
 }

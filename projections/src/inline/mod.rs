@@ -72,6 +72,9 @@ async fn apply_site(tx: &mut Tx, event: &SiteEvent) -> Result<()> {
             .execute(tx.conn())
             .await?;
         }
+        SiteEvent::Deleted(e) => {
+            sql::query("DELETE FROM sites WHERE id = $1").bind(e.site_id.as_str()).execute(tx.conn()).await?;
+        }
     }
     Ok(())
 }
@@ -134,6 +137,25 @@ async fn apply_pool(tx: &mut Tx, event: &PoolEvent) -> Result<()> {
             .await?;
         }
         PoolEvent::JoinTokenIssued(_) | PoolEvent::JoinTokenRevoked(_) => {}
+        PoolEvent::Updated(e) => {
+            let policy = e.policy.as_ref().map(json).transpose()?;
+            sql::query(
+                "UPDATE pools SET name = coalesce($2, name), policy = coalesce($3::jsonb, policy),
+                                  sharing = coalesce($4, sharing)
+                 WHERE id = $1",
+            )
+            .bind(e.pool_id.as_str())
+            .bind(e.name.as_deref())
+            .bind(policy)
+            .bind(e.sharing.map(|s| s.as_str()))
+            .execute(tx.conn())
+            .await?;
+        }
+        PoolEvent::Deleted(e) => {
+            for statement in ["DELETE FROM pool_offers WHERE pool_id = $1", "DELETE FROM pools WHERE id = $1"] {
+                sql::query(statement).bind(e.pool_id.as_str()).execute(tx.conn()).await?;
+            }
+        }
         PoolEvent::OfferRevoked(e) => {
             sql::query("DELETE FROM pool_offers WHERE pool_id = $1 AND tenant_id = $2")
                 .bind(e.pool_id.as_str())

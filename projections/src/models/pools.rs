@@ -32,6 +32,8 @@ impl Projection for PoolsV2 {
             "pool.offered",
             "pool.quota_set",
             "pool.offer_revoked",
+            "pool.updated",
+            "pool.deleted",
             "node.registered",
             "node.joined",
             "node.deleted",
@@ -52,7 +54,9 @@ impl Projection for PoolsV2 {
                         event @ (PoolEvent::Created(_)
                         | PoolEvent::Offered(_)
                         | PoolEvent::QuotaSet(_)
-                        | PoolEvent::OfferRevoked(_)),
+                        | PoolEvent::OfferRevoked(_)
+                        | PoolEvent::Updated(_)
+                        | PoolEvent::Deleted(_)),
                     )) => pool_events.push(event),
                     Some(AnyEvent::Node(NodeEvent::Registered(e))) => {
                         *node_counts.entry(e.pool_id.as_str()).or_default() += 1
@@ -82,7 +86,16 @@ impl Projection for PoolsV2 {
                 }
                 touched.sort_unstable();
                 touched.dedup();
-                store(tx, touched.iter().filter_map(|id| folded.get(*id))).await?;
+                // A deleted pool leaves the read model; the others are written back.
+                let (deleted, kept): (Vec<&str>, Vec<&str>) =
+                    touched.iter().partition(|id| folded.get(**id).is_some_and(|p| p.deleted_at_ms.is_some()));
+                store(tx, kept.iter().filter_map(|id| folded.get(*id))).await?;
+                if !deleted.is_empty() {
+                    sql::query("DELETE FROM pools_v2 WHERE pool_id = ANY($1)")
+                        .bind(&deleted)
+                        .execute(tx.conn())
+                        .await?;
+                }
             }
             if !node_counts.is_empty() {
                 let (pools, deltas): (Vec<&str>, Vec<i32>) = node_counts.into_iter().unzip();
@@ -106,6 +119,8 @@ fn pool_of(event: &PoolEvent) -> &str {
         PoolEvent::Offered(e) => e.pool_id.as_str(),
         PoolEvent::QuotaSet(e) => e.pool_id.as_str(),
         PoolEvent::OfferRevoked(e) => e.pool_id.as_str(),
+        PoolEvent::Updated(e) => e.pool_id.as_str(),
+        PoolEvent::Deleted(e) => e.pool_id.as_str(),
         PoolEvent::JoinTokenIssued(e) => e.pool_id.as_str(),
         PoolEvent::JoinTokenRevoked(e) => e.pool_id.as_str(),
     }
