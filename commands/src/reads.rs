@@ -140,6 +140,11 @@ pub struct NodeView {
     pub draining: bool,
     pub generation: u64,
     pub registered_at_ms: i64,
+    /// The hash of the machine's surviving identifiers, and whether enough of them survived to trust it.
+    pub hardware_key: Option<String>,
+    pub hardware_trusted: bool,
+    /// Its devices: GPUs and, below them, the atoms a pool books (MIG instances, slots).
+    pub devices: Vec<bc_domain::device::Device>,
 }
 
 impl NodeView {
@@ -169,6 +174,9 @@ impl NodeView {
             draining: node.draining,
             generation: node.generation,
             registered_at_ms: node.registered_at_ms,
+            hardware_key: node.hardware.as_ref().map(|h| h.key.clone()),
+            hardware_trusted: node.hardware.as_ref().is_some_and(|h| h.trusted),
+            devices: node.devices.clone(),
         }
     }
 }

@@ -131,6 +131,7 @@ routes! {
     nodes::register_node => "nodes.register";
     nodes::list_nodes => "nodes.list";
     nodes::get_node => "nodes.get";
+    nodes::node_devices => "nodes.get";
     nodes::cordon => "nodes.cordon";
     nodes::uncordon => "nodes.uncordon";
     nodes::start_maintenance => "nodes.maintenance.start";

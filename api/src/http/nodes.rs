@@ -12,11 +12,11 @@ use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, OptionalBody, PageParams, QueryParams, committed_answer, next_cursor, path_id};
 use super::{ApiError, AppState};
-use crate::wire::nodes::JoinTokenInfoDto;
 use crate::wire::nodes::{
     CommandBody, CommandListDto, CommandQueuedDto, ForceBody, InventoryDto, JoinTokenBody, JoinTokenDto,
     NodeChangedDto, NodeDeletedDto, NodeDto, RegisterBody, SpecBody, SpecSetDto, VerbBody,
 };
+use crate::wire::nodes::{JoinTokenInfoDto, NodeDevicesDto};
 use crate::wire::{CreatedDto, JoinTokenPage, NodePage};
 use bc_commands::Caller;
 use bc_commands::door::Subject;
@@ -236,6 +236,28 @@ pub async fn create_join_token(
     let caller = state.app.authorize(&who.0, "nodes.join_tokens.create", Subject::Pool(&pool_id)).await?;
     let done = state.app.create_join_token(&caller, &pool_id, body.ttl_seconds.unwrap_or(3600)).await?;
     Ok(committed_answer(StatusCode::CREATED, JoinTokenDto::from(&done.value), done.position, None))
+}
+
+/// `GET /v1/nodes/{node_id}/devices`: the node's GPUs and the atoms below them.
+#[utoipa::path(
+    get,
+    path = "/v1/nodes/{node_id}/devices",
+    tag = "nodes",
+    summary = "The node's devices: its GPUs and the atoms below them (MIG instances, slots), each saying whether its pool books it",
+    params(("node_id" = String, Path, description = "The node id"), super::fleet::ReadParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses(CommonErrors, (status = 200, description = "The devices", body = NodeDevicesDto), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
+pub async fn node_devices(
+    State(state): State<AppState>,
+    who: Authed,
+    MinPosition(after): MinPosition,
+    Path(id): Path<String>,
+    QueryParams(super::fleet::ReadParams { .. }): QueryParams<super::fleet::ReadParams>,
+) -> Result<Json<NodeDevicesDto>, ApiError> {
+    let (id, caller) = on_node(&state, &who, "nodes.get", &id).await?;
+    let node = state.app.node(&caller, &id, after).await?;
+    Ok(Json(NodeDevicesDto { node_id: id.to_string(), items: node.devices.iter().map(Into::into).collect() }))
 }
 
 /// `GET /v1/pools/{pool_id}/join-tokens`: the pool's join tokens, never their secrets.

@@ -116,6 +116,11 @@ pub struct NodeDto {
     /// The generation of its desired state (`observedGeneration` is what its agent applied).
     pub generation: u64,
     pub registered_at: i64,
+    /// The hash of the machine's surviving identifiers (its product UUID, serial, MACs and GPU UUIDs), which
+    /// recognises it when it joins again; `null` for a node registered without an agent.
+    pub hardware_key: Option<String>,
+    /// Whether enough identifier kinds survived for the key to be trusted.
+    pub hardware_trusted: bool,
 }
 
 impl From<&NodeView> for NodeDto {
@@ -143,8 +148,62 @@ impl From<&NodeView> for NodeDto {
             draining: n.draining,
             generation: n.generation,
             registered_at: n.registered_at_ms,
+            hardware_key: n.hardware_key.clone(),
+            hardware_trusted: n.hardware_trusted,
         }
     }
+}
+
+/// One device of a node: a GPU, or an atom below it (a MIG instance, a time-slice slot).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceDto {
+    pub id: String,
+    /// `gpu`, `gpu.mig` or `gpu.slot`.
+    pub class: String,
+    /// The GPU an atom belongs to.
+    pub parent: Option<String>,
+    /// Whether the pool books it (only atoms are booked).
+    pub bookable: bool,
+    pub gpu_model: String,
+    pub gpu_product: String,
+    /// Such as `memoryMiB`.
+    #[schema(value_type = Object)]
+    pub attributes: BTreeMap<String, serde_json::Value>,
+}
+
+impl From<&bc_domain::device::Device> for DeviceDto {
+    fn from(d: &bc_domain::device::Device) -> Self {
+        use bc_domain::device::AttrValue;
+        DeviceDto {
+            id: d.id.to_string(),
+            class: d.class.as_str().to_owned(),
+            parent: d.parent.as_ref().map(ToString::to_string),
+            bookable: d.bookable,
+            gpu_model: d.gpu_model.clone(),
+            gpu_product: d.gpu_product.clone(),
+            attributes: d
+                .attributes
+                .iter()
+                .map(|(k, v)| {
+                    let value = match v {
+                        AttrValue::Bool(b) => serde_json::Value::from(*b),
+                        AttrValue::Int(i) => serde_json::Value::from(*i),
+                        AttrValue::String(s) => serde_json::Value::from(s.clone()),
+                    };
+                    (k.clone(), value)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A node's devices.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDevicesDto {
+    pub node_id: String,
+    pub items: Vec<DeviceDto>,
 }
 
 /// Body of the verbs (cordon, uncordon, maintenance): an optional reason, recorded with the event.

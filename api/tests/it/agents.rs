@@ -565,6 +565,22 @@ async fn nodes_speak_mutual_tls_with_the_certificate_of_their_join_and_a_deleted
             .expect("answer");
     assert_eq!((status, bad["error"]["details"]["field"].as_str()), (400, Some("csr")), "{bad}");
 
+    // Its read model shows the machine's hardware key, and its devices.
+    let node = eventually("the node in the read model", || async {
+        bc_projections::testing::catch_up(cluster.db()).await;
+        let (status, node) = cluster.call(reqwest::Method::GET, &format!("/v1/nodes/{node_a}"), None).await;
+        (status == 200 && node["hardwareKey"].is_string()).then_some(node)
+    })
+    .await;
+    assert_eq!(node["hardwareKey"].as_str().map(str::len), Some(64), "{node}");
+    assert_eq!(node["hardwareTrusted"], true, "{node}");
+    let (status, devices) = cluster.call(reqwest::Method::GET, &format!("/v1/nodes/{node_a}/devices"), None).await;
+    assert_eq!(status, 200, "{devices}");
+    let gpus: Vec<&Value> =
+        devices["items"].as_array().expect("items").iter().filter(|d| d["class"] == "gpu").collect();
+    assert_eq!(gpus.len(), 2, "{devices}");
+    assert!(gpus.iter().all(|g| g["gpuModel"] == "H100" && g["bookable"] == true), "{devices}");
+
     // Deleting the node revokes its certificates: new handshakes with them are refused, while the other node's
     // still pass.
     a.stop().await;
