@@ -433,20 +433,43 @@ impl App {
         page: &Page,
         after: Option<Position>,
     ) -> AppResult<Listed<Reservation>> {
+        self.reservations_of(Some(&caller.tenant_id), filter, page, after).await
+    }
+
+    /// Every tenant's reservations (or one tenant's), for the platform's operators: call it only with a caller
+    /// the door allowed `fleet.reservations.list`, which resolves in the root tenant alone.
+    pub async fn list_fleet_reservations(
+        &self,
+        _caller: &Caller,
+        tenant: Option<&TenantId>,
+        filter: &ReservationFilter,
+        page: &Page,
+        after: Option<Position>,
+    ) -> AppResult<Listed<Reservation>> {
+        self.reservations_of(tenant, filter, page, after).await
+    }
+
+    async fn reservations_of(
+        &self,
+        tenant: Option<&TenantId>,
+        filter: &ReservationFilter,
+        page: &Page,
+        after: Option<Position>,
+    ) -> AppResult<Listed<Reservation>> {
         self.consistent(&["reservations"], after).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let table = active_table(&mut tx, "reservations", "reservations").await?;
         let query = format!(
             "SELECT r.reservation_id, r.folded::text
              FROM {table} AS r
-             WHERE r.tenant_id = $1 AND ($2::text IS NULL OR r.reservation_id > $2)
+             WHERE ($1::text IS NULL OR r.tenant_id = $1) AND ($2::text IS NULL OR r.reservation_id > $2)
                AND ($3::text IS NULL OR r.pool_id = $3) AND ($4::text IS NULL OR r.state = $4)
              ORDER BY r.reservation_id LIMIT {}",
             page.limit + 1
         );
         let found: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(query))
             .persistent(false)
-            .bind(caller.tenant_id.as_str())
+            .bind(tenant.map(TenantId::as_str))
             .bind(page.after_key.as_deref())
             .bind(filter.pool_id.as_deref())
             .bind(filter.state.as_deref())
@@ -463,6 +486,27 @@ impl App {
     /// The caller's tenant's audit trail, oldest first: every allowed mutation with its admission context, and
     /// every recorded denial.
     pub async fn audit(&self, caller: &Caller, page: &Page, after: Option<Position>) -> AppResult<Listed<AuditEntry>> {
+        self.audit_of(Some(&caller.tenant_id), page, after).await
+    }
+
+    /// Every tenant's audit trail (or one tenant's), for the platform's operators: call it only with a caller
+    /// the door allowed `fleet.audit.list`, which resolves in the root tenant alone.
+    pub async fn fleet_audit(
+        &self,
+        _caller: &Caller,
+        tenant: Option<&TenantId>,
+        page: &Page,
+        after: Option<Position>,
+    ) -> AppResult<Listed<AuditEntry>> {
+        self.audit_of(tenant, page, after).await
+    }
+
+    async fn audit_of(
+        &self,
+        tenant: Option<&TenantId>,
+        page: &Page,
+        after: Option<Position>,
+    ) -> AppResult<Listed<AuditEntry>> {
         self.consistent(&["audit_events"], after).await?;
         let after_key: Option<Position> =
             page.after_key.as_deref().map(|key| key.parse()).transpose().map_err(
@@ -481,12 +525,12 @@ impl App {
                     'delegation', a.delegation, 'requestId', a.request_id,
                     'admissionTenantId', a.admission_tenant_id, 'recordedAt', ts_ms(a.recorded_at))::text
              FROM {table} AS a
-             WHERE a.tenant_id = $1
+             WHERE ($1::text IS NULL OR a.tenant_id = $1)
                AND ($2::text IS NULL OR (a.log_epoch, a.txid, a.seq) > ($2::int4, $3::text::xid8, $4::int8))
              ORDER BY a.log_epoch, a.txid, a.seq LIMIT {}",
             page.limit + 1
         );
-        let binds = [Some(caller.tenant_id.as_str()), epoch.as_deref(), txid.as_deref(), seq.as_deref()];
+        let binds = [tenant.map(TenantId::as_str), epoch.as_deref(), txid.as_deref(), seq.as_deref()];
         let found = rows(&mut tx, query, &binds).await?;
         tx.commit().await?;
         Ok(paged(found, page))

@@ -506,6 +506,47 @@ pub async fn set_quota(
     Ok(committed_answer(StatusCode::OK, body, done.position, None))
 }
 
+/// The query of `GET /v1/fleet/audit`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct FleetAuditParams {
+    /// One tenant's trail; every tenant's when left out.
+    pub tenant: Option<String>,
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+    /// A consistency token: answer once the read models have passed this position.
+    #[allow(dead_code)]
+    pub after: Option<String>,
+}
+
+/// `GET /v1/fleet/audit`: every tenant's audit trail, for the platform's operators.
+#[utoipa::path(
+    get,
+    path = "/v1/fleet/audit",
+    tag = "audit",
+    summary = "Every tenant's audit trail (or one tenant's, with ?tenant=), oldest first: for the root tenant's administrators",
+    params(FleetAuditParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = AuditPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
+pub async fn fleet_audit(
+    State(state): State<AppState>,
+    who: Authed,
+    MinPosition(after): MinPosition,
+    QueryParams(params): QueryParams<FleetAuditParams>,
+) -> Result<Json<AuditPage>, ApiError> {
+    let caller = state.app.authorize(&who.0, "fleet.audit.list", Subject::Fleet).await?;
+    let tenant = params.tenant.as_deref().map(|t| path_id::<TenantId>("tenant", t)).transpose()?;
+    let page = PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
+    let listed = state.app.fleet_audit(&caller, tenant.as_ref(), &page, after).await?;
+    Ok(Json(AuditPage {
+        items: listed.items.iter().map(Into::into).collect(),
+        next_cursor: next_cursor(&listed.next_key),
+    }))
+}
+
 /// `GET /v1/audit`: the caller's tenant's audit trail, oldest first.
 #[utoipa::path(
     get,

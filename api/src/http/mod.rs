@@ -156,12 +156,14 @@ routes! {
     agent::ack_command => open;
     reservations::create_reservation => "reservations.create";
     reservations::list_reservations => "reservations.list";
+    reservations::list_fleet_reservations => "fleet.reservations.list";
     reservations::get_reservation => "reservations.get";
     reservations::renew_reservation => "reservations.renew";
     reservations::extend_reservation => "reservations.extend";
     reservations::cancel_reservation => "reservations.cancel";
     reservations::release_reservation => "reservations.release";
     fleet::audit => "audit.list";
+    fleet::fleet_audit => "fleet.audit.list";
     events::event_stream => "events.stream";
     projections::projection_status => "projections.status";
 }

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use bc_domain::id::{PoolId, ReservationId};
+use bc_domain::id::{PoolId, ReservationId, TenantId};
 use bc_domain::reservation::{Reservation, ReservationState};
 use serde::Deserialize;
 
@@ -136,6 +136,55 @@ pub async fn list_reservations(
         state: params.state.map(|s| s.as_str().to_owned()),
     };
     let listed = state.app.list_reservations(&caller, &filter, &page, after).await?;
+    Ok(Json(ReservationPage {
+        items: listed.items.iter().map(Into::into).collect(),
+        next_cursor: next_cursor(&listed.next_key),
+    }))
+}
+
+/// The query of `GET /v1/fleet/reservations`: [`ListParams`] and the tenant.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct FleetListParams {
+    /// One tenant's reservations; every tenant's when left out.
+    pub tenant: Option<String>,
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+    /// A consistency token: answer once the read models have passed this position (as `X-Min-Position`).
+    #[allow(dead_code)]
+    pub after: Option<String>,
+    pub pool_id: Option<String>,
+    #[param(value_type = Option<String>)]
+    pub state: Option<ReservationState>,
+}
+
+/// `GET /v1/fleet/reservations`: every tenant's reservations, for the platform's operators.
+#[utoipa::path(
+    get,
+    path = "/v1/fleet/reservations",
+    tag = "reservations",
+    summary = "Every tenant's reservations (or one tenant's, with ?tenant=), in id order: for the root tenant's administrators",
+    params(FleetListParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = ReservationPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
+pub async fn list_fleet_reservations(
+    State(state): State<AppState>,
+    who: Authed,
+    MinPosition(after): MinPosition,
+    QueryParams(params): QueryParams<FleetListParams>,
+) -> Result<Json<ReservationPage>, ApiError> {
+    let caller = state.app.authorize(&who.0, "fleet.reservations.list", Subject::Fleet).await?;
+    let tenant = params.tenant.as_deref().map(|t| path_id::<TenantId>("tenant", t)).transpose()?;
+    let page = PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
+    let pool_id = params.pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
+    let filter = ReservationFilter {
+        pool_id: pool_id.map(|p| p.to_string()),
+        state: params.state.map(|s| s.as_str().to_owned()),
+    };
+    let listed = state.app.list_fleet_reservations(&caller, tenant.as_ref(), &filter, &page, after).await?;
     Ok(Json(ReservationPage {
         items: listed.items.iter().map(Into::into).collect(),
         next_cursor: next_cursor(&listed.next_key),

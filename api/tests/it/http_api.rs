@@ -1129,3 +1129,46 @@ async fn a_pool_is_changed_and_deleted_and_its_site_after_it_each_refused_while_
     let again = api.post("/v1/sites", ROOT, json!({ "name": "ams1", "iamRegion": "eu-west-1" })).await;
     assert_eq!(again.status, StatusCode::CREATED, "the name is free again: {:?}", again.body);
 }
+
+#[tokio::test]
+async fn the_platforms_administrators_read_every_tenants_reservations_and_audit_and_nobody_else_does() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let acme = api.reserve(ALICE, "acme", reservation(&pool, 1, 3600)).await;
+    let globex = api.reserve(GUS, "globex", reservation(&pool, 1, 3600)).await;
+    let (acme_id, globex_id) = (acme.body["id"].as_str().expect("id"), globex.body["id"].as_str().expect("id"));
+    let position = globex.header("x-position").expect("position").to_owned();
+    catch_up(&api.fleet.t.db).await;
+
+    let all = api.call("GET", &format!("/v1/fleet/reservations?after={position}"), Some(ROOT), &[], None).await;
+    assert_eq!(all.status, StatusCode::OK, "{:?}", all.body);
+    let ids: Vec<&str> = all.body["items"].as_array().expect("items").iter().filter_map(|r| r["id"].as_str()).collect();
+    assert!(ids.contains(&acme_id) && ids.contains(&globex_id), "{ids:?}");
+    let one = api.call("GET", "/v1/fleet/reservations?tenant=acme", Some(ROOT), &[], None).await;
+    let ids: Vec<&str> = one.body["items"].as_array().expect("items").iter().filter_map(|r| r["id"].as_str()).collect();
+    assert_eq!(ids, [acme_id], "{:?}", one.body);
+    let audit = api.call("GET", "/v1/fleet/audit?tenant=globex", Some(ROOT), &[], None).await;
+    assert_eq!(audit.status, StatusCode::OK, "{:?}", audit.body);
+    let tenants: std::collections::BTreeSet<&str> =
+        audit.body["items"].as_array().expect("items").iter().filter_map(|a| a["tenantId"].as_str()).collect();
+    assert_eq!(tenants.into_iter().collect::<Vec<_>>(), ["globex"], "{:?}", audit.body);
+    let every = api.call("GET", "/v1/fleet/audit", Some(ROOT), &[], None).await;
+    let tenants: std::collections::BTreeSet<&str> =
+        every.body["items"].as_array().expect("items").iter().filter_map(|a| a["tenantId"].as_str()).collect();
+    assert!(tenants.contains("acme") && tenants.contains("globex"), "{tenants:?}");
+
+    // A customer reads neither, whatever it asks; its own lists stay its own.
+    for path in ["/v1/fleet/reservations", "/v1/fleet/reservations?tenant=acme", "/v1/fleet/audit?tenant=acme"] {
+        let refused = api.call("GET", path, Some(ALICE), &[], None).await;
+        assert!(
+            refused.status == StatusCode::FORBIDDEN || refused.status == StatusCode::NOT_FOUND,
+            "{path}: {:?}",
+            refused.body
+        );
+    }
+    let own = api.call("GET", "/v1/reservations", Some(ALICE), &[], None).await;
+    let ids: Vec<&str> = own.body["items"].as_array().expect("items").iter().filter_map(|r| r["id"].as_str()).collect();
+    assert_eq!(ids, [acme_id]);
+    let bad = api.call("GET", "/v1/fleet/reservations?tenant=Not%20A%20Tenant", Some(ROOT), &[], None).await;
+    assert_eq!((bad.status, bad.field()), (StatusCode::BAD_REQUEST, "tenant"), "{:?}", bad.body);
+}

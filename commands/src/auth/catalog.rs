@@ -196,6 +196,8 @@ pub const METHODS: &[MethodSpec] = &[
     m("reservations.cancel", "compute:reservations.cancel", Target::Reservation, MEMBER, true),
     m("reservations.release", "compute:reservations.release", Target::Reservation, MEMBER, true),
     m("audit.list", "compute:audit.list", Target::Tenant, MEMBER, false),
+    m("fleet.audit.list", "compute:fleet.audit.list", Target::Fleet, TENANT_ADMIN, false),
+    m("fleet.reservations.list", "compute:fleet.reservations.list", Target::Fleet, TENANT_ADMIN, false),
     m("events.stream", "compute:events.stream", Target::Tenant, MEMBER, false),
     m("projections.status", "compute:projections.status", Target::Fleet, TENANT_ADMIN, false),
 ];
