@@ -65,11 +65,14 @@ impl PoolView {
     /// `pool` (with `node_count` nodes) as `caller` sees it.
     pub fn seen_by(pool: Pool, node_count: i32, caller: &Caller) -> PoolView {
         let owner = pool.owner_tenant_id == caller.tenant_id;
+        // A tenant sees the offering that governs it: its own, or an ancestor's that includes descendants.
+        let governing = bc_domain::pool::governing_offer(&pool.offers, &caller.tenant_id, &caller.ancestors)
+            .map(|offer| offer.tenant_id.clone());
         PoolView {
             offers: pool
                 .offers
                 .iter()
-                .filter(|offer| owner || offer.tenant_id == caller.tenant_id)
+                .filter(|offer| owner || Some(&offer.tenant_id) == governing.as_ref())
                 .map(|offer| OfferView {
                     tenant_id: offer.tenant_id.clone(),
                     quota: offer.quota.clone(),
@@ -262,11 +265,27 @@ fn read_fold<T: DeserializeOwned>(name: &str, id: &str, text: &str) -> AppResult
 }
 
 /// The views of folded pools (with their node counts), as `caller` sees them.
+/// The views of folded pools that `caller` may see: it owns them, or an offering governs it (its own, or an
+/// ancestor's with `includeDescendants`). The rows were read with any offering of the tenant or its ancestors.
 fn pool_views(found: Vec<(String, String, i32)>, caller: &Caller) -> AppResult<Vec<(String, PoolView)>> {
-    found
-        .into_iter()
-        .map(|(id, text, nodes)| Ok((id.clone(), PoolView::seen_by(read_fold("pools", &id, &text)?, nodes, caller))))
-        .collect()
+    let mut views = Vec::with_capacity(found.len());
+    for (id, text, nodes) in found {
+        let pool: Pool = read_fold("pools", &id, &text)?;
+        let visible = pool.owner_tenant_id == caller.tenant_id
+            || bc_domain::pool::governing_offer(&pool.offers, &caller.tenant_id, &caller.ancestors).is_some();
+        if visible {
+            views.push((id, PoolView::seen_by(pool, nodes, caller)));
+        }
+    }
+    Ok(views)
+}
+
+/// The caller's tenant and its ancestors, comma-separated, for `string_to_array` (tenant ids hold no comma).
+fn tenant_and_ancestors(caller: &Caller) -> String {
+    std::iter::once(caller.tenant_id.as_str())
+        .chain(caller.ancestors.iter().map(TenantId::as_str))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The views of folded nodes, for a caller of the tenant that owns their pools (the rows were filtered so).
@@ -318,13 +337,23 @@ impl App {
         let table = active_table(&mut tx, "pools", "pools").await?;
         let query = format!(
             "SELECT p.pool_id, p.folded::text, p.node_count FROM {table} AS p
-             WHERE (p.owner_tenant_id = $1 OR $1 = ANY(p.offer_tenants)) AND ($2::text IS NULL OR p.pool_id > $2)
+             WHERE (p.owner_tenant_id = $1 OR p.offer_tenants && string_to_array($3, ','))
+               AND ($2::text IS NULL OR p.pool_id > $2)
              ORDER BY p.pool_id LIMIT {}",
             page.limit + 1
         );
-        let found = folded_rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), page.after_key.as_deref()]).await?;
+        let tenants = tenant_and_ancestors(caller);
+        let binds = [Some(caller.tenant_id.as_str()), page.after_key.as_deref(), Some(tenants.as_str())];
+        let found = folded_rows(&mut tx, query, &binds).await?;
         tx.commit().await?;
-        Ok(paged(pool_views(found, caller)?, page))
+        // A row an ancestor's offering brought that does not include descendants is dropped here; the page's next
+        // key still follows the rows read, so nothing is skipped.
+        let more = found.len() > page.limit as usize;
+        let mut found = found;
+        found.truncate(page.limit as usize);
+        let next_key = if more { found.last().map(|(id, _, _)| id.clone()) } else { None };
+        let items = pool_views(found, caller)?.into_iter().map(|(_, view)| view).collect();
+        Ok(Listed { items, next_key })
     }
 
     /// One pool the caller's tenant owns or is offered.
@@ -334,9 +363,11 @@ impl App {
         let table = active_table(&mut tx, "pools", "pools").await?;
         let query = format!(
             "SELECT p.pool_id, p.folded::text, p.node_count FROM {table} AS p
-             WHERE (p.owner_tenant_id = $1 OR $1 = ANY(p.offer_tenants)) AND p.pool_id = $2"
+             WHERE (p.owner_tenant_id = $1 OR p.offer_tenants && string_to_array($3, ',')) AND p.pool_id = $2"
         );
-        let found = folded_rows(&mut tx, query, &[Some(caller.tenant_id.as_str()), Some(pool_id.as_str())]).await?;
+        let tenants = tenant_and_ancestors(caller);
+        let binds = [Some(caller.tenant_id.as_str()), Some(pool_id.as_str()), Some(tenants.as_str())];
+        let found = folded_rows(&mut tx, query, &binds).await?;
         tx.commit().await?;
         the_one(pool_views(found, caller)?, "pool", pool_id.as_str())
     }

@@ -21,6 +21,8 @@ use bc_projections::testing::catch_up;
 pub const ROOT: &str = "root-token-000000000001";
 pub const ALICE: &str = "alice-token-00000000001";
 pub const GUS: &str = "gus-token-0000000000001";
+/// A tenant below acme.
+pub const LAB: &str = "lab-token-0000000000001";
 
 /// The authorizer of these tests: the platform's operator (the fleet's owner), two customers with the user
 /// relation on what they are offered, and the limit "users may reserve up to 8 H100s for at most 72 hours".
@@ -32,6 +34,10 @@ pub const AUTH: &str = r#"
     [[tenants]]
     id = "globex"
     parent = "root"
+
+    [[tenants]]
+    id = "acmelab"
+    parent = "acme"
 
     [[identities]]
     identity = "operator@platform"
@@ -48,6 +54,11 @@ pub const AUTH: &str = r#"
     identity = "gus@globex"
     tenant = "globex"
     token = "gus-token-0000000000001"
+
+    [[identities]]
+    identity = "lab@acmelab"
+    tenant = "acmelab"
+    token = "lab-token-0000000000001"
 
     [[grants]]
     tenant = "acme"
@@ -1171,4 +1182,36 @@ async fn the_platforms_administrators_read_every_tenants_reservations_and_audit_
     assert_eq!(ids, [acme_id]);
     let bad = api.call("GET", "/v1/fleet/reservations?tenant=Not%20A%20Tenant", Some(ROOT), &[], None).await;
     assert_eq!((bad.status, bad.field()), (StatusCode::BAD_REQUEST, "tenant"), "{:?}", bad.body);
+}
+
+#[tokio::test]
+async fn a_descendant_reads_a_pool_offered_to_its_ancestor_with_descendants_and_only_then() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let offer = |descendants: bool| {
+        json!({ "tenantId": "acme", "quota": { "gpu": 4 }, "priority": 0, "includeDescendants": descendants })
+            .to_string()
+    };
+    let path = format!("/v1/pools/{pool}/offers");
+    let without = api.call("POST", &path, Some(ROOT), &[], Some(offer(false))).await;
+    assert_eq!(without.status, StatusCode::OK, "{:?}", without.body);
+    catch_up(&api.fleet.t.db).await;
+    assert_eq!(api.call("GET", &format!("/v1/pools/{pool}"), Some(LAB), &[], None).await.status, StatusCode::NOT_FOUND);
+    let listed = api.call("GET", "/v1/pools", Some(LAB), &[], None).await;
+    assert_eq!(listed.body["items"].as_array().map(Vec::len), Some(0), "{:?}", listed.body);
+
+    let with = api.call("POST", &path, Some(ROOT), &[], Some(offer(true))).await;
+    assert_eq!(with.status, StatusCode::OK, "{:?}", with.body);
+    catch_up(&api.fleet.t.db).await;
+    let read = api.call("GET", &format!("/v1/pools/{pool}"), Some(LAB), &[], None).await;
+    assert_eq!(read.status, StatusCode::OK, "{:?}", read.body);
+    let offers: Vec<&str> =
+        read.body["offers"].as_array().expect("offers").iter().filter_map(|o| o["tenantId"].as_str()).collect();
+    assert_eq!(offers, ["acme"], "it sees the offering that governs it, and no other: {:?}", read.body);
+    let capacity = api.call("GET", &format!("/v1/pools/{pool}/capacity"), Some(LAB), &[], None).await;
+    assert_eq!(capacity.status, StatusCode::OK, "{:?}", capacity.body);
+    let listed = api.call("GET", "/v1/pools", Some(LAB), &[], None).await;
+    let ids: Vec<&str> =
+        listed.body["items"].as_array().expect("items").iter().filter_map(|p| p["id"].as_str()).collect();
+    assert_eq!(ids, [pool.as_str()], "{:?}", listed.body);
 }
