@@ -129,17 +129,27 @@ pub async fn list_reservations(
     QueryParams(params): QueryParams<ListParams>,
 ) -> Result<Json<ReservationPage>, ApiError> {
     let caller = state.app.authorize(&who.0, "reservations.list", Subject::OwnTenant).await?;
-    let page = PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
-    let pool_id = params.pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
-    let filter = ReservationFilter {
-        pool_id: pool_id.map(|p| p.to_string()),
-        state: params.state.map(|s| s.as_str().to_owned()),
-    };
+    let (page, filter) = page_and_filter(params.limit, params.cursor, params.pool_id, params.state)?;
     let listed = state.app.list_reservations(&caller, &filter, &page, after).await?;
-    Ok(Json(ReservationPage {
-        items: listed.items.iter().map(Into::into).collect(),
-        next_cursor: next_cursor(&listed.next_key),
-    }))
+    Ok(Json(reservation_page(&listed)))
+}
+
+/// A list's page and its filter, each parameter checked and named when it is wrong.
+fn page_and_filter(
+    limit: Option<u32>,
+    cursor: Option<String>,
+    pool_id: Option<String>,
+    state: Option<ReservationState>,
+) -> Result<(bc_commands::reads::Page, ReservationFilter), ApiError> {
+    let page = PageParams { limit, cursor, after: None }.page()?;
+    let pool_id = pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
+    let filter =
+        ReservationFilter { pool_id: pool_id.map(|p| p.to_string()), state: state.map(|s| s.as_str().to_owned()) };
+    Ok((page, filter))
+}
+
+fn reservation_page(listed: &bc_commands::reads::Listed<Reservation>) -> ReservationPage {
+    ReservationPage { items: listed.items.iter().map(Into::into).collect(), next_cursor: next_cursor(&listed.next_key) }
 }
 
 /// The query of `GET /v1/fleet/reservations`: [`ListParams`] and the tenant.
@@ -178,17 +188,9 @@ pub async fn list_fleet_reservations(
 ) -> Result<Json<ReservationPage>, ApiError> {
     let caller = state.app.authorize(&who.0, "fleet.reservations.list", Subject::Fleet).await?;
     let tenant = params.tenant.as_deref().map(|t| path_id::<TenantId>("tenant", t)).transpose()?;
-    let page = PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
-    let pool_id = params.pool_id.as_deref().map(|p| path_id::<PoolId>("poolId", p)).transpose()?;
-    let filter = ReservationFilter {
-        pool_id: pool_id.map(|p| p.to_string()),
-        state: params.state.map(|s| s.as_str().to_owned()),
-    };
+    let (page, filter) = page_and_filter(params.limit, params.cursor, params.pool_id, params.state)?;
     let listed = state.app.list_fleet_reservations(&caller, tenant.as_ref(), &filter, &page, after).await?;
-    Ok(Json(ReservationPage {
-        items: listed.items.iter().map(Into::into).collect(),
-        next_cursor: next_cursor(&listed.next_key),
-    }))
+    Ok(Json(reservation_page(&listed)))
 }
 
 #[utoipa::path(

@@ -225,49 +225,43 @@ pub async fn pool_aggregate(tx: &mut Tx, pool_id: &PoolId) -> AppResult<Option<(
     Ok(bc_domain::pool::fold(&decoded).map(|pool| (pool, version)))
 }
 
-/// A join token as the fold of its stream, with the stream's version (`None`: no such token).
+/// A stream folded through `evolve`, with its version (`None`: no such stream, or one `evolve` never starts).
+async fn folded_stream<E: DomainEvent, S>(
+    tx: &mut Tx,
+    stream_id: &str,
+    evolve: fn(Option<S>, &E) -> Option<S>,
+) -> AppResult<Option<(S, u32)>> {
+    let recorded = events::read_stream(tx, stream_id, 0, 1_000).await?;
+    let mut state = None;
+    for event in &recorded {
+        state = evolve(state, &E::decode(&event.event_type, event.schema_version, &event.payload)?);
+    }
+    let version = recorded.last().map_or(0, |e| e.stream_version);
+    Ok(state.map(|state| (state, version)))
+}
+
+/// A join token as the fold of its stream, with the stream's version.
 pub async fn join_token_aggregate(
     tx: &mut Tx,
     id: &bc_domain::id::JoinTokenId,
 ) -> AppResult<Option<(bc_domain::pool::JoinToken, u32)>> {
-    let recorded = events::read_stream(tx, id.as_str(), 0, 1_000).await?;
-    let mut state = None;
-    for event in &recorded {
-        let event = PoolEvent::decode(&event.event_type, event.schema_version, &event.payload)?;
-        state = bc_domain::pool::evolve_join_token(state, &event);
-    }
-    let version = recorded.last().map_or(0, |e| e.stream_version);
-    Ok(state.map(|token| (token, version)))
+    folded_stream(tx, id.as_str(), bc_domain::pool::evolve_join_token).await
 }
 
-/// A project as the fold of its stream, with the stream's version (`None`: no such project).
+/// A project as the fold of its stream, with the stream's version.
 pub async fn project_aggregate(
     tx: &mut Tx,
     id: &bc_domain::id::ProjectId,
 ) -> AppResult<Option<(bc_domain::site::Project, u32)>> {
-    let recorded = events::read_stream(tx, id.as_str(), 0, 1_000).await?;
-    let mut state = None;
-    for event in &recorded {
-        let event = bc_domain::site::ProjectEvent::decode(&event.event_type, event.schema_version, &event.payload)?;
-        state = bc_domain::site::evolve_project(state, &event);
-    }
-    let version = recorded.last().map_or(0, |e| e.stream_version);
-    Ok(state.map(|project| (project, version)))
+    folded_stream(tx, id.as_str(), bc_domain::site::evolve_project).await
 }
 
-/// A site as the fold of its stream, with the stream's version (`None`: no such site).
+/// A site as the fold of its stream, with the stream's version.
 pub async fn site_aggregate(
     tx: &mut Tx,
     id: &bc_domain::id::SiteId,
 ) -> AppResult<Option<(bc_domain::site::Site, u32)>> {
-    let recorded = events::read_stream(tx, id.as_str(), 0, 1_000).await?;
-    let mut state = None;
-    for event in &recorded {
-        let event = bc_domain::site::SiteEvent::decode(&event.event_type, event.schema_version, &event.payload)?;
-        state = bc_domain::site::evolve_site(state, &event);
-    }
-    let version = recorded.last().map_or(0, |e| e.stream_version);
-    Ok(state.map(|site| (site, version)))
+    folded_stream(tx, id.as_str(), bc_domain::site::evolve_site).await
 }
 
 /// How many pools a site holds.
