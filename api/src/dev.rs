@@ -432,6 +432,18 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
         let (transport, ca) = config.transport.prepare(config.listen)?;
         let listener = service::bind(config.listen, &transport).await?;
         let base = listener.url()?;
+        // The agents reach the API at the address it listens on, or by loopback when it listens on every address:
+        // both are names the certificate holds.
+        let mut reach = listener.local_addr()?;
+        if reach.ip().is_unspecified() {
+            reach.set_ip(if reach.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        let scheme = if ca.is_some() { "https" } else { "http" };
+        let agents_base = format!("{scheme}://{reach}");
         let trust = match &ca {
             Some((_, pem)) => bc_agent::run::ServerTrust::PinnedCa(pem.clone()),
             None => bc_agent::run::ServerTrust::InsecureHttp,
@@ -446,8 +458,6 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
         };
         let options = service::ServeOptions { pki: transport.pki(), ..Default::default() };
         let serving = tokio::spawn(service::serve_with(db.clone(), auth, listener, options, signal));
-        // The agents reach the API by loopback, a name the certificate holds, whatever address it listens on.
-        let agents_base = base.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]");
         let agents = start_demo_agents(&db, &agents_base, &trust, &config.data_dir).await?;
         await_demo_nodes(&db).await?;
         let _ = agents_up.send(agents);

@@ -178,7 +178,7 @@ impl Collector for DatabaseCollector {
             &mut encoder,
             "events_appended",
             "Events appended to the log, by every process (its sequence)",
-            ConstCounter::new(figures.appended.max(0) as u64),
+            ConstCounter::new(figures.log.appended.max(0) as u64),
         )?;
         let families: [(&str, &str, MetricType); 3] = [
             ("projection_events_applied", "Events each projection version has applied", MetricType::Counter),
@@ -206,32 +206,32 @@ impl Collector for DatabaseCollector {
             &mut encoder,
             "horizon_age_seconds",
             "Age of the oldest writing transaction, which holds the log's read horizon back (0: none)",
-            ConstGauge::new(figures.horizon_age_seconds),
+            ConstGauge::new(figures.log.horizon_age_seconds),
         )?;
         one(
             &mut encoder,
             "horizon_trailing_xids",
             "Transaction ids between the horizon and the next one to be assigned",
-            ConstGauge::new(figures.horizon_xids),
+            ConstGauge::new(figures.log.horizon_xids),
         )?;
-        one(&mut encoder, "work_queue_depth", "Keys in the work queue", ConstGauge::new(figures.queue_depth))?;
+        one(&mut encoder, "work_queue_depth", "Keys in the work queue", ConstGauge::new(figures.log.queue_depth))?;
         one(
             &mut encoder,
             "work_queue_due",
             "Keys in the work queue that are due now",
-            ConstGauge::new(figures.queue_due),
+            ConstGauge::new(figures.log.queue_due),
         )?;
         one(
             &mut encoder,
             "work_queue_claimed",
             "Keys a worker has claimed and not finished",
-            ConstGauge::new(figures.queue_claimed),
+            ConstGauge::new(figures.log.queue_claimed),
         )?;
         one(
             &mut encoder,
             "work_queue_oldest_due_seconds",
             "How long the oldest due key has been due (0: none)",
-            ConstGauge::new(figures.queue_oldest_due_seconds),
+            ConstGauge::new(figures.log.queue_oldest_due_seconds),
         )?;
         let mut leases = encoder.encode_descriptor(
             "leases_live",
@@ -239,7 +239,7 @@ impl Collector for DatabaseCollector {
             None,
             MetricType::Gauge,
         )?;
-        for (kind, mine, count) in &figures.leases {
+        for (kind, mine, count) in &figures.log.leases {
             let holder = if *mine { "this_process" } else { "other" };
             ConstGauge::new(*count).encode(leases.encode_family(&[("kind", kind.as_str()), ("holder", holder)])?)?;
         }

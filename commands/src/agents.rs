@@ -361,12 +361,9 @@ impl App {
         };
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         owned_pool(&mut tx, caller, pool_id).await?;
-        let mut tokens = agents::list_join_tokens(&mut tx, pool_id, after.as_ref(), i64::from(page.limit) + 1).await?;
+        let tokens = agents::list_join_tokens(&mut tx, pool_id, after.as_ref(), i64::from(page.limit) + 1).await?;
         tx.commit().await?;
-        let more = tokens.len() > page.limit as usize;
-        tokens.truncate(page.limit as usize);
-        let next_key = if more { tokens.last().map(|t| t.id.to_string()) } else { None };
-        Ok(crate::reads::Listed { items: tokens, next_key })
+        Ok(crate::reads::paged(tokens.into_iter().map(|t| (t.id.to_string(), t)).collect(), page))
     }
 
     /// Revokes a join token no machine has used: it admits nobody from now on. Revoking it again answers it
@@ -391,13 +388,14 @@ impl App {
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let used_by = row.node_id.as_ref().map(NodeId::as_str);
                     let events = bc_domain::pool::revoke_join_token(&state, used_by, at_ms)?;
+                    let mut value = row;
                     if !events.is_empty() {
                         agents::revoke_join_token(tx, token_id).await?;
+                        value.revoked_at_ms = Some(at_ms);
                     }
                     let version = ExpectedVersion::Exact(version);
                     let position =
                         record(tx, caller, token_id.as_str(), &pool.owner_tenant_id, version, events).await?;
-                    let value = agents::lock_pool_join_token(tx, pool_id, token_id).await?.ok_or_else(not_found)?;
                     Ok(Committed { value, position })
                 }
                 .scope_boxed()

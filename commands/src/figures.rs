@@ -25,9 +25,15 @@ pub struct ProjectionFigures {
 /// What a scrape reads from the database.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DatabaseFigures {
+    pub log: LogFigures,
+    pub projections: Vec<ProjectionFigures>,
+}
+
+/// The runtime tables' figures, read in one snapshot: the log, the horizon, the work queue, the leases.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogFigures {
     /// Events appended to the log by every process (its sequence).
     pub appended: i64,
-    pub projections: Vec<ProjectionFigures>,
     /// Age of the oldest writing transaction, which holds the log's read horizon back (0: none).
     pub horizon_age_seconds: f64,
     /// Transaction ids between the horizon and the next one to be assigned.
@@ -57,17 +63,7 @@ impl DatabaseFigures {
         let mut tx = db.begin(TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadOnly }).await?;
         let log = store::figures::log_figures(&mut tx).await?;
         tx.commit().await?;
-        Ok(Self {
-            appended: log.appended,
-            projections,
-            horizon_age_seconds: log.horizon_age_seconds,
-            horizon_xids: log.horizon_xids,
-            queue_depth: log.queue_depth,
-            queue_due: log.queue_due,
-            queue_claimed: log.queue_claimed,
-            queue_oldest_due_seconds: log.queue_oldest_due_seconds,
-            leases: log.leases,
-        })
+        Ok(Self { log, projections })
     }
 }
 

@@ -182,23 +182,21 @@ impl App {
         page: &crate::reads::Page,
     ) -> AppResult<crate::reads::Listed<ProjectInfo>> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let mut rows =
+        let rows =
             store::projects(&mut tx, &caller.tenant_id, page.after_key.as_deref(), i64::from(page.limit) + 1).await?;
         tx.commit().await?;
-        let more = rows.len() > page.limit as usize;
-        rows.truncate(page.limit as usize);
-        let next_key = if more { rows.last().map(|(id, _, _)| id.clone()) } else { None };
-        let items = rows
+        let projects = rows
             .into_iter()
             .map(|(id, name, created_at_ms)| {
-                Ok(ProjectInfo {
+                let info = ProjectInfo {
                     id: id.parse().map_err(|err| store::corrupt("projects.id", err))?,
                     name,
                     created_at_ms,
-                })
+                };
+                Ok((id, info))
             })
             .collect::<AppResult<Vec<_>>>()?;
-        Ok(crate::reads::Listed { items, next_key })
+        Ok(crate::reads::paged(projects, page))
     }
 
     /// One project of the caller's tenant.
@@ -230,7 +228,8 @@ impl App {
                     let position =
                         record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::Exact(version), events)
                             .await?;
-                    let project = project.ok_or_else(|| corrupt_missing(id))?;
+                    // The decision above refused a missing or deleted project.
+                    let project = project.ok_or_else(|| Rejection::NotFound { kind: "project", id: id.to_string() })?;
                     let value =
                         ProjectInfo { id: project.project_id, name: project.name, created_at_ms: project.at_ms };
                     Ok(Committed { value, position })
@@ -326,17 +325,8 @@ impl App {
                         }
                         _ => return Err(Rejection::NotFound { kind: "pool", id: pool_id.to_string() }.into()),
                     };
-                    let facts = pool::UpdateFacts {
-                        name_taken: match &command(now_ms) {
-                            PoolCommand::Update { change: pool::PoolChange { name: Some(name), .. }, .. } => {
-                                store::name_taken(tx, NamedTable::Pools, caller.tenant_id.as_str(), name).await?
-                            }
-                            _ => false,
-                        },
-                        nodes: store::pool_node_count(tx, pool_id).await?.max(0) as u64,
-                        live_reservations: store::live_reservations_of_pool(tx, pool_id).await?.max(0) as u64,
-                    };
-                    let events = pool::decide(&pool, &with_facts(command(now_ms), facts))?;
+                    let command = with_facts(tx, caller, pool_id, command(now_ms)).await?;
+                    let events = pool::decide(&pool, &command)?;
                     record_quota_change(tx, caller, &pool, version, events).await
                 }
                 .scope_boxed()
@@ -345,13 +335,27 @@ impl App {
     }
 }
 
-/// The command with the facts read for it (updates and deletions need them).
-fn with_facts(command: PoolCommand, facts: pool::UpdateFacts) -> PoolCommand {
-    match command {
-        PoolCommand::Update { change, now_ms, .. } => PoolCommand::Update { change, facts, now_ms },
-        PoolCommand::Delete { now_ms, .. } => PoolCommand::Delete { facts, now_ms },
-        other => other,
-    }
+/// The command with the facts read for it: only updates and deletions need them, so offers and quota changes
+/// read nothing more.
+async fn with_facts(
+    tx: &mut bc_eventstore::Tx,
+    caller: &Caller,
+    pool_id: &PoolId,
+    command: PoolCommand,
+) -> AppResult<PoolCommand> {
+    let (change, now_ms, delete) = match command {
+        PoolCommand::Update { change, now_ms, .. } => (change, now_ms, false),
+        PoolCommand::Delete { now_ms, .. } => (pool::PoolChange::default(), now_ms, true),
+        other => return Ok(other),
+    };
+    let name_taken = match &change.name {
+        Some(name) => store::name_taken(tx, NamedTable::Pools, caller.tenant_id.as_str(), name).await?,
+        None => false,
+    };
+    let nodes = if delete || change.sharing.is_some() { store::pool_node_count(tx, pool_id).await?.max(0) } else { 0 };
+    let live = if delete { store::live_reservations_of_pool(tx, pool_id).await?.max(0) } else { 0 };
+    let facts = pool::UpdateFacts { name_taken, nodes: nodes as u64, live_reservations: live as u64 };
+    Ok(if delete { PoolCommand::Delete { facts, now_ms } } else { PoolCommand::Update { change, facts, now_ms } })
 }
 
 /// Records an offering or quota change on the pool's stream, and wakes the pool's pending reservations, which a
@@ -387,8 +391,4 @@ pub struct ProjectInfo {
     pub id: ProjectId,
     pub name: String,
     pub created_at_ms: i64,
-}
-
-fn corrupt_missing(id: &ProjectId) -> AppError {
-    AppError::from(Rejection::NotFound { kind: "project", id: id.to_string() })
 }

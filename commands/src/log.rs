@@ -34,14 +34,6 @@ impl App {
 
     /// Whether this log can have handed `position` out (see [`events::within_log`]): a position beyond its end
     /// could only be waited for until a timeout.
-    /// Business time now (`compute_now()`), in epoch milliseconds.
-    pub async fn now_ms(&self) -> AppResult<i64> {
-        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let now = bc_eventstore::clock::compute_now_ms(&mut tx).await?;
-        tx.commit().await?;
-        Ok(now)
-    }
-
     pub async fn within_log(&self, position: Position) -> AppResult<bool> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let within = events::within_log(&mut tx, position).await?;

@@ -303,7 +303,7 @@ fn the_one<T>(found: Vec<(String, T)>, kind: &'static str, id: &str) -> AppResul
 }
 
 /// Cuts one extra row off (its presence says there is a next page).
-fn paged<T>(mut found: Vec<(String, T)>, page: &Page) -> Listed<T> {
+pub(crate) fn paged<T>(mut found: Vec<(String, T)>, page: &Page) -> Listed<T> {
     let more = found.len() > page.limit as usize;
     found.truncate(page.limit as usize);
     let next_key = if more { found.last().map(|(key, _)| key.clone()) } else { None };
@@ -346,14 +346,11 @@ impl App {
         let binds = [Some(caller.tenant_id.as_str()), page.after_key.as_deref(), Some(tenants.as_str())];
         let found = folded_rows(&mut tx, query, &binds).await?;
         tx.commit().await?;
-        // A row an ancestor's offering brought that does not include descendants is dropped here; the page's next
-        // key still follows the rows read, so nothing is skipped.
-        let more = found.len() > page.limit as usize;
-        let mut found = found;
-        found.truncate(page.limit as usize);
-        let next_key = if more { found.last().map(|(id, _, _)| id.clone()) } else { None };
-        let items = pool_views(found, caller)?.into_iter().map(|(_, view)| view).collect();
-        Ok(Listed { items, next_key })
+        // A row an ancestor's offering brought that does not include descendants is dropped after the page is
+        // cut, so the next key still follows the rows read and nothing is skipped.
+        let read = paged(found.into_iter().map(|row| (row.0.clone(), row)).collect(), page);
+        let items = pool_views(read.items, caller)?.into_iter().map(|(_, view)| view).collect();
+        Ok(Listed { items, next_key: read.next_key })
     }
 
     /// One pool the caller's tenant owns or is offered.

@@ -225,6 +225,7 @@ impl Bundle {
         let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|err| PkiError::InvalidCsr(format!("not a signed PEM request ({err})")))?;
         let now = OffsetDateTime::now_utc();
+        let not_after = now + Duration::seconds(lifetime_secs.max(60));
         let serial = random_serial()?;
         let mut params = CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
@@ -233,7 +234,7 @@ impl Bundle {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.not_before = now - BACKDATE;
-        params.not_after = now + Duration::seconds(lifetime_secs.max(60));
+        params.not_after = not_after;
         params.serial_number = Some(serial.clone());
         params.use_authority_key_identifier_extension = true;
         csr.params = params;
@@ -241,7 +242,7 @@ impl Bundle {
         Ok(IssuedCertificate {
             pem: cert.pem(),
             serial: crate::hex(&serial.to_bytes()),
-            not_after: (now + Duration::seconds(lifetime_secs.max(60))).unix_timestamp(),
+            not_after: not_after.unix_timestamp(),
         })
     }
 

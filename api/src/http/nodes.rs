@@ -282,9 +282,8 @@ pub async fn list_join_tokens(
     let caller = state.app.authorize(&who.0, "nodes.join_tokens.list", Subject::Pool(&pool_id)).await?;
     let page = params.page()?;
     let listed = state.app.list_join_tokens(&caller, &pool_id, &page).await?;
-    let now_ms = state.app.now_ms().await?;
     Ok(Json(JoinTokenPage {
-        items: listed.items.iter().map(|t| JoinTokenInfoDto::at(t, now_ms)).collect(),
+        items: listed.items.iter().map(Into::into).collect(),
         next_cursor: next_cursor(&listed.next_key),
     }))
 }
@@ -308,8 +307,7 @@ pub async fn revoke_join_token(
     let token_id: JoinTokenId = path_id("tokenId", &token_id)?;
     let caller = state.app.authorize(&who.0, "nodes.join_tokens.revoke", Subject::Pool(&pool_id)).await?;
     let done = state.app.revoke_join_token(&caller, &pool_id, &token_id).await?;
-    let now_ms = state.app.now_ms().await?;
-    Ok(committed_answer(StatusCode::OK, JoinTokenInfoDto::at(&done.value, now_ms), done.position, None))
+    Ok(committed_answer(StatusCode::OK, JoinTokenInfoDto::from(&done.value), done.position, None))
 }
 
 /// Decides `method` on the node a path names: the node's id and the caller to run the command as.

@@ -437,14 +437,13 @@ pub struct JoinTokenInfoDto {
     pub revoked_at: Option<i64>,
 }
 
-impl JoinTokenInfoDto {
-    /// The token as of `now_ms`.
-    pub fn at(t: &JoinTokenInfo, now_ms: i64) -> Self {
+impl From<&JoinTokenInfo> for JoinTokenInfoDto {
+    fn from(t: &JoinTokenInfo) -> Self {
         let state = if t.used_at_ms.is_some() {
             "used"
         } else if t.revoked_at_ms.is_some() {
             "revoked"
-        } else if t.expires_at_ms <= now_ms {
+        } else if t.expired {
             "expired"
         } else {
             "unused"

@@ -260,6 +260,8 @@ pub struct JoinTokenInfo {
     pub used_at_ms: Option<i64>,
     pub node_id: Option<NodeId>,
     pub revoked_at_ms: Option<i64>,
+    /// Whether it had expired when it was read.
+    pub expired: bool,
 }
 
 fn join_token_info(row: &sqlx::postgres::PgRow) -> AppResult<JoinTokenInfo> {
@@ -274,6 +276,7 @@ fn join_token_info(row: &sqlx::postgres::PgRow) -> AppResult<JoinTokenInfo> {
         used_at_ms: row.try_get("used_at")?,
         node_id: node_id.map(|n| n.parse().map_err(|err| corrupt("join_tokens.node_id", err))).transpose()?,
         revoked_at_ms: row.try_get("revoked_at")?,
+        expired: row.try_get("expired")?,
     })
 }
 
@@ -286,7 +289,8 @@ pub async fn list_join_tokens(
 ) -> AppResult<Vec<JoinTokenInfo>> {
     let rows = sql::query(
         "SELECT id, pool_id, created_by, ts_ms(created_at) AS created_at, ts_ms(expires_at) AS expires_at,
-                ts_ms(used_at) AS used_at, node_id, ts_ms(revoked_at) AS revoked_at
+                ts_ms(used_at) AS used_at, node_id, ts_ms(revoked_at) AS revoked_at,
+                expires_at <= compute_now() AS expired
          FROM join_tokens WHERE pool_id = $1 AND ($2::text IS NULL OR id > $2)
          ORDER BY id LIMIT $3",
     )
@@ -302,7 +306,8 @@ pub async fn list_join_tokens(
 pub async fn lock_pool_join_token(tx: &mut Tx, pool_id: &PoolId, id: &JoinTokenId) -> AppResult<Option<JoinTokenInfo>> {
     let row = sql::query(
         "SELECT id, pool_id, created_by, ts_ms(created_at) AS created_at, ts_ms(expires_at) AS expires_at,
-                ts_ms(used_at) AS used_at, node_id, ts_ms(revoked_at) AS revoked_at
+                ts_ms(used_at) AS used_at, node_id, ts_ms(revoked_at) AS revoked_at,
+                expires_at <= compute_now() AS expired
          FROM join_tokens WHERE pool_id = $1 AND id = $2 FOR UPDATE",
     )
     .bind(pool_id.as_str())

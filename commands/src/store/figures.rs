@@ -4,17 +4,7 @@
 use bc_eventstore::{Tx, lease, sql};
 use sqlx::Row as _;
 
-/// The log's, the horizon's, the queue's and the leases' figures (see `figures::DatabaseFigures`).
-pub struct LogFigures {
-    pub appended: i64,
-    pub horizon_age_seconds: f64,
-    pub horizon_xids: i64,
-    pub queue_depth: i64,
-    pub queue_due: i64,
-    pub queue_claimed: i64,
-    pub queue_oldest_due_seconds: f64,
-    pub leases: Vec<(String, bool, i64)>,
-}
+use crate::figures::LogFigures;
 
 /// Reads them in the caller's transaction (one snapshot).
 pub async fn log_figures(tx: &mut Tx) -> bc_eventstore::Result<LogFigures> {
