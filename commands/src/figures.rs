@@ -29,22 +29,7 @@ pub struct DatabaseFigures {
     pub projections: Vec<ProjectionFigures>,
 }
 
-/// The runtime tables' figures, read in one snapshot: the log, the horizon, the work queue, the leases.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LogFigures {
-    /// Events appended to the log by every process (its sequence).
-    pub appended: i64,
-    /// Age of the oldest writing transaction, which holds the log's read horizon back (0: none).
-    pub horizon_age_seconds: f64,
-    /// Transaction ids between the horizon and the next one to be assigned.
-    pub horizon_xids: i64,
-    pub queue_depth: i64,
-    pub queue_due: i64,
-    pub queue_claimed: i64,
-    pub queue_oldest_due_seconds: f64,
-    /// (kind, held by this process, count).
-    pub leases: Vec<(String, bool, i64)>,
-}
+pub use crate::store::figures::LogFigures;
 
 impl DatabaseFigures {
     async fn read(db: &Db) -> bc_eventstore::Result<Self> {
