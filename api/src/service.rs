@@ -292,6 +292,13 @@ pub async fn serve_with(
     if let Some(pki) = &options.pki {
         app = app.with_pki(Arc::clone(&pki.bundle));
     }
+    if options.role.serves_api() {
+        // The tenancy the log holds is loaded before the first request, then followed.
+        app.refresh_tenancy().await.context("load the tenants, identities and grants")?;
+        let follower = app.clone();
+        let stop = stopped.clone();
+        background.push(tokio::spawn(async move { follower.follow_tenancy(stop).await }));
+    }
     let listener = listener.into();
     if let (Bound::Tls(tls), Some(pki)) = (&listener, &options.pki) {
         background.push(tokio::spawn(keep_revocations(app.clone(), pki.clone(), tls.config(), stopped.clone())));

@@ -90,7 +90,7 @@ pub struct IssuedJoinToken {
 pub const MAX_JOIN_TOKEN_TTL_S: u64 = 7 * 24 * 3600;
 
 /// A new secret with `prefix`, and the SHA-256 hex under which it is stored.
-fn new_secret(prefix: &str) -> AppResult<(String, String)> {
+pub(crate) fn new_secret(prefix: &str) -> AppResult<(String, String)> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)
         .map_err(|err| AppError::Store(bc_eventstore::Error::Internal(format!("no randomness: {err}"))))?;

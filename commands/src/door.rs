@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use bc_domain::Rejection;
-use bc_domain::id::{NodeId, PoolId, ReservationId, SiteId};
+use bc_domain::id::{NodeId, PoolId, ReservationId, SiteId, TenantId};
 use bc_domain::reservation::{Reservation, ReservationRequest, ReservationState};
 use bc_eventstore::TxOptions;
 
@@ -35,6 +35,8 @@ pub enum Subject<'a> {
     OwnTenant,
     /// The platform's fleet (`compute-fleet/global`), which resolves only in the root tenant.
     Fleet,
+    /// A tenant's scope (`compute-tenant/{t}`), for administering it: it resolves when the tenant exists.
+    Tenant(&'a TenantId),
     Site(&'a SiteId),
     Pool(&'a PoolId),
     Node(&'a NodeId),
@@ -47,6 +49,7 @@ impl Subject<'_> {
         match self {
             Subject::OwnTenant => ("tenant", call.principal.tenant_id.to_string()),
             Subject::Fleet => ("fleet", "global".to_owned()),
+            Subject::Tenant(id) => ("tenant", id.to_string()),
             Subject::Site(id) => ("site", id.to_string()),
             Subject::Pool(id) => ("pool", id.to_string()),
             Subject::Node(id) => ("node", id.to_string()),
@@ -158,6 +161,7 @@ impl App {
         let resource = match subject {
             Subject::OwnTenant => Some(Resource::scope(Target::Tenant, tenant)),
             Subject::Fleet => Some(Resource::scope(Target::Fleet, tenant)),
+            Subject::Tenant(id) => self.auth.tenant(id).map(|t| Resource::scope(Target::Tenant, &t.id)),
             Subject::Site(id) => resolve::site_resource(&mut tx, id).await?,
             Subject::Pool(id) => resolve::pool_resource(&mut tx, id).await?,
             Subject::Node(id) => resolve::node_resource(&mut tx, id).await?,
@@ -192,6 +196,11 @@ impl App {
                 let (kind, id) = subject.named(call);
                 tracing::info!(method, identity = %p.identity, tenant = %p.tenant_id, request_id, kind, id, "denied: not found");
                 Err(Rejection::NotFound { kind, id }.into())
+            }
+            Decision::Suspended(reason) => {
+                self.denials.count(spec.method, "suspended");
+                tracing::info!(method, identity = %p.identity, tenant = %p.tenant_id, request_id, reason, "denied: suspended");
+                Err(Rejection::TenantSuspended(reason).into())
             }
             Decision::Deny(reason) => {
                 self.denials.count(spec.method, "forbidden");

@@ -16,6 +16,7 @@ pub mod nodes;
 pub mod reads;
 pub mod reservations;
 mod store;
+pub mod tenancy;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod work;

@@ -226,7 +226,17 @@ pub struct ReservationFilter {
 
 /// The table a read model's active version keeps `table` in (`pools` → `pools_v2`).
 async fn active_table(tx: &mut Tx, name: &str, table: &str) -> AppResult<String> {
-    let version = framework::active_version(tx, name).await?.unwrap_or(1);
+    // Before any projection ran, nothing is active: the newest version's table (made by its migration, empty
+    // until the daemon fills it) is the one the queries here are written for.
+    let newest = || {
+        bc_projections::models::read_models()
+            .iter()
+            .filter(|m| m.name() == name)
+            .map(|m| m.version())
+            .max()
+            .unwrap_or(1)
+    };
+    let version = framework::active_version(tx, name).await?.unwrap_or_else(newest);
     Ok(format!("{table}_v{version}"))
 }
 

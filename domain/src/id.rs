@@ -175,6 +175,22 @@ generated_id!(
     CommandId, "cmd", "command id"
 );
 generated_id!(
+    /// An identity administered through the API (its name, such as `alice@acme`, is unique in its tenant).
+    IdentityId, "idt", "identity id"
+);
+generated_id!(
+    /// A bearer token's id (the token itself is a secret, `bct_...`, shown once).
+    TokenId, "tok", "token id"
+);
+generated_id!(
+    /// A grant of a pool relation to identities of a tenant.
+    GrantId, "grt", "grant id"
+);
+generated_id!(
+    /// An attribute limit on reservations in a pool.
+    LimitId, "lim", "limit id"
+);
+generated_id!(
     /// An agent's session: one run of `bcd` on a node, renewed by its heartbeats.
     SessionId, "ses", "session id"
 );

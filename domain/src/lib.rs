@@ -21,6 +21,7 @@ pub mod rejection;
 pub mod reservation;
 pub mod site;
 pub mod stream;
+pub mod tenancy;
 pub mod testing;
 pub mod upcast;
 

@@ -38,6 +38,11 @@ pub enum Rejection {
     #[error("{0}")]
     Forbidden(String),
 
+    /// The caller's tenant, or one of its ancestors, is suspended, and the call would start new work.
+    /// `TENANT_SUSPENDED`.
+    #[error("{0}")]
+    TenantSuspended(String),
+
     /// The request can never fit the pool, or the pool's pending queue is full, or the caller asked not to
     /// wait. `CAPACITY_UNAVAILABLE`.
     #[error("{0}")]
@@ -60,6 +65,7 @@ impl Rejection {
             Rejection::CapacityUnavailable(_) => "CAPACITY_UNAVAILABLE",
             Rejection::Unauthenticated(_) => "UNAUTHENTICATED",
             Rejection::Forbidden(_) => "FORBIDDEN",
+            Rejection::TenantSuspended(_) => "TENANT_SUSPENDED",
         }
     }
 }

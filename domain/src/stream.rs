@@ -6,6 +6,7 @@ use crate::node::NodeEvent;
 use crate::pool::PoolEvent;
 use crate::reservation::ReservationEvent;
 use crate::site::{ProjectEvent, SiteEvent};
+use crate::tenancy::{GrantEvent, IdentityEvent, LimitEvent, TenantEvent};
 
 /// An event of any aggregate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +16,10 @@ pub enum AnyEvent {
     Pool(PoolEvent),
     Node(NodeEvent),
     Reservation(ReservationEvent),
+    Tenant(TenantEvent),
+    Identity(IdentityEvent),
+    Grant(GrantEvent),
+    Limit(LimitEvent),
 }
 
 impl AnyEvent {
@@ -27,6 +32,10 @@ impl AnyEvent {
             "pool" => AnyEvent::Pool(PoolEvent::decode(event_type, schema_version, payload)?),
             "node" => AnyEvent::Node(NodeEvent::decode(event_type, schema_version, payload)?),
             "reservation" => AnyEvent::Reservation(ReservationEvent::decode(event_type, schema_version, payload)?),
+            "tenant" => AnyEvent::Tenant(TenantEvent::decode(event_type, schema_version, payload)?),
+            "identity" => AnyEvent::Identity(IdentityEvent::decode(event_type, schema_version, payload)?),
+            "grant" => AnyEvent::Grant(GrantEvent::decode(event_type, schema_version, payload)?),
+            "limit" => AnyEvent::Limit(LimitEvent::decode(event_type, schema_version, payload)?),
             _ => return Ok(None),
         }))
     }
@@ -38,6 +47,10 @@ impl AnyEvent {
             AnyEvent::Pool(e) => e.event_type(),
             AnyEvent::Node(e) => e.event_type(),
             AnyEvent::Reservation(e) => e.event_type(),
+            AnyEvent::Tenant(e) => e.event_type(),
+            AnyEvent::Identity(e) => e.event_type(),
+            AnyEvent::Grant(e) => e.event_type(),
+            AnyEvent::Limit(e) => e.event_type(),
         }
     }
 
@@ -48,6 +61,10 @@ impl AnyEvent {
             AnyEvent::Pool(e) => e.schema_version(),
             AnyEvent::Node(e) => e.schema_version(),
             AnyEvent::Reservation(e) => e.schema_version(),
+            AnyEvent::Tenant(e) => e.schema_version(),
+            AnyEvent::Identity(e) => e.schema_version(),
+            AnyEvent::Grant(e) => e.schema_version(),
+            AnyEvent::Limit(e) => e.schema_version(),
         }
     }
 
@@ -58,6 +75,10 @@ impl AnyEvent {
             AnyEvent::Pool(e) => e.encode_payload(),
             AnyEvent::Node(e) => e.encode_payload(),
             AnyEvent::Reservation(e) => e.encode_payload(),
+            AnyEvent::Tenant(e) => e.encode_payload(),
+            AnyEvent::Identity(e) => e.encode_payload(),
+            AnyEvent::Grant(e) => e.encode_payload(),
+            AnyEvent::Limit(e) => e.encode_payload(),
         }
     }
 }
@@ -72,7 +93,8 @@ macro_rules! into_any {
     };
 }
 
-into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation);
+into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation,
+    TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit);
 
 impl AnyEvent {
     /// Every event type this build knows, family by family.
@@ -83,6 +105,10 @@ impl AnyEvent {
             PoolEvent::event_types(),
             NodeEvent::event_types(),
             ReservationEvent::event_types(),
+            TenantEvent::event_types(),
+            IdentityEvent::event_types(),
+            GrantEvent::event_types(),
+            LimitEvent::event_types(),
         ]
         .concat()
     }

@@ -8,6 +8,7 @@ use crate::node::{self, Node, NodeEvent};
 use crate::pool::{self, JoinToken, Pool, PoolEvent};
 use crate::reservation::{self, Reservation, ReservationEvent};
 use crate::site::{self, Project, ProjectEvent, Site, SiteEvent};
+use crate::tenancy::{self, Grant, GrantEvent, IdentityEvent, IdentityRecord, Limit, LimitEvent, Tenant, TenantEvent};
 
 /// An aggregate: its state, its events, and the one `evolve` that folds them.
 pub trait Aggregate {
@@ -55,6 +56,22 @@ aggregate!(
 aggregate!(
     /// A project's stream.
     Projects: Project, ProjectEvent, site::evolve_project
+);
+aggregate!(
+    /// A tenant's stream.
+    Tenants: Tenant, TenantEvent, tenancy::evolve_tenant
+);
+aggregate!(
+    /// An identity's stream.
+    Identities: IdentityRecord, IdentityEvent, tenancy::evolve_identity
+);
+aggregate!(
+    /// A grant's stream.
+    Grants: Grant, GrantEvent, tenancy::evolve_grant
+);
+aggregate!(
+    /// An attribute limit's stream.
+    Limits: Limit, LimitEvent, tenancy::evolve_limit
 );
 
 /// A stream's history, folded.

@@ -330,6 +330,36 @@ pub async fn horizon_head(tx: &mut Tx) -> Result<Position> {
     }
 }
 
+/// The position of the last event a reader can see now, and whether any event after `after` up to it is of one
+/// of `families` (the part of its type before the dot: `tenant` for `tenant.created`). A follower that only
+/// needs to know that something of a kind changed moves its cursor to the position without reading the events.
+pub async fn changed_since(tx: &mut Tx, after: Position, families: &[&str]) -> Result<(Position, bool)> {
+    let head = horizon_head(tx).await?;
+    if head <= after {
+        return Ok((after, false));
+    }
+    let (epoch, txid, seq) = after.binds();
+    let (head_epoch, head_txid, head_seq) = head.binds();
+    let families: Vec<String> = families.iter().map(|f| (*f).to_owned()).collect();
+    let changed: bool = sql::query_scalar(
+        "SELECT EXISTS (
+             SELECT 1 FROM events AS e
+             WHERE (e.log_epoch, e.txid, e.seq) > ($1, $2::text::xid8, $3)
+               AND (e.log_epoch, e.txid, e.seq) <= ($4, $5::text::xid8, $6)
+               AND split_part(e.event_type, '.', 1) = ANY($7))",
+    )
+    .bind(epoch)
+    .bind(txid)
+    .bind(seq)
+    .bind(head_epoch)
+    .bind(head_txid)
+    .bind(head_seq)
+    .bind(&families)
+    .fetch_one(tx.conn())
+    .await?;
+    Ok((head, changed))
+}
+
 /// The log's current epoch.
 pub async fn current_epoch(tx: &mut Tx) -> Result<u32> {
     let epoch: i32 = sql::query_scalar("SELECT epoch FROM event_log_epoch").fetch_one(tx.conn()).await?;

@@ -6,6 +6,8 @@
 
 use chacha20poly1305::aead::{Aead as _, KeyInit as _, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use hmac::{Hmac, Mac};
+use sha2::{Digest as _, Sha256};
 
 use crate::error::PkiError;
 
@@ -16,6 +18,8 @@ const NONCE: usize = 24;
 #[derive(Clone)]
 pub struct Sealer {
     cipher: XChaCha20Poly1305,
+    /// HMAC-SHA256 keyed with a key derived from the sealing key, for secrets that must be made again.
+    derive: Hmac<Sha256>,
 }
 
 impl std::fmt::Debug for Sealer {
@@ -33,7 +37,22 @@ impl Sealer {
     }
 
     pub fn new(key: &[u8; 32]) -> Sealer {
-        Sealer { cipher: XChaCha20Poly1305::new(key.into()) }
+        // The derivation key is not the sealing key itself: one use of the key never meets the other.
+        let mut derivation = Sha256::new();
+        derivation.update(b"better-compute derive\0");
+        derivation.update(key);
+        let derive =
+            <Hmac<Sha256> as Mac>::new_from_slice(&derivation.finalize()).expect("HMAC takes a key of any length");
+        Sealer { cipher: XChaCha20Poly1305::new(key.into()), derive }
+    }
+
+    /// A secret made from the key and `context`: the same context always gives the same 32 bytes, and nobody
+    /// without the bundle can make them (so a retried request can be answered the secret it was first given,
+    /// with nothing but its SHA-256 stored).
+    pub fn derive(&self, context: &str) -> [u8; 32] {
+        let mut mac = self.derive.clone();
+        mac.update(context.as_bytes());
+        mac.finalize().into_bytes().into()
     }
 
     /// A sealer from 64 hex digits.

@@ -89,6 +89,17 @@ fn a_sealed_secret_opens_only_with_its_key_and_context() {
     assert!(matches!(sealer.open(&[], "x"), Err(PkiError::Unsealable)));
 }
 
+#[test]
+fn a_derived_secret_is_the_same_for_one_key_and_context_and_no_other() {
+    let key = seal::Sealer::generate_key().expect("key");
+    let (sealer, again) = (seal::Sealer::new(&key), seal::Sealer::new(&key));
+    assert_eq!(sealer.derive("token:tok_1"), again.derive("token:tok_1"));
+    assert_ne!(sealer.derive("token:tok_1"), sealer.derive("token:tok_2"));
+    let other = seal::Sealer::new(&seal::Sealer::generate_key().expect("key"));
+    assert_ne!(sealer.derive("token:tok_1"), other.derive("token:tok_1"));
+    assert!(!sealer.derive("token:tok_1").windows(32).any(|w| w == key), "the key itself never comes out");
+}
+
 /// A TLS handshake between the two configurations over loopback; returns the client certificate the server
 /// saw, if any.
 async fn handshake(

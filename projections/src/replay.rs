@@ -8,6 +8,7 @@ use bc_domain::pool::{self, PoolEvent};
 use bc_domain::reservation::{self, ReservationEvent, ReservationState};
 use bc_domain::site;
 use bc_domain::stream::AnyEvent;
+use bc_domain::tenancy;
 use bc_eventstore::{Db, Error, Position, Result, TxOptions, events};
 use serde_json::{Value, json};
 
@@ -54,6 +55,22 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
         Some(AnyEvent::Project(_)) => {
             let events = decoded.iter().filter_map(|e| if let AnyEvent::Project(p) = e { Some(p) } else { None });
             to_json(&events.fold(None, site::evolve_project))?
+        }
+        Some(AnyEvent::Tenant(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Tenant(t) = e { Some(t) } else { None });
+            to_json(&events.fold(None, tenancy::evolve_tenant))?
+        }
+        Some(AnyEvent::Identity(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Identity(i) = e { Some(i) } else { None });
+            to_json(&events.fold(None, tenancy::evolve_identity))?
+        }
+        Some(AnyEvent::Grant(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Grant(g) = e { Some(g) } else { None });
+            to_json(&events.fold(None, tenancy::evolve_grant))?
+        }
+        Some(AnyEvent::Limit(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Limit(l) = e { Some(l) } else { None });
+            to_json(&events.fold(None, tenancy::evolve_limit))?
         }
         None => json!({}),
     };

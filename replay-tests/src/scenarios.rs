@@ -19,7 +19,7 @@ pub const T0: i64 = 1_893_456_000_000;
 const HOUR: i64 = 3_600_000;
 
 /// The scenarios by name.
-pub const NAMES: &[&str] = &["fleet_basics", "reservation_lifecycle", "reservation_endings", "agent_life"];
+pub const NAMES: &[&str] = &["fleet_basics", "reservation_lifecycle", "reservation_endings", "agent_life", "tenancy"];
 
 fn caller(tenant: &str, identity: &str) -> anyhow::Result<Caller> {
     Ok(Caller {
@@ -87,6 +87,7 @@ pub async fn run(name: &str, app: &App) -> anyhow::Result<()> {
         "reservation_lifecycle" => reservation_lifecycle(app).await,
         "reservation_endings" => reservation_endings(app).await,
         "agent_life" => agent_life(app).await,
+        "tenancy" => tenancy(app).await,
         other => anyhow::bail!("no scenario named {other}"),
     }
 }
@@ -140,6 +141,53 @@ async fn fleet_basics(app: &App) -> anyhow::Result<()> {
     app.update_pool(&owner, &tried, change).await?;
     app.delete_pool(&owner, &tried).await?;
     app.delete_site(&owner, &trial).await?;
+    Ok(())
+}
+
+/// A customer onboarded through the API: its tenant and a child, identities with tokens (one revoked, one
+/// identity deleted), grants (one revoked), a limit on a pool (one deleted), and a suspension lifted.
+async fn tenancy(app: &App) -> anyhow::Result<()> {
+    use bc_domain::tenancy::{Relation, SessionKind};
+    let owner = caller("root", "operator@platform")?;
+    let site = app
+        .create_site(
+            &owner,
+            CreateSite { name: "fra1".into(), iam_region: "eu-central-1".into(), kind: SiteKind::Shared },
+        )
+        .await?
+        .value;
+    let whole = pool(app, &owner, &site, "h100", Sharing::Exclusive, None).await?;
+    let (initech, ml) = ("initech".parse()?, "initech-ml".parse()?);
+    app.create_tenant(&owner, &initech, &"root".parse()?, "Initech").await?;
+    app.create_tenant(&owner, &ml, &initech, "Initech ML").await?;
+    let boss = app.create_identity(&owner, &initech, "boss@initech", SessionKind::User, true).await?.value;
+    let ci = app.create_identity(&owner, &initech, "ci@initech", SessionKind::Service, false).await?.value;
+    clock::set_sim_clock(app.db(), T0 + 60_000).await?;
+    app.issue_token(&owner, &initech, &boss.id, None).await?;
+    let old = app.issue_token(&owner, &initech, &ci.id, None).await?.value;
+    app.revoke_token(&owner, &initech, &ci.id, &old.id).await?;
+    app.delete_identity(&owner, &initech, &ci.id).await?;
+    app.offer_pool(
+        &owner,
+        &whole,
+        OfferPool {
+            tenant_id: initech.clone(),
+            quota: [("gpu".to_owned(), 8)].into(),
+            priority: 0,
+            include_descendants: true,
+        },
+    )
+    .await?;
+    app.create_grant(&owner, &initech, "*", "*", Relation::User).await?;
+    let scratch = app.create_grant(&owner, &initech, "boss@initech", whole.as_str(), Relation::Operator).await?.value;
+    app.revoke_grant(&owner, &initech, &scratch.id).await?;
+    app.create_limit(&owner, &whole, Relation::User, Some(8), Some(72)).await?;
+    let loose = app.create_limit(&owner, &whole, Relation::Viewer, Some(1), None).await?.value;
+    app.delete_limit(&owner, &whole, &loose.id).await?;
+    clock::set_sim_clock(app.db(), T0 + 120_000).await?;
+    app.set_tenant_suspended(&owner, &ml, Some("invoice overdue")).await?;
+    app.set_tenant_suspended(&owner, &ml, None).await?;
+    app.set_tenant_suspended(&owner, &initech, Some("audit")).await?;
     Ok(())
 }
 

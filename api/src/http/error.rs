@@ -103,7 +103,7 @@ impl From<AppError> for ApiError {
                     | Rejection::QuotaExceeded(_)
                     | Rejection::CapacityUnavailable(_) => StatusCode::CONFLICT,
                     Rejection::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-                    Rejection::Forbidden(_) => StatusCode::FORBIDDEN,
+                    Rejection::Forbidden(_) | Rejection::TenantSuspended(_) => StatusCode::FORBIDDEN,
                 };
                 let details = match &rejection {
                     Rejection::InvalidArgument { field, .. } => json!({ "field": field }),

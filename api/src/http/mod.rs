@@ -14,6 +14,7 @@ mod pki;
 mod projections;
 pub mod request;
 mod reservations;
+mod tenancy;
 
 use std::sync::Arc;
 
@@ -162,6 +163,23 @@ routes! {
     reservations::extend_reservation => "reservations.extend";
     reservations::cancel_reservation => "reservations.cancel";
     reservations::release_reservation => "reservations.release";
+    tenancy::create_tenant => "tenants.create";
+    tenancy::list_tenants => "tenants.list";
+    tenancy::get_tenant => "tenants.get";
+    tenancy::suspend_tenant => "tenants.suspend";
+    tenancy::resume_tenant => "tenants.resume";
+    tenancy::create_identity => "identities.create";
+    tenancy::list_identities => "identities.list";
+    tenancy::delete_identity => "identities.delete";
+    tenancy::issue_token => "tokens.create";
+    tenancy::list_tokens => "tokens.list";
+    tenancy::revoke_token => "tokens.revoke";
+    tenancy::create_grant => "grants.create";
+    tenancy::list_grants => "grants.list";
+    tenancy::revoke_grant => "grants.revoke";
+    tenancy::create_limit => "limits.create";
+    tenancy::list_limits => "limits.list";
+    tenancy::delete_limit => "limits.delete";
     fleet::audit => "audit.list";
     fleet::fleet_audit => "fleet.audit.list";
     events::event_stream => "events.stream";

@@ -1,7 +1,10 @@
 //! `GET /v1/openapi.json`: the OpenAPI document, generated from the handlers' annotations.
 
 use axum::Json;
-use bc_domain::id::{CommandId, NodeId, PoolId, ProjectId, ReservationId, SessionId, SiteId, TenantId};
+use bc_domain::id::{
+    CommandId, GrantId, IdentityId, LimitId, NodeId, PoolId, ProjectId, ReservationId, SessionId, SiteId, TenantId,
+    TokenId,
+};
 use bc_eventstore::Position;
 use utoipa::openapi::schema::{ArrayItems, Schema};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
@@ -40,7 +43,11 @@ fn pattern_of(name: &str) -> Option<&'static str> {
         "commandId" | "command_id" => CommandId::PATTERN,
         "sessionId" | "session_id" => SessionId::PATTERN,
         "reservationId" | "reservation_id" => ReservationId::PATTERN,
-        "tenantId" | "tenant_id" | "ownerTenantId" => TenantId::PATTERN,
+        "tenantId" | "tenant_id" | "ownerTenantId" | "parentId" => TenantId::PATTERN,
+        "identityId" | "identity_id" => IdentityId::PATTERN,
+        "tokenId" | "token_id" => TokenId::PATTERN,
+        "grantId" | "grant_id" => GrantId::PATTERN,
+        "limitId" | "limit_id" => LimitId::PATTERN,
         "after" | "X-Min-Position" | "Last-Event-ID" => Position::PATTERN,
         // URL-safe base64 without padding, as `encode_cursor` writes it.
         "cursor" | "nextCursor" => "^[A-Za-z0-9_-]+$",

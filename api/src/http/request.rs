@@ -280,6 +280,16 @@ fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
 }
 
 /// Parses a path id into its typed form, naming the parameter when it is not one.
+/// The `Idempotency-Key` header, when sent: 1 to 255 printable characters.
+pub fn idempotency_key(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
+    let key = value.to_str().map_err(|_| ApiError::invalid_argument("Idempotency-Key", "must be printable text"))?;
+    if key.is_empty() || key.len() > 255 || key.chars().any(char::is_control) {
+        return Err(ApiError::invalid_argument("Idempotency-Key", "must be 1 to 255 printable characters"));
+    }
+    Ok(Some(key.to_owned()))
+}
+
 pub fn path_id<T>(field: &str, text: &str) -> Result<T, ApiError>
 where
     T: std::str::FromStr,

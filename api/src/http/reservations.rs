@@ -26,14 +26,8 @@ fn answer(status: StatusCode, committed: &Committed<Reservation>) -> Response {
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
-    let value = headers
-        .get("idempotency-key")
-        .ok_or_else(|| ApiError::invalid_argument("Idempotency-Key", "the header is required on creates"))?;
-    let key = value.to_str().map_err(|_| ApiError::invalid_argument("Idempotency-Key", "must be printable text"))?;
-    if key.is_empty() || key.len() > 255 {
-        return Err(ApiError::invalid_argument("Idempotency-Key", "must be 1 to 255 printable characters"));
-    }
-    Ok(key.to_owned())
+    super::request::idempotency_key(headers)?
+        .ok_or_else(|| ApiError::invalid_argument("Idempotency-Key", "the header is required on creates"))
 }
 
 /// `POST /v1/reservations`: `201` with the new reservation (`placed` or `pending`), `200` with the existing one

@@ -8,6 +8,7 @@ pub mod fleet;
 pub mod nodes;
 pub mod ops;
 pub mod reservations;
+pub mod tenancy;
 
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -70,4 +71,16 @@ page!(
 page!(
     /// A page of reservations, in id order.
     ReservationPage of reservations::ReservationDto
+);
+page!(
+    /// A page of a tenant's identities.
+    IdentityPage of tenancy::IdentityDto
+);
+page!(
+    /// A page of a tenant's grants.
+    GrantPage of tenancy::GrantDto
+);
+page!(
+    /// A page of a pool's attribute limits.
+    LimitPage of tenancy::LimitDto
 );

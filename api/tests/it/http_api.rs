@@ -102,10 +102,20 @@ pub struct Api {
 
 impl Api {
     pub async fn new() -> Api {
+        Self::of(|app| app).await
+    }
+
+    /// With the tests' PKI bundle, whose key seals and derives the secrets the service must make again.
+    pub async fn with_pki() -> Api {
+        let bundle = Arc::new(bc_pki::Bundle::load(crate::process::test_pki()).expect("the tests' bundle"));
+        Self::of(|app| app.with_pki(bundle)).await
+    }
+
+    async fn of(configure: impl FnOnce(bc_commands::App) -> bc_commands::App) -> Api {
         let fleet = Fleet::new().await;
         let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));
-        let state = AppState::new(bc_commands::App::new(fleet.t.db.clone()).with_authorizer(auth))
-            .expect("the method table checks out");
+        let app = configure(bc_commands::App::new(fleet.t.db.clone()).with_authorizer(auth));
+        let state = AppState::new(app).expect("the method table checks out");
         Api { router: router(state), fleet }
     }
 

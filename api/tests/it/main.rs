@@ -12,4 +12,5 @@ mod outcomes;
 mod process;
 mod scale_out;
 mod sse;
+mod tenancy;
 mod tidy;

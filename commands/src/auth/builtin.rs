@@ -34,13 +34,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::{Arc, RwLock};
 
 use bc_domain::id::{Identity, TenantId};
 use futures_util::future::BoxFuture;
 use serde::Deserialize;
 
 use super::catalog::{MethodSpec, Relation, Requirement, Target};
-use super::{Attribute, Authorizer, Decision, PoolFacts, Principal, ROOT_TENANT, Resource};
+use super::{Attribute, Authorizer, Decision, Directory, PoolFacts, Principal, ROOT_TENANT, Resource, TenantView};
 
 /// A tenant's status; authorization needs the tenant and every ancestor active.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -60,6 +61,14 @@ struct TenantConfig {
     parent: Option<TenantId>,
     #[serde(default)]
     status: TenantStatus,
+    name: Option<String>,
+    /// Made through the API (its changes are events), not by the file.
+    #[serde(skip)]
+    in_log: bool,
+    #[serde(skip)]
+    suspended_reason: Option<String>,
+    #[serde(skip)]
+    created_at_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -131,14 +140,26 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// The built-in authorizer.
-#[derive(Debug, Clone)]
+/// The built-in authorizer: the bootstrap file, and over it what the log holds (tenants, identities with their
+/// tokens, grants and limits made through the API), reloaded from the inline tables whenever the log changes them.
+#[derive(Debug)]
 pub struct BuiltinAuthorizer {
     prefix: String,
+    /// What the file alone says.
+    file: Arc<Snapshot>,
+    /// The file with the log's entries over it: what decisions read.
+    current: RwLock<Arc<Snapshot>>,
+}
+
+/// One consistent view of every tenant, token, grant and limit.
+#[derive(Debug, Clone, Default)]
+struct Snapshot {
     /// By the hex SHA-256 of the token.
     accounts: HashMap<String, Principal>,
     admins: Vec<(TenantId, Identity)>,
     tenants: BTreeMap<TenantId, TenantConfig>,
+    /// The file's identities, by tenant and name (a name the API cannot give again).
+    file_identities: Vec<(TenantId, Identity)>,
     grants: Vec<GrantConfig>,
     limits: Vec<LimitConfig>,
 }
@@ -167,21 +188,27 @@ impl BuiltinAuthorizer {
 
     /// An authorizer that knows no token: every call from outside is `UNAUTHENTICATED`.
     pub fn nobody() -> Self {
-        BuiltinAuthorizer {
-            prefix: crate::auth::catalog::DEFAULT_PREFIX.to_owned(),
-            accounts: HashMap::new(),
-            admins: Vec::new(),
-            tenants: BTreeMap::new(),
-            grants: Vec::new(),
-            limits: Vec::new(),
-        }
+        Self::new(AuthConfig::default()).expect("an empty configuration is valid")
+    }
+
+    fn snapshot(&self) -> Arc<Snapshot> {
+        Arc::clone(&self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     pub fn new(config: AuthConfig) -> Result<Self, ConfigError> {
         let invalid = |message: String| Err(ConfigError::Invalid(message));
         let mut tenants = BTreeMap::new();
         let root: TenantId = ROOT_TENANT.parse().map_err(|_| ConfigError::Invalid("root".into()))?;
-        tenants.insert(root.clone(), TenantConfig { id: root.clone(), parent: None, status: TenantStatus::Active });
+        let root_config = TenantConfig {
+            id: root.clone(),
+            parent: None,
+            status: TenantStatus::Active,
+            name: Some("the platform".to_owned()),
+            in_log: false,
+            suspended_reason: None,
+            created_at_ms: None,
+        };
+        tenants.insert(root.clone(), root_config);
         for tenant in config.tenants {
             if tenant.id == root {
                 if tenant.parent.is_some() {
@@ -213,14 +240,8 @@ impl BuiltinAuthorizer {
                 at = next.parent.clone();
             }
         }
-        let mut authorizer = BuiltinAuthorizer {
-            prefix: config.prefix.unwrap_or_else(|| super::catalog::DEFAULT_PREFIX.to_owned()),
-            accounts: HashMap::new(),
-            admins: Vec::new(),
-            tenants,
-            grants: Vec::new(),
-            limits: Vec::new(),
-        };
+        let prefix = config.prefix.unwrap_or_else(|| super::catalog::DEFAULT_PREFIX.to_owned());
+        let mut authorizer = Snapshot { tenants, ..Snapshot::default() };
         for (i, entry) in config.identities.into_iter().enumerate() {
             if !authorizer.tenants.contains_key(&entry.tenant) {
                 return invalid(format!("identities[{i}]: tenant {} is not a listed tenant", entry.tenant));
@@ -245,6 +266,7 @@ impl BuiltinAuthorizer {
                 agent: entry.agent,
                 delegation: entry.delegation,
             };
+            authorizer.file_identities.push((entry.tenant.clone(), entry.identity.clone()));
             if entry.admin {
                 authorizer.admins.push((entry.tenant, entry.identity));
             }
@@ -264,24 +286,121 @@ impl BuiltinAuthorizer {
         }
         authorizer.grants = config.grants;
         authorizer.limits = config.limits;
-        Ok(authorizer)
+        let file = Arc::new(authorizer);
+        Ok(BuiltinAuthorizer { prefix, current: RwLock::new(Arc::clone(&file)), file })
     }
 
+    /// The file's entries with the log's over them. An entry of the log that collides with the file's (which the
+    /// commands refuse to make) is skipped with a warning: the file wins.
+    fn merged(&self, directory: &Directory) -> Snapshot {
+        let mut next = (*self.file).clone();
+        for tenant in &directory.tenants {
+            if next.tenants.contains_key(&tenant.id) {
+                tracing::warn!(tenant = %tenant.id, "a tenant of the log has the id of one of the file's; the file's wins");
+                continue;
+            }
+            let status = if tenant.suspended_reason.is_some() { TenantStatus::Suspended } else { TenantStatus::Active };
+            next.tenants.insert(
+                tenant.id.clone(),
+                TenantConfig {
+                    id: tenant.id.clone(),
+                    parent: Some(tenant.parent_id.clone()),
+                    status,
+                    name: Some(tenant.name.clone()),
+                    in_log: true,
+                    suspended_reason: tenant.suspended_reason.clone(),
+                    created_at_ms: Some(tenant.created_at_ms),
+                },
+            );
+        }
+        for identity in &directory.identities {
+            if !next.tenants.contains_key(&identity.tenant_id) {
+                tracing::warn!(identity = %identity.name, tenant = %identity.tenant_id, "an identity of an unknown tenant is skipped");
+                continue;
+            }
+            let principal = Principal {
+                ancestors: next.ancestors(&identity.tenant_id),
+                tenant_id: identity.tenant_id.clone(),
+                identity: identity.name.clone(),
+                session_kind: identity.kind.clone(),
+                agent: None,
+                delegation: None,
+            };
+            if identity.admin {
+                next.admins.push((identity.tenant_id.clone(), identity.name.clone()));
+            }
+            for sha256 in &identity.tokens {
+                if next.accounts.contains_key(sha256) {
+                    tracing::warn!(identity = %identity.name, "a token of the log is the file's; the file's wins");
+                    continue;
+                }
+                next.accounts.insert(sha256.clone(), principal.clone());
+            }
+        }
+        for grant in &directory.grants {
+            next.grants.push(GrantConfig {
+                tenant: grant.tenant_id.clone(),
+                identity: grant.identity.clone(),
+                pool: grant.pool.clone(),
+                relation: grant.relation,
+            });
+        }
+        for limit in &directory.limits {
+            next.limits.push(LimitConfig {
+                pool: limit.pool_id.to_string(),
+                relation: limit.relation,
+                gpu_model: None,
+                max_gpus: limit.max_gpus,
+                max_hours: limit.max_hours,
+            });
+        }
+        next
+    }
+}
+
+impl TenantConfig {
+    fn view(&self, depth: usize) -> TenantView {
+        let state = match self.status {
+            TenantStatus::Pending => "pending",
+            TenantStatus::Active => "active",
+            TenantStatus::Suspended => "suspended",
+            TenantStatus::Deleted => "deleted",
+        };
+        TenantView {
+            id: self.id.clone(),
+            parent_id: self.parent.clone(),
+            name: self.name.clone(),
+            state,
+            suspended_reason: self.suspended_reason.clone(),
+            in_log: self.in_log,
+            created_at_ms: self.created_at_ms,
+            depth,
+        }
+    }
+}
+
+impl Snapshot {
     /// A tenant's ancestors, parent first.
     fn ancestors(&self, tenant: &TenantId) -> Vec<TenantId> {
         let mut out = Vec::new();
         let mut at = self.tenants.get(tenant).and_then(|t| t.parent.clone());
+        // The file is checked for cycles and the log's tenants name existing parents; the bound is a backstop.
         while let Some(parent) = at {
+            if out.len() > bc_domain::tenancy::MAX_DEPTH * 2 || out.contains(&parent) {
+                break;
+            }
             at = self.tenants.get(&parent).and_then(|t| t.parent.clone());
             out.push(parent);
         }
         out
     }
 
-    fn active(&self, principal: &Principal) -> bool {
-        std::iter::once(&principal.tenant_id)
-            .chain(&principal.ancestors)
-            .all(|t| self.tenants.get(t).is_some_and(|t| t.status == TenantStatus::Active))
+    /// The first of the principal's tenant and its ancestors that is not active, with its status.
+    fn inactive<'a>(&self, principal: &'a Principal) -> Option<(&'a TenantId, TenantStatus)> {
+        std::iter::once(&principal.tenant_id).chain(&principal.ancestors).find_map(|t| {
+            let status = self.tenants.get(t).map_or(TenantStatus::Deleted, |t| t.status);
+            (status != TenantStatus::Active).then_some((t, status))
+        })
     }
 
     fn is_admin(&self, principal: &Principal) -> bool {
@@ -345,8 +464,30 @@ impl BuiltinAuthorizer {
     }
 
     fn decide_now(&self, principal: &Principal, method: &MethodSpec, resource: &Resource) -> Decision {
-        if !self.active(principal) {
-            return Decision::Deny(format!("tenant {} or one of its ancestors is not active", principal.tenant_id));
+        match self.inactive(principal) {
+            // A suspended tenant reads, and ends or keeps alive what it already runs; it starts nothing new.
+            Some((tenant, TenantStatus::Suspended))
+                if method.mutation && !ENDS_OR_KEEPS_WORK.contains(&method.method) =>
+            {
+                return Decision::Suspended(format!(
+                    "tenant {tenant} is suspended: {} is refused until it is resumed (what already runs keeps running)",
+                    method.method
+                ));
+            }
+            None | Some((_, TenantStatus::Suspended)) => {}
+            Some((tenant, _)) => return Decision::Deny(format!("tenant {tenant} is not active")),
+        }
+        if method.requirement == Requirement::TenancyAdmin && resource.tenant_id != principal.tenant_id {
+            // Administering a tenant (its identities, tokens, grants and children) is for its own administrators
+            // and its ancestors' (the platform's administer every tenant); parents still see none of its records.
+            if !self.ancestors(&resource.tenant_id).contains(&principal.tenant_id) {
+                return Decision::NotFound;
+            }
+            return if self.is_admin(principal) {
+                Decision::Allow
+            } else {
+                Decision::Deny(format!("{} needs an administrator of tenant {}", method.method, principal.tenant_id))
+            };
         }
         let admin = || {
             if self.is_admin(principal) {
@@ -363,7 +504,7 @@ impl BuiltinAuthorizer {
                     return Decision::NotFound;
                 }
                 match method.requirement {
-                    Requirement::TenantAdmin => admin(),
+                    Requirement::TenantAdmin | Requirement::TenancyAdmin => admin(),
                     _ => Decision::Allow,
                 }
             }
@@ -375,7 +516,7 @@ impl BuiltinAuthorizer {
                 let needed = match method.requirement {
                     Requirement::Pool(needed) => needed,
                     Requirement::Member => Relation::Viewer,
-                    Requirement::TenantAdmin => return admin(),
+                    Requirement::TenantAdmin | Requirement::TenancyAdmin => return admin(),
                 };
                 if relation < needed {
                     return Decision::Deny(format!(
@@ -399,9 +540,13 @@ impl BuiltinAuthorizer {
     }
 }
 
+/// The mutations a suspended tenant may still make: ending its reservations, and renewing their leases so that
+/// what runs keeps running.
+const ENDS_OR_KEEPS_WORK: &[&str] = &["reservations.cancel", "reservations.release", "reservations.renew"];
+
 impl Authorizer for BuiltinAuthorizer {
     fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Option<Principal>> {
-        let found = self.accounts.get(&token_sha256(token)).cloned();
+        let found = self.snapshot().accounts.get(&token_sha256(token)).cloned();
         Box::pin(async move { found })
     }
 
@@ -411,12 +556,35 @@ impl Authorizer for BuiltinAuthorizer {
         method: &'a MethodSpec,
         resource: &'a Resource,
     ) -> BoxFuture<'a, Decision> {
-        let decision = self.decide_now(principal, method, resource);
+        let decision = self.snapshot().decide_now(principal, method, resource);
         Box::pin(async move { decision })
     }
 
     fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    fn administers_tenancy(&self) -> bool {
+        true
+    }
+
+    fn tenants(&self) -> Vec<TenantView> {
+        let snapshot = self.snapshot();
+        snapshot.tenants.values().map(|t| t.view(snapshot.ancestors(&t.id).len())).collect()
+    }
+
+    fn tenant(&self, id: &TenantId) -> Option<TenantView> {
+        let snapshot = self.snapshot();
+        snapshot.tenants.get(id).map(|t| t.view(snapshot.ancestors(id).len()))
+    }
+
+    fn file_identity(&self, tenant: &TenantId, name: &Identity) -> bool {
+        self.file.file_identities.iter().any(|(t, i)| t == tenant && i == name)
+    }
+
+    fn reload(&self, directory: &Directory) {
+        let next = Arc::new(self.merged(directory));
+        *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = next;
     }
 }
 
@@ -424,6 +592,7 @@ impl Authorizer for BuiltinAuthorizer {
 mod tests {
     use super::*;
     use crate::auth::catalog::method;
+    use crate::auth::{DirectoryIdentity, DirectoryTenant};
 
     const CONFIG: &str = r#"
         [[tenants]]
@@ -612,13 +781,51 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_suspended_tenant_is_refused_everything() {
+    async fn a_suspended_tenant_reads_and_ends_its_work_but_starts_nothing_new() {
         let a = authorizer();
         let ian = who(&a, "ian-token-0123456789").await;
         let scope = Resource::scope(Target::Tenant, &ian.tenant_id);
-        assert!(
-            matches!(a.decide(&ian, spec("pools.list"), &scope).await, Decision::Deny(r) if r.contains("not active"))
-        );
+        assert_eq!(a.decide(&ian, spec("pools.list"), &scope).await, Decision::Allow);
+        let refused = a.decide(&ian, spec("sites.create"), &scope).await;
+        assert!(matches!(&refused, Decision::Suspended(r) if r.contains("initech is suspended")), "{refused:?}");
+        let mine = Resource { id: "rsv_x".into(), ..draft(&ian, pool(&[("initech", false)]), 1, 1) };
+        for name in ["reservations.cancel", "reservations.release", "reservations.renew", "reservations.get"] {
+            assert_eq!(a.decide(&ian, spec(name), &mine).await, Decision::Allow, "{name}");
+        }
+        for name in ["reservations.create", "reservations.extend"] {
+            assert!(matches!(a.decide(&ian, spec(name), &mine).await, Decision::Suspended(_)), "{name}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_log_s_entries_join_the_file_s_and_a_reload_replaces_them() {
+        let a = authorizer();
+        let directory = Directory {
+            tenants: vec![DirectoryTenant {
+                id: "acme-ml".parse().expect("t"),
+                parent_id: "acme".parse().expect("t"),
+                name: "ML".into(),
+                suspended_reason: None,
+                created_at_ms: 1,
+            }],
+            identities: vec![DirectoryIdentity {
+                tenant_id: "acme-ml".parse().expect("t"),
+                name: "ml@acme".parse().expect("i"),
+                kind: "service".into(),
+                admin: true,
+                tokens: vec![token_sha256("ml-token-0123456789")],
+            }],
+            grants: vec![],
+            limits: vec![],
+        };
+        a.reload(&directory);
+        let ml = who(&a, "ml-token-0123456789").await;
+        assert_eq!((ml.session_kind.as_str(), ml.ancestors.len()), ("service", 2));
+        assert_eq!(a.tenant(&"acme-ml".parse().expect("t")).map(|t| (t.in_log, t.depth)), Some((true, 2)));
+        // The file's entries stay; the log's are what the last reload said.
+        a.reload(&Directory::default());
+        assert!(a.authenticate("ml-token-0123456789").await.is_none());
+        assert!(a.authenticate("alice-token-0123456789").await.is_some());
     }
 
     #[test]

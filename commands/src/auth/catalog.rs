@@ -99,28 +99,11 @@ pub enum Requirement {
     TenantAdmin,
     /// At least this relation on the pool (itself, or the parent of a node or reservation).
     Pool(Relation),
+    /// An administrator of the tenant acted on, or of the root tenant (the platform administers every tenant).
+    TenancyAdmin,
 }
 
-/// The relations on a pool, each including the ones before it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Relation {
-    Viewer,
-    User,
-    Operator,
-    Admin,
-}
-
-impl Relation {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Relation::Viewer => "viewer",
-            Relation::User => "user",
-            Relation::Operator => "operator",
-            Relation::Admin => "admin",
-        }
-    }
-}
+pub use bc_domain::tenancy::Relation;
 
 /// One row of the method table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +130,7 @@ const fn m(
 
 const MEMBER: Requirement = Requirement::Member;
 const TENANT_ADMIN: Requirement = Requirement::TenantAdmin;
+const TENANCY_ADMIN: Requirement = Requirement::TenancyAdmin;
 const VIEWER: Requirement = Requirement::Pool(Relation::Viewer);
 const USER: Requirement = Requirement::Pool(Relation::User);
 const OPERATOR: Requirement = Requirement::Pool(Relation::Operator);
@@ -198,6 +182,23 @@ pub const METHODS: &[MethodSpec] = &[
     m("audit.list", "compute:audit.list", Target::Tenant, MEMBER, false),
     m("fleet.audit.list", "compute:fleet.audit.list", Target::Fleet, TENANT_ADMIN, false),
     m("fleet.reservations.list", "compute:fleet.reservations.list", Target::Fleet, TENANT_ADMIN, false),
+    m("tenants.create", "compute:tenants.create", Target::Tenant, TENANCY_ADMIN, true),
+    m("tenants.list", "compute:tenants.list", Target::Tenant, TENANCY_ADMIN, false),
+    m("tenants.get", "compute:tenants.get", Target::Tenant, TENANCY_ADMIN, false),
+    m("tenants.suspend", "compute:tenants.suspend", Target::Tenant, TENANCY_ADMIN, true),
+    m("tenants.resume", "compute:tenants.resume", Target::Tenant, TENANCY_ADMIN, true),
+    m("identities.create", "compute:identities.create", Target::Tenant, TENANCY_ADMIN, true),
+    m("identities.list", "compute:identities.list", Target::Tenant, TENANCY_ADMIN, false),
+    m("identities.delete", "compute:identities.delete", Target::Tenant, TENANCY_ADMIN, true),
+    m("tokens.create", "compute:tokens.create", Target::Tenant, TENANCY_ADMIN, true),
+    m("tokens.list", "compute:tokens.list", Target::Tenant, TENANCY_ADMIN, false),
+    m("tokens.revoke", "compute:tokens.revoke", Target::Tenant, TENANCY_ADMIN, true),
+    m("grants.create", "compute:grants.create", Target::Tenant, TENANCY_ADMIN, true),
+    m("grants.list", "compute:grants.list", Target::Tenant, TENANCY_ADMIN, false),
+    m("grants.revoke", "compute:grants.revoke", Target::Tenant, TENANCY_ADMIN, true),
+    m("limits.create", "compute:limits.create", Target::Pool, ADMIN, true),
+    m("limits.list", "compute:limits.list", Target::Pool, VIEWER, false),
+    m("limits.delete", "compute:limits.delete", Target::Pool, ADMIN, true),
     m("events.stream", "compute:events.stream", Target::Tenant, MEMBER, false),
     m("projections.status", "compute:projections.status", Target::Fleet, TENANT_ADMIN, false),
 ];

@@ -161,6 +161,70 @@ pub enum Decision {
     NotFound,
     /// The caller may see the resource but not do this: `403 FORBIDDEN` with the reason.
     Deny(String),
+    /// The caller's tenant (or an ancestor) is suspended and this would start new work: `403 TENANT_SUSPENDED`.
+    Suspended(String),
+}
+
+/// A tenant as the authorizer knows it (from its bootstrap file, or made through the API).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantView {
+    pub id: TenantId,
+    /// `None` for the root tenant only.
+    pub parent_id: Option<TenantId>,
+    pub name: Option<String>,
+    /// `active`, `suspended` (or the file's `pending`, `deleted`).
+    pub state: &'static str,
+    pub suspended_reason: Option<String>,
+    /// Made through the API (its changes are events), not by the bootstrap file.
+    pub in_log: bool,
+    pub created_at_ms: Option<i64>,
+    /// How far below the root it sits (the root is 0).
+    pub depth: usize,
+}
+
+/// Tenancy as the inline tables hold it, for an authorizer to load.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Directory {
+    pub tenants: Vec<DirectoryTenant>,
+    pub identities: Vec<DirectoryIdentity>,
+    pub grants: Vec<DirectoryGrant>,
+    pub limits: Vec<DirectoryLimit>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectoryTenant {
+    pub id: TenantId,
+    pub parent_id: TenantId,
+    pub name: String,
+    /// Set while suspended.
+    pub suspended_reason: Option<String>,
+    pub created_at_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectoryIdentity {
+    pub tenant_id: TenantId,
+    pub name: Identity,
+    pub kind: String,
+    pub admin: bool,
+    /// The hex SHA-256 of each live token.
+    pub tokens: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectoryGrant {
+    pub tenant_id: TenantId,
+    pub identity: String,
+    pub pool: String,
+    pub relation: Relation,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectoryLimit {
+    pub pool_id: PoolId,
+    pub relation: Relation,
+    pub max_gpus: Option<u32>,
+    pub max_hours: Option<u32>,
 }
 
 /// Decides who a token is and what they may do. The built-in one reads a file; another could ask Better IAM.
@@ -185,6 +249,30 @@ pub trait Authorizer: Send + Sync + std::fmt::Debug + 'static {
     fn prefix(&self) -> &str {
         catalog::DEFAULT_PREFIX
     }
+
+    /// Whether tenants, identities, grants and limits are administered through this service's API (the
+    /// built-in authorizer); an external decision service administers its own.
+    fn administers_tenancy(&self) -> bool {
+        false
+    }
+
+    /// Every tenant known, the root first.
+    fn tenants(&self) -> Vec<TenantView> {
+        Vec::new()
+    }
+
+    /// One tenant.
+    fn tenant(&self, _id: &TenantId) -> Option<TenantView> {
+        None
+    }
+
+    /// Whether the bootstrap file already names `name` in `tenant` (the API cannot give that name again).
+    fn file_identity(&self, _tenant: &TenantId, _name: &Identity) -> bool {
+        false
+    }
+
+    /// Takes tenancy as the inline tables now hold it.
+    fn reload(&self, _directory: &Directory) {}
 }
 
 /// Denials by method, since start: logged one by one, counted here.

@@ -17,6 +17,7 @@ pub mod certificates;
 pub mod figures;
 pub mod liveness;
 pub mod node_commands;
+pub mod tenancy;
 
 /// A stored value that does not read back: an internal error naming what.
 pub(crate) fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {

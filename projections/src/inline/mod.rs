@@ -17,6 +17,7 @@ use bc_domain::pool::PoolEvent;
 use bc_domain::reservation::{Allocation, ReservationEvent, ReservationState};
 use bc_domain::site::{ProjectEvent, SiteEvent};
 use bc_domain::stream::AnyEvent;
+use bc_domain::tenancy::{GrantEvent, IdentityEvent, LimitEvent, TenantEvent};
 use bc_eventstore::{Error, Result, Tx, sql};
 use sqlx::Row as _;
 
@@ -32,6 +33,11 @@ pub const TABLES: &[&str] = &[
     "reservations",
     "allocations",
     "device_bookings",
+    "tenants",
+    "identities",
+    "identity_tokens",
+    "pool_grants",
+    "attribute_limits",
 ];
 
 fn json(value: &impl serde::Serialize) -> Result<String> {
@@ -53,7 +59,137 @@ pub async fn apply(tx: &mut Tx, stream_id: &str, event: &AnyEvent) -> Result<()>
         AnyEvent::Pool(e) => apply_pool(tx, e).await,
         AnyEvent::Node(e) => apply_node(tx, e).await,
         AnyEvent::Reservation(e) => apply_reservation(tx, stream_id, e).await,
+        AnyEvent::Tenant(e) => apply_tenant(tx, e).await,
+        AnyEvent::Identity(e) => apply_identity(tx, e).await,
+        AnyEvent::Grant(e) => apply_grant(tx, e).await,
+        AnyEvent::Limit(e) => apply_limit(tx, e).await,
     }
+}
+
+async fn apply_tenant(tx: &mut Tx, event: &TenantEvent) -> Result<()> {
+    match event {
+        TenantEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO tenants (id, parent_id, name, state, created_at) VALUES ($1, $2, $3, 'active', ms_ts($4))",
+            )
+            .bind(e.tenant_id.as_str())
+            .bind(e.parent_id.as_str())
+            .bind(&e.name)
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        TenantEvent::Suspended(e) => {
+            sql::query("UPDATE tenants SET state = 'suspended', suspended_reason = $2 WHERE id = $1")
+                .bind(e.tenant_id.as_str())
+                .bind(&e.reason)
+                .execute(tx.conn())
+                .await?;
+        }
+        TenantEvent::Resumed(e) => {
+            sql::query("UPDATE tenants SET state = 'active', suspended_reason = NULL WHERE id = $1")
+                .bind(e.tenant_id.as_str())
+                .execute(tx.conn())
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn apply_identity(tx: &mut Tx, event: &IdentityEvent) -> Result<()> {
+    match event {
+        IdentityEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO identities (id, tenant_id, name, kind, admin, created_at)
+                 VALUES ($1, $2, $3, $4, $5, ms_ts($6))",
+            )
+            .bind(e.identity_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(e.name.as_str())
+            .bind(e.kind.as_str())
+            .bind(e.admin)
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        IdentityEvent::TokenIssued(e) => {
+            sql::query(
+                "INSERT INTO identity_tokens (id, identity_id, tenant_id, sha256, created_at)
+                 VALUES ($1, $2, $3, $4, ms_ts($5))",
+            )
+            .bind(e.token_id.as_str())
+            .bind(e.identity_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(&e.sha256)
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        IdentityEvent::TokenRevoked(e) => {
+            sql::query("DELETE FROM identity_tokens WHERE id = $1")
+                .bind(e.token_id.as_str())
+                .execute(tx.conn())
+                .await?;
+        }
+        IdentityEvent::Deleted(e) => {
+            sql::query("DELETE FROM identity_tokens WHERE identity_id = $1")
+                .bind(e.identity_id.as_str())
+                .execute(tx.conn())
+                .await?;
+            sql::query("DELETE FROM identities WHERE id = $1").bind(e.identity_id.as_str()).execute(tx.conn()).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn apply_grant(tx: &mut Tx, event: &GrantEvent) -> Result<()> {
+    match event {
+        GrantEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO pool_grants (id, tenant_id, identity, pool, relation, created_at)
+                 VALUES ($1, $2, $3, $4, $5, ms_ts($6))",
+            )
+            .bind(e.grant_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(&e.identity)
+            .bind(&e.pool)
+            .bind(e.relation.as_str())
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        GrantEvent::Revoked(e) => {
+            sql::query("DELETE FROM pool_grants WHERE id = $1").bind(e.grant_id.as_str()).execute(tx.conn()).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn apply_limit(tx: &mut Tx, event: &LimitEvent) -> Result<()> {
+    match event {
+        LimitEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO attribute_limits (id, pool_id, owner_tenant_id, relation, max_gpus, max_hours, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, ms_ts($7))",
+            )
+            .bind(e.limit_id.as_str())
+            .bind(e.pool_id.as_str())
+            .bind(e.owner_tenant_id.as_str())
+            .bind(e.relation.as_str())
+            .bind(e.max_gpus.map(|n| n as i32))
+            .bind(e.max_hours.map(|n| n as i32))
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        LimitEvent::Deleted(e) => {
+            sql::query("DELETE FROM attribute_limits WHERE id = $1")
+                .bind(e.limit_id.as_str())
+                .execute(tx.conn())
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 async fn apply_site(tx: &mut Tx, event: &SiteEvent) -> Result<()> {
@@ -854,6 +990,10 @@ pub fn handles(event_type: &str) -> bool {
         PoolEvent::event_types(),
         NodeEvent::event_types(),
         ReservationEvent::event_types(),
+        TenantEvent::event_types(),
+        IdentityEvent::event_types(),
+        GrantEvent::event_types(),
+        LimitEvent::event_types(),
     ]
     .iter()
     .any(|types| types.contains(&event_type))
