@@ -618,7 +618,7 @@ impl App {
         sealed.map(|sealed| sealer.open(&sealed, &secret_context(kind, owner_id)).map_err(pki_failure)).transpose()
     }
 
-    fn sealer(&self) -> AppResult<&bc_pki::seal::Sealer> {
+    pub(crate) fn sealer(&self) -> AppResult<&bc_pki::seal::Sealer> {
         match &self.pki {
             Some(bundle) => Ok(bundle.sealer()),
             None => Err(Rejection::Conflict(
@@ -989,6 +989,6 @@ fn secret_context(kind: &str, owner_id: &str) -> String {
 }
 
 /// A PKI failure where there is nothing the caller can fix: the bundle's key does not open what it sealed.
-fn pki_failure(err: bc_pki::PkiError) -> AppError {
+pub(crate) fn pki_failure(err: bc_pki::PkiError) -> AppError {
     AppError::Store(bc_eventstore::Error::Internal(format!("sealed secret: {err}")))
 }

@@ -9,6 +9,7 @@ pub mod availability;
 pub mod door;
 pub mod figures;
 pub mod fleet;
+pub mod idempotency;
 pub mod liveness;
 pub mod log;
 pub mod node_commands;

@@ -25,6 +25,11 @@ pub enum Rejection {
     #[error("the idempotency key was already used for a different request (reservation {reservation_id})")]
     IdempotencyKeyReused { reservation_id: String },
 
+    /// The same idempotency key was used with another request on another route, or with another body.
+    /// `IDEMPOTENCY_KEY_REUSED`.
+    #[error("{0}")]
+    KeyReused(String),
+
     /// The tenant's quota can never admit this request. `QUOTA_EXCEEDED`.
     #[error("{0}")]
     QuotaExceeded(String),
@@ -60,7 +65,7 @@ impl Rejection {
             Rejection::InvalidArgument { .. } => "INVALID_ARGUMENT",
             Rejection::NotFound { .. } => "NOT_FOUND",
             Rejection::WrongState { .. } | Rejection::Conflict(_) => "CONFLICT",
-            Rejection::IdempotencyKeyReused { .. } => "IDEMPOTENCY_KEY_REUSED",
+            Rejection::IdempotencyKeyReused { .. } | Rejection::KeyReused(_) => "IDEMPOTENCY_KEY_REUSED",
             Rejection::QuotaExceeded(_) => "QUOTA_EXCEEDED",
             Rejection::CapacityUnavailable(_) => "CAPACITY_UNAVAILABLE",
             Rejection::Unauthenticated(_) => "UNAUTHENTICATED",

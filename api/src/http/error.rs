@@ -100,6 +100,7 @@ impl From<AppError> for ApiError {
                     Rejection::WrongState { .. }
                     | Rejection::Conflict(_)
                     | Rejection::IdempotencyKeyReused { .. }
+                    | Rejection::KeyReused(_)
                     | Rejection::QuotaExceeded(_)
                     | Rejection::CapacityUnavailable(_) => StatusCode::CONFLICT,
                     Rejection::Unauthenticated(_) => StatusCode::UNAUTHORIZED,

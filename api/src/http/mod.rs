@@ -8,6 +8,7 @@ mod error;
 pub mod events;
 mod fleet;
 mod health;
+mod idempotency;
 mod nodes;
 pub mod openapi;
 mod pki;
@@ -22,7 +23,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 
 pub use error::ApiError;
-use openapi::{BearerAuth, TextPatterns};
+use openapi::{BearerAuth, IdempotentCreates, TextPatterns};
 
 use bc_commands::App;
 use bc_commands::auth::{Authorizer, InvalidConfig};
@@ -79,7 +80,7 @@ macro_rules! routes {
             ),
             paths($($module::$handler,)*),
             components(schemas(error::ErrorBody, error::ErrorDetail)),
-            modifiers(&BearerAuth, &TextPatterns)
+            modifiers(&BearerAuth, &TextPatterns, &IdempotentCreates)
         )]
         pub struct ApiDoc;
 
@@ -195,6 +196,7 @@ pub fn check_routes(auth: &dyn Authorizer) -> Result<(), InvalidConfig> {
 /// The router of the whole API.
 pub fn router(state: AppState) -> Router {
     routed(Router::new())
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), idempotency::keep_first_answer))
         .route("/metrics", axum::routing::get(health::metrics))
         .fallback(not_routed)
         .method_not_allowed_fallback(method_not_allowed)

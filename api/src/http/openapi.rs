@@ -28,6 +28,51 @@ impl Modify for BearerAuth {
     }
 }
 
+/// The optional `Idempotency-Key` header of the create routes whose answers the idempotency layer keeps.
+pub struct IdempotentCreates;
+
+/// The handlers of those routes (the operation ids).
+pub const IDEMPOTENT_CREATES: &[&str] = &[
+    "create_site",
+    "create_project",
+    "create_pool",
+    "register_node",
+    "create_command",
+    "create_join_token",
+    "create_tenant",
+    "create_identity",
+    "create_grant",
+    "create_limit",
+];
+
+impl Modify for IdempotentCreates {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+        for item in openapi.paths.paths.values_mut() {
+            let Some(post) = &mut item.post else { continue };
+            if !post.operation_id.as_deref().is_some_and(|id| IDEMPOTENT_CREATES.contains(&id)) {
+                continue;
+            }
+            let schema = utoipa::openapi::ObjectBuilder::new()
+                .schema_type(utoipa::openapi::schema::Type::String)
+                .min_length(Some(1))
+                .max_length(Some(255));
+            let parameter = ParameterBuilder::new()
+                .name("Idempotency-Key")
+                .parameter_in(ParameterIn::Header)
+                .required(utoipa::openapi::Required::False)
+                .description(Some(
+                    "A retry with the same key, route and body is answered the first answer (with \
+                     `Idempotent-Replayed: true`) without running again; another request with it is \
+                     IDEMPOTENCY_KEY_REUSED. Kept a day.",
+                ))
+                .schema(Some(schema))
+                .build();
+            post.parameters.get_or_insert_with(Vec::new).push(RefOr::T(parameter));
+        }
+    }
+}
+
 /// The text form of ids and positions, wherever a parameter or a property carries one, as a `pattern`: clients
 /// (and schema-driven fuzzers) learn what the server will parse, and every id in a response is checked against
 /// it by schema validation.

@@ -6,6 +6,7 @@ mod consistency;
 mod health;
 mod hostile;
 mod http_api;
+mod idempotency;
 mod investigate;
 mod metrics;
 mod outcomes;

@@ -15,6 +15,7 @@ use super::{AppError, AppResult};
 pub mod agents;
 pub mod certificates;
 pub mod figures;
+pub mod idempotency;
 pub mod liveness;
 pub mod node_commands;
 pub mod tenancy;
