@@ -248,6 +248,11 @@ struct ServeArgs {
     #[arg(long)]
     lease_renew_ms: Option<u64>,
 
+    /// A web origin whose pages may call the API (CORS), as `https://console.example.com`; repeat for more.
+    /// None by default: browsers then refuse other origins' pages.
+    #[arg(long = "cors-origin", env = "BETTER_COMPUTE_CORS_ORIGINS", value_delimiter = ',')]
+    cors_origins: Vec<String>,
+
     #[command(flatten)]
     transport: TransportArgs,
 
@@ -257,7 +262,8 @@ struct ServeArgs {
 
 impl ServeArgs {
     fn options(&self) -> anyhow::Result<service::ServeOptions> {
-        let mut options = service::ServeOptions { role: self.role, ..Default::default() };
+        let mut options =
+            service::ServeOptions { role: self.role, cors_origins: self.cors_origins.clone(), ..Default::default() };
         if self.lease_ttl_ms.is_some() || self.lease_renew_ms.is_some() {
             let ttl = self.lease_ttl_ms.unwrap_or(15_000);
             let renew = self.lease_renew_ms.unwrap_or(5_000);

@@ -188,11 +188,19 @@ pub struct ServeOptions {
     /// The PKI, when the listener is TLS: joins get node certificates, node routes require them, and the
     /// handshakes refuse revoked ones.
     pub pki: Option<Pki>,
+    /// The web origins whose pages may call the API (CORS).
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        Self { role: Role::All, work_lease: LeaseConfig::SHARD, gateway_lease: LeaseConfig::GATEWAY, pki: None }
+        Self {
+            role: Role::All,
+            work_lease: LeaseConfig::SHARD,
+            gateway_lease: LeaseConfig::GATEWAY,
+            pki: None,
+            cors_origins: Vec::new(),
+        }
     }
 }
 
@@ -303,7 +311,10 @@ pub async fn serve_with(
     if let (Bound::Tls(tls), Some(pki)) = (&listener, &options.pki) {
         background.push(tokio::spawn(keep_revocations(app.clone(), pki.clone(), tls.config(), stopped.clone())));
     }
-    let state = AppState::new(app).context("check the method table")?;
+    let state = AppState::new(app)
+        .and_then(|state| state.with_cors(&options.cors_origins))
+        .map_err(|err| bc_eventstore::Error::InvalidConfig(err.to_string()))
+        .context("check the configuration")?;
     let hub = Arc::clone(&state.events);
     let router = if options.role.serves_api() { http::router(state) } else { http::worker_router(state) };
     // On the signal the listener stops accepting, in-flight requests finish, and event streams end with a

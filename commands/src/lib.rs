@@ -20,6 +20,7 @@ mod store;
 pub mod tenancy;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tickets;
 pub mod work;
 pub mod worker;
 
@@ -166,6 +167,8 @@ pub struct App {
     pki: Option<Arc<bc_pki::Bundle>>,
     /// How long a node certificate lasts (30 days); nodes ask for the next one when a third is left.
     pub node_certificate_lifetime: std::time::Duration,
+    /// This process's own key, for what must be signed when there is no PKI bundle (stream tickets).
+    process_key: [u8; 32],
 }
 
 impl App {
@@ -180,6 +183,14 @@ impl App {
             denials: Arc::new(DenialCounts::default()),
             pki: None,
             node_certificate_lifetime: std::time::Duration::from_secs(30 * 24 * 3600),
+            process_key: {
+                let mut key = [0u8; 32];
+                // Without randomness the key stays zero only for tickets, and only without a bundle; say so.
+                if let Err(err) = getrandom::fill(&mut key) {
+                    tracing::error!(error = %err, "no randomness for this process's key");
+                }
+                key
+            },
         }
     }
 

@@ -25,7 +25,7 @@ use tokio::sync::broadcast;
 
 use super::consistency::check_within_log;
 use super::error::CommonErrors;
-use super::request::{Authed, QueryParams, path_id};
+use super::request::{Authed, QueryParams, RequestId, path_id};
 use super::{ApiError, AppState};
 use bc_commands::App;
 use bc_commands::door::Subject;
@@ -296,6 +296,15 @@ pub struct EventsParams {
     /// service knows: a misspelled one is refused with 400 rather than matching nothing.
     pub types: Option<String>,
     pub stream: Option<String>,
+    /// A stream ticket (`POST /v1/events/tickets`) instead of the `Authorization` header, for a browser's
+    /// `EventSource`, which cannot send one.
+    pub ticket: Option<String>,
+    /// `type` (the default): each event is named by its type (`event: reservation.placed`), for
+    /// `addEventListener`; `message`: events are unnamed, so `EventSource.onmessage` receives every one (the
+    /// type is in the data's `eventType`). The stream's own notices (`cut-off`, `closing`, `error`) keep their
+    /// names.
+    #[param(pattern = "^(type|message)$")]
+    pub event_name: Option<String>,
 }
 
 /// `GET /v1/events`.
@@ -310,10 +319,22 @@ pub struct EventsParams {
 )]
 pub async fn event_stream(
     State(state): State<AppState>,
-    who: Authed,
+    who: Result<Authed, ApiError>,
+    RequestId(request_id): RequestId,
     headers: HeaderMap,
     QueryParams(params): QueryParams<EventsParams>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let who = match (&params.ticket, who) {
+        (Some(ticket), _) if !headers.contains_key("authorization") => {
+            Authed(state.app.authenticate_ticket(ticket, &request_id)?)
+        }
+        (_, who) => who?,
+    };
+    let named = match params.event_name.as_deref() {
+        None | Some("type") => true,
+        Some("message") => false,
+        Some(_) => return Err(ApiError::invalid_argument("eventName", "must be `type` or `message`")),
+    };
     state.app.authorize(&who.0, "events.stream", Subject::OwnTenant).await?;
     let from_header = headers.get("last-event-id").map(|v| {
         v.to_str()
@@ -344,11 +365,12 @@ pub async fn event_stream(
     };
     let heartbeat = state.events.config().heartbeat;
     let items = subscription(Arc::clone(&state.events), after, filter);
-    let sse = futures_util::StreamExt::map(items, |item| {
+    let sse = futures_util::StreamExt::map(items, move |item| {
         Ok(match item {
-            Item::Event { position, event_type, data } => {
+            Item::Event { position, event_type, data } if named => {
                 Event::default().id(position.to_string()).event(event_type).data(data)
             }
+            Item::Event { position, data, .. } => Event::default().id(position.to_string()).data(data),
             Item::CutOff { resume_after } => Event::default().event("cut-off").data(
                 json!({ "reason": "the subscriber fell too far behind", "resumeAfter": resume_after.to_string() })
                     .to_string(),
@@ -363,6 +385,37 @@ pub async fn event_stream(
         })
     });
     Ok(Sse::new(sse).keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat")))
+}
+
+/// `POST /v1/events/tickets`.
+#[utoipa::path(
+    post,
+    path = "/v1/events/tickets",
+    tag = "events",
+    summary = "A short-lived stream ticket: open the event stream as `GET /v1/events?ticket=...` where no Authorization header can be sent (a browser's EventSource)",
+    responses(CommonErrors, (status = 201, description = "The ticket: it speaks for the caller for five minutes, reconnections included", body = StreamTicketDto)),
+    security(("bearer" = [])),
+)]
+pub async fn issue_ticket(
+    State(state): State<AppState>,
+    who: Authed,
+) -> Result<(axum::http::StatusCode, axum::Json<StreamTicketDto>), ApiError> {
+    state.app.authorize(&who.0, "events.tickets.create", Subject::OwnTenant).await?;
+    let issued = state.app.issue_stream_ticket(&who.0);
+    Ok((
+        axum::http::StatusCode::CREATED,
+        axum::Json(StreamTicketDto { ticket: issued.ticket, expires_at: issued.expires_at_ms }),
+    ))
+}
+
+/// A stream ticket.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamTicketDto {
+    /// Pass as `?ticket=` to `GET /v1/events`.
+    pub ticket: String,
+    /// Epoch milliseconds.
+    pub expires_at: i64,
 }
 
 /// An event as the stream's `data:` and `events tail` show it: its position and identity, the payload and

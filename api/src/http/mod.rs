@@ -37,6 +37,8 @@ pub struct AppState {
     pub events: Arc<events::EventHub>,
     /// What `/metrics` reports of this process.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The web origins whose pages may call the API (CORS); none by default.
+    pub cors_origins: Vec<axum::http::HeaderValue>,
 }
 
 impl AppState {
@@ -50,8 +52,47 @@ impl AppState {
     pub fn with_events(app: App, config: events::EventsConfig) -> Result<Self, InvalidConfig> {
         check_routes(app.authorizer())?;
         let events = Arc::new(events::EventHub::new(app.clone(), config));
-        Ok(Self { app, events, metrics: crate::metrics::shared() })
+        Ok(Self { app, events, metrics: crate::metrics::shared(), cors_origins: Vec::new() })
     }
+
+    /// The same state, answering CORS for pages of `origins` (`https://console.example.com`).
+    pub fn with_cors(mut self, origins: &[String]) -> Result<Self, InvalidConfig> {
+        self.cors_origins = origins
+            .iter()
+            .map(|origin| {
+                check_origin(origin)
+                    .and_then(|()| axum::http::HeaderValue::from_str(origin).map_err(|err| err.to_string()))
+                    .map_err(|reason| InvalidConfig { problems: vec![format!("CORS origin {origin:?}: {reason}")] })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(self)
+    }
+}
+
+/// An origin as browsers send it: `scheme://host[:port]`, nothing after.
+fn check_origin(origin: &str) -> Result<(), String> {
+    let rest = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+        .ok_or("must start with https:// or http://")?;
+    if rest.is_empty() || rest.contains(['/', '?', '#', ' ', '*']) || origin.len() > 255 {
+        return Err("must be scheme://host[:port], with no path and no wildcard".to_owned());
+    }
+    Ok(())
+}
+
+/// The CORS answer for the configured origins: the API's methods and the headers its clients send and read.
+fn cors(origins: &[axum::http::HeaderValue]) -> tower_http::cors::CorsLayer {
+    use axum::http::{HeaderName, Method};
+    let headers =
+        ["authorization", "content-type", "idempotency-key", "last-event-id", "x-min-position", "x-request-id"];
+    let exposed = ["x-position", "x-request-id", "location", "idempotent-replayed"];
+    tower_http::cors::CorsLayer::new()
+        .allow_origin(origins.to_vec())
+        .allow_methods([Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE])
+        .allow_headers(headers.map(HeaderName::from_static))
+        .expose_headers(exposed.map(HeaderName::from_static))
+        .max_age(std::time::Duration::from_secs(600))
 }
 
 /// One route: its HTTP method and path (axum's syntax), and the API method it is decided as (`None`: open to
@@ -184,6 +225,7 @@ routes! {
     fleet::audit => "audit.list";
     fleet::fleet_audit => "fleet.audit.list";
     events::event_stream => "events.stream";
+    events::issue_ticket => "events.tickets.create";
     projections::projection_status => "projections.status";
 }
 
@@ -195,7 +237,8 @@ pub fn check_routes(auth: &dyn Authorizer) -> Result<(), InvalidConfig> {
 
 /// The router of the whole API.
 pub fn router(state: AppState) -> Router {
-    routed(Router::new())
+    let origins = state.cors_origins.clone();
+    let router = routed(Router::new())
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), idempotency::keep_first_answer))
         .route("/metrics", axum::routing::get(health::metrics))
         .fallback(not_routed)
@@ -203,7 +246,8 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(request::BODY_LIMIT))
         .layer(axum::middleware::from_fn_with_state(state.metrics.clone(), crate::metrics::count_requests))
         .layer(axum::middleware::from_fn(request::around_request))
-        .with_state(state)
+        .with_state(state);
+    if origins.is_empty() { router } else { router.layer(cors(&origins)) }
 }
 
 /// The router of a process without the API (`serve --role worker`): its health check and its metrics only, so

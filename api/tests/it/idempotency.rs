@@ -87,6 +87,7 @@ async fn every_create_route_documents_its_idempotency_key() {
         let id = post["operationId"].as_str().unwrap_or("");
         let creates = bc_api::http::openapi::IDEMPOTENT_CREATES.contains(&id)
             || matches!(id, "create_reservation" | "issue_token");
+        // A ticket is issued, not created: nothing is written, so nothing is kept for a retry.
         let documented = post["parameters"]
             .as_array()
             .is_some_and(|ps| ps.iter().any(|p| p["name"] == "Idempotency-Key" && p["in"] == "header"));

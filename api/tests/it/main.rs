@@ -2,6 +2,7 @@
 //! port, and the `better-compute` binary as a real process.
 
 mod agents;
+mod browser;
 mod consistency;
 mod health;
 mod hostile;

@@ -582,6 +582,10 @@ impl Authorizer for BuiltinAuthorizer {
         self.file.file_identities.iter().any(|(t, i)| t == tenant && i == name)
     }
 
+    fn principal(&self, tenant: &TenantId, identity: &Identity) -> Option<Principal> {
+        self.snapshot().accounts.values().find(|p| p.tenant_id == *tenant && p.identity == *identity).cloned()
+    }
+
     fn reload(&self, directory: &Directory) {
         let next = Arc::new(self.merged(directory));
         *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) = next;

@@ -200,6 +200,7 @@ pub const METHODS: &[MethodSpec] = &[
     m("limits.list", "compute:limits.list", Target::Pool, VIEWER, false),
     m("limits.delete", "compute:limits.delete", Target::Pool, ADMIN, true),
     m("events.stream", "compute:events.stream", Target::Tenant, MEMBER, false),
+    m("events.tickets.create", "compute:events.tickets.create", Target::Tenant, MEMBER, false),
     m("projections.status", "compute:projections.status", Target::Fleet, TENANT_ADMIN, false),
 ];
 

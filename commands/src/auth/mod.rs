@@ -273,6 +273,11 @@ pub trait Authorizer: Send + Sync + std::fmt::Debug + 'static {
 
     /// Takes tenancy as the inline tables now hold it.
     fn reload(&self, _directory: &Directory) {}
+
+    /// The principal of a known identity (for a stream ticket, which names it), if it is still known.
+    fn principal(&self, _tenant: &TenantId, _identity: &Identity) -> Option<Principal> {
+        None
+    }
 }
 
 /// Denials by method, since start: logged one by one, counted here.
