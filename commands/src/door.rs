@@ -131,6 +131,17 @@ impl App {
         let subject = Subject::Pool(&input.request.pool_id);
         match self.decide(call, "reservations.create", resource.as_ref(), subject).await {
             Ok(()) => self.reserve(&call.caller(), input).await,
+            Err(AppError::Rejected(Rejection::Forbidden(reason)))
+                if !self.denial_budget.take(&call.principal.tenant_id, &call.principal.identity) =>
+            {
+                self.denials.count("reservations.create", "unrecorded");
+                Err(Rejection::Forbidden(format!(
+                    "{reason} (not recorded: {} has had more than {} denials recorded this minute)",
+                    call.principal.identity,
+                    crate::auth::RECORDED_DENIALS_PER_MINUTE
+                ))
+                .into())
+            }
             Err(AppError::Rejected(Rejection::Forbidden(reason))) => {
                 let recorded = self.deny_reservation(&call.caller(), input, reason.clone()).await?;
                 Err(AppError::Denied(Denied { reason, reservation_id: recorded.value.id, state: recorded.value.state }))

@@ -163,6 +163,8 @@ pub struct App {
     auth: Arc<dyn Authorizer>,
     /// Denials by method, since start.
     denials: Arc<DenialCounts>,
+    /// How many more denials each identity may have recorded this minute.
+    denial_budget: Arc<auth::DenialBudget>,
     /// The PKI bundle whose CA signs node certificates, when the control plane has one.
     pki: Option<Arc<bc_pki::Bundle>>,
     /// How long a node certificate lasts (30 days); nodes ask for the next one when a third is left.
@@ -181,6 +183,7 @@ impl App {
             liveness: agents::LivenessConfig::default(),
             auth: Arc::new(auth::BuiltinAuthorizer::nobody()),
             denials: Arc::new(DenialCounts::default()),
+            denial_budget: Arc::new(auth::DenialBudget::default()),
             pki: None,
             node_certificate_lifetime: std::time::Duration::from_secs(30 * 24 * 3600),
             process_key: {

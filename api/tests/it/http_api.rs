@@ -1226,3 +1226,24 @@ async fn a_descendant_reads_a_pool_offered_to_its_ancestor_with_descendants_and_
         listed.body["items"].as_array().expect("items").iter().filter_map(|p| p["id"].as_str()).collect();
     assert_eq!(ids, [pool.as_str()], "{:?}", listed.body);
 }
+
+#[tokio::test]
+async fn one_caller_s_denials_are_recorded_up_to_a_bound_per_minute_and_refused_beyond_it() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let events = api.events().await;
+    let bound = bc_commands::auth::RECORDED_DENIALS_PER_MINUTE as i64;
+    for n in 0..bound + 5 {
+        let denied = api.reserve(ALICE, &format!("flood-{n}"), reservation(&pool, 9, 3600)).await;
+        assert_eq!(denied.status, StatusCode::FORBIDDEN, "{n}: {:?}", denied.body);
+        let recorded = denied.body["error"]["details"]["reservationId"].is_string();
+        assert_eq!(recorded, n < bound, "{n}: {:?}", denied.body);
+        if !recorded {
+            assert!(denied.body["error"]["message"].as_str().is_some_and(|m| m.contains("not recorded")));
+        }
+    }
+    assert_eq!(api.events().await, events + bound, "the log grew by the bound, not by the flood");
+    // Another caller's budget is its own.
+    let gus = api.reserve(GUS, "theirs", reservation(&pool, 9, 3600)).await;
+    assert!(gus.body["error"]["details"]["reservationId"].is_string(), "{:?}", gus.body);
+}

@@ -297,6 +297,35 @@ impl DenialCounts {
     }
 }
 
+/// How many denied reservation requests of one identity are recorded per minute; past that they are still
+/// refused, logged and counted, but not recorded, so no caller can grow the log without bound.
+pub const RECORDED_DENIALS_PER_MINUTE: u32 = 30;
+
+/// The recording budget of denials, per identity, in one-minute windows.
+#[derive(Debug, Default)]
+pub struct DenialBudget(Mutex<BTreeMap<(TenantId, Identity), (std::time::Instant, u32)>>);
+
+impl DenialBudget {
+    /// Whether one more denial of this identity may be recorded now.
+    pub fn take(&self, tenant: &TenantId, identity: &Identity) -> bool {
+        let now = std::time::Instant::now();
+        let window = std::time::Duration::from_secs(60);
+        let mut buckets = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if buckets.len() > 10_000 {
+            buckets.retain(|_, (start, _)| now.duration_since(*start) < window);
+        }
+        let bucket = buckets.entry((tenant.clone(), identity.clone())).or_insert((now, 0));
+        if now.duration_since(bucket.0) >= window {
+            *bucket = (now, 0);
+        }
+        if bucket.1 >= RECORDED_DENIALS_PER_MINUTE {
+            return false;
+        }
+        bucket.1 += 1;
+        true
+    }
+}
+
 /// Checks the method table against the authorizer's merged catalog, every method `routed` names included.
 pub fn check_config(authorizer: &dyn Authorizer, routed: &[&str]) -> Result<(), InvalidConfig> {
     let prefix = authorizer.prefix();
