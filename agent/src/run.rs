@@ -412,9 +412,33 @@ fn fresh(client: Client, node_id: NodeId, session: Session) -> State {
 }
 
 impl State {
-    /// Applies a spec: the simulated agent has nothing to change on the machine; labels and the MIG layout are
-    /// kept and the generation is reported as observed.
-    fn apply_spec(&mut self, generation: u64, spec: NodeSpec) {
+    /// Applies a spec, and reports its generation as observed only once it is applied: the labels are written
+    /// to `labels.json` in the state folder (where the host's own tools read them); a MIG layout this agent
+    /// cannot make (it never repartitions GPUs) leaves the generation unobserved, so the node shows the spec as
+    /// not applied instead of pretending.
+    fn apply_spec(&mut self, state_dir: &Path, generation: u64, spec: NodeSpec) {
+        if generation <= self.observed_generation && spec == self.spec {
+            return;
+        }
+        if let Some(layout) = &spec.mig_layout {
+            eprintln!(
+                "bcd: spec generation {generation} asks for MIG layout {layout:?}, which this agent cannot make; \
+                 it stays unobserved"
+            );
+            self.spec = spec;
+            return;
+        }
+        let labels = match serde_json::to_vec_pretty(&spec.labels) {
+            Ok(labels) => labels,
+            Err(err) => {
+                eprintln!("bcd: cannot write the labels of spec generation {generation}: {err}");
+                return;
+            }
+        };
+        if let Err(err) = write_private(state_dir, "labels.json", &labels) {
+            eprintln!("bcd: cannot write the labels of spec generation {generation}: {err:#}");
+            return;
+        }
         self.spec = spec;
         self.observed_generation = generation;
     }
@@ -507,7 +531,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         backoff = Duration::from_millis(200);
         eprintln!("bcd: node {} connected, session {}", state.node_id, state.session.session_id);
         let (generation, spec) = (state.session.generation, state.session.spec.clone());
-        state.apply_spec(generation, spec);
+        state.apply_spec(&config.state_dir, generation, spec);
         if let Err(err) = state.report_inventory(&config.inventory).await {
             eprintln!("bcd: inventory report failed: {err:#}");
         }
@@ -522,7 +546,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             match state.client.heartbeat(&beat).await {
                 Ok(reply) => {
                     if let Some(spec) = reply.spec {
-                        state.apply_spec(reply.generation, spec);
+                        state.apply_spec(&config.state_dir, reply.generation, spec);
                     }
                     if reply.commands_waiting
                         && let Err(err) = state.run_commands(&config).await

@@ -52,6 +52,10 @@ pub struct Caller {
     pub request_id: Option<String>,
     /// The tenant's ancestors in the tenant tree, parent first (for offers with `includeDescendants`).
     pub ancestors: Vec<TenantId>,
+    /// The event this work answers (background work: the event that made it due), by position.
+    pub causation_id: Option<String>,
+    /// The operation this work belongs to: the request that began it, carried by everything it causes.
+    pub correlation_id: Option<String>,
 }
 
 impl Caller {
@@ -65,7 +69,19 @@ impl Caller {
             delegation: None,
             request_id: None,
             ancestors: Vec::new(),
+            causation_id: None,
+            correlation_id: None,
         }
+    }
+
+    /// The same caller, answering `cause`: its position becomes the causation, and its correlation (or the
+    /// request that made it) carries on, so the work links back to whoever began it.
+    pub fn caused_by(mut self, cause: &events::RecordedEvent) -> Caller {
+        self.causation_id = Some(cause.position.to_string());
+        if let Ok(metadata) = cause.metadata() {
+            self.correlation_id = metadata.correlation_id.or(metadata.request_id);
+        }
+        self
     }
 
     /// A caller with no agent, delegation, request id or ancestors (tools, tests, benchmarks).
@@ -84,7 +100,8 @@ impl Caller {
                 tenant_id: self.tenant_id.to_string(),
             }),
             request_id: self.request_id.clone(),
-            ..EventMetadata::default()
+            causation_id: self.causation_id.clone(),
+            correlation_id: self.correlation_id.clone().or_else(|| self.request_id.clone()),
         }
     }
 }

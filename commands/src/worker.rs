@@ -240,6 +240,10 @@ impl Worker {
                         queue::complete(tx, item).await?;
                         return Ok(());
                     };
+                    // What the worker records answers the reservation's last event, in its creator's operation.
+                    let caller = &store::last_event(tx, id.as_str())
+                        .await?
+                        .map_or_else(|| caller.clone(), |cause| caller.clone().caused_by(&cause));
                     // A few steps at most: placed → binding → active happen together at the start.
                     for _ in 0..4 {
                         let command = match reservation::due(&r, now_ms) {
@@ -304,6 +308,9 @@ impl Worker {
                         let Some(pool) = store::pool(tx, pool_id).await? else { return Ok(()) };
                         if let Some(allocations) = try_place(tx, &r, &pool, now_ms).await? {
                             let events = reservation::decide(&r, &Command::Place { allocations, now_ms })?;
+                            let cause = store::last_event(tx, id.as_str()).await?;
+                            let caller =
+                                &cause.map_or_else(|| caller.clone(), |cause| caller.clone().caused_by(&cause));
                             apply_and_schedule(tx, caller, r, events, now_ms).await?;
                         }
                         Ok::<_, AppError>(())

@@ -601,3 +601,55 @@ async fn nodes_speak_mutual_tls_with_the_certificate_of_their_join_and_a_deleted
     assert_eq!(ca.text().await.expect("pem"), cluster.ca);
     b.stop().await;
 }
+
+/// The node's (generation, observed generation).
+async fn generations(cluster: &Cluster, node: &NodeId) -> (i64, i64) {
+    let mut tx = cluster.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+    let row: (i64, i64) = sql::query_as("SELECT generation, observed_generation FROM nodes WHERE id = $1")
+        .bind(node.as_str())
+        .fetch_one(tx.conn())
+        .await
+        .expect("node");
+    tx.commit().await.expect("commit");
+    row
+}
+
+#[tokio::test]
+async fn the_agent_reports_a_spec_observed_only_once_it_applied_it() {
+    let cluster = Cluster::start("spec-observed").await;
+    let agent = cluster.agent("gpu-s").await;
+    let node = cluster.node_of(&agent).await;
+    cluster.await_node(&node, "an adopted, connected node", schedulable_and_connected).await;
+    let path = format!("/v1/nodes/{node}/spec");
+    let (status, body) = cluster.call(reqwest::Method::PUT, &path, Some(json!({ "labels": { "rack": "r7" } }))).await;
+    assert_eq!(status, 200, "{body}");
+    let generation = body["generation"].as_i64().expect("generation");
+    eventually("the labels applied and observed", || async {
+        (generations(&cluster, &node).await.1 == generation).then_some(())
+    })
+    .await;
+    let labels: Value =
+        serde_json::from_slice(&std::fs::read(agent.state_dir.join("labels.json")).expect("labels.json"))
+            .expect("json");
+    assert_eq!(labels, json!({ "rack": "r7" }));
+    // A MIG layout this agent cannot make stays unobserved: the node shows the spec as not applied.
+    let (status, body) =
+        cluster.call(reqwest::Method::PUT, &path, Some(json!({ "labels": {}, "migLayout": "all-1g.10gb" }))).await;
+    assert_eq!(status, 200, "{body}");
+    let wanted = body["generation"].as_i64().expect("generation");
+    // Five more heartbeats come (each carries the observed generation, and hands the new spec over) without it
+    // being observed.
+    let beats = || async {
+        let mut tx = cluster.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+        let n: i64 = sql::query_scalar("SELECT heartbeats FROM agent_sessions WHERE node_id = $1")
+            .bind(node.as_str())
+            .fetch_one(tx.conn())
+            .await
+            .expect("session");
+        tx.commit().await.expect("commit");
+        n
+    };
+    let from = beats().await;
+    eventually("five more heartbeats", || async { (beats().await >= from + 5).then_some(()) }).await;
+    assert_eq!(generations(&cluster, &node).await, (wanted, generation), "the layout is never reported as applied");
+}

@@ -47,6 +47,8 @@ impl Principal {
             delegation: self.delegation.clone(),
             request_id: Some(request_id.to_owned()),
             ancestors: self.ancestors.clone(),
+            causation_id: None,
+            correlation_id: Some(request_id.to_owned()),
         }
     }
 

@@ -473,3 +473,38 @@ async fn the_inline_rebuild_replays_in_log_order_across_transaction_ids_of_diffe
     }
     tx.rollback().await;
 }
+
+#[tokio::test]
+async fn the_worker_s_events_name_the_event_they_answer_and_carry_the_creator_s_correlation() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    let alice = bc_commands::Caller { request_id: Some("req_alice_1".into()), ..fleet.owner.clone() };
+    let mut later = request(&pool, DeviceClass::Gpu, 1);
+    later.start_ms = Some(T0 + HOUR);
+    let placed = fleet.reserve(&alice, "later", later).await.expect("placed").reservation;
+    fleet.advance_to(T0 + HOUR).await;
+    fleet.worker().run_until_idle().await.expect("worker");
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let history = bc_eventstore::events::read_stream(&mut tx, placed.id.as_str(), 0, 100).await.expect("history");
+    tx.commit().await.expect("commit");
+    let first = history[0].metadata().expect("metadata");
+    assert_eq!(first.correlation_id.as_deref(), Some("req_alice_1"), "a request begins its own operation");
+    assert!(first.causation_id.is_none());
+    let by_worker: Vec<_> = history
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.metadata().is_ok_and(|m| m.admission.is_some_and(|a| a.session_kind == "system")))
+        .collect();
+    assert!(
+        !by_worker.is_empty(),
+        "the worker started it: {:?}",
+        history.iter().map(|e| &e.event_type).collect::<Vec<_>>()
+    );
+    for (at, event) in by_worker {
+        let metadata = event.metadata().expect("metadata");
+        assert_eq!(metadata.correlation_id.as_deref(), Some("req_alice_1"), "{}", event.event_type);
+        let cause = metadata.causation_id.expect("a cause");
+        assert!(history[..at].iter().any(|e| e.position.to_string() == cause), "{}: {cause}", event.event_type);
+    }
+}
