@@ -98,6 +98,12 @@ impl App {
         }
     }
 
+    /// Whether `id` names a tenant the authorizer knows (an external authorizer's tenants are its own: taken
+    /// as known).
+    pub fn tenant_known(&self, id: &TenantId) -> bool {
+        !self.auth.administers_tenancy() || self.auth.tenant(id).is_some()
+    }
+
     /// Gives the authorizer the tenancy tables as they are now.
     pub async fn refresh_tenancy(&self) -> AppResult<()> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;

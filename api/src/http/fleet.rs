@@ -463,6 +463,9 @@ pub async fn offer_pool(
     let id: PoolId = path_id("poolId", &id)?;
     let caller = state.app.authorize(&who.0, "pools.offer", Subject::Pool(&id)).await?;
     let tenant_id: TenantId = path_id("tenantId", &body.tenant_id)?;
+    if !state.app.tenant_known(&tenant_id) {
+        return Err(ApiError::invalid_argument("tenantId", format!("no tenant {tenant_id} is known")));
+    }
     let offer = OfferPool {
         tenant_id: tenant_id.clone(),
         quota: body.quota.clone(),

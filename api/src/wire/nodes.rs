@@ -101,6 +101,9 @@ pub struct NodeDto {
     pub provision_state: String,
     pub maintenance: bool,
     pub cordoned: bool,
+    /// `on`, `off` or `unknown`, as a BMC's power driver reports it; `unknown` for every node until bare-metal
+    /// drivers exist (a node that runs `bcd` has no BMC driver bound).
+    pub power: String,
     /// `connected`, `disconnected`, `unreachable` or `lost`.
     pub connectivity: String,
     pub conditions: Vec<ConditionDto>,
@@ -135,6 +138,7 @@ impl From<&NodeView> for NodeDto {
             trust: spelling(&n.trust),
             adapter: spelling(&n.adapter),
             provision_state: spelling(&n.provision_state),
+            power: spelling(&bc_domain::node::Power::default()),
             maintenance: n.maintenance,
             cordoned: n.cordoned,
             connectivity: spelling(&n.connectivity),

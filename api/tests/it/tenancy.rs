@@ -266,6 +266,13 @@ async fn bad_tenancy_input_is_refused_naming_the_field_and_writes_nothing() {
         ("POST", format!("/v1/pools/{pool}/limits"), json!({ "relation": "user" }), StatusCode::BAD_REQUEST, "maxGpus"),
         (
             "POST",
+            format!("/v1/pools/{pool}/offers"),
+            json!({ "tenantId": "nobody", "quota": { "gpu": 1 } }),
+            StatusCode::BAD_REQUEST,
+            "tenantId",
+        ),
+        (
+            "POST",
             format!("/v1/pools/{pool}/limits"),
             json!({ "relation": "user", "maxHours": 87_601 }),
             StatusCode::BAD_REQUEST,
