@@ -788,3 +788,78 @@ async fn migrate_refuses_a_ledger_it_cannot_account_for_with_invalid_config_nami
     assert!(text.contains("INVALID_CONFIG") && text.contains("nodes/9999_from_the_future"), "{text}");
     assert_eq!(text.trim_end().lines().count(), 1, "one line, no backtrace: {text}");
 }
+
+#[tokio::test]
+async fn tenants_made_through_the_real_service_over_tls_keep_working_across_a_restart() {
+    let t = TestDb::empty().await;
+    let output = command(&["migrate"]).env("BETTER_COMPUTE_DATABASE_URL", t.url()).output().expect("migrate");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let start = || {
+        Server::start({
+            let mut c = command(&["serve", "--no-migrate", "--listen", "127.0.0.1:0", "--auth-config"]);
+            c.arg(auth_file("tenancy", crate::http_api::AUTH)).env("BETTER_COMPUTE_DATABASE_URL", t.url());
+            c
+        })
+    };
+    let send = |server: &Server, method: reqwest::Method, path: &str, token: &str, body: serde_json::Value| {
+        let request = server.client().request(method, format!("{}{path}", server.base_url)).bearer_auth(token);
+        let request = if body.is_null() { request } else { request.json(&body) };
+        async move {
+            let response = request.send().await.expect("the server answers");
+            let status = response.status().as_u16();
+            (status, response.json::<serde_json::Value>().await.unwrap_or_default())
+        }
+    };
+    let root = crate::http_api::ROOT;
+    let mut server = start();
+    let post = reqwest::Method::POST;
+    let (status, body) =
+        send(&server, post.clone(), "/v1/tenants", root, serde_json::json!({ "tenantId": "cyberdyne", "name": "C" }))
+            .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = send(
+        &server,
+        post.clone(),
+        "/v1/tenants/cyberdyne/identities",
+        root,
+        serde_json::json!({ "name": "miles@cyberdyne", "admin": true }),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let path = format!("/v1/tenants/cyberdyne/identities/{}/tokens", body["id"].as_str().expect("id"));
+    let issue = || {
+        server
+            .client()
+            .post(format!("{}{path}", server.base_url))
+            .bearer_auth(root)
+            .header("idempotency-key", "miles-1")
+            .send()
+    };
+    let first: serde_json::Value = issue().await.expect("issue").json().await.expect("json");
+    let again: serde_json::Value = issue().await.expect("retry").json().await.expect("json");
+    assert_eq!(first["token"], again["token"], "a retry over the wire is the same token");
+    let token = first["token"].as_str().expect("token").to_owned();
+    assert_eq!(send(&server, reqwest::Method::GET, "/v1/pools", &token, serde_json::Value::Null).await.0, 200);
+    let (status, ticket) = send(&server, post.clone(), "/v1/events/tickets", &token, serde_json::Value::Null).await;
+    assert_eq!(status, 201, "{ticket}");
+    let ticket = ticket["ticket"].as_str().expect("ticket").to_owned();
+
+    // Restarted, the service knows the tenant, the token and the ticket from the database and the bundle.
+    server.signal("TERM");
+    assert!(server.wait().success());
+    let server = start();
+    assert_eq!(send(&server, reqwest::Method::GET, "/v1/pools", &token, serde_json::Value::Null).await.0, 200);
+    let stream = server
+        .client()
+        .get(format!("{}/v1/events?ticket={ticket}&eventName=message", server.base_url))
+        .send()
+        .await
+        .expect("the event stream");
+    assert_eq!(stream.status().as_u16(), 200, "the page's reconnection is taken");
+    drop(stream);
+    let (status, body) =
+        send(&server, post.clone(), "/v1/tenants/cyberdyne/suspend", root, serde_json::json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = send(&server, post, "/v1/projects", &token, serde_json::json!({ "name": "skynet" })).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("TENANT_SUSPENDED")), "{body}");
+}
