@@ -4,6 +4,7 @@
 //! write side it serves is `bc-commands`; this crate holds no SQL of its own beyond what operators' commands
 //! read.
 
+pub mod authorizer;
 pub mod dev;
 pub mod doctor;
 pub mod http;

@@ -225,10 +225,20 @@ struct ServeArgs {
     #[arg(long, env = "BETTER_COMPUTE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
 
-    /// The built-in authorizer's file (TOML): bearer tokens (as SHA-256) to identities and tenants, the tenant
-    /// tree, relations on pools and attribute limits. `better-compute dev` writes an example.
-    #[arg(long, env = "BETTER_COMPUTE_AUTH_CONFIG")]
-    auth_config: PathBuf,
+    /// The built-in authorizer's file (TOML): the bootstrap of tenants, bearer tokens (as SHA-256), relations on
+    /// pools and attribute limits; the rest is administered through the API. `better-compute dev` writes an
+    /// example.
+    #[arg(long, env = "BETTER_COMPUTE_AUTH_CONFIG", required_unless_present = "authorizer_url")]
+    auth_config: Option<PathBuf>,
+
+    /// Ask an external decision service (Better IAM, or your own) instead of the built-in authorizer: see
+    /// docs/operations.md for its two calls.
+    #[arg(long, env = "BETTER_COMPUTE_AUTHORIZER_URL", conflicts_with = "auth_config")]
+    authorizer_url: Option<String>,
+
+    /// The CA certificate (PEM) an https --authorizer-url chains to.
+    #[arg(long, env = "BETTER_COMPUTE_AUTHORIZER_CA", requires = "authorizer_url")]
+    authorizer_ca: Option<PathBuf>,
 
     /// Do not apply migrations on start (run `better-compute migrate` first).
     #[arg(long)]
@@ -364,7 +374,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve(args) => {
             let shutdown = service::shutdown_signal();
             let mut options = args.options()?;
-            let auth = service::load_authorizer(&args.auth_config)?;
+            let auth = match (&args.authorizer_url, &args.auth_config) {
+                (Some(url), _) => {
+                    let ca = args.authorizer_ca.as_ref().map(std::fs::read_to_string).transpose()?;
+                    service::external_authorizer(url, ca.as_deref())?
+                }
+                (None, Some(path)) => service::load_authorizer(path)?,
+                (None, None) => anyhow::bail!("serve needs --auth-config or --authorizer-url"),
+            };
             let transport = args.transport.transport()?;
             options.pki = transport.pki();
             let db = Db::connect_lazy(args.database.required_url()?, &args.database.config())?;

@@ -39,6 +39,13 @@ pub fn load_authorizer(path: &Path) -> anyhow::Result<Arc<dyn Authorizer>> {
     Ok(auth)
 }
 
+/// The external decision service at `url` (its TLS trusting `ca_pem`), checked against the method table.
+pub fn external_authorizer(url: &str, ca_pem: Option<&str>) -> anyhow::Result<Arc<dyn Authorizer>> {
+    let auth: Arc<dyn Authorizer> = Arc::new(crate::authorizer::HttpAuthorizer::new(url, ca_pem)?);
+    http::check_routes(auth.as_ref())?;
+    Ok(auth)
+}
+
 /// Applies the embedded migrations and reports what changed.
 pub async fn migrate(db: &Db) -> anyhow::Result<()> {
     let report = Migrator::embedded().run(db).await.context("migrate the database")?;

@@ -4,6 +4,7 @@
 mod agents;
 mod browser;
 mod consistency;
+mod external_authorizer;
 mod health;
 mod hostile;
 mod http_api;
