@@ -9,6 +9,7 @@ use bc_commands::door::Subject;
 use bc_domain::id::{GrantId, IdentityId, LimitId, PoolId, TenantId, TokenId};
 use serde::Deserialize;
 
+use super::consistency::MinPosition;
 use super::error::{CommonErrors, ErrorBody};
 use super::request::{
     Authed, JsonBody, OptionalBody, PageParams, QueryParams, committed_answer, idempotency_key, next_cursor, path_id,
@@ -106,7 +107,7 @@ pub async fn get_tenant(
     tag = "tenancy",
     summary = "Suspend a tenant: its callers (and its descendants') are refused new work with TENANT_SUSPENDED; what it runs keeps running",
     params(("tenant_id" = String, Path, description = "The tenant id")),
-    request_body(content = SuspendBody, description = "Optional"),
+    request_body = inline(Option<SuspendBody>),
     responses(CommonErrors, (status = 200, description = "The tenant, suspended", body = TenantDto)),
     security(("bearer" = [])),
 )]
@@ -180,6 +181,8 @@ pub async fn create_identity(
 pub async fn list_identities(
     State(state): State<AppState>,
     who: Authed,
+    // Tenancy is read where it is written, so every token is already reached; it is still checked.
+    MinPosition(_): MinPosition,
     Path(tenant): Path<String>,
     QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<IdentityPage>, ApiError> {
@@ -328,6 +331,8 @@ pub async fn create_grant(
 pub async fn list_grants(
     State(state): State<AppState>,
     who: Authed,
+    // Tenancy is read where it is written, so every token is already reached; it is still checked.
+    MinPosition(_): MinPosition,
     Path(tenant): Path<String>,
     QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<GrantPage>, ApiError> {
@@ -398,6 +403,8 @@ pub async fn create_limit(
 pub async fn list_limits(
     State(state): State<AppState>,
     who: Authed,
+    // Tenancy is read where it is written, so every token is already reached; it is still checked.
+    MinPosition(_): MinPosition,
     Path(pool): Path<String>,
     QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<LimitPage>, ApiError> {

@@ -155,3 +155,93 @@ async fn cors_answers_the_configured_origins_only() {
         assert!(state.clone().with_cors(&[bad.to_owned()]).is_err(), "{bad}");
     }
 }
+
+/// A child's standard output lines, read on a thread.
+fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead as _;
+    let stdout = child.stdout.take().expect("stdout");
+    let (send, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if send.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
+/// The browser driver's next line, which must be `wanted`.
+fn expect_line(lines: &std::sync::mpsc::Receiver<String>, wanted: &str) {
+    let line =
+        lines.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("the browser never said {wanted:?}"));
+    assert_eq!(line, wanted, "the browser driver");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_in_headless_chromium_receives_events_and_resumes_after_the_server_restarts() {
+    use std::io::Write as _;
+    if !crate::hostile::slow_tests_enabled("chromium") {
+        return;
+    }
+    // The page, from an origin of its own.
+    let page = axum::Router::new()
+        .route("/", axum::routing::get(|| async { axum::response::Html(include_str!("../browser/page.html")) }));
+    let page_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let origin = format!("http://{}", page_listener.local_addr().expect("address"));
+    tokio::spawn(async move { axum::serve(page_listener, page).await.expect("serve the page") });
+
+    // The real service over TLS, allowing that origin, on a port it gets again after its restart.
+    let t = TestDb::empty().await;
+    let migrated =
+        crate::process::command(&["migrate"]).env("BETTER_COMPUTE_DATABASE_URL", t.url()).output().expect("migrate");
+    assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("address").port();
+    let auth = crate::process::auth_file("browser", AUTH);
+    let start = || {
+        let listen = format!("127.0.0.1:{port}");
+        let mut c = crate::process::command(&["serve", "--no-migrate", "--listen", &listen, "--cors-origin", &origin]);
+        c.arg("--auth-config").arg(&auth).env("BETTER_COMPUTE_DATABASE_URL", t.url());
+        crate::process::Server::start(c)
+    };
+    let mut server = start();
+    let create_site = |server: &crate::process::Server, name: &str| {
+        let request = server
+            .client()
+            .post(format!("{}/v1/sites", server.base_url))
+            .bearer_auth(ROOT)
+            .json(&json!({ "name": name, "iamRegion": "eu-west-1" }));
+        async move { assert_eq!(request.send().await.expect("create a site").status().as_u16(), 201) }
+    };
+
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/follow.py");
+    let python = std::env::var("BETTER_COMPUTE_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let url = format!("{origin}/?api={}&token={ROOT}", server.base_url);
+    let mut browser = std::process::Command::new(python)
+        .args([script, &url])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the browser driver (pip install selenium; apt install chromium chromium-driver)");
+    let lines = lines_of(&mut browser);
+    let mut say = browser.stdin.take().expect("stdin");
+    let mut tell = |line: &str| writeln!(say, "{line}").and_then(|()| say.flush()).expect("tell the browser driver");
+    tokio::task::block_in_place(|| expect_line(&lines, "open"));
+
+    create_site(&server, "page-first").await;
+    tell("expect page-first");
+    tokio::task::block_in_place(|| expect_line(&lines, "saw page-first"));
+
+    // The server restarts; the page's EventSource reconnects on its own (the same ticket, Last-Event-ID) and
+    // receives what happens next.
+    server.signal("TERM");
+    assert!(server.wait().success());
+    let server = start();
+    tell("reopened 2");
+    tokio::task::block_in_place(|| expect_line(&lines, "reopened 2"));
+    create_site(&server, "page-second").await;
+    tell("expect page-second");
+    tokio::task::block_in_place(|| expect_line(&lines, "saw page-second"));
+    tell("quit");
+    assert!(browser.wait().expect("the driver exits").success());
+}

@@ -19,7 +19,7 @@ use bc_commands::testing::Fleet;
 /// The switch that turns the slow tests on.
 pub const SLOW_TESTS: &str = "BETTER_COMPUTE_SLOW_TESTS";
 
-fn slow_tests_enabled(test: &str) -> bool {
+pub(crate) fn slow_tests_enabled(test: &str) -> bool {
     let enabled = std::env::var(SLOW_TESTS).is_ok_and(|v| v == "1");
     if !enabled {
         eprintln!("{test}: skipped; set {SLOW_TESTS}=1 to run it");
@@ -113,6 +113,7 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_schema() {
                 .arg("--tls-verify")
                 .arg(&server.ca_file)
                 .args(CHECKS)
+                .args(["--mode", "all"])
                 .args(filter)
                 .args(["--max-time", &seconds, "--seed", &seed.to_string()])
                 // One worker: schemathesis's threads can trip over Python's parser (a spurious "AST
