@@ -399,6 +399,7 @@ impl InventoryDto {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinTokenBody {
     /// How long the token admits a machine, in seconds (60 to 604800; default 3600).
+    #[schema(minimum = 60, maximum = 604_800)]
     pub ttl_seconds: Option<u64>,
 }
 

@@ -68,6 +68,8 @@ pub struct DevicesDto {
     /// `gpu`, `gpu.mig` or `gpu.slot`: the atoms the pool's sharing mode books.
     #[schema(value_type = String, example = "gpu")]
     pub class: DeviceClass,
+    /// How many atoms, 1 to 4096.
+    #[schema(minimum = 1, maximum = 4096)]
     pub count: u32,
     #[serde(default)]
     pub selector: SelectorDto,
@@ -117,9 +119,12 @@ impl From<&DeviceRequest> for DevicesDto {
 pub struct ReserveBody {
     pub pool_id: String,
     pub devices: DevicesDto,
-    /// When the window starts (epoch milliseconds); without it, when the reservation is placed.
+    /// When the window starts (epoch milliseconds, on a whole second, from now to 366 days ahead); without it,
+    /// when the reservation is placed.
+    #[schema(multiple_of = 1000)]
     pub start: Option<i64>,
-    /// The window's length in seconds.
+    /// The window's length in whole seconds, 1 to 31622400 (366 days).
+    #[schema(minimum = 1, maximum = 31_622_400)]
     pub duration: u64,
     /// `hold` (the default); `instance` and `node` are not offered yet.
     #[serde(default)]

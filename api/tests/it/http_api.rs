@@ -1247,3 +1247,44 @@ async fn one_caller_s_denials_are_recorded_up_to_a_bound_per_minute_and_refused_
     let gus = api.reserve(GUS, "theirs", reservation(&pool, 9, 3600)).await;
     assert!(gus.body["error"]["details"]["reservationId"].is_string(), "{:?}", gus.body);
 }
+
+#[tokio::test]
+async fn the_documented_integer_ranges_are_the_ones_the_service_checks() {
+    let api = Api::new().await;
+    let doc = api.call("GET", "/v1/openapi.json", None, &[], None).await;
+    let schemas = &doc.body["components"]["schemas"];
+    let range = |schema: &str, property: &str| {
+        let p = &schemas[schema]["properties"][property];
+        (p["minimum"].as_i64(), p["maximum"].as_i64())
+    };
+    let max_duration = bc_domain::reservation::MAX_AHEAD_MS / 1000;
+    assert_eq!(range("DevicesDto", "count"), (Some(1), Some(i64::from(bc_domain::reservation::MAX_COUNT))));
+    assert_eq!(range("ReserveBody", "duration"), (Some(1), Some(max_duration)));
+    assert_eq!(schemas["ReserveBody"]["properties"]["start"]["multipleOf"].as_i64(), Some(1000));
+    let ttl = bc_commands::agents::MAX_JOIN_TOKEN_TTL_S as i64;
+    let join = &doc.body["paths"]["/v1/pools/{pool_id}/join-tokens"]["post"]["requestBody"];
+    let ttl_seconds = find_property(join, "ttlSeconds").expect("ttlSeconds is described");
+    assert_eq!((ttl_seconds["minimum"].as_i64(), ttl_seconds["maximum"].as_i64()), (Some(60), Some(ttl)));
+    assert_eq!(range("LimitBody", "maxGpus"), (Some(0), Some(i64::from(bc_domain::tenancy::MAX_LIMIT_GPUS))));
+    assert_eq!(range("LimitBody", "maxHours"), (Some(0), Some(i64::from(bc_domain::tenancy::MAX_LIMIT_HOURS))));
+    // At the edges: the largest documented value is taken, one more is refused naming the field.
+    let pool = api.pool().await;
+    let edge = api.reserve(ROOT, "edge", reservation(&pool, 1, max_duration as u64)).await;
+    assert_ne!(edge.field(), "duration", "{:?}", edge.body);
+    let beyond = api.reserve(ROOT, "beyond", reservation(&pool, 1, max_duration as u64 + 1)).await;
+    assert_eq!((beyond.status, beyond.field()), (StatusCode::BAD_REQUEST, "duration"), "{:?}", beyond.body);
+    let many = api.reserve(ROOT, "many", reservation(&pool, bc_domain::reservation::MAX_COUNT + 1, 60)).await;
+    assert_eq!((many.status, many.field()), (StatusCode::BAD_REQUEST, "devices.count"), "{:?}", many.body);
+}
+
+/// The first property named `name` anywhere below `value`.
+fn find_property<'a>(value: &'a Value, name: &str) -> Option<&'a Value> {
+    match value {
+        Value::Object(map) => map
+            .get("properties")
+            .and_then(|p| p.get(name))
+            .or_else(|| map.values().find_map(|v| find_property(v, name))),
+        Value::Array(items) => items.iter().find_map(|v| find_property(v, name)),
+        _ => None,
+    }
+}
