@@ -175,6 +175,7 @@ routes! {
     nodes::list_nodes => "nodes.list";
     nodes::get_node => "nodes.get";
     nodes::node_devices => "nodes.get";
+    nodes::pool_devices => "nodes.list";
     nodes::cordon => "nodes.cordon";
     nodes::uncordon => "nodes.uncordon";
     nodes::start_maintenance => "nodes.maintenance.start";

@@ -17,7 +17,7 @@ use crate::wire::nodes::{
     NodeChangedDto, NodeDeletedDto, NodeDto, RegisterBody, SpecBody, SpecSetDto, VerbBody,
 };
 use crate::wire::nodes::{JoinTokenInfoDto, NodeDevicesDto};
-use crate::wire::{CreatedDto, JoinTokenPage, NodePage};
+use crate::wire::{CreatedDto, JoinTokenPage, NodePage, PoolDevicesPage};
 use bc_commands::Caller;
 use bc_commands::door::Subject;
 use bc_commands::node_commands::Delivery;
@@ -258,6 +258,38 @@ pub async fn node_devices(
     let (id, caller) = on_node(&state, &who, "nodes.get", &id).await?;
     let node = state.app.node(&caller, &id, after).await?;
     Ok(Json(NodeDevicesDto { node_id: id.to_string(), items: node.devices.iter().map(Into::into).collect() }))
+}
+
+/// `GET /v1/pools/{pool_id}/devices`: the devices of a pool the caller's tenant owns, node by node.
+#[utoipa::path(
+    get,
+    path = "/v1/pools/{pool_id}/devices",
+    tag = "nodes",
+    summary = "The devices of a pool the caller's tenant owns, node by node (a page of nodes), each saying whether the pool books it",
+    params(("pool_id" = String, Path, description = "The pool id"), PageParams, ("X-Min-Position" = Option<String>, Header, description = "A consistency token, as ?after=")),
+    responses(CommonErrors, (status = 200, description = "A page of nodes with their devices", body = PoolDevicesPage), (status = 503, description = "NOT_YET_CONSISTENT", body = ErrorBody)),
+    security(("bearer" = [])),
+)]
+pub async fn pool_devices(
+    State(state): State<AppState>,
+    who: Authed,
+    MinPosition(after): MinPosition,
+    Path(id): Path<String>,
+    QueryParams(params): QueryParams<PageParams>,
+) -> Result<Json<PoolDevicesPage>, ApiError> {
+    let pool_id: PoolId = path_id("poolId", &id)?;
+    // Its nodes are the owner's to see: a tenant it is offered to reads its capacity, not its machines.
+    let caller = state.app.authorize(&who.0, "nodes.list", Subject::Pool(&pool_id)).await?;
+    let listed = state.app.list_nodes(&caller, Some(&pool_id), &params.page()?, after).await?;
+    let items = listed
+        .items
+        .iter()
+        .map(|node| NodeDevicesDto {
+            node_id: node.id.to_string(),
+            items: node.devices.iter().map(Into::into).collect(),
+        })
+        .collect();
+    Ok(Json(PoolDevicesPage { items, next_cursor: next_cursor(&listed.next_key) }))
 }
 
 /// `GET /v1/pools/{pool_id}/join-tokens`: the pool's join tokens, never their secrets.

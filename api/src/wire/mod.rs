@@ -73,6 +73,10 @@ page!(
     ReservationPage of reservations::ReservationDto
 );
 page!(
+    /// A page of a pool's devices, node by node.
+    PoolDevicesPage of nodes::NodeDevicesDto
+);
+page!(
     /// A page of a tenant's identities.
     IdentityPage of tenancy::IdentityDto
 );

@@ -1288,3 +1288,23 @@ fn find_property<'a>(value: &'a Value, name: &str) -> Option<&'a Value> {
         _ => None,
     }
 }
+
+#[tokio::test]
+async fn a_pool_s_devices_are_listed_node_by_node_for_its_owner_only() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    catch_up(&api.fleet.t.db).await;
+    let listed = api.get(&format!("/v1/pools/{pool}/devices?limit=1"), ROOT).await;
+    assert_eq!(listed.status, StatusCode::OK, "{:?}", listed.body);
+    let first = &listed.body["items"][0];
+    assert_eq!(first["items"].as_array().map(Vec::len), Some(8), "{:?}", listed.body);
+    let cursor = listed.body["nextCursor"].as_str().expect("a second page");
+    let next = api.get(&format!("/v1/pools/{pool}/devices?limit=1&cursor={cursor}"), ROOT).await;
+    assert_eq!(next.body["items"].as_array().map(Vec::len), Some(1));
+    assert_ne!(next.body["items"][0]["nodeId"], first["nodeId"]);
+    assert!(next.body["nextCursor"].is_null());
+    // A tenant offered the pool reads its capacity, not its machines; another sees nothing of it.
+    for token in [ALICE, GUS] {
+        assert_eq!(api.get(&format!("/v1/pools/{pool}/devices"), token).await.status, StatusCode::NOT_FOUND);
+    }
+}
