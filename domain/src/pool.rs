@@ -121,11 +121,36 @@ impl PoolPolicy {
         if !(self.disruption_budget.is_finite() && self.disruption_budget > 0.0 && self.disruption_budget <= 1.0) {
             return Err(Rejection::invalid("policy.disruptionBudget", "must be above 0 and at most 1"));
         }
-        if self.lost_after == 0 {
-            return Err(Rejection::invalid("policy.lostAfter", "must be at least 1 second"));
+        if self.lost_after == 0 || self.lost_after > MAX_LOST_AFTER_S {
+            return Err(Rejection::invalid("policy.lostAfter", format!("must be 1 to {MAX_LOST_AFTER_S} seconds")));
         }
         crate::acceptance::parse(&self.acceptance)
             .map_err(|(i, why)| Rejection::invalid(format!("policy.acceptance[{i}]"), why))?;
+        // Keys this build keeps but does not act on yet are refused, never silently ignored.
+        if !self.overcommit.is_empty() {
+            return Err(Rejection::invalid(
+                "policy.overcommit",
+                "is not acted on yet: no node reports scalar resources (leave it out)",
+            ));
+        }
+        if self.admission.budget_check {
+            return Err(Rejection::invalid(
+                "policy.admission.budgetCheck",
+                "is not acted on yet (leave it out or false)",
+            ));
+        }
+        if self.hardware_profile.is_some() {
+            return Err(Rejection::invalid(
+                "policy.hardwareProfile",
+                "is not acted on yet: hardware profiles come with bare-metal provisioning (leave it out)",
+            ));
+        }
+        if self.tenant_root {
+            return Err(Rejection::invalid(
+                "policy.tenantRoot",
+                "is not acted on yet: whole-node reservations are not offered (leave it out or false)",
+            ));
+        }
         for (resource, ratio) in &self.overcommit {
             if !(ratio.is_finite() && *ratio >= 1.0) {
                 return Err(Rejection::invalid(
@@ -149,8 +174,15 @@ impl PoolPolicy {
     }
 }
 
+/// The longest `policy.lostAfter`: 30 days (the liveness sweep multiplies it into milliseconds).
+pub const MAX_LOST_AFTER_S: u64 = 30 * 24 * 3600;
+
 /// The resources a quota can name.
 pub const QUOTA_RESOURCES: &[&str] = &["gpu", "gpu.mig", "gpu.slot", "vcpu", "memoryGiB", "nic.vf", "disk"];
+
+/// The resources placement accounts today (the atoms); the scalar ones are refused in a quota until nodes report
+/// them.
+pub const ACCOUNTED_RESOURCES: &[&str] = &["gpu", "gpu.mig", "gpu.slot"];
 
 /// Atoms per resource that a tenant may hold in a pool at any instant. A resource missing from it grants zero.
 pub type Quota = BTreeMap<String, u32>;
@@ -162,6 +194,15 @@ pub fn check_quota(field: &str, quota: &Quota) -> Result<(), Rejection> {
             return Err(Rejection::invalid(
                 format!("{field}.{resource}"),
                 format!("is not a resource; quotas name {}", QUOTA_RESOURCES.join(", ")),
+            ));
+        }
+        if !ACCOUNTED_RESOURCES.contains(&resource.as_str()) {
+            return Err(Rejection::invalid(
+                format!("{field}.{resource}"),
+                format!(
+                    "is not accounted yet: no node reports {resource}; quotas act on {}",
+                    ACCOUNTED_RESOURCES.join(", ")
+                ),
             ));
         }
         if *amount > 1_000_000 {

@@ -71,8 +71,9 @@ pub struct PoolPolicyDto {
     /// Overcommit ratios of scalar resources (at least 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overcommit: Option<BTreeMap<String, f64>>,
-    /// Seconds without a heartbeat after which a node is `lost` (600).
+    /// Seconds without a heartbeat after which a node is `lost` (600), 1 to 2592000 (30 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 2_592_000)]
     pub lost_after: Option<u64>,
     /// The share of the pool's nodes that may be draining or in maintenance at once (0.05).
     #[serde(default, skip_serializing_if = "Option::is_none")]

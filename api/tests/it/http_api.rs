@@ -1260,6 +1260,7 @@ async fn the_documented_integer_ranges_are_the_ones_the_service_checks() {
     let max_duration = bc_domain::reservation::MAX_AHEAD_MS / 1000;
     assert_eq!(range("DevicesDto", "count"), (Some(1), Some(i64::from(bc_domain::reservation::MAX_COUNT))));
     assert_eq!(range("ReserveBody", "duration"), (Some(1), Some(max_duration)));
+    assert_eq!(range("PoolPolicyDto", "lostAfter"), (Some(1), Some(bc_domain::pool::MAX_LOST_AFTER_S as i64)));
     assert_eq!(schemas["ReserveBody"]["properties"]["start"]["multipleOf"].as_i64(), Some(1000));
     let ttl = bc_commands::agents::MAX_JOIN_TOKEN_TTL_S as i64;
     let join = &doc.body["paths"]["/v1/pools/{pool_id}/join-tokens"]["post"]["requestBody"];
@@ -1307,4 +1308,55 @@ async fn a_pool_s_devices_are_listed_node_by_node_for_its_owner_only() {
     for token in [ALICE, GUS] {
         assert_eq!(api.get(&format!("/v1/pools/{pool}/devices"), token).await.status, StatusCode::NOT_FOUND);
     }
+}
+
+#[tokio::test]
+async fn policy_keys_and_quota_resources_the_service_does_not_act_on_yet_are_refused_naming_them() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let before = api.events().await;
+    let cases = [
+        ("PATCH", format!("/v1/pools/{pool}"), json!({ "policy": { "tenantRoot": true } }), "policy.tenantRoot"),
+        (
+            "PATCH",
+            format!("/v1/pools/{pool}"),
+            json!({ "policy": { "lostAfter": 9_223_372_036_854_775_808u64 } }),
+            "policy.lostAfter",
+        ),
+        (
+            "PATCH",
+            format!("/v1/pools/{pool}"),
+            json!({ "policy": { "hardwareProfile": "dgx-h100" } }),
+            "policy.hardwareProfile",
+        ),
+        (
+            "PATCH",
+            format!("/v1/pools/{pool}"),
+            json!({ "policy": { "overcommit": { "vcpu": 2.0 } } }),
+            "policy.overcommit",
+        ),
+        (
+            "PATCH",
+            format!("/v1/pools/{pool}"),
+            json!({ "policy": { "admission": { "budgetCheck": true } } }),
+            "policy.admission.budgetCheck",
+        ),
+        (
+            "POST",
+            format!("/v1/pools/{pool}/offers"),
+            json!({ "tenantId": "acme", "quota": { "gpu": 1, "vcpu": 8 } }),
+            "quota.vcpu",
+        ),
+        (
+            "PUT",
+            format!("/v1/pools/{pool}/offers/acme/quota"),
+            json!({ "quota": { "memoryGiB": 64 } }),
+            "quota.memoryGiB",
+        ),
+    ];
+    for (method, uri, body, field) in cases {
+        let reply = api.call(method, &uri, Some(ROOT), &[], Some(body.to_string())).await;
+        assert_eq!((reply.status, reply.field()), (StatusCode::BAD_REQUEST, field), "{method} {uri}: {:?}", reply.body);
+    }
+    assert_eq!(api.events().await, before, "nothing was written");
 }

@@ -36,6 +36,34 @@ fn policy_defaults_and_wire_spelling() {
 }
 
 #[test]
+fn policy_keys_and_quota_resources_not_acted_on_yet_are_refused_naming_them() {
+    let refused = |policy: PoolPolicy, wanted: &str| {
+        let err = policy.check(Sharing::Exclusive).expect_err(wanted);
+        assert!(
+            matches!(&err, Rejection::InvalidArgument { field, message } if field == wanted && message.contains("not acted on yet")),
+            "{err:?}"
+        );
+    };
+    refused(PoolPolicy { overcommit: [("vcpu".to_owned(), 2.0)].into(), ..PoolPolicy::default() }, "policy.overcommit");
+    refused(
+        PoolPolicy { admission: AdmissionPolicy { budget_check: true }, ..PoolPolicy::default() },
+        "policy.admission.budgetCheck",
+    );
+    refused(PoolPolicy { hardware_profile: Some("dgx".into()), ..PoolPolicy::default() }, "policy.hardwareProfile");
+    refused(PoolPolicy { tenant_root: true, ..PoolPolicy::default() }, "policy.tenantRoot");
+    for resource in ["vcpu", "memoryGiB", "nic.vf", "disk"] {
+        let err = check_quota("quota", &[(resource.to_owned(), 1)].into()).expect_err(resource);
+        assert!(
+            matches!(&err, Rejection::InvalidArgument { field, message } if field == &format!("quota.{resource}") && message.contains("not accounted yet")),
+            "{err:?}"
+        );
+    }
+    for resource in ACCOUNTED_RESOURCES {
+        assert!(check_quota("quota", &[((*resource).to_owned(), 1)].into()).is_ok(), "{resource}");
+    }
+}
+
+#[test]
 fn policy_checks_name_the_field() {
     let mut policy = PoolPolicy { disruption_budget: 0.0, ..PoolPolicy::default() };
     assert!(
