@@ -350,7 +350,7 @@ async fn on_node(state: &AppState, who: &Authed, method: &'static str, id: &str)
 }
 
 fn check_reason(reason: &Option<String>) -> Result<(), ApiError> {
-    if reason.as_ref().is_some_and(|r| r.len() > 1024) {
+    if reason.as_ref().is_some_and(|r| r.chars().count() > 1024) {
         return Err(ApiError::invalid_argument("reason", "must be at most 1024 characters"));
     }
     Ok(())

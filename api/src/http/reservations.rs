@@ -203,7 +203,7 @@ pub async fn cancel_reservation(
     Path(id): Path<String>,
     OptionalBody(body): OptionalBody<CancelBody>,
 ) -> Result<Response, ApiError> {
-    if body.reason.as_ref().is_some_and(|r| r.len() > 1024) {
+    if body.reason.as_ref().is_some_and(|r| r.chars().count() > 1024) {
         return Err(ApiError::invalid_argument("reason", "must be at most 1024 characters"));
     }
     let (id, caller) = authorized(&state, &who, "reservations.cancel", &id).await?;

@@ -15,7 +15,11 @@ use super::spelling;
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteBody {
+    /// 1 to 128 printable characters.
+    #[schema(min_length = 1, max_length = 128)]
     pub name: String,
+    /// A region in Better IAM's grammar (`eu-central-1`).
+    #[schema(pattern = "^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")]
     pub iam_region: String,
     /// `shared` (the default), `dedicated` or `custom`.
     #[serde(default = "shared")]
@@ -57,6 +61,8 @@ impl From<&SiteView> for SiteDto {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProjectBody {
+    /// 1 to 128 printable characters.
+    #[schema(min_length = 1, max_length = 128)]
     pub name: String,
 }
 
@@ -149,6 +155,8 @@ impl From<&PoolPolicy> for PoolPolicyDto {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolUpdateBody {
+    /// 1 to 128 printable characters.
+    #[schema(min_length = 1, max_length = 128)]
     pub name: Option<String>,
     /// The whole policy: what it leaves out takes its default.
     pub policy: Option<PoolPolicyDto>,
@@ -162,10 +170,14 @@ pub struct PoolUpdateBody {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolBody {
     pub site_id: String,
+    /// 1 to 128 printable characters.
+    #[schema(min_length = 1, max_length = 128)]
     pub name: String,
     /// `metal-host`, `metal-dedicated`, `vps-host` or `provider`.
     #[schema(value_type = String, example = "metal-host")]
     pub class: PoolClass,
+    /// The GPU model it holds (`H100`): 1 to 64 letters, digits and `-`.
+    #[schema(pattern = "^[A-Za-z0-9-]{1,64}$")]
     pub gpu_model: String,
     /// `exclusive` (the default), `mig`, `timeslice` or `mps`.
     #[serde(default)]

@@ -214,6 +214,8 @@ pub struct NodeDevicesDto {
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct VerbBody {
+    /// Why, for the audit trail: at most 1024 characters.
+    #[schema(max_length = 1024)]
     pub reason: Option<String>,
 }
 
@@ -224,6 +226,8 @@ pub struct ForceBody {
     /// End the reservations running on the node instead of letting them finish.
     #[serde(default)]
     pub force: bool,
+    /// Why, for the audit trail: at most 1024 characters.
+    #[schema(max_length = 1024)]
     pub reason: Option<String>,
 }
 

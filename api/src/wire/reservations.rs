@@ -284,6 +284,8 @@ impl From<&Reservation> for ReservationDto {
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CancelBody {
+    /// Why, for the audit trail: at most 1024 characters.
+    #[schema(max_length = 1024)]
     pub reason: Option<String>,
 }
 
