@@ -43,12 +43,7 @@ pub struct OfferPool {
 
 /// A unique violation on a name is someone else creating the same name at the same moment.
 fn name_race(err: AppError, what: &str, name: &str) -> AppError {
-    match &err {
-        AppError::Store(store) if store.sql_state().as_deref() == Some(bc_eventstore::error::UNIQUE_VIOLATION) => {
-            AppError::Rejected(Rejection::Conflict(format!("a {what} named {name:?} already exists")))
-        }
-        _ => err,
-    }
+    err.on_unique_violation(|| format!("a {what} named {name:?} already exists"))
 }
 
 impl App {

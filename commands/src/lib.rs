@@ -124,6 +124,19 @@ pub enum AppError {
 }
 
 impl AppError {
+    /// A unique violation is someone else creating the same thing at the same moment: the conflict the decision
+    /// would have named (`message`), had it seen the other's row.
+    pub(crate) fn on_unique_violation(self, message: impl FnOnce() -> String) -> AppError {
+        match &self {
+            AppError::Store(store) if store.sql_state().as_deref() == Some(bc_eventstore::error::UNIQUE_VIOLATION) => {
+                AppError::Rejected(Rejection::Conflict(message()))
+            }
+            _ => self,
+        }
+    }
+}
+
+impl AppError {
     /// The API error code.
     pub fn code(&self) -> &'static str {
         match self {
@@ -187,7 +200,7 @@ pub struct App {
     /// How long a node certificate lasts (30 days); nodes ask for the next one when a third is left.
     pub node_certificate_lifetime: std::time::Duration,
     /// This process's own key, for what must be signed when there is no PKI bundle (stream tickets).
-    process_key: [u8; 32],
+    process_sealer: bc_pki::seal::Sealer,
 }
 
 impl App {
@@ -203,14 +216,11 @@ impl App {
             denial_budget: Arc::new(auth::DenialBudget::default()),
             pki: None,
             node_certificate_lifetime: std::time::Duration::from_secs(30 * 24 * 3600),
-            process_key: {
-                let mut key = [0u8; 32];
-                // Without randomness the key stays zero only for tickets, and only without a bundle; say so.
-                if let Err(err) = getrandom::fill(&mut key) {
-                    tracing::error!(error = %err, "no randomness for this process's key");
-                }
-                key
-            },
+            process_sealer: bc_pki::seal::Sealer::new(&bc_pki::seal::Sealer::generate_key().unwrap_or_else(|err| {
+                // Without randomness only tickets of a process without a bundle are weak; say so.
+                tracing::error!(error = %err, "no randomness for this process's key");
+                [0; 32]
+            })),
         }
     }
 

@@ -13,7 +13,7 @@ use bc_eventstore::{Position, ScopedFutureExt as _, TxOptions, clock};
 
 use crate::auth::TenantView;
 use crate::reads::{Listed, Page};
-use crate::store::{self, tenancy as rows};
+use crate::store::tenancy as rows;
 use crate::{App, AppError, AppResult, Caller, Committed, record};
 
 /// The event families the authorizer decides from.
@@ -74,13 +74,6 @@ pub struct LimitInfo {
     pub max_gpus: Option<u32>,
     pub max_hours: Option<u32>,
     pub created_at_ms: i64,
-}
-
-fn corrupt_id<T: std::str::FromStr>(what: &str, text: &str) -> AppResult<T>
-where
-    T::Err: std::fmt::Display,
-{
-    text.parse().map_err(|err| store::corrupt(what, err))
 }
 
 /// The bearer token a token id stands for, made from the bundle's key: the same id always gives the same token.
@@ -162,7 +155,7 @@ impl App {
         name: &str,
     ) -> AppResult<Committed<TenantView>> {
         self.needs_tenancy()?;
-        tenancy::create_tenant(id, parent, name, TenantFacts { id_taken: false, parent_depth: Some(0) }, 0)?;
+        bc_domain::site::check_name("name", name)?;
         let parent_view = self.auth.tenant(parent);
         if parent_view.as_ref().is_some_and(|p| p.state != "active") {
             return Err(Rejection::invalid("parentId", format!("tenant {parent} is not active")).into());
@@ -171,7 +164,7 @@ impl App {
         let result = self
             .db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
-                let parent_depth = parent_view.as_ref().map(|p| p.depth);
+                let parent_depth = parent_view.as_ref().map(|p| p.ancestors.len());
                 async move {
                     let id_taken = in_file || rows::tenant_exists(tx, id).await?;
                     let now_ms = clock::compute_now_ms(tx).await?;
@@ -184,7 +177,7 @@ impl App {
                 .scope_boxed()
             })
             .await
-            .map_err(|err| race(err, format!("tenant {id} already exists")));
+            .map_err(|err: AppError| err.on_unique_violation(|| format!("tenant {id} already exists")));
         let done = self.tenancy_recorded(result).await?;
         let view = self.auth.tenant(id).ok_or_else(|| Rejection::NotFound { kind: "tenant", id: id.to_string() })?;
         Ok(Committed { value: view, position: done.position })
@@ -289,7 +282,9 @@ impl App {
                 .scope_boxed()
             })
             .await
-            .map_err(|err| race(err, format!("tenant {tenant} already has an identity named {name}")));
+            .map_err(|err: AppError| {
+                err.on_unique_violation(|| format!("tenant {tenant} already has an identity named {name}"))
+            });
         self.tenancy_recorded(result).await
     }
 
@@ -303,7 +298,7 @@ impl App {
             .into_iter()
             .map(|(id, name, kind, admin, created_at_ms, tokens)| {
                 let info = IdentityInfo {
-                    id: corrupt_id("identities.id", &id)?,
+                    id: rows::parse("identities.id", &id)?,
                     tenant_id: tenant.clone(),
                     name,
                     kind,
@@ -451,7 +446,7 @@ impl App {
         relation: Relation,
     ) -> AppResult<Committed<GrantInfo>> {
         self.needs_tenancy()?;
-        let ancestors = self.ancestors_of(tenant);
+        let ancestors = self.auth.tenant(tenant).map(|t| t.ancestors).unwrap_or_default();
         let grant_id = GrantId::generate();
         let identity_in_file = identity != "*"
             && tenancy::check_identity_name(identity).is_ok_and(|name| self.auth.file_identity(tenant, &name));
@@ -518,12 +513,11 @@ impl App {
             .into_iter()
             .map(|(id, identity, pool, relation, created_at_ms)| {
                 let info = GrantInfo {
-                    id: corrupt_id("pool_grants.id", &id)?,
+                    id: rows::parse("pool_grants.id", &id)?,
                     tenant_id: tenant.clone(),
                     identity,
                     pool,
-                    relation: Relation::parse(&relation)
-                        .ok_or_else(|| store::corrupt("pool_grants.relation", &relation))?,
+                    relation: rows::relation(&relation)?,
                     created_at_ms,
                 };
                 Ok((id, info))
@@ -610,10 +604,9 @@ impl App {
             .into_iter()
             .map(|(id, relation, max_gpus, max_hours, created_at_ms)| {
                 let info = LimitInfo {
-                    id: corrupt_id("attribute_limits.id", &id)?,
+                    id: rows::parse("attribute_limits.id", &id)?,
                     pool_id: pool_id.clone(),
-                    relation: Relation::parse(&relation)
-                        .ok_or_else(|| store::corrupt("attribute_limits.relation", &relation))?,
+                    relation: rows::relation(&relation)?,
                     max_gpus: max_gpus.map(|n| n.max(0) as u32),
                     max_hours: max_hours.map(|n| n.max(0) as u32),
                     created_at_ms,
@@ -648,36 +641,14 @@ impl App {
             .await;
         self.tenancy_recorded(result).await
     }
-
-    /// A tenant's ancestors, parent first, as the authorizer knows them.
-    fn ancestors_of(&self, tenant: &TenantId) -> Vec<TenantId> {
-        let mut out = Vec::new();
-        let mut at = self.auth.tenant(tenant).and_then(|t| t.parent_id);
-        while let Some(parent) = at {
-            if out.len() > tenancy::MAX_DEPTH * 2 || out.contains(&parent) {
-                break;
-            }
-            at = self.auth.tenant(&parent).and_then(|t| t.parent_id);
-            out.push(parent);
-        }
-        out
-    }
 }
 
 /// A token's id for a request with an idempotency key: the same tenant, identity and key give the same id.
 fn derived_token_id(tenant: &TenantId, identity: &IdentityId, key: &str) -> TokenId {
-    let digest = bc_domain::sha256_hex(format!("{tenant}\0{identity}\0{key}"));
-    let bytes: Vec<u8> = (0..16).map(|i| u8::from_str_radix(&digest[2 * i..2 * i + 2], 16).unwrap_or(0)).collect();
-    let body = ulid::Ulid::from_bytes(bytes.try_into().unwrap_or([0; 16])).to_string().to_ascii_lowercase();
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("{tenant}\0{identity}\0{key}"));
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&digest[..16]);
+    let body = ulid::Ulid::from_bytes(first).to_string().to_ascii_lowercase();
     format!("tok_{body}").parse().expect("a ULID body is a valid token id")
-}
-
-/// A unique violation from a concurrent create of the same name: the conflict the decision would have named.
-fn race(err: AppError, message: String) -> AppError {
-    match &err {
-        AppError::Store(store) if store.sql_state().as_deref() == Some(bc_eventstore::error::UNIQUE_VIOLATION) => {
-            Rejection::Conflict(message).into()
-        }
-        _ => err,
-    }
 }

@@ -1,14 +1,14 @@
 //! Stream tickets: a browser's `EventSource` cannot send an `Authorization` header, so a caller trades its bearer
 //! token for a short-lived ticket to put in the stream's URL. A ticket names the caller and when it expires,
-//! signed with HMAC-SHA256 under a key from the PKI bundle (so every process, and a restarted one, takes it;
-//! without a bundle the key is this process's own). It is checked against the authorizer on every use: a
-//! deleted identity's or a suspended tenant's ticket stops working with it.
+//! signed with HMAC-SHA256 under a key derived from the PKI bundle's (so every process, and a restarted one,
+//! takes it; without a bundle the key is this process's own). Each use looks its identity up in the
+//! authorizer, so a deleted identity's ticket stops working with it, and decides the stream as for its token.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bc_domain::Rejection;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use bc_pki::seal::Sealer;
+use bc_pki::{from_hex, hex};
 
 use crate::door::Call;
 use crate::{App, AppResult};
@@ -23,34 +23,19 @@ pub struct StreamTicket {
     pub expires_at_ms: i64,
 }
 
+/// What a ticket's signature is made over.
+fn signed(payload: &str) -> String {
+    format!("stream-ticket:{payload}")
+}
+
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || text.len() > 2048 {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
-}
-
 impl App {
-    fn ticket_mac(&self, payload: &[u8]) -> Hmac<Sha256> {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.ticket_key()).expect("HMAC takes any key");
-        mac.update(payload);
-        mac
-    }
-
-    /// The key tickets are signed with.
-    fn ticket_key(&self) -> [u8; 32] {
-        match &self.pki {
-            Some(bundle) => bundle.sealer().derive("stream-ticket-key"),
-            None => self.process_key,
-        }
+    /// What signs tickets: the bundle's key, or without a bundle this process's own.
+    fn ticket_signer(&self) -> &Sealer {
+        self.pki.as_ref().map_or(&self.process_sealer, |bundle| bundle.sealer())
     }
 
     /// A ticket for `call`'s principal.
@@ -58,7 +43,7 @@ impl App {
         let expires_at_ms = now_ms() + TICKET_LIFETIME.as_millis() as i64;
         let p = &call.principal;
         let payload = format!("{}\n{}\n{expires_at_ms}", p.tenant_id, p.identity);
-        let mac = self.ticket_mac(payload.as_bytes()).finalize().into_bytes();
+        let mac = self.ticket_signer().derive(&signed(&payload));
         StreamTicket { ticket: format!("bst_{}_{}", hex(payload.as_bytes()), hex(&mac)), expires_at_ms }
     }
 
@@ -72,11 +57,11 @@ impl App {
         let Some((payload, mac)) = ticket.strip_prefix("bst_").and_then(|t| t.split_once('_')) else {
             return Err(refused("malformed"));
         };
-        let (Some(payload), Some(mac)) = (unhex(payload), unhex(mac)) else { return Err(refused("malformed")) };
-        if self.ticket_mac(&payload).verify_slice(&mac).is_err() {
+        let (Some(payload), Some(mac)) = (from_hex(payload), from_hex(mac)) else { return Err(refused("malformed")) };
+        let text = String::from_utf8(payload).map_err(|_| refused("malformed"))?;
+        if !self.ticket_signer().verify_derived(&signed(&text), &mac) {
             return Err(refused("not one this service issued"));
         }
-        let text = String::from_utf8(payload).map_err(|_| refused("malformed"))?;
         let mut fields = text.split('\n');
         let (Some(tenant), Some(identity), Some(expires), None) =
             (fields.next(), fields.next(), fields.next(), fields.next())

@@ -240,10 +240,8 @@ impl Worker {
                         queue::complete(tx, item).await?;
                         return Ok(());
                     };
-                    // What the worker records answers the reservation's last event, in its creator's operation.
-                    let caller = &store::last_event(tx, id.as_str())
-                        .await?
-                        .map_or_else(|| caller.clone(), |cause| caller.clone().caused_by(&cause));
+                    // Read when the first step records: most rounds only reschedule.
+                    let mut answering: Option<Caller> = None;
                     // A few steps at most: placed → binding → active happen together at the start.
                     for _ in 0..4 {
                         let command = match reservation::due(&r, now_ms) {
@@ -273,6 +271,10 @@ impl Worker {
                         };
                         let events = reservation::decide(&r, &command)?;
                         // The worker holds this reservation's key and reschedules it itself, so it records without waking it.
+                        if answering.is_none() {
+                            answering = Some(answering_last_event(tx, caller, id.as_str()).await?);
+                        }
+                        let caller = answering.as_ref().unwrap_or(caller);
                         r = record_reservation(tx, caller, r, events).await?.0;
                     }
                     // Still due after the steps: leave the key due, so the next round goes on.
@@ -308,9 +310,7 @@ impl Worker {
                         let Some(pool) = store::pool(tx, pool_id).await? else { return Ok(()) };
                         if let Some(allocations) = try_place(tx, &r, &pool, now_ms).await? {
                             let events = reservation::decide(&r, &Command::Place { allocations, now_ms })?;
-                            let cause = store::last_event(tx, id.as_str()).await?;
-                            let caller =
-                                &cause.map_or_else(|| caller.clone(), |cause| caller.clone().caused_by(&cause));
+                            let caller = &answering_last_event(tx, caller, id.as_str()).await?;
                             apply_and_schedule(tx, caller, r, events, now_ms).await?;
                         }
                         Ok::<_, AppError>(())
@@ -334,4 +334,13 @@ impl Worker {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// The worker as it records on `stream`: answering the stream's last event (its causation), in the operation
+/// that event belongs to (its correlation), so the work links back to whoever began it.
+async fn answering_last_event(tx: &mut bc_eventstore::Tx, worker: &Caller, stream: &str) -> AppResult<Caller> {
+    Ok(match bc_eventstore::events::last_of_stream(tx, stream).await? {
+        Some(cause) => worker.clone().caused_by(&cause),
+        None => worker.clone(),
+    })
 }

@@ -215,6 +215,22 @@ pub async fn read_stream(tx: &mut Tx, stream_id: &str, after_version: u32, limit
     rows.iter().map(RecordedEvent::from_row).collect()
 }
 
+/// The last event of a stream, if it has any: one index probe.
+pub async fn last_of_stream(tx: &mut Tx, stream_id: &str) -> Result<Option<RecordedEvent>> {
+    let row = sql::query(
+        "SELECT log_epoch, txid::text AS txid, seq, stream_id, stream_version, event_type, schema_version,
+                tenant_id, payload, metadata, floor(extract(epoch FROM recorded_at) * 1000)::int8 AS recorded_at_ms
+         FROM events
+         WHERE stream_id = $1
+         ORDER BY stream_version DESC
+         LIMIT 1",
+    )
+    .bind(stream_id)
+    .fetch_optional(tx.conn())
+    .await?;
+    row.as_ref().map(RecordedEvent::from_row).transpose()
+}
+
 /// The version of a stream's last event, `0` when the stream does not exist.
 pub async fn stream_version(tx: &mut Tx, stream_id: &str) -> Result<u32> {
     let version: i32 = sql::query_scalar("SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1")

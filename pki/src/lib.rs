@@ -22,8 +22,10 @@ pub use bundle::{Bundle, InitOptions, IssuedCertificate, RevokedCertificate};
 pub use error::PkiError;
 pub use node::{NodeKey, PeerCertificate, certificate_validity};
 
+pub use seal::from_hex;
+
 /// Lowercase hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut out = String::with_capacity(bytes.len() * 2);
     for byte in bytes {

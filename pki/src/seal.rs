@@ -55,6 +55,14 @@ impl Sealer {
         mac.finalize().into_bytes().into()
     }
 
+    /// Whether `secret` is what [`Sealer::derive`] makes for `context`, compared in constant time (a signature
+    /// over `context`, checked).
+    pub fn verify_derived(&self, context: &str, secret: &[u8]) -> bool {
+        let mut mac = self.derive.clone();
+        mac.update(context.as_bytes());
+        mac.verify_slice(secret).is_ok()
+    }
+
     /// A sealer from 64 hex digits.
     pub fn from_hex(text: &str) -> Option<Sealer> {
         let bytes: [u8; 32] = from_hex(text)?.try_into().ok()?;
@@ -89,7 +97,7 @@ impl Sealer {
 }
 
 /// Bytes from lowercase or uppercase hex with an even number of digits.
-pub(crate) fn from_hex(text: &str) -> Option<Vec<u8>> {
+pub fn from_hex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) || !text.is_ascii() {
         return None;
     }

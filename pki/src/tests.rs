@@ -98,6 +98,9 @@ fn a_derived_secret_is_the_same_for_one_key_and_context_and_no_other() {
     let other = seal::Sealer::new(&seal::Sealer::generate_key().expect("key"));
     assert_ne!(sealer.derive("token:tok_1"), other.derive("token:tok_1"));
     assert!(!sealer.derive("token:tok_1").windows(32).any(|w| w == key), "the key itself never comes out");
+    assert!(again.verify_derived("token:tok_1", &sealer.derive("token:tok_1")));
+    assert!(!sealer.verify_derived("token:tok_2", &sealer.derive("token:tok_1")));
+    assert!(!other.verify_derived("token:tok_1", &sealer.derive("token:tok_1")));
 }
 
 /// A TLS handshake between the two configurations over loopback; returns the client certificate the server

@@ -3,19 +3,22 @@
 //! running again; the same key with another request is `IDEMPOTENCY_KEY_REUSED`. Reservations and bearer
 //! tokens answer retries themselves (their ids derive from the key).
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
 use axum::body::{Body, to_bytes};
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{FromRequestParts as _, MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 use bc_commands::idempotency::Claim;
 use serde::{Deserialize, Serialize};
 
-use super::request::{BODY_LIMIT, RequestId, idempotency_key};
+use super::request::{Authed, BODY_LIMIT, idempotency_key};
 use super::{ApiError, AppState};
 
-/// The create routes this layer keeps answers for, and whether an answer holds a secret.
-const CREATES: &[(&str, bool)] = &[
+/// The create routes this layer keeps answers for (by API method), and whether an answer holds a secret.
+pub const CREATES: &[(&str, bool)] = &[
     ("sites.create", false),
     ("projects.create", false),
     ("pools.create", false),
@@ -40,14 +43,21 @@ struct Kept {
     body: Vec<u8>,
 }
 
-/// The API method of a create route this layer serves, with whether its answer holds a secret.
+/// The API method of a create route this layer serves, with whether its answer holds a secret: looked up by
+/// the matched path in a table made once from the route table, since every POST passes here.
 fn create_route(request: &Request) -> Option<(&'static str, bool)> {
+    static BY_PATH: OnceLock<HashMap<String, (&'static str, bool)>> = OnceLock::new();
     if request.method() != axum::http::Method::POST {
         return None;
     }
-    let path = request.extensions().get::<MatchedPath>()?.as_str();
-    let method = super::routes().iter().find(|r| r.http == "POST" && r.path == path)?.method?;
-    CREATES.iter().find(|(m, _)| *m == method).map(|(m, secret)| (*m, *secret))
+    let by_path = BY_PATH.get_or_init(|| {
+        let creates = super::routes().iter().filter(|r| r.http == "POST").filter_map(|r| {
+            let (method, secret) = CREATES.iter().find(|(m, _)| Some(*m) == r.method)?;
+            Some((r.path.clone(), (*method, *secret)))
+        });
+        creates.collect()
+    });
+    by_path.get(request.extensions().get::<MatchedPath>()?.as_str()).copied()
 }
 
 pub async fn keep_first_answer(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -71,11 +81,10 @@ async fn keyed(
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let request_id = request.extensions().get::<RequestId>().map_or("req_unknown", |r| r.0.as_str()).to_owned();
-    let bearer = request.headers().get("authorization").and_then(|v| v.to_str().ok());
-    let token = bearer.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")));
-    let call = state.app.authenticate(token, &request_id).await?;
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    // The handler takes this caller from the extensions instead of authenticating again.
+    let Authed(call) = Authed::from_request_parts(&mut parts, state).await?;
+    parts.extensions.insert(Authed(call.clone()));
     let bytes = to_bytes(body, BODY_LIMIT)
         .await
         .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "INVALID_ARGUMENT", "the body is too large"))?;

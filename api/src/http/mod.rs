@@ -8,7 +8,7 @@ mod error;
 pub mod events;
 mod fleet;
 mod health;
-mod idempotency;
+pub mod idempotency;
 mod nodes;
 pub mod openapi;
 mod pki;

@@ -74,6 +74,10 @@ impl FromRequestParts<AppState> for Authed {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        // A layer that needed the caller first (the idempotency keys') authenticated it once already.
+        if let Some(authed) = parts.extensions.get::<Authed>() {
+            return Ok(authed.clone());
+        }
         let RequestId(request_id) = RequestId::from_request_parts(parts, state).await?;
         let header = parts.headers.get("authorization").and_then(|v| v.to_str().ok());
         let token = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")));

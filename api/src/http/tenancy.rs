@@ -21,6 +21,11 @@ use crate::wire::tenancy::{
 };
 use crate::wire::{CreatedDto, GrantPage, IdentityPage, LimitPage};
 
+/// The `parentId` a call names, or the caller's own tenant.
+fn parent_or_own(who: &Authed, parent: Option<&str>) -> Result<TenantId, ApiError> {
+    parent.map_or_else(|| Ok(who.0.principal.tenant_id.clone()), |parent| path_id("parentId", parent))
+}
+
 /// `POST /v1/tenants`.
 #[utoipa::path(
     post,
@@ -37,10 +42,7 @@ pub async fn create_tenant(
     JsonBody(body): JsonBody<TenantBody>,
 ) -> Result<Response, ApiError> {
     let id: TenantId = path_id("tenantId", &body.tenant_id)?;
-    let parent: TenantId = match &body.parent_id {
-        Some(parent) => path_id("parentId", parent)?,
-        None => who.0.principal.tenant_id.clone(),
-    };
+    let parent = parent_or_own(&who, body.parent_id.as_deref())?;
     let caller = state.app.authorize(&who.0, "tenants.create", Subject::Tenant(&parent)).await?;
     let done = state.app.create_tenant(&caller, &id, &parent, &body.name).await?;
     let location = format!("/v1/tenants/{id}");
@@ -71,10 +73,7 @@ pub async fn list_tenants(
     who: Authed,
     QueryParams(query): QueryParams<TenantQuery>,
 ) -> Result<Json<TenantList>, ApiError> {
-    let parent: TenantId = match &query.parent_id {
-        Some(parent) => path_id("parentId", parent)?,
-        None => who.0.principal.tenant_id.clone(),
-    };
+    let parent = parent_or_own(&who, query.parent_id.as_deref())?;
     state.app.authorize(&who.0, "tenants.list", Subject::Tenant(&parent)).await?;
     let items = state.app.list_tenants(&parent)?.iter().map(TenantDto::from).collect();
     Ok(Json(TenantList { items }))

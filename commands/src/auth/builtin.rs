@@ -158,8 +158,6 @@ struct Snapshot {
     accounts: HashMap<String, Principal>,
     admins: Vec<(TenantId, Identity)>,
     tenants: BTreeMap<TenantId, TenantConfig>,
-    /// The file's identities, by tenant and name (a name the API cannot give again).
-    file_identities: Vec<(TenantId, Identity)>,
     grants: Vec<GrantConfig>,
     limits: Vec<LimitConfig>,
 }
@@ -266,7 +264,6 @@ impl BuiltinAuthorizer {
                 agent: entry.agent,
                 delegation: entry.delegation,
             };
-            authorizer.file_identities.push((entry.tenant.clone(), entry.identity.clone()));
             if entry.admin {
                 authorizer.admins.push((entry.tenant, entry.identity));
             }
@@ -359,7 +356,7 @@ impl BuiltinAuthorizer {
 }
 
 impl TenantConfig {
-    fn view(&self, depth: usize) -> TenantView {
+    fn view(&self, ancestors: Vec<TenantId>) -> TenantView {
         let state = match self.status {
             TenantStatus::Pending => "pending",
             TenantStatus::Active => "active",
@@ -374,7 +371,7 @@ impl TenantConfig {
             suspended_reason: self.suspended_reason.clone(),
             in_log: self.in_log,
             created_at_ms: self.created_at_ms,
-            depth,
+            ancestors,
         }
     }
 }
@@ -570,16 +567,17 @@ impl Authorizer for BuiltinAuthorizer {
 
     fn tenants(&self) -> Vec<TenantView> {
         let snapshot = self.snapshot();
-        snapshot.tenants.values().map(|t| t.view(snapshot.ancestors(&t.id).len())).collect()
+        snapshot.tenants.values().map(|t| t.view(snapshot.ancestors(&t.id))).collect()
     }
 
     fn tenant(&self, id: &TenantId) -> Option<TenantView> {
         let snapshot = self.snapshot();
-        snapshot.tenants.get(id).map(|t| t.view(snapshot.ancestors(id).len()))
+        snapshot.tenants.get(id).map(|t| t.view(snapshot.ancestors(id)))
     }
 
     fn file_identity(&self, tenant: &TenantId, name: &Identity) -> bool {
-        self.file.file_identities.iter().any(|(t, i)| t == tenant && i == name)
+        // Every identity of the file has a token, so the file's accounts name them all.
+        self.file.accounts.values().any(|p| p.tenant_id == *tenant && p.identity == *name)
     }
 
     fn principal(&self, tenant: &TenantId, identity: &Identity) -> Option<Principal> {
@@ -825,7 +823,7 @@ mod tests {
         a.reload(&directory);
         let ml = who(&a, "ml-token-0123456789").await;
         assert_eq!((ml.session_kind.as_str(), ml.ancestors.len()), ("service", 2));
-        assert_eq!(a.tenant(&"acme-ml".parse().expect("t")).map(|t| (t.in_log, t.depth)), Some((true, 2)));
+        assert_eq!(a.tenant(&"acme-ml".parse().expect("t")).map(|t| (t.in_log, t.ancestors.len())), Some((true, 2)));
         // The file's entries stay; the log's are what the last reload said.
         a.reload(&Directory::default());
         assert!(a.authenticate("ml-token-0123456789").await.is_none());

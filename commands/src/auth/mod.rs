@@ -180,8 +180,8 @@ pub struct TenantView {
     /// Made through the API (its changes are events), not by the bootstrap file.
     pub in_log: bool,
     pub created_at_ms: Option<i64>,
-    /// How far below the root it sits (the root is 0).
-    pub depth: usize,
+    /// Its ancestors, parent first (empty for the root; their count is how deep it sits).
+    pub ancestors: Vec<TenantId>,
 }
 
 /// Tenancy as the inline tables hold it, for an authorizer to load.

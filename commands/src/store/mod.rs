@@ -242,15 +242,6 @@ async fn folded_stream<E: DomainEvent, S>(
     Ok(state.map(|state| (state, version)))
 }
 
-/// The last event of a stream, if it has any.
-pub async fn last_event(tx: &mut Tx, stream_id: &str) -> AppResult<Option<events::RecordedEvent>> {
-    let version = events::stream_version(tx, stream_id).await?;
-    if version == 0 {
-        return Ok(None);
-    }
-    Ok(events::read_stream(tx, stream_id, version - 1, 1).await?.pop())
-}
-
 /// A join token as the fold of its stream, with the stream's version.
 pub async fn join_token_aggregate(
     tx: &mut Tx,

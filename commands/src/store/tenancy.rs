@@ -9,14 +9,16 @@ use super::{corrupt, folded_stream};
 use crate::AppResult;
 use crate::auth::{Directory, DirectoryGrant, DirectoryIdentity, DirectoryLimit, DirectoryTenant};
 
-fn parse<T: std::str::FromStr>(what: &str, text: &str) -> AppResult<T>
+/// A stored id or name read back: an internal error naming the column when it does not parse.
+pub(crate) fn parse<T: std::str::FromStr>(what: &str, text: &str) -> AppResult<T>
 where
     T::Err: std::fmt::Display,
 {
     text.parse().map_err(|err| corrupt(what, err))
 }
 
-fn relation(text: &str) -> AppResult<Relation> {
+/// A stored relation read back.
+pub(crate) fn relation(text: &str) -> AppResult<Relation> {
     Relation::parse(text).ok_or_else(|| corrupt("a stored relation", text))
 }
 
