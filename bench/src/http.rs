@@ -101,6 +101,7 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
     let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep).await?;
     let db = bench.db.clone();
     let narrow = bench.one_row_insert_script().await?;
+    let ceiling_script = bench.ceiling_script().await?;
 
     let app = App::new(db.clone());
     let owner = super::reserve::bench_caller("operator@bench")?;
@@ -169,14 +170,33 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
         env: &[],
     };
     let inserts = pgbench(&bench.bins, &bench.guard.cluster, run)?;
+    let run = PgbenchRun {
+        script: &ceiling_script,
+        database: "bench",
+        clients: CLIENTS as u32,
+        seconds,
+        name: "the ceiling",
+        env: &[],
+    };
+    let ceiling = pgbench(&bench.bins, &bench.guard.cluster, run)?;
     println!("  {CLIENTS} clients, reserve-then-release cycles (two commands each), tenant {TENANT} as a pool user:");
-    println!("    command layer  {direct:>7.1} cycles/s   ratio to pgbench 1-row INSERT {:.4}", direct / inserts);
     println!(
-        "    HTTP API       {through_http:>7.1} cycles/s   ratio to pgbench 1-row INSERT {:.4}   ratio to the command layer {:.3}",
+        "    command layer  {direct:>7.1} cycles/s   ratio to pgbench 1-row INSERT {:.4}   to the ceiling {:.3}",
+        direct / inserts,
+        direct / ceiling
+    );
+    println!(
+        "    HTTP API       {through_http:>7.1} cycles/s   ratio to pgbench 1-row INSERT {:.4}   to the ceiling {:.3}   \
+         to the command layer {:.3}",
         through_http / inserts,
+        through_http / ceiling,
         through_http / direct
     );
-    println!("    pgbench 1-row INSERT, {CLIENTS} clients: {inserts:.0} tx/s");
+    println!(
+        "    pgbench 1-row INSERT, {CLIENTS} clients: {inserts:.0} tx/s; the ceiling (bench/ceiling.sql): {ceiling:.1} \
+         cycles/s, {:.3} of the INSERT",
+        ceiling / inserts
+    );
 
     // SSE fan-out.
     let who = caller()?;

@@ -66,9 +66,26 @@ impl BenchCluster {
         Ok(script)
     }
 
+    /// Loads the ceiling's functions (`bench/ceiling.sql`: a reserve's and a cancel's minimal writes, one call
+    /// each, in the pool named `cycles`) and writes their pgbench script. Returns the script's path; run it with
+    /// at most as many clients as that pool has devices.
+    pub async fn ceiling_script(&self) -> anyhow::Result<PathBuf> {
+        let mut tx = self.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await?;
+        sqlx::raw_sql(include_str!("../ceiling.sql")).execute(tx.conn()).await.context("load bench/ceiling.sql")?;
+        tx.commit().await?;
+        let script = self.root.join("ceiling.pgbench");
+        std::fs::write(&script, include_str!("../ceiling.pgbench"))?;
+        Ok(script)
+    }
+
     /// Creates and starts the cluster in `data_dir` (a fresh temporary folder when `None`), creates and
     /// migrates the `bench` database.
     pub async fn start(data_dir: Option<&Path>, keep: bool) -> anyhow::Result<Self> {
+        Self::start_with(data_dir, keep, &[]).await
+    }
+
+    /// [`BenchCluster::start`] with more `postgresql.conf` settings.
+    pub async fn start_with(data_dir: Option<&Path>, keep: bool, more: &[(&str, &str)]) -> anyhow::Result<Self> {
         let bins = PgBinaries::find(&PgSearch::from_env())?;
         let run_as = RunAs::for_this_process()?;
         let root = match data_dir {
@@ -79,10 +96,9 @@ impl BenchCluster {
             bail!("{} already holds a cluster; the benchmark needs a fresh folder", root.display());
         }
         let cluster = Cluster::new(bins.clone(), root.clone(), run_as);
-        let init = InitOptions {
-            settings: vec![("shared_buffers".into(), "256MB".into()), ("max_wal_size".into(), "4GB".into())],
-            ..InitOptions::default()
-        };
+        let mut settings = vec![("shared_buffers".into(), "256MB".into()), ("max_wal_size".into(), "4GB".into())];
+        settings.extend(more.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())));
+        let init = InitOptions { settings, ..InitOptions::default() };
         cluster.init(&init)?;
         cluster.start()?;
         let guard = ClusterGuard { cluster, remove: !keep };

@@ -166,6 +166,11 @@ struct BenchReserveArgs {
     #[arg(long, default_value_t = 200)]
     samples: usize,
 
+    /// Load pg_stat_statements (nested statements included) and print where the one-client cycles spent the
+    /// server's time: the statements by total execution time, with their calls and planning time.
+    #[arg(long)]
+    statements: bool,
+
     /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -227,6 +232,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
             bc_bench::reserve(bc_bench::ReserveBenchConfig {
                 run_for: Duration::from_secs(args.seconds.max(1)),
                 samples: args.samples.max(1),
+                statements: args.statements,
                 data_dir: args.data_dir,
                 keep: args.keep,
             })

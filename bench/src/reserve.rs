@@ -24,6 +24,8 @@ pub struct ReserveBenchConfig {
     pub run_for: Duration,
     /// How many placements the latency figures are taken over.
     pub samples: usize,
+    /// Print the server's time by statement for the one-client cycles (pg_stat_statements).
+    pub statements: bool,
     pub data_dir: Option<PathBuf>,
     pub keep: bool,
 }
@@ -91,11 +93,37 @@ async fn cycles(app: &App, pool: &PoolId, clients: usize, run_for: Duration) -> 
     .await
 }
 
+/// The statements the server spent the most time on since the last reset, nested ones included.
+async fn print_statements(db: &Db) -> anyhow::Result<()> {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+    let rows: Vec<(String, i64, f64, f64, bool)> = sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 110), calls, total_exec_time, total_plan_time, toplevel
+         FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 25",
+    )
+    .persistent(false)
+    .fetch_all(tx.conn())
+    .await?;
+    tx.commit().await?;
+    println!("    statements by server time over the one-client cycles (ms total exec / plan, calls):");
+    for (query, calls, exec, plan, toplevel) in rows {
+        let level = if toplevel { "top" } else { "   " };
+        println!("      {exec:>9.1} {plan:>8.1} {calls:>7} {level} {query}");
+    }
+    Ok(())
+}
+
 /// Runs the reservation benchmark and prints its figures.
 pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
-    let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep).await?;
+    let statements = [
+        ("shared_preload_libraries", "'pg_stat_statements'"),
+        ("pg_stat_statements.track", "all"),
+        ("pg_stat_statements.track_planning", "on"),
+    ];
+    let more: &[(&str, &str)] = if config.statements { &statements } else { &[] };
+    let bench = BenchCluster::start_with(config.data_dir.as_deref(), config.keep, more).await?;
     let db = bench.db.clone();
     let narrow = bench.one_row_insert_script().await?;
+    let ceiling = bench.ceiling_script().await?;
 
     let app = App::new(db.clone());
     let owner = bench_caller("operator@bench")?;
@@ -116,20 +144,31 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     );
     println!();
+    if config.statements {
+        let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+        sqlx::raw_sql("CREATE EXTENSION pg_stat_statements").execute(tx.conn()).await?;
+        tx.commit().await?;
+    }
     for clients in [1usize, 4, 16] {
+        if config.statements && clients == 1 {
+            let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+            sqlx::raw_sql("SELECT pg_stat_statements_reset()").execute(tx.conn()).await?;
+            tx.commit().await?;
+        }
         let rust = cycles(&app, &cycle_pool, clients, config.run_for).await?;
-        let run = PgbenchRun {
-            script: &narrow,
-            database: "bench",
-            clients: clients as u32,
-            seconds,
-            name: "1-row INSERT",
-            env: &[],
-        };
-        let inserts = pgbench(&bench.bins, &bench.guard.cluster, run)?;
+        if config.statements && clients == 1 {
+            print_statements(&db).await?;
+        }
+        let run =
+            |script, name| PgbenchRun { script, database: "bench", clients: clients as u32, seconds, name, env: &[] };
+        let inserts = pgbench(&bench.bins, &bench.guard.cluster, run(&narrow, "1-row INSERT"))?;
+        let ceiling = pgbench(&bench.bins, &bench.guard.cluster, run(&ceiling, "the ceiling"))?;
         println!(
-            "  {clients:>2} clients: {rust:>7.1} reserve-then-release cycles/s   pgbench 1-row INSERT {inserts:>8.0} tx/s   ratio {:.4}",
-            rust / inserts
+            "  {clients:>2} clients: {rust:>7.1} reserve-then-release cycles/s   pgbench 1-row INSERT {inserts:>8.0} tx/s \
+             (ratio {:.4})   pgbench ceiling {ceiling:>7.1} cycles/s (ratio {:.3}; the ceiling itself {:.3} of the INSERT)",
+            rust / inserts,
+            rust / ceiling,
+            ceiling / inserts,
         );
     }
 

@@ -111,8 +111,9 @@ pub struct Db {
 
 impl Db {
     /// A pool that connects on first use, so a process can start while the database is down and serve
-    /// `503` until it is back. A connection that broke while idle is noticed when it is checked out
-    /// (sqlx pings it first) and replaced.
+    /// `503` until it is back. A connection is not pinged when it is checked out (that would be a round trip
+    /// before every transaction): one that broke while idle fails at BEGIN, before anything of the transaction
+    /// was sent, and [`Db::begin`] closes it and begins again on another.
     pub fn connect_lazy(url: &str, config: &DbConfig) -> Result<Db> {
         let options: PgConnectOptions =
             url.parse().map_err(|err| Error::InvalidConfig(format!("the database URL is not valid: {err}")))?;
@@ -129,7 +130,7 @@ impl Db {
             .min_connections(0)
             .acquire_timeout(config.acquire_timeout)
             .idle_timeout(Some(Duration::from_secs(300)))
-            .test_before_acquire(true)
+            .test_before_acquire(false)
             .connect_lazy_with(options);
         Db { pool, statement_timeout_ms: config.statement_timeout.as_millis() }
     }
@@ -161,12 +162,55 @@ impl Db {
     /// Opens a transaction. Drop it without [`Tx::commit`] and it is rolled back (its connection is
     /// closed rather than returned to the pool mid-transaction).
     pub async fn begin(&self, options: TxOptions) -> Result<Tx> {
-        let conn = self.pool.acquire().await?;
-        // Construct the guard first: if BEGIN succeeds and SET LOCAL fails, the connection is closed.
-        let mut tx = Tx { conn, savepoints: 0, open: true };
         let begin = options.begin_sql(self.statement_timeout_ms);
-        sqlx::raw_sql(AssertSqlSafe(begin)).execute(tx.conn()).await?;
-        Ok(tx)
+        // Every idle connection may have broken (the database restarted): one more try than the pool holds.
+        let mut tries = self.pool.size() + 1;
+        loop {
+            let conn = self.pool.acquire().await?;
+            // Construct the guard first: if BEGIN succeeds and SET LOCAL fails, the connection is closed.
+            let mut tx = Tx { conn, savepoints: 0, open: true };
+            match sqlx::raw_sql(AssertSqlSafe(begin.clone())).execute(tx.conn()).await {
+                Ok(_) => return Ok(tx),
+                // The connection broke (no answer, or the server saying it ended the session): dropping the
+                // guard closes it, and nothing of the transaction ran, so another connection may begin it.
+                Err(err) if crate::error::is_unavailable(&err) && tries > 1 => {
+                    tracing::debug!(error = %err, "a pooled connection broke while idle; beginning on another");
+                    tries -= 1;
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    /// Opens a transaction and runs `first` in the same round trip (the simple query protocol carries BEGIN, the
+    /// statement timeout and the call as one message). Returns the transaction and the call's result. When the
+    /// call fails, the transaction is rolled back and its error returned; a broken idle connection is replaced as
+    /// in [`Db::begin`].
+    pub async fn begin_with(&self, options: TxOptions, first: &crate::sql::Call) -> Result<(Tx, Option<String>)> {
+        let begin = options.begin_sql(self.statement_timeout_ms);
+        let text = format!("{begin}; {}", first.statement());
+        let mut tries = self.pool.size() + 1;
+        loop {
+            let conn = self.pool.acquire().await?;
+            let mut tx = Tx { conn, savepoints: 0, open: true };
+            match sqlx::raw_sql(AssertSqlSafe(text.clone())).fetch_all(tx.conn()).await {
+                Ok(rows) => {
+                    let value = first_text(&rows)?;
+                    return Ok((tx, value));
+                }
+                Err(err) if crate::error::is_unavailable(&err) && tries > 1 => {
+                    tracing::debug!(error = %err, "a pooled connection broke while idle; beginning on another");
+                    tries -= 1;
+                }
+                Err(err) => {
+                    if err.as_database_error().is_some() {
+                        // BEGIN ran and the call failed: end the transaction and keep the connection.
+                        tx.rollback().await;
+                    }
+                    return Err(err.into());
+                }
+            }
+        }
     }
 
     /// Runs `f` between BEGIN and COMMIT and returns its result. An error from `f` rolls back; a COMMIT that
@@ -261,6 +305,38 @@ impl Tx {
         }
     }
 
+    /// Runs `call` in this transaction in one round trip (the simple query protocol), returning its result.
+    pub async fn call(&mut self, call: &crate::sql::Call) -> Result<Option<String>> {
+        let rows = sqlx::raw_sql(AssertSqlSafe(call.statement())).fetch_all(&mut *self.conn).await?;
+        first_text(&rows)
+    }
+
+    /// Runs `last` and commits in one round trip, returning the call's result. If the call fails, COMMIT is not
+    /// run (the rest of a simple query stops at an error) and the transaction is rolled back; a failing COMMIT is
+    /// reported as from [`Tx::commit`].
+    pub async fn commit_with(mut self, last: &crate::sql::Call) -> Result<Option<String>> {
+        let text = format!("{}; COMMIT", last.statement());
+        match sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&mut *self.conn).await {
+            Ok(rows) => {
+                self.open = false;
+                first_text(&rows)
+            }
+            Err(err) if sql_state(&err).as_deref() == Some(IN_FAILED_SQL_TRANSACTION) => {
+                self.rollback().await;
+                Err(Error::Internal(
+                    "the transaction was aborted by an earlier statement error, so COMMIT would have rolled it back"
+                        .to_owned(),
+                ))
+            }
+            Err(err) => {
+                if err.as_database_error().is_some() {
+                    self.rollback().await;
+                }
+                Err(err.into())
+            }
+        }
+    }
+
     /// Rolls back. Never fails: if ROLLBACK cannot be sent, the connection is closed instead.
     pub async fn rollback(mut self) {
         if sqlx::raw_sql("ROLLBACK").execute(&mut *self.conn).await.is_ok() {
@@ -322,6 +398,15 @@ impl Drop for Tx {
             // Never hand a connection back to the pool in the middle of a transaction.
             self.conn.close_on_drop();
         }
+    }
+}
+
+/// The text of the first column of the only row a [`crate::sql::Call`] answers.
+fn first_text(rows: &[sqlx::postgres::PgRow]) -> Result<Option<String>> {
+    use sqlx::Row as _;
+    match rows.first() {
+        Some(row) => Ok(row.try_get::<Option<String>, _>(0)?),
+        None => Err(Error::Internal("a server-side call answered no row".to_owned())),
     }
 }
 

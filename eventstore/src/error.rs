@@ -102,11 +102,19 @@ impl Error {
                 matches!(
                     sql_state(err).as_deref(),
                     Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED | EXCLUSION_VIOLATION)
-                )
+                ) || is_version_race(err)
             }
             _ => false,
         }
     }
+}
+
+/// Whether the error is a concurrent appender winning the same stream version (the unique key of the log), which
+/// a server-side function that appends reports as it is: the same conflict as [`Error::Conflict`].
+pub fn is_version_race(err: &sqlx::Error) -> bool {
+    err.as_database_error().is_some_and(|db| {
+        db.code().as_deref() == Some(UNIQUE_VIOLATION) && db.constraint() == Some("events_stream_version_key")
+    })
 }
 
 /// Reads the SQLSTATE (such as `23P01`) of a database error.

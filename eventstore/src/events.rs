@@ -16,7 +16,7 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use crate::db::{Db, Tx, TxOptions};
-use crate::error::{Error, Result, UNIQUE_VIOLATION};
+use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::sql;
 
@@ -139,10 +139,7 @@ pub async fn append(tx: &mut Tx, batch: AppendBatch<'_>) -> Result<Appended> {
 }
 
 fn conflict_on_unique_violation(err: sqlx::Error, stream_id: &str, expected: ExpectedVersion) -> Error {
-    let is_version_race = err.as_database_error().is_some_and(|db| {
-        db.code().as_deref() == Some(UNIQUE_VIOLATION) && db.constraint() == Some("events_stream_version_key")
-    });
-    if is_version_race {
+    if crate::error::is_version_race(&err) {
         let expected = match expected {
             ExpectedVersion::Exact(version) => version,
             ExpectedVersion::Any => 0,

@@ -28,3 +28,121 @@ where
 {
     sqlx::query_scalar(sql).persistent(false)
 }
+
+/// A call of a server-side function sent in the simple query protocol, so that it can share a round trip with
+/// the statements around it ([`crate::Db::begin_with`], [`crate::Tx::commit_with`]). Its arguments are written
+/// into the text as hexadecimal (`decode('…', 'hex')`), digits and casts only, so no value can change the
+/// statement; the function's own plans are kept by PostgreSQL for the session, as for any function. The
+/// function's result comes back as text (`::text`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    function: &'static str,
+    args: Vec<String>,
+}
+
+fn text_literal(value: &str) -> String {
+    format!("convert_from(decode('{}', 'hex'), 'UTF8')", hex::encode(value.as_bytes()))
+}
+
+impl Call {
+    /// A call of `function`, a plain lower-case name.
+    pub fn new(function: &'static str) -> Call {
+        assert!(
+            !function.is_empty() && function.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+            "{function:?} is not a plain function name"
+        );
+        Call { function, args: Vec::new() }
+    }
+
+    fn push(mut self, arg: String) -> Call {
+        self.args.push(arg);
+        self
+    }
+
+    pub fn text(self, value: &str) -> Call {
+        self.push(text_literal(value))
+    }
+
+    pub fn opt_text(self, value: Option<&str>) -> Call {
+        match value {
+            Some(value) => self.text(value),
+            None => self.push("NULL::text".to_owned()),
+        }
+    }
+
+    /// A JSON document, as `jsonb`.
+    pub fn jsonb(self, json: &str) -> Call {
+        let arg = format!("{}::jsonb", text_literal(json));
+        self.push(arg)
+    }
+
+    pub fn int8(self, value: i64) -> Call {
+        self.push(format!("{value}::int8"))
+    }
+
+    pub fn opt_int8(self, value: Option<i64>) -> Call {
+        match value {
+            Some(value) => self.int8(value),
+            None => self.push("NULL::int8".to_owned()),
+        }
+    }
+
+    pub fn int4(self, value: i32) -> Call {
+        self.push(format!("{value}::int4"))
+    }
+
+    pub fn boolean(self, value: bool) -> Call {
+        self.push(if value { "true" } else { "false" }.to_owned())
+    }
+
+    pub fn texts(self, values: &[&str]) -> Call {
+        let items: Vec<String> = values.iter().map(|v| text_literal(v)).collect();
+        self.push(format!("ARRAY[{}]::text[]", items.join(", ")))
+    }
+
+    pub fn int2s(self, values: &[i16]) -> Call {
+        let items: Vec<String> = values.iter().map(i16::to_string).collect();
+        self.push(format!("ARRAY[{}]::int2[]", items.join(", ")))
+    }
+
+    pub fn byteas(self, values: &[&[u8]]) -> Call {
+        let items: Vec<String> = values.iter().map(|v| format!("decode('{}', 'hex')", hex::encode(v))).collect();
+        self.push(format!("ARRAY[{}]::bytea[]", items.join(", ")))
+    }
+
+    /// The statement: `SELECT function(args)::text`.
+    pub fn statement(&self) -> String {
+        format!("SELECT {}({})::text", self.function, self.args.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Call;
+
+    #[test]
+    fn a_call_writes_every_value_as_hex_digits_and_casts() {
+        let call = Call::new("f")
+            .text("x'); DROP TABLE events; --")
+            .opt_text(None)
+            .int8(-5)
+            .boolean(true)
+            .texts(&["a", "é"])
+            .int2s(&[1, 2])
+            .byteas(&[b"\x00\xff"])
+            .jsonb("{\"k\": 1}");
+        assert_eq!(
+            call.statement(),
+            "SELECT f(convert_from(decode('7827293b2044524f50205441424c45206576656e74733b202d2d', 'hex'), 'UTF8'), \
+             NULL::text, -5::int8, true, ARRAY[convert_from(decode('61', 'hex'), 'UTF8'), \
+             convert_from(decode('c3a9', 'hex'), 'UTF8')]::text[], ARRAY[1, 2]::int2[], \
+             ARRAY[decode('00ff', 'hex')]::bytea[], convert_from(decode('7b226b223a20317d', 'hex'), 'UTF8')::jsonb)::text"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "not a plain function name")]
+    fn a_function_name_is_never_anything_but_a_name() {
+        let _ = Call::new("f(); DROP TABLE events; SELECT g");
+    }
+}

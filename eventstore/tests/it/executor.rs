@@ -202,3 +202,32 @@ async fn retryable_failures_are_retried_and_others_are_not() {
     assert_eq!(tries.load(Ordering::SeqCst), 5, "bounded");
     assert_eq!(err.code(), "CONFLICT", "a race that outlasted its retries is a conflict, not an internal error");
 }
+
+#[tokio::test]
+async fn a_call_carries_any_text_unchanged_and_shares_begin_s_and_commit_s_round_trip() {
+    use bc_eventstore::sql::Call;
+    let t = with_scratch_table().await;
+    let hostile = "x'); DROP TABLE scratch; -- $$ \\ é 🚀";
+    let (mut tx, echoed) =
+        t.db.begin_with(TxOptions::COMMAND, &Call::new("concat").text(hostile).text("!")).await.expect("begin");
+    assert_eq!(echoed.as_deref(), Some(format!("{hostile}!").as_str()));
+    sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.expect("insert");
+    let quoted = tx.call(&Call::new("quote_literal").text(hostile)).await.expect("call");
+    assert_eq!(quoted.as_deref(), Some("E'x''); DROP TABLE scratch; -- $$ \\\\ é 🚀'"));
+    let answer = tx.commit_with(&Call::new("int8pl").int8(40).int8(2)).await.expect("commit");
+    assert_eq!(answer.as_deref(), Some("42"));
+    assert_eq!(count(&t).await, 1, "committed with the last call, and the table is still there");
+
+    // A last call that fails commits nothing: COMMIT, after it in the same message, never runs.
+    let (mut tx, _) = t.db.begin_with(TxOptions::COMMAND, &Call::new("version")).await.expect("begin");
+    sql::query("INSERT INTO scratch VALUES (2)").execute(tx.conn()).await.expect("insert");
+    let err = tx.commit_with(&Call::new("div").int8(1).int8(0)).await.expect_err("the call fails");
+    assert_eq!(err.sql_state().as_deref(), Some("22012"), "{err}");
+    assert_eq!(count(&t).await, 1, "the failed call's transaction was rolled back");
+
+    // A first call that fails leaves no transaction open: the connection goes back to the pool, usable.
+    let err = t.db.begin_with(TxOptions::COMMAND, &Call::new("div").int8(1).int8(0)).await.expect_err("fails");
+    assert_eq!(err.sql_state().as_deref(), Some("22012"));
+    let (tx, _) = t.db.begin_with(TxOptions::READ_ONLY, &Call::new("version")).await.expect("begin again");
+    tx.commit().await.expect("commit");
+}
