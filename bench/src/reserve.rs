@@ -123,7 +123,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
     let bench = BenchCluster::start_with(config.data_dir.as_deref(), config.keep, more).await?;
     let db = bench.db.clone();
     let narrow = bench.one_row_insert_script().await?;
-    let ceiling = bench.ceiling_script().await?;
+    let ceiling_script = bench.ceiling_script().await?;
 
     let app = App::new(db.clone());
     let owner = bench_caller("operator@bench")?;
@@ -162,7 +162,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         let run =
             |script, name| PgbenchRun { script, database: "bench", clients: clients as u32, seconds, name, env: &[] };
         let inserts = pgbench(&bench.bins, &bench.guard.cluster, run(&narrow, "1-row INSERT"))?;
-        let ceiling = pgbench(&bench.bins, &bench.guard.cluster, run(&ceiling, "the ceiling"))?;
+        let ceiling = pgbench(&bench.bins, &bench.guard.cluster, run(&ceiling_script, "the ceiling"))?;
         println!(
             "  {clients:>2} clients: {rust:>7.1} reserve-then-release cycles/s   pgbench 1-row INSERT {inserts:>8.0} tx/s \
              (ratio {:.4})   pgbench ceiling {ceiling:>7.1} cycles/s (ratio {:.3}; the ceiling itself {:.3} of the INSERT)",

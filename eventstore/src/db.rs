@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use scoped_futures::ScopedBoxFuture;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 
 use crate::error::{Error, Result, sql_state};
@@ -162,24 +162,7 @@ impl Db {
     /// Opens a transaction. Drop it without [`Tx::commit`] and it is rolled back (its connection is
     /// closed rather than returned to the pool mid-transaction).
     pub async fn begin(&self, options: TxOptions) -> Result<Tx> {
-        let begin = options.begin_sql(self.statement_timeout_ms);
-        // Every idle connection may have broken (the database restarted): one more try than the pool holds.
-        let mut tries = self.pool.size() + 1;
-        loop {
-            let conn = self.pool.acquire().await?;
-            // Construct the guard first: if BEGIN succeeds and SET LOCAL fails, the connection is closed.
-            let mut tx = Tx { conn, savepoints: 0, open: true };
-            match sqlx::raw_sql(AssertSqlSafe(begin.clone())).execute(tx.conn()).await {
-                Ok(_) => return Ok(tx),
-                // The connection broke (no answer, or the server saying it ended the session): dropping the
-                // guard closes it, and nothing of the transaction ran, so another connection may begin it.
-                Err(err) if crate::error::is_unavailable(&err) && tries > 1 => {
-                    tracing::debug!(error = %err, "a pooled connection broke while idle; beginning on another");
-                    tries -= 1;
-                }
-                Err(err) => return Err(err.into()),
-            }
-        }
+        Ok(self.begin_then(options, None).await?.0)
     }
 
     /// Opens a transaction and runs `first` in the same round trip (the simple query protocol carries BEGIN, the
@@ -187,24 +170,33 @@ impl Db {
     /// call fails, the transaction is rolled back and its error returned; a broken idle connection is replaced as
     /// in [`Db::begin`].
     pub async fn begin_with(&self, options: TxOptions, first: &crate::sql::Call) -> Result<(Tx, Option<String>)> {
-        let begin = options.begin_sql(self.statement_timeout_ms);
-        let text = format!("{begin}; {}", first.statement());
+        let (tx, rows) = self.begin_then(options, Some(first.statement())).await?;
+        Ok((tx, first_text(&rows)?))
+    }
+
+    /// BEGIN (with the statement timeout), and `then` in the same message when given; the rows `then` answered.
+    async fn begin_then(&self, options: TxOptions, then: Option<String>) -> Result<(Tx, Vec<PgRow>)> {
+        let mut text = options.begin_sql(self.statement_timeout_ms);
+        if let Some(then) = then {
+            text = format!("{text}; {then}");
+        }
+        // Every idle connection may have broken (the database restarted): one more try than the pool holds.
         let mut tries = self.pool.size() + 1;
         loop {
             let conn = self.pool.acquire().await?;
+            // Construct the guard first: if BEGIN succeeds and what follows it fails, the transaction is ended.
             let mut tx = Tx { conn, savepoints: 0, open: true };
             match sqlx::raw_sql(AssertSqlSafe(text.clone())).fetch_all(tx.conn()).await {
-                Ok(rows) => {
-                    let value = first_text(&rows)?;
-                    return Ok((tx, value));
-                }
+                Ok(rows) => return Ok((tx, rows)),
+                // The connection broke (no answer, or the server saying it ended the session): dropping the
+                // guard closes it, and nothing of the transaction ran, so another connection may begin it.
                 Err(err) if crate::error::is_unavailable(&err) && tries > 1 => {
                     tracing::debug!(error = %err, "a pooled connection broke while idle; beginning on another");
                     tries -= 1;
                 }
                 Err(err) => {
                     if err.as_database_error().is_some() {
-                        // BEGIN ran and the call failed: end the transaction and keep the connection.
+                        // BEGIN ran and what followed it failed: end the transaction and keep the connection.
                         tx.rollback().await;
                     }
                     return Err(err.into());
@@ -279,30 +271,10 @@ impl Tx {
 
     /// Commits. If a statement had failed inside the transaction (and the error was caught), PostgreSQL
     /// would answer COMMIT with ROLLBACK; that is reported as [`Error::Internal`], never as success.
-    pub async fn commit(mut self) -> Result<()> {
+    pub async fn commit(self) -> Result<()> {
         // A statement before COMMIT in the same round trip fails with 25P02 when the transaction is aborted;
         // COMMIT alone would silently roll back.
-        match sqlx::raw_sql("SELECT 1; COMMIT").execute(&mut *self.conn).await {
-            Ok(_) => {
-                self.open = false;
-                Ok(())
-            }
-            Err(err) if sql_state(&err).as_deref() == Some(IN_FAILED_SQL_TRANSACTION) => {
-                self.rollback().await;
-                Err(Error::Internal(
-                    "the transaction was aborted by an earlier statement error, so COMMIT would have rolled it back"
-                        .to_owned(),
-                ))
-            }
-            Err(err) => {
-                if err.as_database_error().is_some() {
-                    // The server answered: COMMIT itself failed (a deferred constraint, a serialization
-                    // failure), which ends the transaction. ROLLBACK makes sure of it.
-                    self.rollback().await;
-                }
-                Err(err.into())
-            }
-        }
+        self.commit_after("SELECT 1".to_owned()).await.map(drop)
     }
 
     /// Runs `call` in this transaction in one round trip (the simple query protocol), returning its result.
@@ -314,12 +286,17 @@ impl Tx {
     /// Runs `last` and commits in one round trip, returning the call's result. If the call fails, COMMIT is not
     /// run (the rest of a simple query stops at an error) and the transaction is rolled back; a failing COMMIT is
     /// reported as from [`Tx::commit`].
-    pub async fn commit_with(mut self, last: &crate::sql::Call) -> Result<Option<String>> {
-        let text = format!("{}; COMMIT", last.statement());
-        match sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&mut *self.conn).await {
+    pub async fn commit_with(self, last: &crate::sql::Call) -> Result<Option<String>> {
+        let rows = self.commit_after(last.statement()).await?;
+        first_text(&rows)
+    }
+
+    /// `statement` and COMMIT in one message; the rows the statement answered.
+    async fn commit_after(mut self, statement: String) -> Result<Vec<PgRow>> {
+        match sqlx::raw_sql(AssertSqlSafe(format!("{statement}; COMMIT"))).fetch_all(&mut *self.conn).await {
             Ok(rows) => {
                 self.open = false;
-                first_text(&rows)
+                Ok(rows)
             }
             Err(err) if sql_state(&err).as_deref() == Some(IN_FAILED_SQL_TRANSACTION) => {
                 self.rollback().await;
@@ -330,6 +307,8 @@ impl Tx {
             }
             Err(err) => {
                 if err.as_database_error().is_some() {
+                    // The server answered: the statement or COMMIT itself failed (a deferred constraint, a
+                    // serialization failure), which ends the transaction. ROLLBACK makes sure of it.
                     self.rollback().await;
                 }
                 Err(err.into())
@@ -402,7 +381,7 @@ impl Drop for Tx {
 }
 
 /// The text of the first column of the only row a [`crate::sql::Call`] answers.
-fn first_text(rows: &[sqlx::postgres::PgRow]) -> Result<Option<String>> {
+fn first_text(rows: &[PgRow]) -> Result<Option<String>> {
     use sqlx::Row as _;
     match rows.first() {
         Some(row) => Ok(row.try_get::<Option<String>, _>(0)?),
