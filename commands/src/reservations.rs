@@ -34,8 +34,17 @@ pub struct Reserved {
 /// ran out, a request is left pending rather than failed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Placement {
-    Try,
+    /// Place, drawing from the best `spread` more fitting nodes than it needs (0: best fit).
+    Try {
+        spread: usize,
+    },
     Skip,
+}
+
+/// How much wider than best fit try number `tries` (from 1) of a reserve draws its nodes: a request that lost the
+/// race for the best fit to a concurrent one spreads out instead of racing the other losers again.
+fn spread_for(tries: u32) -> usize {
+    if tries <= 1 { 0 } else { 1usize << tries.min(6) }
 }
 
 fn check_idempotency_key(key: &str) -> Result<(), Rejection> {
@@ -54,14 +63,18 @@ async fn quota_limit(tx: &mut Tx, pool: &PoolRow, holder: Option<&TenantId>, res
     Ok(Some(quota.unwrap_or(0)))
 }
 
+/// How many choices a placement makes, skipping the atoms concurrent commands hold, before it waits for them.
+const LOCK_ROUNDS: u32 = 4;
+
 /// Tries to place a pending reservation now: chooses atoms free over its whole window on schedulable nodes and
 /// checks the tenant's quota at every instant of the window. Takes its locks in the lock order. `None` when it
-/// does not fit now.
+/// does not fit now. `spread` widens the choice past best fit (see `placement::plan_spread`).
 pub(crate) async fn try_place(
     tx: &mut Tx,
     r: &Reservation,
     pool: &PoolRow,
     now_ms: i64,
+    spread: usize,
 ) -> AppResult<Option<Vec<Allocation>>> {
     let request = &r.request;
     let resource = request.resource();
@@ -72,13 +85,35 @@ pub(crate) async fn try_place(
         store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
     }
     store::lock_pool(tx, &pool.id).await?;
-    let candidates = store::candidates(tx, &pool.id, &request.devices, start_ms, end_ms).await?;
-    let Some(plan) = placement::plan(&r.id, &request.devices, &candidates) else {
+    let mut candidates = store::candidates(tx, &pool.id, &request.devices, start_ms, end_ms).await?;
+    let Some(mut plan) = placement::plan_spread(&r.id, &request.devices, &candidates, spread) else {
         return Ok(None);
     };
-    let nodes: Vec<&str> = plan.iter().map(|a| a.node_id.as_str()).collect();
-    if !store::lock_chosen_nodes(tx, &nodes).await? {
-        return Ok(None);
+    // Concurrent requests that chose the same atoms find out here: the atoms other commands hold are skipped and
+    // the rest of the candidates planned again, in this transaction, without reading anything twice. A request that
+    // keeps losing (or has nothing else left) waits for the holders like any lock.
+    let mut rounds = 1;
+    loop {
+        let nodes: Vec<&str> = plan.iter().map(|a| a.node_id.as_str()).collect();
+        let atoms: Vec<&str> = plan.iter().flat_map(|a| a.devices.iter().map(|d| d.as_str())).collect();
+        let how = if rounds < LOCK_ROUNDS { store::AtomLock::SkipHeld } else { store::AtomLock::Wait };
+        let locked = match store::lock_chosen(tx, &nodes, &atoms, how).await? {
+            store::Chosen::NodeGone => return Ok(None),
+            store::Chosen::Locked(locked) => locked,
+        };
+        if locked.len() == atoms.len() {
+            break;
+        }
+        let held: Vec<&str> = atoms.iter().copied().filter(|atom| !locked.iter().any(|l| l == atom)).collect();
+        for candidate in &mut candidates {
+            candidate.free_atoms.retain(|atom| !held.contains(&atom.as_str()));
+        }
+        rounds += 1;
+        match placement::plan_spread(&r.id, &request.devices, &candidates, spread) {
+            Some(next) => plan = next,
+            // What is left cannot hold it: wait for the holders of the last choice instead.
+            None => rounds = LOCK_ROUNDS,
+        }
     }
     if let Some(quota) = quota {
         let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, start_ms, end_ms).await?;
@@ -116,7 +151,11 @@ impl App {
         let id = ReservationId::derive(&caller.tenant_id, &caller.identity, &input.idempotency_key);
         let mut tries = 1;
         loop {
-            let placement = if tries <= self.retry.max_attempts { Placement::Try } else { Placement::Skip };
+            let placement = if tries <= self.retry.max_attempts {
+                Placement::Try { spread: spread_for(tries) }
+            } else {
+                Placement::Skip
+            };
             let attempt = self
                 .db
                 .transaction(TxOptions::COMMAND, |tx| {
@@ -375,7 +414,7 @@ async fn reserve_once(
     let mut state = reservation::fold(&events)
         .ok_or_else(|| AppError::Store(bc_eventstore::Error::Internal("no state after a request".into())))?;
     let placed = match placement {
-        Placement::Try => try_place(tx, &state, &pool, now_ms).await?,
+        Placement::Try { spread } => try_place(tx, &state, &pool, now_ms, spread).await?,
         Placement::Skip => None,
     };
     match placed {

@@ -37,6 +37,18 @@ pub fn plan(
     request: &DeviceRequest,
     candidates: &[NodeCandidate],
 ) -> Option<Vec<PlannedAllocation>> {
+    plan_spread(reservation, request, candidates, 0)
+}
+
+/// As [`plan`], but the nodes are drawn (by the same hash) from the best `nodes + spread` fitting ones rather than
+/// taken strictly best first: a request that lost a race for the best fit spreads wider on each try, instead of
+/// meeting every other loser on the next-best atoms. `spread` 0 is best fit.
+pub fn plan_spread(
+    reservation: &ReservationId,
+    request: &DeviceRequest,
+    candidates: &[NodeCandidate],
+    spread: usize,
+) -> Option<Vec<PlannedAllocation>> {
     let per_node = request.per_node() as usize;
     let nodes = request.nodes() as usize;
     if per_node == 0 {
@@ -51,6 +63,10 @@ pub fn plan(
         return None;
     }
     fitting.sort_by(|a, b| a.1.cmp(&b.1).then(a.2.cmp(&b.2)).then(a.0.node_id.cmp(&b.0.node_id)));
+    if spread > 0 {
+        fitting.truncate(nodes.saturating_add(spread));
+        fitting.sort_by(|a, b| a.2.cmp(&b.2).then(a.0.node_id.cmp(&b.0.node_id)));
+    }
     let mut chosen: Vec<PlannedAllocation> = fitting
         .into_iter()
         .take(nodes)

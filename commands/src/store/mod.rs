@@ -414,16 +414,52 @@ pub async fn nodes_that_could_hold(tx: &mut Tx, pool_id: &PoolId, request: &Devi
     .await?)
 }
 
+/// How a placement locks the atoms it chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomLock {
+    /// Skips atoms a concurrent command holds, so the caller can choose others instead of waiting on a race it
+    /// would lose.
+    SkipHeld,
+    /// Waits for them (and, under this transaction's snapshot, fails with a serialization failure when the holder
+    /// commits).
+    Wait,
+}
+
+/// What locking a placement's choice found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chosen {
+    /// A chosen node is no longer schedulable.
+    NodeGone,
+    /// Every chosen node is schedulable; these chosen atoms are now locked by this transaction (all of them unless
+    /// some were skipped).
+    Locked(Vec<String>),
+}
+
 /// Re-reads the chosen nodes `FOR SHARE`, so a concurrent cordon or delete cannot slip between the choice and
-/// the booking. Returns whether all of them are still schedulable.
-pub async fn lock_chosen_nodes(tx: &mut Tx, nodes: &[&str]) -> AppResult<bool> {
-    let schedulable: i64 = sql::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM nodes WHERE id = ANY($1) AND schedulable ORDER BY id FOR SHARE) AS n",
-    )
-    .bind(nodes)
-    .fetch_one(tx.conn())
-    .await?;
-    Ok(schedulable == nodes.len() as i64)
+/// the booking, and then locks the chosen atoms `FOR UPDATE`, in the lock order and in one statement: a command
+/// racing for the same atoms learns it here, before it writes anything. Under the command's repeatable-read
+/// snapshot, an atom that another command booked and committed since the snapshot refuses the lock with a
+/// serialization failure (retried with a fresh snapshot).
+pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], how: AtomLock) -> AppResult<Chosen> {
+    // The select list is evaluated left to right, so the nodes are locked before the atoms.
+    let statement = match how {
+        AtomLock::SkipHeld => {
+            "SELECT (SELECT count(*) FROM (SELECT 1 FROM nodes WHERE id = ANY($1) AND schedulable ORDER BY id
+                                          FOR SHARE) AS n),
+                    ARRAY(SELECT id FROM devices WHERE id = ANY($2) ORDER BY id FOR UPDATE SKIP LOCKED)"
+        }
+        AtomLock::Wait => {
+            "SELECT (SELECT count(*) FROM (SELECT 1 FROM nodes WHERE id = ANY($1) AND schedulable ORDER BY id
+                                          FOR SHARE) AS n),
+                    ARRAY(SELECT id FROM devices WHERE id = ANY($2) ORDER BY id FOR UPDATE)"
+        }
+    };
+    let (schedulable, locked): (i64, Vec<String>) =
+        sql::query_as(statement).bind(nodes).bind(atoms).fetch_one(tx.conn()).await?;
+    if schedulable != nodes.len() as i64 {
+        return Ok(Chosen::NodeGone);
+    }
+    Ok(Chosen::Locked(locked))
 }
 
 /// Creates the tenant's quota row for (pool, resource) if needed and updates it: first in the lock order, it

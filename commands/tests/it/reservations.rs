@@ -508,3 +508,35 @@ async fn the_worker_s_events_name_the_event_they_answer_and_carry_the_creator_s_
         assert!(history[..at].iter().any(|e| e.position.to_string() == cause), "{}: {cause}", event.event_type);
     }
 }
+
+#[tokio::test]
+async fn a_placement_skips_atoms_a_concurrent_command_holds_and_takes_the_next_fit() {
+    use bc_eventstore::{TxOptions, sql};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let tight = fleet.node(&pool, "tight", 2, 0).await;
+    let roomy = fleet.node(&pool, "roomy", 4, 0).await;
+
+    // Another command is booking both atoms of the best-fitting node and has not committed.
+    let mut holder = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let held: Vec<String> = sql::query_scalar("SELECT id FROM devices WHERE node_id = $1 ORDER BY id FOR UPDATE")
+        .bind(tight.as_str())
+        .fetch_all(holder.conn())
+        .await
+        .expect("lock the tight node's atoms");
+    assert_eq!(held.len(), 2);
+    let raced = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        fleet.reserve(&fleet.owner, "racing", request(&pool, DeviceClass::Gpu, 1)),
+    )
+    .await
+    .expect("the reserve waited on atoms another command holds instead of choosing free ones")
+    .expect("reserve");
+    assert_eq!(raced.reservation.state, ReservationState::Placed);
+    assert_eq!(raced.reservation.allocations[0].node_id, roomy, "the next fit, not the held atoms");
+    holder.rollback().await;
+
+    // With nothing held, best fit still wins: the two-atom node.
+    let calm = fleet.reserve(&fleet.owner, "calm", request(&pool, DeviceClass::Gpu, 1)).await.expect("reserve");
+    assert_eq!(calm.reservation.allocations[0].node_id, tight);
+}

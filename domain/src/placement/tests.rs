@@ -62,3 +62,25 @@ fn concurrent_requests_spread_over_equal_nodes() {
     let a = plan(&rsv("same"), &request(2, Topology::SameNode), &candidates);
     assert_eq!(a, plan(&rsv("same"), &request(2, Topology::SameNode), &candidates));
 }
+
+#[test]
+fn a_wider_spread_draws_from_the_best_few_fitting_nodes_only() {
+    // Free atoms 1..=12 on nodes 1..=12: best fit for one atom is node 1.
+    let candidates: Vec<NodeCandidate> = (1..=12).map(|n| node(n, n)).collect();
+    let one = request(1, Topology::SameNode);
+    for k in 0..50 {
+        let r = rsv(&format!("k{k}"));
+        assert_eq!(plan_spread(&r, &one, &candidates, 0), plan(&r, &one, &candidates), "spread 0 is best fit");
+        assert_eq!(plan(&r, &one, &candidates).expect("fits")[0].node_id, candidates[0].node_id);
+    }
+    let chosen: std::collections::HashSet<NodeId> = (0..50)
+        .map(|k| plan_spread(&rsv(&format!("k{k}")), &one, &candidates, 3).expect("fits")[0].node_id.clone())
+        .collect();
+    let best_four: std::collections::HashSet<NodeId> = candidates[..4].iter().map(|c| c.node_id.clone()).collect();
+    assert!(chosen.is_subset(&best_four), "only the best 1 + 3 nodes: {chosen:?}");
+    assert!(chosen.len() > 1, "50 requests with spread 3 all landed on one node");
+    // A node that cannot hold the share is never drawn, however wide the spread.
+    let four = request(4, Topology::SameNode);
+    let wide = plan_spread(&rsv("w"), &four, &candidates, 100).expect("fits");
+    assert!(wide[0].devices.len() == 4 && candidates[3..].iter().any(|c| c.node_id == wide[0].node_id));
+}
