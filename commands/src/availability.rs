@@ -14,6 +14,9 @@ use super::{App, AppResult, Caller};
 /// How many candidate start times the earliest-start search tries before giving up.
 pub const MAX_CANDIDATE_STARTS: i64 = 2_000;
 
+/// How many booking ends the earliest-start search reads at a time.
+const ENDS_PAGE: i64 = 32;
+
 /// A question about a pool: when could this request start?
 #[derive(Debug, Clone)]
 pub struct EarliestStart {
@@ -108,11 +111,20 @@ impl App {
             tx.commit().await?;
             return Ok(Some(first));
         }
-        let ends = store::booking_ends(&mut tx, &pool.id, first, horizon, MAX_CANDIDATE_STARTS).await?;
-        for start in ends {
-            if ask.fits(&mut tx, start).await? {
-                tx.commit().await?;
-                return Ok(Some(start));
+        // The ends are read a page at a time, in order, and the search stops at the first that fits.
+        let (mut after, mut tried) = (first, 0);
+        while tried < MAX_CANDIDATE_STARTS {
+            let page = ENDS_PAGE.min(MAX_CANDIDATE_STARTS - tried);
+            let ends = store::booking_ends(&mut tx, &pool.id, after, horizon, page).await?;
+            for &start in &ends {
+                if ask.fits(&mut tx, start).await? {
+                    tx.commit().await?;
+                    return Ok(Some(start));
+                }
+            }
+            match ends.last() {
+                Some(&last) if ends.len() as i64 == page => (after, tried) = (last, tried + page),
+                _ => break,
             }
         }
         tx.commit().await?;

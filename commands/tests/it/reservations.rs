@@ -540,3 +540,32 @@ async fn a_placement_skips_atoms_a_concurrent_command_holds_and_takes_the_next_f
     let calm = fleet.reserve(&fleet.owner, "calm", request(&pool, DeviceClass::Gpu, 1)).await.expect("reserve");
     assert_eq!(calm.reservation.allocations[0].node_id, tight);
 }
+
+#[tokio::test]
+async fn earliest_start_reads_past_many_booking_ends_in_order() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    // 50 one-minute reservations back to back: a two-atom hour first fits when the chain ends, past 50 booking
+    // ends (more than one page of them).
+    const MINUTE: i64 = 60_000;
+    for k in 0..50 {
+        let mut link = request(&pool, DeviceClass::Gpu, 1);
+        link.start_ms = Some(T0 + k * MINUTE);
+        link.duration_s = 60;
+        fleet.reserve(&fleet.owner, &format!("link-{k}"), link).await.expect("link");
+    }
+    let question = EarliestStart {
+        pool_id: pool.clone(),
+        devices: request(&pool, DeviceClass::Gpu, 2).devices,
+        duration_s: 3600,
+        not_before_ms: None,
+    };
+    assert_eq!(fleet.app.earliest_start(&fleet.owner, &question).await.expect("query"), Some(T0 + 50 * MINUTE));
+    let after = EarliestStart { not_before_ms: Some(T0 + 50 * MINUTE + 1), ..question };
+    assert_eq!(
+        fleet.app.earliest_start(&fleet.owner, &after).await.expect("query"),
+        Some(T0 + 50 * MINUTE + 1000),
+        "not before a given instant, rounded up to the second"
+    );
+}
