@@ -1107,10 +1107,7 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
     ensure!(config.nodes >= POOLS * 4, "--nodes must be at least {}", POOLS * 4);
     let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep || config.generate_only).await?;
     let db = bench.db.clone();
-    let bulk = Db::connect_lazy_with(
-        bench.guard.cluster.connect_options("bench"),
-        &DbConfig { max_connections: 4, statement_timeout: Duration::from_secs(7200), ..DbConfig::default() },
-    );
+    let bulk = bench.bulk_db();
     let tenants = tenants()?;
     println!(
         "fleet benchmark: PostgreSQL {}, durable cluster in {}, {} CPUs; {} nodes x {GPUS} H100s in {POOLS} pools, {} \

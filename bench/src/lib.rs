@@ -114,6 +114,15 @@ impl BenchCluster {
         Migrator::embedded().run(&db).await.context("migrate the bench database")?;
         Ok(Self { bins, root, version, db, guard })
     }
+
+    /// A small pool for bulk statements (generating a log, copying it), which run far longer than the service's
+    /// statement timeout allows.
+    pub fn bulk_db(&self) -> Db {
+        Db::connect_lazy_with(
+            self.guard.cluster.connect_options("bench"),
+            &DbConfig { max_connections: 4, statement_timeout: Duration::from_secs(7200), ..DbConfig::default() },
+        )
+    }
 }
 
 /// Runs `cycle(client, n)` from `clients` tasks until `run_for` has passed. Returns cycles per second.

@@ -117,10 +117,11 @@ async fn rebuild_rate(db: &Db, projection: &dyn Projection, total: i64) -> anyho
 pub async fn projections(config: ProjectionsBenchConfig) -> anyhow::Result<()> {
     let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep).await?;
     let db = bench.db.clone();
+    let bulk = bench.bulk_db();
     let reservations = (config.events / 3).max(1) as i64;
     let total = reservations * 3;
     let started = Instant::now();
-    generate(&db, reservations).await?;
+    generate(&bulk, reservations).await?;
     let generated = started.elapsed();
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
     sqlx::raw_sql(
@@ -139,7 +140,7 @@ pub async fn projections(config: ProjectionsBenchConfig) -> anyhow::Result<()> {
     );
 
     let started = Instant::now();
-    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    let mut tx = bulk.begin(TxOptions::READ_COMMITTED).await?;
     sqlx::raw_sql("INSERT INTO bench_copy SELECT stream_id, stream_version, event_type, payload, metadata FROM events")
         .execute(tx.conn())
         .await?;
@@ -236,6 +237,7 @@ pub async fn projections(config: ProjectionsBenchConfig) -> anyhow::Result<()> {
         pick_s(&lag_seconds, 0.5),
         pick_s(&lag_seconds, 1.0),
     );
+    bulk.close().await;
     db.close().await;
     drop(bench);
     Ok(())

@@ -6,13 +6,16 @@
 //! statement always reach the same server connection.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use scoped_futures::ScopedBoxFuture;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, Postgres};
+use tokio::sync::watch;
 
+use crate::Position;
 use crate::error::{Error, Result, sql_state};
 
 /// SQLSTATE `25P02`: a statement ran in a transaction that an earlier error had already aborted.
@@ -107,6 +110,9 @@ pub fn pgbouncer_safe(options: PgConnectOptions) -> PgConnectOptions {
 pub struct Db {
     pool: PgPool,
     statement_timeout_ms: u128,
+    /// The highest position this process's committed transactions appended, so a reader of the log in the same
+    /// process (the event stream's hub) wakes at once instead of at its next poll.
+    appends: Arc<watch::Sender<Position>>,
 }
 
 impl Db {
@@ -132,7 +138,18 @@ impl Db {
             .idle_timeout(Some(Duration::from_secs(300)))
             .test_before_acquire(false)
             .connect_lazy_with(options);
-        Db { pool, statement_timeout_ms: config.statement_timeout.as_millis() }
+        Db {
+            pool,
+            statement_timeout_ms: config.statement_timeout.as_millis(),
+            appends: Arc::new(watch::channel(Position::START).0),
+        }
+    }
+
+    /// The highest position that a committed transaction of this process (through this pool or a clone of it)
+    /// appended; it changes as they commit. Other processes' commits are not seen here: a reader still polls for
+    /// those.
+    pub fn appends(&self) -> watch::Receiver<Position> {
+        self.appends.subscribe()
     }
 
     /// Like [`Db::connect_lazy`], then checks that the database answers.
@@ -185,7 +202,7 @@ impl Db {
         loop {
             let conn = self.pool.acquire().await?;
             // Construct the guard first: if BEGIN succeeds and what follows it fails, the transaction is ended.
-            let mut tx = Tx { conn, savepoints: 0, open: true };
+            let mut tx = Tx { conn, savepoints: 0, open: true, appended: None, appends: Arc::clone(&self.appends) };
             match sqlx::raw_sql(AssertSqlSafe(text.clone())).fetch_all(tx.conn()).await {
                 Ok(rows) => return Ok((tx, rows)),
                 // The connection broke (no answer, or the server saying it ended the session): dropping the
@@ -261,6 +278,9 @@ pub struct Tx {
     conn: PoolConnection<Postgres>,
     savepoints: u32,
     open: bool,
+    /// The last position this transaction appended: its commit is then signalled on [`Db::appends`].
+    appended: Option<Position>,
+    appends: Arc<watch::Sender<Position>>,
 }
 
 impl Tx {
@@ -275,6 +295,11 @@ impl Tx {
         // A statement before COMMIT in the same round trip fails with 25P02 when the transaction is aborted;
         // COMMIT alone would silently roll back.
         self.commit_after("SELECT 1".to_owned()).await.map(drop)
+    }
+
+    /// Records that this transaction appended up to `position` (see [`Db::appends`]).
+    pub(crate) fn mark_appended(&mut self, position: Position) {
+        self.appended = Some(self.appended.map_or(position, |before| before.max(position)));
     }
 
     /// Runs `call` in this transaction in one round trip (the simple query protocol), returning its result.
@@ -296,6 +321,15 @@ impl Tx {
         match sqlx::raw_sql(AssertSqlSafe(format!("{statement}; COMMIT"))).fetch_all(&mut *self.conn).await {
             Ok(rows) => {
                 self.open = false;
+                if let Some(position) = self.appended {
+                    self.appends.send_if_modified(|highest| {
+                        let higher = position > *highest;
+                        if higher {
+                            *highest = position;
+                        }
+                        higher
+                    });
+                }
                 Ok(rows)
             }
             Err(err) if sql_state(&err).as_deref() == Some(IN_FAILED_SQL_TRANSACTION) => {

@@ -135,6 +135,7 @@ pub async fn append(tx: &mut Tx, batch: AppendBatch<'_>) -> Result<Appended> {
     };
     let position = Position::from_row(row.try_get("log_epoch")?, row.try_get("txid")?, row.try_get("seq")?)
         .map_err(|err| Error::Internal(err.to_string()))?;
+    tx.mark_appended(position);
     Ok(Appended { first_version: head as u32 + 1, last_version: last_version as u32, position })
 }
 

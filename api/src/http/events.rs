@@ -1,6 +1,7 @@
 //! `GET /v1/events`: the event log as Server-Sent Events.
 //!
-//! One poller per process (the [`EventHub`]) reads the log past the horizon and fans each event out, rendered
+//! One poller per process (the [`EventHub`]) reads the log past the horizon, woken at once by this process's own
+//! commits (and polling for other processes'), and fans each event out, rendered
 //! once, over a broadcast channel. A subscriber first catches up from its own position (`Last-Event-ID` or
 //! `?after=`) with its own reads, then follows the hub, skipping what it already sent: every event once, in log
 //! order. The channel never waits for anyone: a subscriber that falls a whole buffer behind is cut off with a
@@ -33,7 +34,7 @@ use bc_commands::door::Subject;
 /// How the stream reads and fans out.
 #[derive(Debug, Clone)]
 pub struct EventsConfig {
-    /// The hub's pause after a read that came back short.
+    /// The hub's pause after a read that came back short, unless this process commits events sooner.
     pub poll: Duration,
     /// Events read per query.
     pub batch: u32,
@@ -138,6 +139,9 @@ impl EventHub {
 
     /// Follows the log after `cursor`, publishing each event once, in order, for as long as anyone holds the hub.
     async fn run(self: Arc<Self>, mut cursor: Position) {
+        // This process's own commits wake the hub at once; the poll is for the other processes'.
+        let mut appends = self.app.db().appends();
+        let mut chase = Duration::ZERO;
         // The hub holds itself through this task; it stops once the router's state is gone.
         while Arc::strong_count(&self) > 1 {
             match self.app.log_after(cursor, self.config.batch).await {
@@ -149,8 +153,20 @@ impl EventHub {
                         let _ = self.sender.send(Arc::new(Delivered::new(event, prev)));
                     }
                     self.set_published(cursor);
-                    if short {
-                        tokio::time::sleep(self.config.poll).await;
+                    if !short {
+                        continue;
+                    }
+                    if *appends.borrow_and_update() > cursor {
+                        // This process committed past the cursor, but an older transaction (of any database of
+                        // the cluster) still holds the horizon back: look again soon, then less often.
+                        chase = (chase * 2).clamp(Duration::from_millis(1), self.config.poll);
+                        tokio::time::sleep(chase).await;
+                        continue;
+                    }
+                    chase = Duration::ZERO;
+                    tokio::select! {
+                        () = tokio::time::sleep(self.config.poll) => {}
+                        Ok(()) = appends.changed() => {}
                     }
                 }
                 Err(err) => {

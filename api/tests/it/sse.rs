@@ -293,3 +293,30 @@ async fn a_stream_without_a_position_gets_what_commits_after_its_response_began(
         .expect("the event committed after the response began never came");
     assert!(text.contains(&format!("id: {after}\nevent: test.after")), "{text}");
 }
+
+#[tokio::test]
+async fn the_hub_wakes_on_its_own_process_s_commits_without_waiting_for_its_poll() {
+    let t = TestDb::new().await;
+    // A poll so long that only the commit signal can deliver within the test.
+    let config = EventsConfig { poll: Duration::from_secs(3600), ..EventsConfig::default() };
+    let hub = Arc::new(EventHub::new(bc_commands::App::new(t.db.clone()), config));
+    let filter = Filter { tenant: Some("acme".into()), ..Filter::default() };
+    let first = append(&t.db, "acme", "site.created", 0).await;
+    let follower = subscription(Arc::clone(&hub), Position::START, filter);
+    let mut follower = std::pin::pin!(follower);
+    let got = follower.next().await.expect("the first event");
+    assert!(matches!(got, Item::Event { position, .. } if position == first));
+    hub.start(first);
+    while hub.published().is_none() {
+        tokio::task::yield_now().await;
+    }
+    for n in 1..=3 {
+        // Through another handle of the same pool, as the service's commands are.
+        let last = append(&t.db.clone(), "acme", "site.created", n).await;
+        let item = tokio::time::timeout(Duration::from_secs(30), follower.next())
+            .await
+            .unwrap_or_else(|_| panic!("event {n}: the hub waited for its poll instead of waking on the commit"))
+            .expect("item");
+        assert!(matches!(item, Item::Event { position, .. } if position == last), "{item:?}");
+    }
+}
