@@ -142,7 +142,7 @@ impl App {
                         format!("node {node_id} can no longer hold it")
                     };
                     let Some(pool) = store::pool(tx, &r.request.pool_id).await? else { return Ok(()) };
-                    let command = match try_place(tx, &r, &pool, now_ms, 0).await? {
+                    let command = match try_place(tx, &r, &pool, now_ms, 0, None).await? {
                         Some(allocations) => {
                             Command::Replace { allocations, from_node: node_id.clone(), reason, now_ms }
                         }

@@ -4,6 +4,7 @@
 use bc_domain::Rejection;
 use bc_domain::id::{ReservationId, TenantId};
 use bc_domain::placement;
+use bc_domain::pool::PoolOffered;
 use bc_domain::reservation::{
     self, AdmissionFacts, Allocation, Command, ExpiryCause, NewRequest, Reservation, ReservationEvent,
     ReservationRequest, Waiting, placed_start,
@@ -55,9 +56,23 @@ fn check_idempotency_key(key: &str) -> Result<(), Rejection> {
 }
 
 /// The quota that limits `holder` in the pool for `resource`, or `None` when the holder is the pool's owner.
-async fn quota_limit(tx: &mut Tx, pool: &PoolRow, holder: Option<&TenantId>, resource: &str) -> AppResult<Option<u32>> {
+/// `known` is the pool's offers when the caller has already read them in this transaction.
+async fn quota_limit(
+    tx: &mut Tx,
+    pool: &PoolRow,
+    holder: Option<&TenantId>,
+    resource: &str,
+    known: Option<&[PoolOffered]>,
+) -> AppResult<Option<u32>> {
     let Some(holder) = holder else { return Ok(None) };
-    let offers = store::offers(tx, &pool.id).await?;
+    let read;
+    let offers = match known {
+        Some(offers) => offers,
+        None => {
+            read = store::offers(tx, &pool.id).await?;
+            &read
+        }
+    };
     let quota =
         offers.iter().find(|offer| &offer.tenant_id == holder).map(|offer| reservation::quota_of(offer, resource));
     Ok(Some(quota.unwrap_or(0)))
@@ -68,19 +83,21 @@ const LOCK_ROUNDS: u32 = 4;
 
 /// Tries to place a pending reservation now: chooses atoms free over its whole window on schedulable nodes and
 /// checks the tenant's quota at every instant of the window. Takes its locks in the lock order. `None` when it
-/// does not fit now. `spread` widens the choice past best fit (see `placement::plan_spread`).
+/// does not fit now. `spread` widens the choice past best fit (see `placement::plan_spread`); `offers` are the
+/// pool's offers when the caller already read them.
 pub(crate) async fn try_place(
     tx: &mut Tx,
     r: &Reservation,
     pool: &PoolRow,
     now_ms: i64,
     spread: usize,
+    offers: Option<&[PoolOffered]>,
 ) -> AppResult<Option<Vec<Allocation>>> {
     let request = &r.request;
     let resource = request.resource();
     let start_ms = placed_start(request, now_ms);
     let end_ms = start_ms + request.duration_s as i64 * 1000;
-    let quota = quota_limit(tx, pool, r.quota_holder.as_ref(), resource).await?;
+    let quota = quota_limit(tx, pool, r.quota_holder.as_ref(), resource, offers).await?;
     if quota.is_some() {
         store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
     }
@@ -414,7 +431,11 @@ async fn reserve_once(
     let mut state = reservation::fold(&events)
         .ok_or_else(|| AppError::Store(bc_eventstore::Error::Internal("no state after a request".into())))?;
     let placed = match placement {
-        Placement::Try { spread } => try_place(tx, &state, &pool, now_ms, spread).await?,
+        Placement::Try { spread } => {
+            // The offers were read for admission; the owner's are not, and it has no quota to look up.
+            let known = (pool.owner_tenant_id != caller.tenant_id).then_some(offers.as_slice());
+            try_place(tx, &state, &pool, now_ms, spread, known).await?
+        }
         Placement::Skip => None,
     };
     match placed {
@@ -455,7 +476,7 @@ async fn extend_once(
         .ok_or_else(|| Rejection::NotFound { kind: "pool", id: r.request.pool_id.to_string() })?;
     let resource = r.request.resource();
     if let (Some(quota), Some(current_end)) =
-        (quota_limit(tx, &pool, r.quota_holder.as_ref(), resource).await?, r.end_ms)
+        (quota_limit(tx, &pool, r.quota_holder.as_ref(), resource, None).await?, r.end_ms)
     {
         store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
         let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, current_end, end_ms).await?;

@@ -256,7 +256,7 @@ impl Worker {
                             Due::TryPlace { wake_at_ms } => {
                                 let pool = store::pool(tx, &r.request.pool_id).await?;
                                 let placed = match &pool {
-                                    Some(pool) => try_place(tx, &r, pool, now_ms, 0).await?,
+                                    Some(pool) => try_place(tx, &r, pool, now_ms, 0, None).await?,
                                     None => None,
                                 };
                                 match placed {
@@ -308,7 +308,7 @@ impl Worker {
                             return Ok(());
                         }
                         let Some(pool) = store::pool(tx, pool_id).await? else { return Ok(()) };
-                        if let Some(allocations) = try_place(tx, &r, &pool, now_ms, 0).await? {
+                        if let Some(allocations) = try_place(tx, &r, &pool, now_ms, 0, None).await? {
                             let events = reservation::decide(&r, &Command::Place { allocations, now_ms })?;
                             let caller = &answering_last_event(tx, caller, id.as_str()).await?;
                             apply_and_schedule(tx, caller, r, events, now_ms).await?;

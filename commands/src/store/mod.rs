@@ -469,21 +469,17 @@ pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], how: AtomL
 /// committed, only an updated row makes PostgreSQL refuse the stale snapshot (40001, and the command is retried
 /// with a fresh one that sees the other check's bookings).
 pub async fn lock_quota(tx: &mut Tx, tenant: &TenantId, pool_id: &PoolId, resource: &str) -> AppResult<()> {
+    // One statement: at repeatable read, an upsert that meets a row another transaction updated (or inserted)
+    // since this snapshot is refused (40001) exactly as the UPDATE alone would be.
     sql::query(
-        "INSERT INTO quota_usage (tenant_id, pool_id, resource) VALUES ($1, $2, $3)
-         ON CONFLICT (tenant_id, pool_id, resource) DO NOTHING",
+        "INSERT INTO quota_usage (tenant_id, pool_id, resource, checks) VALUES ($1, $2, $3, 1)
+         ON CONFLICT (tenant_id, pool_id, resource) DO UPDATE SET checks = quota_usage.checks + 1",
     )
     .bind(tenant.as_str())
     .bind(pool_id.as_str())
     .bind(resource)
     .execute(tx.conn())
     .await?;
-    sql::query("UPDATE quota_usage SET checks = checks + 1 WHERE tenant_id = $1 AND pool_id = $2 AND resource = $3")
-        .bind(tenant.as_str())
-        .bind(pool_id.as_str())
-        .bind(resource)
-        .execute(tx.conn())
-        .await?;
     Ok(())
 }
 
