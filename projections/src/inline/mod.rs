@@ -652,15 +652,21 @@ async fn touch_devices(tx: &mut Tx, devices: &[&str]) -> Result<()> {
 
 /// Bumps the devices of a reservation's bookings that still reach past `at_ms`.
 async fn touch_reservation_devices(tx: &mut Tx, reservation_id: &str, at_ms: i64) -> Result<()> {
-    let devices: Vec<String> = sql::query_scalar(
-        "SELECT device_id FROM device_bookings WHERE reservation_id = $1 AND upper(during) > ms_ts($2) ORDER BY device_id",
+    // One statement: the devices found and locked in id order, then bumped.
+    sql::query(
+        "WITH locked AS (
+             SELECT id FROM devices
+             WHERE id IN (SELECT device_id FROM device_bookings
+                          WHERE reservation_id = $1 AND upper(during) > ms_ts($2))
+             ORDER BY id FOR UPDATE
+         )
+         UPDATE devices AS d SET booking_changes = d.booking_changes + 1 FROM locked WHERE d.id = locked.id",
     )
     .bind(reservation_id)
     .bind(at_ms)
-    .fetch_all(tx.conn())
+    .execute(tx.conn())
     .await?;
-    let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
-    touch_devices(tx, &devices).await
+    Ok(())
 }
 
 /// Ends a reservation: its state, its end time, and its bookings truncated at that time.
@@ -696,39 +702,36 @@ async fn end(
 async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> Result<()> {
     match event {
         ReservationEvent::Requested(e) => {
-            insert_reservation(
-                tx,
+            let row = NewReservation {
                 id,
-                e.tenant_id.as_str(),
-                e.identity.as_str(),
-                &e.request,
-                &e.request_hash,
-                e.priority,
-            )
-            .await?;
-            sql::query(
-                "UPDATE reservations SET state = 'pending', requested_at = ms_ts($2), pending_deadline = ms_ts($3)
-                 WHERE id = $1",
-            )
-            .bind(id)
-            .bind(e.at_ms)
-            .bind(e.pending_deadline_ms)
-            .execute(tx.conn())
-            .await?;
+                tenant: e.tenant_id.as_str(),
+                identity: e.identity.as_str(),
+                request: &e.request,
+                request_hash: &e.request_hash,
+                priority: e.priority,
+                state: ReservationState::Pending,
+                requested_at_ms: e.at_ms,
+                pending_deadline_ms: e.pending_deadline_ms,
+                ended_at_ms: None,
+                outcome: None,
+            };
+            insert_reservation(tx, &row).await?;
         }
         ReservationEvent::Denied(e) => {
-            insert_reservation(tx, id, e.tenant_id.as_str(), e.identity.as_str(), &e.request, &e.request_hash, 0)
-                .await?;
-            sql::query(
-                "UPDATE reservations SET state = 'denied', requested_at = ms_ts($2), pending_deadline = ms_ts($2),
-                                         ended_at = ms_ts($2), outcome = $3
-                 WHERE id = $1",
-            )
-            .bind(id)
-            .bind(e.at_ms)
-            .bind(event.outcome())
-            .execute(tx.conn())
-            .await?;
+            let row = NewReservation {
+                id,
+                tenant: e.tenant_id.as_str(),
+                identity: e.identity.as_str(),
+                request: &e.request,
+                request_hash: &e.request_hash,
+                priority: 0,
+                state: ReservationState::Denied,
+                requested_at_ms: e.at_ms,
+                pending_deadline_ms: e.at_ms,
+                ended_at_ms: Some(e.at_ms),
+                outcome: event.outcome(),
+            };
+            insert_reservation(tx, &row).await?;
         }
         ReservationEvent::Placed(e) => {
             let row = sql::query(
@@ -903,30 +906,44 @@ async fn book(
     Ok(())
 }
 
-async fn insert_reservation(
-    tx: &mut Tx,
-    id: &str,
-    tenant: &str,
-    identity: &str,
-    request: &bc_domain::reservation::ReservationRequest,
-    request_hash: &str,
+/// A reservation's inline row as its first event makes it.
+struct NewReservation<'a> {
+    id: &'a str,
+    tenant: &'a str,
+    identity: &'a str,
+    request: &'a bc_domain::reservation::ReservationRequest,
+    request_hash: &'a str,
     priority: i32,
-) -> Result<()> {
+    state: ReservationState,
+    requested_at_ms: i64,
+    pending_deadline_ms: i64,
+    ended_at_ms: Option<i64>,
+    outcome: Option<String>,
+}
+
+/// Writes a reservation's row once, whole (the first event of its stream).
+async fn insert_reservation(tx: &mut Tx, row: &NewReservation<'_>) -> Result<()> {
+    let request = row.request;
     sql::query(
         "INSERT INTO reservations (id, tenant_id, identity, pool_id, project_id, state, resource, count, request,
-                                   request_hash, priority, requested_at, pending_deadline, version)
-         VALUES ($1, $2, $3, $4, $5, 'draft', $6, $7, $8::jsonb, $9, $10, ms_ts(0), ms_ts(0), 1)",
+                                   request_hash, priority, requested_at, pending_deadline, ended_at, outcome, version)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, ms_ts($12), ms_ts($13), ms_ts($14), $15, 1)",
     )
-    .bind(id)
-    .bind(tenant)
-    .bind(identity)
+    .bind(row.id)
+    .bind(row.tenant)
+    .bind(row.identity)
     .bind(request.pool_id.as_str())
     .bind(request.project_id.as_ref().map(|p| p.as_str()))
+    .bind(row.state.as_str())
     .bind(request.resource())
     .bind(request.devices.count as i32)
     .bind(json(request)?)
-    .bind(request_hash)
-    .bind(priority)
+    .bind(row.request_hash)
+    .bind(row.priority)
+    .bind(row.requested_at_ms)
+    .bind(row.pending_deadline_ms)
+    .bind(row.ended_at_ms)
+    .bind(row.outcome.as_deref())
     .execute(tx.conn())
     .await?;
     Ok(())
