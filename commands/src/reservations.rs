@@ -121,6 +121,10 @@ pub(crate) async fn try_place(
         if locked.len() == atoms.len() {
             break;
         }
+        if how == store::AtomLock::Wait {
+            // A waiting lock only comes back short when chosen atoms are gone: as when a chosen node is.
+            return Ok(None);
+        }
         let held: Vec<&str> = atoms.iter().copied().filter(|atom| !locked.iter().any(|l| l == atom)).collect();
         for candidate in &mut candidates {
             candidate.free_atoms.retain(|atom| !held.contains(&atom.as_str()));

@@ -443,17 +443,20 @@ pub enum Chosen {
 /// serialization failure (retried with a fresh snapshot).
 pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], how: AtomLock) -> AppResult<Chosen> {
     // The select list is evaluated left to right, so the nodes are locked before the atoms.
+    macro_rules! lock_chosen_sql {
+        ($atoms:literal) => {
+            concat!(
+                "SELECT (SELECT count(*) FROM (SELECT 1 FROM nodes WHERE id = ANY($1) AND schedulable ORDER BY id
+                                              FOR SHARE) AS n),
+                        ARRAY(SELECT id FROM devices WHERE id = ANY($2) ORDER BY id ",
+                $atoms,
+                ")"
+            )
+        };
+    }
     let statement = match how {
-        AtomLock::SkipHeld => {
-            "SELECT (SELECT count(*) FROM (SELECT 1 FROM nodes WHERE id = ANY($1) AND schedulable ORDER BY id
-                                          FOR SHARE) AS n),
-                    ARRAY(SELECT id FROM devices WHERE id = ANY($2) ORDER BY id FOR UPDATE SKIP LOCKED)"
-        }
-        AtomLock::Wait => {
-            "SELECT (SELECT count(*) FROM (SELECT 1 FROM nodes WHERE id = ANY($1) AND schedulable ORDER BY id
-                                          FOR SHARE) AS n),
-                    ARRAY(SELECT id FROM devices WHERE id = ANY($2) ORDER BY id FOR UPDATE)"
-        }
+        AtomLock::SkipHeld => lock_chosen_sql!("FOR UPDATE SKIP LOCKED"),
+        AtomLock::Wait => lock_chosen_sql!("FOR UPDATE"),
     };
     let (schedulable, locked): (i64, Vec<String>) =
         sql::query_as(statement).bind(nodes).bind(atoms).fetch_one(tx.conn()).await?;
