@@ -52,9 +52,12 @@ impl Ask<'_> {
     /// Whether the request fits the pool over `[start, start + duration)`, within the caller's quota.
     async fn fits(&self, tx: &mut bc_eventstore::Tx, start: i64) -> AppResult<bool> {
         let end = start + self.duration_ms;
-        let candidates = store::candidates(tx, &self.pool.id, self.devices, start, end).await?;
-        if placement::plan(self.probe, self.devices, &candidates).is_none() {
-            return Ok(false);
+        let summary = store::summary_candidates(tx, &self.pool.id, self.devices, start, 0).await?;
+        if placement::plan(self.probe, self.devices, &summary).is_none() {
+            let candidates = store::candidates(tx, &self.pool.id, self.devices, start, end).await?;
+            if placement::plan(self.probe, self.devices, &candidates).is_none() {
+                return Ok(false);
+            }
         }
         let Some(quota) = self.quota else { return Ok(true) };
         let resource = self.devices.class.as_str();

@@ -124,6 +124,27 @@ impl Fleet {
         Ok(self.app.reserve(who, Reserve { idempotency_key: key.into(), request }).await?.value)
     }
 
+    /// A node's free-capacity summary for GPUs, (atoms, atoms without a live booking), and the ends of its atoms'
+    /// live bookings in device id order (`None`: no live booking).
+    pub async fn free_capacity(&self, node: &NodeId) -> ((i32, i32), Vec<Option<i64>>) {
+        let mut tx = self.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+        let summary: (i32, i32) =
+            sql::query_as("SELECT atoms, free FROM node_free WHERE node_id = $1 AND class = 'gpu'")
+                .bind(node.as_str())
+                .fetch_one(tx.conn())
+                .await
+                .expect("the node's summary row");
+        let ends: Vec<Option<i64>> = sql::query_scalar(
+            "SELECT ts_ms(booked_until) FROM devices WHERE node_id = $1 AND class = 'gpu' ORDER BY id",
+        )
+        .bind(node.as_str())
+        .fetch_all(tx.conn())
+        .await
+        .expect("the node's devices");
+        tx.commit().await.expect("commit");
+        (summary, ends)
+    }
+
     /// Live bookings of a reservation as (device, start, end) in epoch ms, empty ranges left out.
     pub async fn bookings(&self, reservation: &str) -> Vec<(String, i64, i64)> {
         let mut tx = self.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");

@@ -326,6 +326,72 @@ fn selector_params(request: &DeviceRequest) -> AppResult<(Option<&str>, Option<&
     Ok((request.selector.gpu_model.as_deref(), request.selector.gpu_product.as_deref(), attributes))
 }
 
+/// How many fitting nodes the summary's placement read returns for a request of `nodes` nodes that may draw from
+/// `spread` more: enough to plan again around the atoms concurrent commands hold, few enough that the read stops
+/// early.
+fn summary_limit(nodes: u32, spread: usize) -> i64 {
+    let wanted = i64::from(nodes).saturating_add(spread.min(1024) as i64);
+    (wanted * 2 + 8).min(CANDIDATE_LIMIT.max(i64::from(nodes) * 4))
+}
+
+/// Nodes of the pool whose atoms hold one node's share of the request from `start` on, read from the free-capacity
+/// summary best fit first (the fewest atoms without a live booking) and stopping at the first ones that fit: its
+/// cost follows the request, not the pool. An atom counts as free when none of its live bookings reaches past
+/// `start`; atoms booked only after a window are not found this way (ask [`candidates`] when these do not fit).
+pub async fn summary_candidates(
+    tx: &mut Tx,
+    pool_id: &PoolId,
+    request: &DeviceRequest,
+    start_ms: i64,
+    spread: usize,
+) -> AppResult<Vec<NodeCandidate>> {
+    let (model, product, attributes) = selector_params(request)?;
+    let rows = sql::query(
+        "SELECT f.node_id, c.free
+         FROM node_free AS f
+         JOIN nodes AS n ON n.id = f.node_id
+         CROSS JOIN LATERAL (
+             SELECT array_agg(d.id ORDER BY d.id) AS free FROM devices AS d
+             WHERE d.node_id = f.node_id AND d.pool_id = $1 AND d.class = $2 AND d.bookable
+               AND (d.booked_until IS NULL OR d.booked_until <= ms_ts($6))
+               AND ($3::text IS NULL OR d.gpu_model = $3)
+               AND ($4::text IS NULL OR d.gpu_product = $4)
+               AND ($5::jsonb = '{}'::jsonb OR d.attributes @> $5::jsonb)
+         ) AS c
+         WHERE f.pool_id = $1 AND f.class = $2 AND f.free >= $7 AND n.pool_id = $1 AND n.schedulable
+           AND cardinality(c.free) >= $7
+         ORDER BY f.free, f.node_id
+         LIMIT $8",
+    )
+    .bind(pool_id.as_str())
+    .bind(request.class.as_str())
+    .bind(model)
+    .bind(product)
+    .bind(&attributes)
+    .bind(start_ms)
+    .bind(request.per_node() as i32)
+    .bind(summary_limit(request.nodes(), spread))
+    .fetch_all(tx.conn())
+    .await?;
+    node_candidates(&rows)
+}
+
+fn node_candidates(rows: &[sqlx::postgres::PgRow]) -> AppResult<Vec<NodeCandidate>> {
+    rows.iter()
+        .map(|row| {
+            let node: String = row.try_get("node_id")?;
+            let free: Vec<String> = row.try_get("free")?;
+            Ok(NodeCandidate {
+                node_id: node.parse().map_err(|err| corrupt("devices.node_id", err))?,
+                free_atoms: free
+                    .into_iter()
+                    .map(|id| id.parse().map_err(|err| corrupt("devices.id", err)))
+                    .collect::<AppResult<_>>()?,
+            })
+        })
+        .collect()
+}
+
 /// How many fitting nodes the placement query returns at most: placement ranks them best fit first, so the
 /// ones it would never reach are not worth reading.
 const CANDIDATE_LIMIT: i64 = 64;
@@ -350,7 +416,7 @@ pub async fn candidates(
     let rows = sql::query(
         "WITH busy AS MATERIALIZED (
              SELECT b.device_id FROM device_bookings AS b
-             WHERE b.pool_id = $1 AND upper(b.during) > ms_ts($6) AND lower(b.during) < ms_ts($7)
+             WHERE b.pool_id = $1 AND b.live AND upper(b.during) > ms_ts($6) AND lower(b.during) < ms_ts($7)
          )
          SELECT d.node_id, array_agg(d.id ORDER BY d.id) AS free
          FROM devices AS d JOIN nodes AS n ON n.id = d.node_id
@@ -375,19 +441,7 @@ pub async fn candidates(
     .bind(limit)
     .fetch_all(tx.conn())
     .await?;
-    rows.iter()
-        .map(|row| {
-            let node: String = row.try_get("node_id")?;
-            let free: Vec<String> = row.try_get("free")?;
-            Ok(NodeCandidate {
-                node_id: node.parse().map_err(|err| corrupt("devices.node_id", err))?,
-                free_atoms: free
-                    .into_iter()
-                    .map(|id| id.parse().map_err(|err| corrupt("devices.id", err)))
-                    .collect::<AppResult<_>>()?,
-            })
-        })
-        .collect()
+    node_candidates(&rows)
 }
 
 /// How many nodes of the pool (schedulable now or not) have enough matching atoms to ever hold one node's
@@ -431,25 +485,29 @@ pub enum AtomLock {
 pub enum Chosen {
     /// A chosen node is no longer schedulable.
     NodeGone,
-    /// Every chosen node is schedulable; these chosen atoms are now locked by this transaction (all of them unless
-    /// some were skipped).
-    Locked(Vec<String>),
+    /// Every chosen node is schedulable. `atoms`: the chosen atoms now locked by this transaction (all of them
+    /// unless some were skipped); `busy`: chosen nodes whose free-capacity summary another command is changing
+    /// (skipped, so empty unless the lock skips held rows).
+    Locked { atoms: Vec<String>, busy: Vec<String> },
 }
 
 /// Re-reads the chosen nodes `FOR SHARE`, so a concurrent cordon or delete cannot slip between the choice and
-/// the booking, and then locks the chosen atoms `FOR UPDATE`, in the lock order and in one statement: a command
-/// racing for the same atoms learns it here, before it writes anything. Under the command's repeatable-read
-/// snapshot, an atom that another command booked and committed since the snapshot refuses the lock with a
-/// serialization failure (retried with a fresh snapshot).
-pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], how: AtomLock) -> AppResult<Chosen> {
-    // The select list is evaluated left to right, so the nodes are locked before the atoms.
+/// the booking, then locks their free-capacity summary rows and the chosen atoms `FOR UPDATE`, in the lock order
+/// and in one statement: a command racing for the same nodes or atoms learns it here, before it writes anything.
+/// Under the command's repeatable-read snapshot, a row that another command changed and committed since the
+/// snapshot refuses the lock with a serialization failure (retried with a fresh snapshot).
+pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], class: &str, how: AtomLock) -> AppResult<Chosen> {
+    // The select list is evaluated left to right: nodes, then their summary rows, then the atoms.
     macro_rules! lock_chosen_sql {
-        ($atoms:literal) => {
+        ($lock:literal) => {
             concat!(
                 "SELECT (SELECT count(*) FROM (SELECT 1 FROM nodes WHERE id = ANY($1) AND schedulable ORDER BY id
                                               FOR SHARE) AS n),
+                        ARRAY(SELECT node_id FROM node_free WHERE node_id = ANY($1) AND class = $3 ORDER BY node_id ",
+                $lock,
+                "),
                         ARRAY(SELECT id FROM devices WHERE id = ANY($2) ORDER BY id ",
-                $atoms,
+                $lock,
                 ")"
             )
         };
@@ -458,12 +516,13 @@ pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], how: AtomL
         AtomLock::SkipHeld => lock_chosen_sql!("FOR UPDATE SKIP LOCKED"),
         AtomLock::Wait => lock_chosen_sql!("FOR UPDATE"),
     };
-    let (schedulable, locked): (i64, Vec<String>) =
-        sql::query_as(statement).bind(nodes).bind(atoms).fetch_one(tx.conn()).await?;
+    let (schedulable, summaries, locked): (i64, Vec<String>, Vec<String>) =
+        sql::query_as(statement).bind(nodes).bind(atoms).bind(class).fetch_one(tx.conn()).await?;
     if schedulable != nodes.len() as i64 {
         return Ok(Chosen::NodeGone);
     }
-    Ok(Chosen::Locked(locked))
+    let busy = nodes.iter().filter(|node| !summaries.iter().any(|s| s == *node)).map(|node| node.to_string()).collect();
+    Ok(Chosen::Locked { atoms: locked, busy })
 }
 
 /// Creates the tenant's quota row for (pool, resource) if needed and updates it: first in the lock order, it
@@ -500,7 +559,7 @@ pub async fn peak_usage(
         "WITH held AS (
              SELECT greatest(lower(b.during), ms_ts($4)) AS from_at, least(upper(b.during), ms_ts($5)) AS to_at
              FROM device_bookings AS b
-             WHERE b.tenant_id = $1 AND b.pool_id = $2 AND b.resource = $3
+             WHERE b.tenant_id = $1 AND b.pool_id = $2 AND b.resource = $3 AND b.live
                AND upper(b.during) > ms_ts($4) AND lower(b.during) < ms_ts($5)
          ), steps AS (
              SELECT from_at AS at, 1 AS delta FROM held
@@ -586,10 +645,10 @@ pub async fn booking_ends(
     Ok(sql::query_scalar(
         "WITH RECURSIVE ends (at, n) AS (
              SELECT (SELECT ((ts_ms(min(upper(during))) + 999) / 1000) * 1000 FROM device_bookings
-                     WHERE pool_id = $1 AND upper(during) > ms_ts($2)), 1
+                     WHERE pool_id = $1 AND live AND upper(during) > ms_ts($2)), 1
              UNION ALL
              SELECT (SELECT ((ts_ms(min(upper(during))) + 999) / 1000) * 1000 FROM device_bookings
-                     WHERE pool_id = $1 AND upper(during) > ms_ts(e.at)), e.n + 1
+                     WHERE pool_id = $1 AND live AND upper(during) > ms_ts(e.at)), e.n + 1
              FROM ends AS e
              WHERE e.at IS NOT NULL AND e.at <= $3 AND e.n < $4
          )

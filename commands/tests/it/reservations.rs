@@ -569,3 +569,92 @@ async fn earliest_start_reads_past_many_booking_ends_in_order() {
         "not before a given instant, rounded up to the second"
     );
 }
+
+#[tokio::test]
+async fn the_free_capacity_summary_follows_placements_extensions_endings_and_expiries() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let node = fleet.node(&pool, "a", 4, 0).await;
+    assert_eq!(fleet.free_capacity(&node).await, ((4, 4), vec![None; 4]), "a new node is all free");
+
+    let first = fleet.reserve(&fleet.owner, "first", request(&pool, DeviceClass::Gpu, 2)).await.expect("first");
+    let (summary, ends) = fleet.free_capacity(&node).await;
+    assert_eq!(summary, (4, 2));
+    assert_eq!(ends.iter().filter(|end| **end == Some(T0 + HOUR)).count(), 2, "{ends:?}");
+
+    fleet.app.extend_reservation(&fleet.owner, &first.reservation.id, T0 + 2 * HOUR).await.expect("extend");
+    let (summary, ends) = fleet.free_capacity(&node).await;
+    assert_eq!(summary, (4, 2));
+    assert_eq!(ends.iter().filter(|end| **end == Some(T0 + 2 * HOUR)).count(), 2, "{ends:?}");
+
+    let mut later = request(&pool, DeviceClass::Gpu, 1);
+    later.start_ms = Some(T0 + 3 * HOUR);
+    let later = fleet.reserve(&fleet.owner, "later", later).await.expect("later");
+    assert_eq!(fleet.free_capacity(&node).await.0, (4, 1), "a booking in the future holds its atom too");
+
+    fleet.app.cancel_reservation(&fleet.owner, &first.reservation.id, None).await.expect("cancel");
+    let (summary, ends) = fleet.free_capacity(&node).await;
+    assert_eq!(summary, (4, 3), "a cancelled reservation's atoms are free again");
+    assert_eq!(ends.iter().flatten().copied().collect::<Vec<_>>(), vec![T0 + 4 * HOUR], "{ends:?}");
+
+    // The later reservation runs its window and expires: the node is all free again.
+    fleet.advance_to(T0 + 3 * HOUR).await;
+    fleet.advance_to(T0 + 4 * HOUR + 1_000).await;
+    let ended = fleet.app.reservation(&fleet.owner, &later.reservation.id).await.expect("read").value;
+    assert_eq!(ended.state, ReservationState::Expired);
+    assert_eq!(fleet.free_capacity(&node).await, ((4, 4), vec![None; 4]));
+}
+
+#[tokio::test]
+async fn a_placement_passes_over_a_node_whose_summary_a_concurrent_command_is_changing() {
+    use bc_eventstore::{TxOptions, sql};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let tight = fleet.node(&pool, "tight", 2, 0).await;
+    let roomy = fleet.node(&pool, "roomy", 4, 0).await;
+
+    // Another command is booking on the best-fitting node (it holds the node's summary row) and has not committed.
+    let mut holder = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query("SELECT 1 FROM node_free WHERE node_id = $1 FOR UPDATE")
+        .bind(tight.as_str())
+        .execute(holder.conn())
+        .await
+        .expect("lock the tight node's summary");
+    let raced = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        fleet.reserve(&fleet.owner, "racing", request(&pool, DeviceClass::Gpu, 1)),
+    )
+    .await
+    .expect("the reserve waited on a node another command is booking on instead of choosing another")
+    .expect("reserve");
+    assert_eq!(raced.reservation.allocations[0].node_id, roomy);
+    holder.rollback().await;
+    let calm = fleet.reserve(&fleet.owner, "calm", request(&pool, DeviceClass::Gpu, 1)).await.expect("reserve");
+    assert_eq!(calm.reservation.allocations[0].node_id, tight, "with nothing held, best fit wins");
+}
+
+#[tokio::test]
+async fn atoms_booked_only_after_a_window_are_placed_through_the_exact_query() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let node = fleet.node(&pool, "a", 2, 0).await;
+    let mut later = request(&pool, DeviceClass::Gpu, 2);
+    later.start_ms = Some(T0 + 2 * HOUR);
+    fleet.reserve(&fleet.owner, "later", later).await.expect("later");
+    assert_eq!(fleet.free_capacity(&node).await.0, (2, 0), "the summary counts both atoms as booked");
+    // An hour now ends before the later booking starts: it fits, though the summary has no free atom.
+    let now = fleet.reserve(&fleet.owner, "now", request(&pool, DeviceClass::Gpu, 2)).await.expect("now");
+    assert_eq!(now.reservation.state, ReservationState::Placed);
+    assert_eq!(fleet.bookings(now.reservation.id.as_str()).await.len(), 2);
+    let question = EarliestStart {
+        pool_id: pool.clone(),
+        devices: request(&pool, DeviceClass::Gpu, 1).devices,
+        duration_s: 1800,
+        not_before_ms: Some(T0 + HOUR),
+    };
+    assert_eq!(
+        fleet.app.earliest_start(&fleet.owner, &question).await.expect("query"),
+        Some(T0 + HOUR),
+        "between the two bookings"
+    );
+}

@@ -179,6 +179,7 @@ pub struct Reservations {
     booking_resources: Vec<&'static str>,
     booking_from: Vec<i64>,
     booking_to: Vec<i64>,
+    booking_live: Vec<bool>,
 }
 
 impl Reservations {
@@ -227,6 +228,7 @@ impl Reservations {
                 self.booking_resources.push(resource);
                 self.booking_from.push(start);
                 self.booking_to.push(to);
+                self.booking_live.push(r.ended_at_ms.is_none() && to > start);
                 *counters.booking_changes.entry(device.to_string()).or_default() += 1 + i64::from(cut.is_some());
                 counters.bookings += 1;
             }
@@ -308,11 +310,13 @@ pub async fn load_reservations(tx: &mut Tx, batch: &Reservations) -> Result<Load
     times.allocations = step.elapsed();
     step = Instant::now();
     sql::query(
-        "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
+        "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during,
+                                     live)
          SELECT u.device_id, u.allocation_id, u.reservation_id, u.tenant_id, u.pool_id, u.resource,
-                tstzrange(ms_ts(u.from_ms), ms_ts(u.to_ms))
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[])
-              AS u(device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, from_ms, to_ms)",
+                tstzrange(ms_ts(u.from_ms), ms_ts(u.to_ms)), u.live
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[],
+                     $9::bool[])
+              AS u(device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, from_ms, to_ms, live)",
     )
     .bind(&batch.booking_devices)
     .bind(&batch.booking_allocations)
@@ -322,14 +326,17 @@ pub async fn load_reservations(tx: &mut Tx, batch: &Reservations) -> Result<Load
     .bind(&batch.booking_resources)
     .bind(&batch.booking_from)
     .bind(&batch.booking_to)
+    .bind(&batch.booking_live)
     .execute(tx.conn())
     .await?;
     times.bookings = step.elapsed();
     Ok(times)
 }
 
-/// Writes what the reservations' counters say: each device's `booking_changes` and each quota row's checks.
+/// Writes what the reservations' counters say (each device's `booking_changes` and each quota row's checks) and
+/// the free-capacity summary of the whole fleet.
 pub async fn finish(tx: &mut Tx, counters: &Counters) -> Result<()> {
+    sql::query("SELECT rebuild_free_capacity()").execute(tx.conn()).await?;
     let (devices, changes): (Vec<&str>, Vec<i64>) =
         counters.booking_changes.iter().map(|(device, n)| (device.as_str(), *n)).unzip();
     sql::query(
@@ -457,5 +464,6 @@ pub async fn synthetic_fleet(
     .bind(gpus)
     .execute(tx.conn())
     .await?;
+    sql::query("SELECT rebuild_free_capacity()").execute(tx.conn()).await?;
     Ok(())
 }

@@ -33,6 +33,7 @@ pub const TABLES: &[&str] = &[
     "reservations",
     "allocations",
     "device_bookings",
+    "node_free",
     "tenants",
     "identities",
     "identity_tokens",
@@ -360,8 +361,9 @@ async fn insert_node(tx: &mut Tx, node: NewNode<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Inserts a node's devices, or updates the ones it already has.
+/// Inserts a node's devices, or updates the ones it already has; the node's free-capacity summary follows.
 async fn upsert_devices(tx: &mut Tx, node_id: &str, pool_id: &str, devices: &[Device]) -> Result<()> {
+    lock_node_free(tx, node_id).await?;
     let mut ids = Vec::with_capacity(devices.len());
     let mut classes = Vec::with_capacity(devices.len());
     let mut parents = Vec::with_capacity(devices.len());
@@ -399,7 +401,7 @@ async fn upsert_devices(tx: &mut Tx, node_id: &str, pool_id: &str, devices: &[De
     .bind(&attributes)
     .execute(tx.conn())
     .await?;
-    Ok(())
+    refresh_node_free(tx, node_id).await
 }
 
 /// Records a node's hardware key and replaces its stored identifiers.
@@ -532,6 +534,7 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
         NodeEvent::Rejoined(_) | NodeEvent::InventoryReported(_) => return Ok(()),
         NodeEvent::HardwareChanged(e) => {
             let removed: Vec<&str> = e.removed_devices.iter().map(|d| d.as_str()).collect();
+            lock_node_free(tx, node_id).await?;
             sql::query("DELETE FROM devices WHERE node_id = $1 AND id = ANY($2)")
                 .bind(node_id)
                 .bind(&removed)
@@ -567,10 +570,12 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
                 .await?;
         }
         NodeEvent::Deleted(_) => {
+            lock_node_free(tx, node_id).await?;
             for table in ["DELETE FROM node_identifiers WHERE node_id = $1", "DELETE FROM devices WHERE node_id = $1"] {
                 sql::query(table).bind(node_id).execute(tx.conn()).await?;
             }
             sql::query("DELETE FROM nodes WHERE id = $1").bind(node_id).execute(tx.conn()).await?;
+            refresh_node_free(tx, node_id).await?;
             return Ok(());
         }
     }
@@ -634,42 +639,42 @@ async fn set_state(tx: &mut Tx, reservation_id: &str, state: ReservationState) -
     Ok(())
 }
 
-/// Bumps `booking_changes` of the devices whose bookings this transaction is about to change, in device id
-/// order (devices come before device_bookings in the lock order).
-async fn touch_devices(tx: &mut Tx, devices: &[&str]) -> Result<()> {
+/// Locks the summary rows of `nodes`, then bumps `booking_changes` of the devices whose bookings this transaction
+/// is about to change, in device id order (the lock order: nodes, node_free, devices, device_bookings).
+async fn touch_for_booking(tx: &mut Tx, nodes: &[&str], devices: &[&str]) -> Result<()> {
     if devices.is_empty() {
         return Ok(());
     }
-    sql::query(
-        "WITH locked AS (SELECT id FROM devices WHERE id = ANY($1) ORDER BY id FOR UPDATE)
-         UPDATE devices AS d SET booking_changes = d.booking_changes + 1 FROM locked WHERE d.id = locked.id",
-    )
-    .bind(devices)
-    .execute(tx.conn())
-    .await?;
+    sql::query("SELECT touch_for_booking($1, $2)").bind(nodes).bind(devices).execute(tx.conn()).await?;
     Ok(())
 }
 
-/// Bumps the devices of a reservation's bookings that still reach past `at_ms`.
-async fn touch_reservation_devices(tx: &mut Tx, reservation_id: &str, at_ms: i64) -> Result<()> {
-    // One statement: the devices found and locked in id order, then bumped.
-    sql::query(
-        "WITH locked AS (
-             SELECT id FROM devices
-             WHERE id IN (SELECT device_id FROM device_bookings
-                          WHERE reservation_id = $1 AND upper(during) > ms_ts($2))
-             ORDER BY id FOR UPDATE
-         )
-         UPDATE devices AS d SET booking_changes = d.booking_changes + 1 FROM locked WHERE d.id = locked.id",
-    )
-    .bind(reservation_id)
-    .bind(at_ms)
-    .execute(tx.conn())
-    .await?;
+/// Brings the free-capacity summary up to date for `devices` (their ends of live bookings and their nodes' counts)
+/// and for the nodes in `nodes` (whose devices may be gone).
+async fn refresh_free(tx: &mut Tx, devices: &[&str], nodes: &[&str]) -> Result<()> {
+    sql::query("SELECT refresh_free($1, $2)").bind(devices).bind(nodes).execute(tx.conn()).await?;
     Ok(())
 }
 
-/// Ends a reservation: its state, its end time, and its bookings truncated at that time.
+/// Locks a node's summary rows before its devices change (the lock order).
+async fn lock_node_free(tx: &mut Tx, node_id: &str) -> Result<()> {
+    sql::query("SELECT 1 FROM node_free WHERE node_id = $1 ORDER BY class FOR UPDATE")
+        .bind(node_id)
+        .execute(tx.conn())
+        .await?;
+    Ok(())
+}
+
+/// A node's devices changed (added, updated or removed): its summary rows follow.
+async fn refresh_node_free(tx: &mut Tx, node_id: &str) -> Result<()> {
+    sql::query("SELECT refresh_free(ARRAY(SELECT id FROM devices WHERE node_id = $1 ORDER BY id), ARRAY[$1])")
+        .bind(node_id)
+        .execute(tx.conn())
+        .await?;
+    Ok(())
+}
+
+/// Ends a reservation: its state, its end time, and its live bookings truncated at that time (one call).
 async fn end(
     tx: &mut Tx,
     reservation_id: &str,
@@ -677,25 +682,13 @@ async fn end(
     at_ms: i64,
     outcome: Option<String>,
 ) -> Result<()> {
-    touch_reservation_devices(tx, reservation_id, at_ms).await?;
-    sql::query(
-        "UPDATE reservations SET state = $2, ended_at = ms_ts($3), outcome = $4, version = version + 1 WHERE id = $1",
-    )
-    .bind(reservation_id)
-    .bind(state.as_str())
-    .bind(at_ms)
-    .bind(outcome)
-    .execute(tx.conn())
-    .await?;
-    sql::query(
-        "UPDATE device_bookings
-            SET during = tstzrange(lower(during), greatest(lower(during), ms_ts($2)))
-          WHERE reservation_id = $1 AND upper(during) > ms_ts($2)",
-    )
-    .bind(reservation_id)
-    .bind(at_ms)
-    .execute(tx.conn())
-    .await?;
+    sql::query("SELECT inline_end($1, $2, $3, $4)")
+        .bind(reservation_id)
+        .bind(state.as_str())
+        .bind(at_ms)
+        .bind(outcome)
+        .execute(tx.conn())
+        .await?;
     Ok(())
 }
 
@@ -734,33 +727,27 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             insert_reservation(tx, &row).await?;
         }
         ReservationEvent::Placed(e) => {
-            let row = sql::query(
-                "UPDATE reservations
-                    SET state = 'placed', start_at = ms_ts($2), end_at = ms_ts($3), lease_deadline = ms_ts($4),
-                        version = version + 1
-                  WHERE id = $1
-                 RETURNING tenant_id, pool_id, resource",
-            )
-            .bind(id)
-            .bind(e.start_ms)
-            .bind(e.end_ms)
-            .bind(e.lease_deadline_ms)
-            .fetch_one(tx.conn())
-            .await?;
-            let tenant: String = row.try_get("tenant_id")?;
-            let pool: String = row.try_get("pool_id")?;
-            let resource: String = row.try_get("resource")?;
-            let booking = Booking { reservation_id: id, tenant: &tenant, pool: &pool, resource: &resource };
-            let mut devices: Vec<&str> =
-                e.allocations.iter().flat_map(|a| a.devices.iter().map(|d| d.as_str())).collect();
-            devices.sort_unstable();
-            touch_devices(tx, &devices).await?;
-            book(tx, &booking, &e.allocations, e.start_ms, e.end_ms).await?;
+            let rows = BookingRows::of(&e.allocations)?;
+            sql::query("SELECT inline_placed($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+                .bind(id)
+                .bind(e.start_ms)
+                .bind(e.end_ms)
+                .bind(e.lease_deadline_ms)
+                .bind(&rows.allocation_ids)
+                .bind(&rows.node_ids)
+                .bind(&rows.device_lists)
+                .bind(&rows.devices)
+                .bind(&rows.booking_allocations)
+                .execute(tx.conn())
+                .await?;
         }
         ReservationEvent::Replaced(e) => {
             let row = sql::query(
                 "UPDATE reservations SET version = version + 1 WHERE id = $1
-                 RETURNING tenant_id, pool_id, resource, ts_ms(start_at) AS start_ms, ts_ms(end_at) AS end_ms",
+                 RETURNING tenant_id, pool_id, resource, ts_ms(start_at) AS start_ms, ts_ms(end_at) AS end_ms,
+                           ARRAY(SELECT device_id FROM device_bookings WHERE reservation_id = $1 AND live
+                                 ORDER BY device_id) AS old_devices,
+                           ARRAY(SELECT node_id FROM allocations WHERE reservation_id = $1) AS old_nodes",
             )
             .bind(id)
             .fetch_one(tx.conn())
@@ -769,29 +756,43 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             let pool: String = row.try_get("pool_id")?;
             let resource: String = row.try_get("resource")?;
             let (start_ms, end_ms): (i64, i64) = (row.try_get("start_ms")?, row.try_get("end_ms")?);
-            // The old bookings end before they began and the new ones take the window: every device of both is
-            // touched once, in id order.
-            let old: Vec<String> = sql::query_scalar(
-                "SELECT device_id FROM device_bookings WHERE reservation_id = $1 AND NOT isempty(during)",
-            )
-            .bind(id)
-            .fetch_all(tx.conn())
-            .await?;
-            let mut devices: Vec<&str> = old.iter().map(String::as_str).collect();
-            devices.extend(e.allocations.iter().flat_map(|a| a.devices.iter().map(|d| d.as_str())));
+            let old_devices: Vec<String> = row.try_get("old_devices")?;
+            let old_nodes: Vec<String> = row.try_get("old_nodes")?;
+            // The old bookings end before they began and the new ones take the window: the summary rows of every
+            // node and every device of both are touched once, in the lock order.
+            let rows = BookingRows::of(&e.allocations)?;
+            let mut devices: Vec<&str> = old_devices.iter().map(String::as_str).collect();
+            devices.extend(rows.devices.iter().copied());
             devices.sort_unstable();
             devices.dedup();
-            touch_devices(tx, &devices).await?;
+            let mut nodes: Vec<&str> = old_nodes.iter().map(String::as_str).collect();
+            nodes.extend(rows.node_ids.iter().copied());
+            nodes.sort_unstable();
+            nodes.dedup();
+            touch_for_booking(tx, &nodes, &devices).await?;
             sql::query(
-                "UPDATE device_bookings SET during = tstzrange(lower(during), lower(during))
-                 WHERE reservation_id = $1 AND NOT isempty(during)",
+                "UPDATE device_bookings SET during = tstzrange(lower(during), lower(during)), live = false
+                 WHERE reservation_id = $1 AND live",
             )
             .bind(id)
             .execute(tx.conn())
             .await?;
             sql::query("DELETE FROM allocations WHERE reservation_id = $1").bind(id).execute(tx.conn()).await?;
-            let booking = Booking { reservation_id: id, tenant: &tenant, pool: &pool, resource: &resource };
-            book(tx, &booking, &e.allocations, start_ms, end_ms).await?;
+            sql::query("SELECT book_atoms($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+                .bind(id)
+                .bind(&tenant)
+                .bind(&pool)
+                .bind(&resource)
+                .bind(start_ms)
+                .bind(end_ms)
+                .bind(&rows.allocation_ids)
+                .bind(&rows.node_ids)
+                .bind(&rows.device_lists)
+                .bind(&rows.devices)
+                .bind(&rows.booking_allocations)
+                .execute(tx.conn())
+                .await?;
+            refresh_free(tx, &devices, &[]).await?;
         }
         ReservationEvent::BindingStarted(_) => set_state(tx, id, ReservationState::Binding).await?,
         ReservationEvent::Activated(_) => set_state(tx, id, ReservationState::Active).await?,
@@ -813,7 +814,21 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
                 .await?;
         }
         ReservationEvent::Extended(e) => {
-            touch_reservation_devices(tx, id, e.previous_end_ms - 1).await?;
+            // The devices whose bookings end at the current end are bumped, in id order.
+            let devices: Vec<String> = sql::query_scalar(
+                "WITH locked AS (
+                     SELECT id FROM devices
+                     WHERE id IN (SELECT device_id FROM device_bookings
+                                  WHERE reservation_id = $1 AND live AND upper(during) = ms_ts($2))
+                     ORDER BY id FOR UPDATE
+                 )
+                 UPDATE devices AS d SET booking_changes = d.booking_changes + 1 FROM locked WHERE d.id = locked.id
+                 RETURNING d.id",
+            )
+            .bind(id)
+            .bind(e.previous_end_ms)
+            .fetch_all(tx.conn())
+            .await?;
             sql::query("UPDATE reservations SET end_at = ms_ts($2), version = version + 1 WHERE id = $1")
                 .bind(id)
                 .bind(e.end_ms)
@@ -823,13 +838,16 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             // current end: one extend at a time, and never onto someone else's time.
             sql::query(
                 "UPDATE device_bookings SET during = tstzrange(lower(during), ms_ts($2))
-                 WHERE reservation_id = $1 AND upper(during) = ms_ts($3)",
+                 WHERE reservation_id = $1 AND live AND upper(during) = ms_ts($3)",
             )
             .bind(id)
             .bind(e.end_ms)
             .bind(e.previous_end_ms)
             .execute(tx.conn())
             .await?;
+            // The atoms are booked longer: their ends follow (their nodes' counts do not change).
+            let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
+            refresh_free(tx, &devices, &[]).await?;
         }
         ReservationEvent::Cancelled(_)
         | ReservationEvent::Released(_)
@@ -844,66 +862,39 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
     Ok(())
 }
 
-/// Whose bookings [`book`] writes.
-struct Booking<'a> {
-    reservation_id: &'a str,
-    tenant: &'a str,
-    pool: &'a str,
-    resource: &'a str,
+/// A reservation's allocations as the columns `book_atoms` takes: each allocation's id, node and devices (a JSON
+/// array), and the booked atoms in device id order (the order every transaction books them in) with their
+/// allocations.
+struct BookingRows<'a> {
+    allocation_ids: Vec<&'a str>,
+    node_ids: Vec<&'a str>,
+    device_lists: Vec<String>,
+    devices: Vec<&'a str>,
+    booking_allocations: Vec<&'a str>,
 }
 
-/// Writes a reservation's allocations and books their atoms for `[start_ms, end_ms)` (the devices are touched
-/// by the caller).
-async fn book(
-    tx: &mut Tx,
-    booking: &Booking<'_>,
-    allocations: &[Allocation],
-    start_ms: i64,
-    end_ms: i64,
-) -> Result<()> {
-    let mut allocation_ids = Vec::new();
-    let mut node_ids = Vec::new();
-    let mut device_lists = Vec::new();
-    let mut booking_devices: Vec<(&str, &str)> = Vec::new();
-    for allocation in allocations {
-        allocation_ids.push(allocation.allocation_id.as_str());
-        node_ids.push(allocation.node_id.as_str());
-        device_lists.push(json(&allocation.devices)?);
-        for device in &allocation.devices {
-            booking_devices.push((device.as_str(), allocation.allocation_id.as_str()));
+impl<'a> BookingRows<'a> {
+    fn of(allocations: &'a [Allocation]) -> Result<Self> {
+        let mut rows = BookingRows {
+            allocation_ids: Vec::new(),
+            node_ids: Vec::new(),
+            device_lists: Vec::new(),
+            devices: Vec::new(),
+            booking_allocations: Vec::new(),
+        };
+        let mut booking: Vec<(&str, &str)> = Vec::new();
+        for allocation in allocations {
+            rows.allocation_ids.push(allocation.allocation_id.as_str());
+            rows.node_ids.push(allocation.node_id.as_str());
+            rows.device_lists.push(json(&allocation.devices)?);
+            for device in &allocation.devices {
+                booking.push((device.as_str(), allocation.allocation_id.as_str()));
+            }
         }
+        booking.sort();
+        (rows.devices, rows.booking_allocations) = booking.into_iter().unzip();
+        Ok(rows)
     }
-    sql::query(
-        "INSERT INTO allocations (id, reservation_id, node_id, devices)
-         SELECT u.id, $1, u.node_id, ARRAY(SELECT jsonb_array_elements_text(u.devices::jsonb))
-         FROM unnest($2::text[], $3::text[], $4::text[]) AS u(id, node_id, devices)",
-    )
-    .bind(booking.reservation_id)
-    .bind(&allocation_ids)
-    .bind(&node_ids)
-    .bind(&device_lists)
-    .execute(tx.conn())
-    .await?;
-    // Bookings go in device id order, the order every transaction takes them in.
-    booking_devices.sort();
-    let (devices, allocations): (Vec<&str>, Vec<&str>) = booking_devices.into_iter().unzip();
-    sql::query(
-        "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
-         SELECT u.device_id, u.allocation_id, $1, $2, $3, $4, tstzrange(ms_ts($5), ms_ts($6))
-         FROM unnest($7::text[], $8::text[]) WITH ORDINALITY AS u(device_id, allocation_id, ord)
-         ORDER BY u.ord",
-    )
-    .bind(booking.reservation_id)
-    .bind(booking.tenant)
-    .bind(booking.pool)
-    .bind(booking.resource)
-    .bind(start_ms)
-    .bind(end_ms)
-    .bind(&devices)
-    .bind(&allocations)
-    .execute(tx.conn())
-    .await?;
-    Ok(())
 }
 
 /// A reservation's inline row as its first event makes it.
