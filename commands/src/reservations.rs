@@ -113,35 +113,28 @@ pub(crate) async fn try_place(
     let Some(mut plan) = plan else {
         return Ok(None);
     };
-    // Concurrent requests that chose the same nodes or atoms find out here: the atoms other commands hold, and the
-    // nodes whose summary they are changing, are skipped and the rest of the candidates planned again, in this
-    // transaction, without reading anything twice. A request that keeps losing (or has nothing else left) waits
-    // for the holders like any lock.
-    let class = request.devices.class.as_str();
+    // Concurrent requests that chose the same atoms find out here: the atoms other commands hold are skipped and
+    // the rest of the candidates planned again, in this transaction, without reading anything twice. A request that
+    // keeps losing (or has nothing else left) waits for the holders like any lock.
     let mut rounds = 1;
     loop {
         let nodes: Vec<&str> = plan.iter().map(|a| a.node_id.as_str()).collect();
         let atoms: Vec<&str> = plan.iter().flat_map(|a| a.devices.iter().map(|d| d.as_str())).collect();
         let how = if rounds < LOCK_ROUNDS { store::AtomLock::SkipHeld } else { store::AtomLock::Wait };
-        let (locked, busy) = match store::lock_chosen(tx, &nodes, &atoms, class, how).await? {
+        let locked = match store::lock_chosen(tx, &nodes, &atoms, how).await? {
             store::Chosen::NodeGone => return Ok(None),
-            store::Chosen::Locked { atoms, busy } => (atoms, busy),
+            store::Chosen::Locked(locked) => locked,
         };
-        if locked.len() == atoms.len() && busy.is_empty() {
+        if locked.len() == atoms.len() {
             break;
         }
         if how == store::AtomLock::Wait {
-            // A waiting lock only comes back short when chosen atoms (or their summary rows) are gone: as when a
-            // chosen node is.
+            // A waiting lock only comes back short when chosen atoms are gone: as when a chosen node is.
             return Ok(None);
         }
         let held: Vec<&str> = atoms.iter().copied().filter(|atom| !locked.iter().any(|l| l == atom)).collect();
         for candidate in &mut candidates {
-            if busy.iter().any(|node| node == candidate.node_id.as_str()) {
-                candidate.free_atoms.clear();
-            } else {
-                candidate.free_atoms.retain(|atom| !held.contains(&atom.as_str()));
-            }
+            candidate.free_atoms.retain(|atom| !held.contains(&atom.as_str()));
         }
         rounds += 1;
         match placement::plan_spread(&r.id, &request.devices, &candidates, spread) {

@@ -202,7 +202,14 @@ impl Db {
         loop {
             let conn = self.pool.acquire().await?;
             // Construct the guard first: if BEGIN succeeds and what follows it fails, the transaction is ended.
-            let mut tx = Tx { conn, savepoints: 0, open: true, appended: None, appends: Arc::clone(&self.appends) };
+            let mut tx = Tx {
+                conn,
+                savepoints: 0,
+                open: true,
+                appended: None,
+                appends: Arc::clone(&self.appends),
+                after_commit: Vec::new(),
+            };
             match sqlx::raw_sql(AssertSqlSafe(text.clone())).fetch_all(tx.conn()).await {
                 Ok(rows) => return Ok((tx, rows)),
                 // The connection broke (no answer, or the server saying it ended the session): dropping the
@@ -281,6 +288,8 @@ pub struct Tx {
     /// The last position this transaction appended: its commit is then signalled on [`Db::appends`].
     appended: Option<Position>,
     appends: Arc<watch::Sender<Position>>,
+    /// Calls sent right after COMMIT, in the same message (see [`Tx::after_commit`]).
+    after_commit: Vec<String>,
 }
 
 impl Tx {
@@ -295,6 +304,24 @@ impl Tx {
         // A statement before COMMIT in the same round trip fails with 25P02 when the transaction is aborted;
         // COMMIT alone would silently roll back.
         self.commit_after("SELECT 1".to_owned()).await.map(drop)
+    }
+
+    /// Sends `call` right after this transaction's COMMIT, in the same round trip, outside the transaction (in its
+    /// own implicit one, at the session's default isolation, read committed): for bookkeeping that must follow a
+    /// commit but must never conflict with it, such as a hint recounted from what the transaction wrote. Only
+    /// when the commit succeeds; the call must not fail (its error would read as the commit's), so it catches its
+    /// own. Identical calls are sent once.
+    pub fn after_commit(&mut self, call: &crate::sql::Call) {
+        let statement = call.statement();
+        if !self.after_commit.contains(&statement) {
+            self.after_commit.push(statement);
+        }
+    }
+
+    /// Forgets the calls [`Tx::after_commit`] queued (a rebuild into a scratch schema queues calls for the live
+    /// tables that must not run).
+    pub fn clear_after_commit(&mut self) {
+        self.after_commit.clear();
     }
 
     /// Records that this transaction appended up to `position` (see [`Db::appends`]).
@@ -318,7 +345,12 @@ impl Tx {
 
     /// `statement` and COMMIT in one message; the rows the statement answered.
     async fn commit_after(mut self, statement: String) -> Result<Vec<PgRow>> {
-        match sqlx::raw_sql(AssertSqlSafe(format!("{statement}; COMMIT"))).fetch_all(&mut *self.conn).await {
+        let mut text = format!("{statement}; COMMIT");
+        for call in self.after_commit.drain(..) {
+            text.push_str("; ");
+            text.push_str(&call);
+        }
+        match sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&mut *self.conn).await {
             Ok(rows) => {
                 self.open = false;
                 if let Some(position) = self.appended {

@@ -1,5 +1,5 @@
--- Placement in the order of the request, not of the pool. Three pieces, all kept by the inline projections in
--- the command's transaction (and so rebuilt from the log like the rest of the inline tables):
+-- Placement in the order of the request, not of the pool. The first two pieces are inline state, kept by the
+-- inline projections in the command's transaction and rebuilt from the log; the third is a hint over them:
 --
 -- * `device_bookings.live`: the booking still holds its atom (its reservation has not ended and it was not
 --   replaced). An ending truncates a booking to its end and clears `live`; every read that asks what is booked
@@ -9,11 +9,10 @@
 --   `booked_until` is NULL or not after a window's start is free over the whole window, whatever its length. An
 --   atom booked only later than a window is free over it too, but not found this way (placement then falls
 --   back to the exact query).
--- * `node_free`: one row per node and atom class: how many bookable atoms it has and how many have no live
---   booking. Placement reads it best fit first through an index and stops at the first nodes whose atoms fit.
+-- * `node_free`: one row per node and atom class, how many bookable atoms it has and how many are free now, in
+--   an index that placement reads best fit first, stopping at the first nodes whose atoms fit.
 --
--- The exclusion constraint stays the guard; the summary only says where to look. Lock order: quota_usage,
--- pools, nodes, node_free, devices, device_bookings, node_resources.
+-- The exclusion constraint stays the guard; the summary only says where to look.
 
 ALTER TABLE device_bookings ADD COLUMN live boolean NOT NULL DEFAULT true;
 UPDATE device_bookings AS b SET live = false
@@ -31,6 +30,10 @@ CREATE INDEX device_bookings_live ON device_bookings (device_id, upper(during)) 
 
 ALTER TABLE devices ADD COLUMN booked_until timestamptz;
 
+-- Not an inline table: an ordering hint over `devices`, recounted right after each commit that changed a node's
+-- bookings or devices (in the same round trip as the COMMIT, at read committed, so it never conflicts with a
+-- command), and wholly by `rebuild_free_capacity`. A stale row only changes the order placement reads nodes in:
+-- whether an atom is free is always decided from `devices.booked_until` in the command's own snapshot.
 CREATE TABLE node_free (
     node_id text NOT NULL,
     class text NOT NULL,
@@ -40,17 +43,24 @@ CREATE TABLE node_free (
     PRIMARY KEY (node_id, class)
 );
 CREATE INDEX node_free_best_fit ON node_free (pool_id, class, free, node_id);
+-- A recount reads one node's devices.
+CREATE INDEX devices_node ON devices (node_id);
 
--- Recounts the summary rows of the given nodes from their devices: only rows whose counts changed are written
--- (an unchanged row is neither locked nor updated, so it never conflicts with a concurrent command), a node
--- class without bookable atoms loses its row, and a new one gets its row.
-CREATE FUNCTION recount_free(p_nodes text[]) RETURNS void
+-- Recounts the summary rows of the given nodes from their devices (an atom counts as free when it has no live
+-- booking, or only ones that have ended by now): each node class's row is written again, added or removed as its
+-- bookable atoms say. Runs right after the COMMIT of a node's change, so it must never fail the caller (its error
+-- would read as the commit's): a recount lost to an error is made by the next change. Its own commit does not wait
+-- for the disk: a hint lost in a crash only costs the order placement reads nodes in until the next recount.
+CREATE FUNCTION summarize_nodes(p_nodes text[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_now timestamptz := compute_now();
 BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
     WITH counted AS (
         SELECT d.node_id, d.class, min(d.pool_id) AS pool_id, count(*)::int AS atoms,
-               (count(*) FILTER (WHERE d.booked_until IS NULL))::int AS free
+               (count(*) FILTER (WHERE d.booked_until IS NULL OR d.booked_until <= v_now))::int AS free
         FROM devices AS d
         WHERE d.node_id = ANY(p_nodes) AND d.bookable
         GROUP BY d.node_id, d.class
@@ -64,17 +74,41 @@ BEGIN
         WHERE f.node_id = c.node_id AND f.class = c.class
           AND (f.pool_id, f.atoms, f.free) IS DISTINCT FROM (c.pool_id, c.atoms, c.free)
     )
-    INSERT INTO node_free (node_id, class, pool_id, atoms, free)
+    INSERT INTO node_free AS f (node_id, class, pool_id, atoms, free)
     SELECT c.node_id, c.class, c.pool_id, c.atoms, c.free
     FROM counted AS c
-    WHERE NOT EXISTS (SELECT 1 FROM node_free AS f WHERE f.node_id = c.node_id AND f.class = c.class)
-    ORDER BY c.node_id, c.class;
+    ORDER BY c.node_id, c.class
+    ON CONFLICT (node_id, class) DO NOTHING;
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'summarize_nodes: % (%)', SQLERRM, SQLSTATE;
 END
 $$;
 
--- Brings `booked_until` of the given devices up to date with their live bookings, then recounts the summary
--- rows of their nodes and of `p_nodes` (the nodes of devices that are gone).
-CREATE FUNCTION refresh_free(p_devices text[], p_nodes text[]) RETURNS void
+-- As summarize_nodes, for nodes whose atoms were only booked or freed (their rows exist and keep their atoms):
+-- one update of the rows whose free count changed.
+CREATE FUNCTION recount_free(p_nodes text[]) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now timestamptz := compute_now();
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    UPDATE node_free AS f SET free = c.free
+    FROM (
+        SELECT d.node_id, d.class,
+               (count(*) FILTER (WHERE d.booked_until IS NULL OR d.booked_until <= v_now))::int AS free
+        FROM devices AS d
+        WHERE d.node_id = ANY(p_nodes) AND d.bookable
+        GROUP BY d.node_id, d.class
+    ) AS c
+    WHERE f.node_id = c.node_id AND f.class = c.class AND f.free <> c.free;
+EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'recount_free: % (%)', SQLERRM, SQLSTATE;
+END
+$$;
+
+-- Brings `booked_until` of the given devices up to date with their live bookings.
+CREATE FUNCTION refresh_booked_until(p_devices text[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -84,11 +118,6 @@ BEGIN
         FROM unnest(p_devices) AS u(id)
     ) AS l
     WHERE d.id = l.id AND d.booked_until IS DISTINCT FROM l.until;
-    PERFORM recount_free(ARRAY(
-        SELECT DISTINCT x.node_id
-        FROM (SELECT d.node_id FROM devices AS d WHERE d.id = ANY(p_devices) UNION SELECT unnest(p_nodes)) AS x
-        ORDER BY x.node_id
-    ));
 END
 $$;
 
@@ -106,7 +135,8 @@ AS $$
     WHERE d.id = l.id AND d.booked_until IS DISTINCT FROM l.until;
     DELETE FROM node_free;
     INSERT INTO node_free (node_id, class, pool_id, atoms, free)
-    SELECT d.node_id, d.class, min(d.pool_id), count(*)::int, (count(*) FILTER (WHERE d.booked_until IS NULL))::int
+    SELECT d.node_id, d.class, min(d.pool_id), count(*)::int,
+           (count(*) FILTER (WHERE d.booked_until IS NULL OR d.booked_until <= compute_now()))::int
     FROM devices AS d
     WHERE d.bookable
     GROUP BY d.node_id, d.class;
@@ -114,14 +144,17 @@ $$;
 
 SELECT rebuild_free_capacity();
 
--- Locks what a change to bookings of `p_devices` on `p_nodes` writes, in the lock order: the nodes' summary rows,
--- then the devices in id order, whose `booking_changes` it bumps (see devices.booking_changes).
-CREATE FUNCTION touch_for_booking(p_nodes text[], p_devices text[]) RETURNS void
+-- Locks the devices whose bookings this transaction is about to change, in id order (the lock order), bumps
+-- their `booking_changes` (see devices.booking_changes) and, when the bookings reach `p_until_ms`, their
+-- `booked_until` with it.
+CREATE FUNCTION touch_for_booking(p_devices text[], p_until_ms bigint) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM 1 FROM node_free WHERE node_id = ANY(p_nodes) ORDER BY node_id, class FOR UPDATE;
-    UPDATE devices AS d SET booking_changes = d.booking_changes + 1
+    UPDATE devices AS d
+       SET booking_changes = d.booking_changes + 1,
+           booked_until = CASE WHEN p_until_ms IS NULL THEN d.booked_until
+                               ELSE greatest(d.booked_until, ms_ts(p_until_ms)) END
     FROM (SELECT id FROM devices WHERE id = ANY(p_devices) ORDER BY id FOR UPDATE) AS locked
     WHERE d.id = locked.id;
 END
@@ -148,8 +181,8 @@ BEGIN
 END
 $$;
 
--- The inline projection of `reservation.placed`, in one call: the reservation row, the summary rows of its nodes
--- and its atoms locked in the lock order, its allocations and bookings, and the summary brought up to date.
+-- The inline projection of `reservation.placed`, in one call: the reservation row, its atoms locked in id order
+-- and their ends of live bookings raised, its allocations and its bookings.
 CREATE FUNCTION inline_placed(
     p_id text, p_start_ms bigint, p_end_ms bigint, p_lease_ms bigint,
     p_alloc_ids text[], p_alloc_nodes text[], p_alloc_devices text[], p_devices text[], p_booking_allocs text[])
@@ -166,41 +199,50 @@ BEGIN
            lease_deadline = ms_ts(p_lease_ms), version = version + 1
      WHERE id = p_id
     RETURNING tenant_id, pool_id, resource INTO STRICT v_tenant, v_pool, v_resource;
-    PERFORM touch_for_booking(p_alloc_nodes, p_devices);
+    PERFORM touch_for_booking(p_devices, p_end_ms);
     PERFORM book_atoms(p_id, v_tenant, v_pool, v_resource, p_start_ms, p_end_ms, p_alloc_ids, p_alloc_nodes,
                        p_alloc_devices, p_devices, p_booking_allocs);
-    PERFORM refresh_free(p_devices, '{}');
 END
 $$;
 
--- The inline projection of an ending (cancelled, released, expired, failed), in one call: the summary rows of the
--- reservation's nodes and the atoms whose bookings reach past the end locked, the reservation row ended, its
--- live bookings truncated at the end and no longer live, and the summary brought up to date.
-CREATE FUNCTION inline_end(p_id text, p_state text, p_at_ms bigint, p_outcome text) RETURNS void
+-- The inline projection of an ending (cancelled, released, expired, failed), in one call: the atoms of the
+-- reservation's live bookings locked in id order (`booking_changes` bumped for those whose bookings reach past
+-- the end) with their ends of live bookings recomputed without this reservation, the reservation row ended, and
+-- its live bookings truncated at the end and no longer live. Returns the nodes whose atoms it freed.
+CREATE FUNCTION inline_end(p_id text, p_state text, p_at_ms bigint, p_outcome text) RETURNS text[]
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_devices text[];
+    v_at timestamptz := ms_ts(p_at_ms);
+    v_nodes text[];
 BEGIN
-    SELECT array_agg(b.device_id ORDER BY b.device_id) INTO v_devices
-    FROM device_bookings AS b WHERE b.reservation_id = p_id AND b.live;
-    IF v_devices IS NOT NULL THEN
-        PERFORM touch_for_booking(
-            ARRAY(SELECT a.node_id FROM allocations AS a WHERE a.reservation_id = p_id),
-            ARRAY(SELECT b.device_id FROM device_bookings AS b
-                  WHERE b.reservation_id = p_id AND b.live AND upper(b.during) > ms_ts(p_at_ms)));
-    END IF;
+    WITH mine AS (
+        SELECT b.device_id, bool_or(upper(b.during) > v_at) AS reaches
+        FROM device_bookings AS b
+        WHERE b.reservation_id = p_id AND b.live
+        GROUP BY b.device_id
+    ), locked AS (
+        SELECT d.id, mine.reaches FROM devices AS d JOIN mine ON mine.device_id = d.id ORDER BY d.id FOR UPDATE OF d
+    ), touched AS (
+        UPDATE devices AS d
+           SET booking_changes = d.booking_changes + CASE WHEN locked.reaches THEN 1 ELSE 0 END,
+               booked_until = (SELECT max(upper(b.during)) FROM device_bookings AS b
+                               WHERE b.device_id = d.id AND b.live AND b.reservation_id <> p_id)
+        FROM locked
+        WHERE d.id = locked.id
+        RETURNING d.node_id
+    )
+    SELECT array_agg(DISTINCT node_id ORDER BY node_id) INTO v_nodes FROM touched;
     UPDATE reservations
-       SET state = p_state, ended_at = ms_ts(p_at_ms), outcome = p_outcome, version = version + 1
+       SET state = p_state, ended_at = v_at, outcome = p_outcome, version = version + 1
      WHERE id = p_id;
-    IF v_devices IS NOT NULL THEN
+    IF v_nodes IS NOT NULL THEN
         UPDATE device_bookings
-           SET during = CASE WHEN upper(during) > ms_ts(p_at_ms)
-                             THEN tstzrange(lower(during), greatest(lower(during), ms_ts(p_at_ms)))
+           SET during = CASE WHEN upper(during) > v_at THEN tstzrange(lower(during), greatest(lower(during), v_at))
                              ELSE during END,
                live = false
          WHERE reservation_id = p_id AND live;
-        PERFORM refresh_free(v_devices, '{}');
     END IF;
+    RETURN coalesce(v_nodes, '{}');
 END
 $$;

@@ -485,29 +485,25 @@ pub enum AtomLock {
 pub enum Chosen {
     /// A chosen node is no longer schedulable.
     NodeGone,
-    /// Every chosen node is schedulable. `atoms`: the chosen atoms now locked by this transaction (all of them
-    /// unless some were skipped); `busy`: chosen nodes whose free-capacity summary another command is changing
-    /// (skipped, so empty unless the lock skips held rows).
-    Locked { atoms: Vec<String>, busy: Vec<String> },
+    /// Every chosen node is schedulable; these chosen atoms are now locked by this transaction (all of them unless
+    /// some were skipped).
+    Locked(Vec<String>),
 }
 
 /// Re-reads the chosen nodes `FOR SHARE`, so a concurrent cordon or delete cannot slip between the choice and
-/// the booking, then locks their free-capacity summary rows and the chosen atoms `FOR UPDATE`, in the lock order
-/// and in one statement: a command racing for the same nodes or atoms learns it here, before it writes anything.
-/// Under the command's repeatable-read snapshot, a row that another command changed and committed since the
-/// snapshot refuses the lock with a serialization failure (retried with a fresh snapshot).
-pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], class: &str, how: AtomLock) -> AppResult<Chosen> {
-    // The select list is evaluated left to right: nodes, then their summary rows, then the atoms.
+/// the booking, and then locks the chosen atoms `FOR UPDATE`, in the lock order and in one statement: a command
+/// racing for the same atoms learns it here, before it writes anything. Under the command's repeatable-read
+/// snapshot, an atom that another command booked and committed since the snapshot refuses the lock with a
+/// serialization failure (retried with a fresh snapshot).
+pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], how: AtomLock) -> AppResult<Chosen> {
+    // The select list is evaluated left to right, so the nodes are locked before the atoms.
     macro_rules! lock_chosen_sql {
-        ($lock:literal) => {
+        ($atoms:literal) => {
             concat!(
                 "SELECT (SELECT count(*) FROM (SELECT 1 FROM nodes WHERE id = ANY($1) AND schedulable ORDER BY id
                                               FOR SHARE) AS n),
-                        ARRAY(SELECT node_id FROM node_free WHERE node_id = ANY($1) AND class = $3 ORDER BY node_id ",
-                $lock,
-                "),
                         ARRAY(SELECT id FROM devices WHERE id = ANY($2) ORDER BY id ",
-                $lock,
+                $atoms,
                 ")"
             )
         };
@@ -516,13 +512,12 @@ pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], class: &st
         AtomLock::SkipHeld => lock_chosen_sql!("FOR UPDATE SKIP LOCKED"),
         AtomLock::Wait => lock_chosen_sql!("FOR UPDATE"),
     };
-    let (schedulable, summaries, locked): (i64, Vec<String>, Vec<String>) =
-        sql::query_as(statement).bind(nodes).bind(atoms).bind(class).fetch_one(tx.conn()).await?;
+    let (schedulable, locked): (i64, Vec<String>) =
+        sql::query_as(statement).bind(nodes).bind(atoms).fetch_one(tx.conn()).await?;
     if schedulable != nodes.len() as i64 {
         return Ok(Chosen::NodeGone);
     }
-    let busy = nodes.iter().filter(|node| !summaries.iter().any(|s| s == *node)).map(|node| node.to_string()).collect();
-    Ok(Chosen::Locked { atoms: locked, busy })
+    Ok(Chosen::Locked(locked))
 }
 
 /// Creates the tenant's quota row for (pool, resource) if needed and updates it: first in the lock order, it

@@ -606,34 +606,6 @@ async fn the_free_capacity_summary_follows_placements_extensions_endings_and_exp
 }
 
 #[tokio::test]
-async fn a_placement_passes_over_a_node_whose_summary_a_concurrent_command_is_changing() {
-    use bc_eventstore::{TxOptions, sql};
-    let fleet = Fleet::new().await;
-    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
-    let tight = fleet.node(&pool, "tight", 2, 0).await;
-    let roomy = fleet.node(&pool, "roomy", 4, 0).await;
-
-    // Another command is booking on the best-fitting node (it holds the node's summary row) and has not committed.
-    let mut holder = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
-    sql::query("SELECT 1 FROM node_free WHERE node_id = $1 FOR UPDATE")
-        .bind(tight.as_str())
-        .execute(holder.conn())
-        .await
-        .expect("lock the tight node's summary");
-    let raced = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        fleet.reserve(&fleet.owner, "racing", request(&pool, DeviceClass::Gpu, 1)),
-    )
-    .await
-    .expect("the reserve waited on a node another command is booking on instead of choosing another")
-    .expect("reserve");
-    assert_eq!(raced.reservation.allocations[0].node_id, roomy);
-    holder.rollback().await;
-    let calm = fleet.reserve(&fleet.owner, "calm", request(&pool, DeviceClass::Gpu, 1)).await.expect("reserve");
-    assert_eq!(calm.reservation.allocations[0].node_id, tight, "with nothing held, best fit wins");
-}
-
-#[tokio::test]
 async fn atoms_booked_only_after_a_window_are_placed_through_the_exact_query() {
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;

@@ -231,3 +231,43 @@ async fn a_call_carries_any_text_unchanged_and_shares_begin_s_and_commit_s_round
     let (tx, _) = t.db.begin_with(TxOptions::READ_ONLY, &Call::new("version")).await.expect("begin again");
     tx.commit().await.expect("commit");
 }
+
+#[tokio::test]
+async fn a_call_after_commit_runs_once_outside_the_transaction_and_only_when_it_committed() {
+    use bc_eventstore::sql::Call;
+    let t = with_scratch_table().await;
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query("CREATE TABLE noted (v int, isolation text, in_writer boolean)")
+        .execute(tx.conn())
+        .await
+        .expect("table");
+    sql::query(
+        "CREATE FUNCTION note(p int) RETURNS void LANGUAGE sql AS $$
+             INSERT INTO noted SELECT p, current_setting('transaction_isolation'), EXISTS (SELECT 1 FROM scratch)
+         $$",
+    )
+    .execute(tx.conn())
+    .await
+    .expect("function");
+    tx.commit().await.expect("commit");
+
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.expect("insert");
+    tx.after_commit(&Call::new("note").int4(1));
+    tx.after_commit(&Call::new("note").int4(1));
+    tx.commit().await.expect("commit");
+
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    tx.after_commit(&Call::new("note").int4(2));
+    tx.rollback().await;
+
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let noted: Vec<(i32, String, bool)> =
+        sql::query_as("SELECT v, isolation, in_writer FROM noted ORDER BY v").fetch_all(tx.conn()).await.expect("read");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        noted,
+        vec![(1, "read committed".to_owned(), true)],
+        "once, after the commit (it sees the committed row) at read committed, and never for a rollback"
+    );
+}

@@ -33,7 +33,6 @@ pub const TABLES: &[&str] = &[
     "reservations",
     "allocations",
     "device_bookings",
-    "node_free",
     "tenants",
     "identities",
     "identity_tokens",
@@ -363,7 +362,6 @@ async fn insert_node(tx: &mut Tx, node: NewNode<'_>) -> Result<()> {
 
 /// Inserts a node's devices, or updates the ones it already has; the node's free-capacity summary follows.
 async fn upsert_devices(tx: &mut Tx, node_id: &str, pool_id: &str, devices: &[Device]) -> Result<()> {
-    lock_node_free(tx, node_id).await?;
     let mut ids = Vec::with_capacity(devices.len());
     let mut classes = Vec::with_capacity(devices.len());
     let mut parents = Vec::with_capacity(devices.len());
@@ -534,7 +532,6 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
         NodeEvent::Rejoined(_) | NodeEvent::InventoryReported(_) => return Ok(()),
         NodeEvent::HardwareChanged(e) => {
             let removed: Vec<&str> = e.removed_devices.iter().map(|d| d.as_str()).collect();
-            lock_node_free(tx, node_id).await?;
             sql::query("DELETE FROM devices WHERE node_id = $1 AND id = ANY($2)")
                 .bind(node_id)
                 .bind(&removed)
@@ -570,7 +567,6 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
                 .await?;
         }
         NodeEvent::Deleted(_) => {
-            lock_node_free(tx, node_id).await?;
             for table in ["DELETE FROM node_identifiers WHERE node_id = $1", "DELETE FROM devices WHERE node_id = $1"] {
                 sql::query(table).bind(node_id).execute(tx.conn()).await?;
             }
@@ -639,38 +635,35 @@ async fn set_state(tx: &mut Tx, reservation_id: &str, state: ReservationState) -
     Ok(())
 }
 
-/// Locks the summary rows of `nodes`, then bumps `booking_changes` of the devices whose bookings this transaction
-/// is about to change, in device id order (the lock order: nodes, node_free, devices, device_bookings).
-async fn touch_for_booking(tx: &mut Tx, nodes: &[&str], devices: &[&str]) -> Result<()> {
+/// Locks the devices whose bookings this transaction is about to change and bumps their `booking_changes`, in
+/// device id order (the lock order: nodes, devices, device_bookings).
+async fn touch_for_booking(tx: &mut Tx, devices: &[&str]) -> Result<()> {
     if devices.is_empty() {
         return Ok(());
     }
-    sql::query("SELECT touch_for_booking($1, $2)").bind(nodes).bind(devices).execute(tx.conn()).await?;
+    sql::query("SELECT touch_for_booking($1, NULL)").bind(devices).execute(tx.conn()).await?;
     Ok(())
 }
 
-/// Brings the free-capacity summary up to date for `devices` (their ends of live bookings and their nodes' counts)
-/// and for the nodes in `nodes` (whose devices may be gone).
-async fn refresh_free(tx: &mut Tx, devices: &[&str], nodes: &[&str]) -> Result<()> {
-    sql::query("SELECT refresh_free($1, $2)").bind(devices).bind(nodes).execute(tx.conn()).await?;
-    Ok(())
+/// Recounts the free-capacity hint of `nodes` right after this transaction commits (see `node_free`).
+fn recount_after_commit(tx: &mut Tx, nodes: &[&str]) {
+    if nodes.is_empty() {
+        return;
+    }
+    let mut nodes = nodes.to_vec();
+    nodes.sort_unstable();
+    nodes.dedup();
+    tx.after_commit(&sql::Call::new("recount_free").texts(&nodes));
 }
 
-/// Locks a node's summary rows before its devices change (the lock order).
-async fn lock_node_free(tx: &mut Tx, node_id: &str) -> Result<()> {
-    sql::query("SELECT 1 FROM node_free WHERE node_id = $1 ORDER BY class FOR UPDATE")
-        .bind(node_id)
-        .execute(tx.conn())
-        .await?;
-    Ok(())
-}
-
-/// A node's devices changed (added, updated or removed): its summary rows follow.
+/// A node's devices changed (added, updated or removed): their ends of live bookings, and the node's free-capacity
+/// hint after the commit.
 async fn refresh_node_free(tx: &mut Tx, node_id: &str) -> Result<()> {
-    sql::query("SELECT refresh_free(ARRAY(SELECT id FROM devices WHERE node_id = $1 ORDER BY id), ARRAY[$1])")
+    sql::query("SELECT refresh_booked_until(ARRAY(SELECT id FROM devices WHERE node_id = $1 ORDER BY id))")
         .bind(node_id)
         .execute(tx.conn())
         .await?;
+    tx.after_commit(&sql::Call::new("summarize_nodes").texts(&[node_id]));
     Ok(())
 }
 
@@ -682,13 +675,15 @@ async fn end(
     at_ms: i64,
     outcome: Option<String>,
 ) -> Result<()> {
-    sql::query("SELECT inline_end($1, $2, $3, $4)")
+    let freed: Vec<String> = sql::query_scalar("SELECT inline_end($1, $2, $3, $4)")
         .bind(reservation_id)
         .bind(state.as_str())
         .bind(at_ms)
         .bind(outcome)
-        .execute(tx.conn())
+        .fetch_one(tx.conn())
         .await?;
+    let freed: Vec<&str> = freed.iter().map(String::as_str).collect();
+    recount_after_commit(tx, &freed);
     Ok(())
 }
 
@@ -740,6 +735,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
                 .bind(&rows.booking_allocations)
                 .execute(tx.conn())
                 .await?;
+            recount_after_commit(tx, &rows.node_ids);
         }
         ReservationEvent::Replaced(e) => {
             let row = sql::query(
@@ -758,8 +754,8 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             let (start_ms, end_ms): (i64, i64) = (row.try_get("start_ms")?, row.try_get("end_ms")?);
             let old_devices: Vec<String> = row.try_get("old_devices")?;
             let old_nodes: Vec<String> = row.try_get("old_nodes")?;
-            // The old bookings end before they began and the new ones take the window: the summary rows of every
-            // node and every device of both are touched once, in the lock order.
+            // The old bookings end before they began and the new ones take the window: every device of both is
+            // touched once, in id order.
             let rows = BookingRows::of(&e.allocations)?;
             let mut devices: Vec<&str> = old_devices.iter().map(String::as_str).collect();
             devices.extend(rows.devices.iter().copied());
@@ -769,7 +765,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             nodes.extend(rows.node_ids.iter().copied());
             nodes.sort_unstable();
             nodes.dedup();
-            touch_for_booking(tx, &nodes, &devices).await?;
+            touch_for_booking(tx, &devices).await?;
             sql::query(
                 "UPDATE device_bookings SET during = tstzrange(lower(during), lower(during)), live = false
                  WHERE reservation_id = $1 AND live",
@@ -792,7 +788,8 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
                 .bind(&rows.booking_allocations)
                 .execute(tx.conn())
                 .await?;
-            refresh_free(tx, &devices, &[]).await?;
+            sql::query("SELECT refresh_booked_until($1)").bind(&devices).execute(tx.conn()).await?;
+            recount_after_commit(tx, &nodes);
         }
         ReservationEvent::BindingStarted(_) => set_state(tx, id, ReservationState::Binding).await?,
         ReservationEvent::Activated(_) => set_state(tx, id, ReservationState::Active).await?,
@@ -814,20 +811,22 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
                 .await?;
         }
         ReservationEvent::Extended(e) => {
-            // The devices whose bookings end at the current end are bumped, in id order.
-            let devices: Vec<String> = sql::query_scalar(
+            // The devices whose bookings end at the current end are bumped, in id order, and booked longer.
+            sql::query(
                 "WITH locked AS (
                      SELECT id FROM devices
                      WHERE id IN (SELECT device_id FROM device_bookings
                                   WHERE reservation_id = $1 AND live AND upper(during) = ms_ts($2))
                      ORDER BY id FOR UPDATE
                  )
-                 UPDATE devices AS d SET booking_changes = d.booking_changes + 1 FROM locked WHERE d.id = locked.id
-                 RETURNING d.id",
+                 UPDATE devices AS d
+                    SET booking_changes = d.booking_changes + 1, booked_until = greatest(d.booked_until, ms_ts($3))
+                 FROM locked WHERE d.id = locked.id",
             )
             .bind(id)
             .bind(e.previous_end_ms)
-            .fetch_all(tx.conn())
+            .bind(e.end_ms)
+            .execute(tx.conn())
             .await?;
             sql::query("UPDATE reservations SET end_at = ms_ts($2), version = version + 1 WHERE id = $1")
                 .bind(id)
@@ -845,9 +844,6 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             .bind(e.previous_end_ms)
             .execute(tx.conn())
             .await?;
-            // The atoms are booked longer: their ends follow (their nodes' counts do not change).
-            let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
-            refresh_free(tx, &devices, &[]).await?;
         }
         ReservationEvent::Cancelled(_)
         | ReservationEvent::Released(_)
@@ -974,6 +970,8 @@ pub async fn rebuild_into(tx: &mut Tx, schema: &str) -> Result<u64> {
             }
         }
     }
+    // The free-capacity hint is not rebuilt here (it is a hint over the live tables, not an inline table).
+    tx.clear_after_commit();
     Ok(applied)
 }
 
