@@ -310,12 +310,9 @@ impl Tx {
     /// own implicit one, at the session's default isolation, read committed): for bookkeeping that must follow a
     /// commit but must never conflict with it, such as a hint recounted from what the transaction wrote. Only
     /// when the commit succeeds; the call must not fail (its error would read as the commit's), so it catches its
-    /// own. Identical calls are sent once.
+    /// own. Calls run in the order they were queued.
     pub fn after_commit(&mut self, call: &crate::sql::Call) {
-        let statement = call.statement();
-        if !self.after_commit.contains(&statement) {
-            self.after_commit.push(statement);
-        }
+        self.after_commit.push(call.statement());
     }
 
     /// Forgets the calls [`Tx::after_commit`] queued (a rebuild into a scratch schema queues calls for the live

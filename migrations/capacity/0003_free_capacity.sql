@@ -47,20 +47,17 @@ CREATE INDEX node_free_best_fit ON node_free (pool_id, class, free, node_id);
 CREATE INDEX devices_node ON devices (node_id);
 
 -- Recounts the summary rows of the given nodes from their devices (an atom counts as free when it has no live
--- booking, or only ones that have ended by now): each node class's row is written again, added or removed as its
--- bookable atoms say. Runs right after the COMMIT of a node's change, so it must never fail the caller (its error
+-- booking): each node class's row is written again, added or removed as its bookable atoms say. Runs right after the COMMIT of a node's change, so it must never fail the caller (its error
 -- would read as the commit's): a recount lost to an error is made by the next change. Its own commit does not wait
 -- for the disk: a hint lost in a crash only costs the order placement reads nodes in until the next recount.
 CREATE FUNCTION summarize_nodes(p_nodes text[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    v_now timestamptz := compute_now();
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     WITH counted AS (
         SELECT d.node_id, d.class, min(d.pool_id) AS pool_id, count(*)::int AS atoms,
-               (count(*) FILTER (WHERE d.booked_until IS NULL OR d.booked_until <= v_now))::int AS free
+               (count(*) FILTER (WHERE d.booked_until IS NULL))::int AS free
         FROM devices AS d
         WHERE d.node_id = ANY(p_nodes) AND d.bookable
         GROUP BY d.node_id, d.class
@@ -84,26 +81,19 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 
--- As summarize_nodes, for nodes whose atoms were only booked or freed (their rows exist and keep their atoms):
--- one update of the rows whose free count changed.
-CREATE FUNCTION recount_free(p_nodes text[]) RETURNS void
+-- Moves the free counts of node classes by what a committed change booked or freed: `p_deltas` is a JSON array of
+-- [node, class, change] as the inline projections return them. Runs after the COMMIT, like summarize_nodes.
+CREATE FUNCTION adjust_free(p_deltas jsonb) RETURNS void
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    v_now timestamptz := compute_now();
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    UPDATE node_free AS f SET free = c.free
-    FROM (
-        SELECT d.node_id, d.class,
-               (count(*) FILTER (WHERE d.booked_until IS NULL OR d.booked_until <= v_now))::int AS free
-        FROM devices AS d
-        WHERE d.node_id = ANY(p_nodes) AND d.bookable
-        GROUP BY d.node_id, d.class
-    ) AS c
-    WHERE f.node_id = c.node_id AND f.class = c.class AND f.free <> c.free;
+    UPDATE node_free AS f SET free = greatest(0, least(f.atoms, f.free + u.delta))
+    FROM (SELECT e ->> 0 AS node_id, e ->> 1 AS class, (e ->> 2)::int AS delta
+          FROM jsonb_array_elements(p_deltas) AS e) AS u
+    WHERE f.node_id = u.node_id AND f.class = u.class;
 EXCEPTION WHEN OTHERS THEN
-    RAISE WARNING 'recount_free: % (%)', SQLERRM, SQLSTATE;
+    RAISE WARNING 'adjust_free: % (%)', SQLERRM, SQLSTATE;
 END
 $$;
 
@@ -135,8 +125,7 @@ AS $$
     WHERE d.id = l.id AND d.booked_until IS DISTINCT FROM l.until;
     DELETE FROM node_free;
     INSERT INTO node_free (node_id, class, pool_id, atoms, free)
-    SELECT d.node_id, d.class, min(d.pool_id), count(*)::int,
-           (count(*) FILTER (WHERE d.booked_until IS NULL OR d.booked_until <= compute_now()))::int
+    SELECT d.node_id, d.class, min(d.pool_id), count(*)::int, (count(*) FILTER (WHERE d.booked_until IS NULL))::int
     FROM devices AS d
     WHERE d.bookable
     GROUP BY d.node_id, d.class;
@@ -146,17 +135,29 @@ SELECT rebuild_free_capacity();
 
 -- Locks the devices whose bookings this transaction is about to change, in id order (the lock order), bumps
 -- their `booking_changes` (see devices.booking_changes) and, when the bookings reach `p_until_ms`, their
--- `booked_until` with it.
-CREATE FUNCTION touch_for_booking(p_devices text[], p_until_ms bigint) RETURNS void
+-- `booked_until` with it. Returns how the free counts of their nodes' classes change, for adjust_free.
+CREATE FUNCTION touch_for_booking(p_devices text[], p_until_ms bigint) RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_deltas jsonb;
 BEGIN
-    UPDATE devices AS d
-       SET booking_changes = d.booking_changes + 1,
-           booked_until = CASE WHEN p_until_ms IS NULL THEN d.booked_until
-                               ELSE greatest(d.booked_until, ms_ts(p_until_ms)) END
-    FROM (SELECT id FROM devices WHERE id = ANY(p_devices) ORDER BY id FOR UPDATE) AS locked
-    WHERE d.id = locked.id;
+    WITH locked AS (
+        SELECT id, booked_until IS NULL AS was_free FROM devices WHERE id = ANY(p_devices) ORDER BY id FOR UPDATE
+    ), touched AS (
+        UPDATE devices AS d
+           SET booking_changes = d.booking_changes + 1,
+               booked_until = CASE WHEN p_until_ms IS NULL THEN d.booked_until
+                                   ELSE greatest(d.booked_until, ms_ts(p_until_ms)) END
+        FROM locked
+        WHERE d.id = locked.id
+        RETURNING d.node_id, d.class, (d.booked_until IS NULL)::int - locked.was_free::int AS delta
+    )
+    SELECT coalesce(jsonb_agg(jsonb_build_array(c.node_id, c.class, c.delta) ORDER BY c.node_id, c.class), '[]')
+      INTO v_deltas
+    FROM (SELECT node_id, class, sum(delta)::int AS delta FROM touched GROUP BY node_id, class) AS c
+    WHERE c.delta <> 0;
+    RETURN v_deltas;
 END
 $$;
 
@@ -182,39 +183,41 @@ END
 $$;
 
 -- The inline projection of `reservation.placed`, in one call: the reservation row, its atoms locked in id order
--- and their ends of live bookings raised, its allocations and its bookings.
+-- and their ends of live bookings raised, its allocations and its bookings. Returns the free counts' changes.
 CREATE FUNCTION inline_placed(
     p_id text, p_start_ms bigint, p_end_ms bigint, p_lease_ms bigint,
     p_alloc_ids text[], p_alloc_nodes text[], p_alloc_devices text[], p_devices text[], p_booking_allocs text[])
-RETURNS void
+RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_tenant text;
     v_pool text;
     v_resource text;
+    v_deltas jsonb;
 BEGIN
     UPDATE reservations
        SET state = 'placed', start_at = ms_ts(p_start_ms), end_at = ms_ts(p_end_ms),
            lease_deadline = ms_ts(p_lease_ms), version = version + 1
      WHERE id = p_id
     RETURNING tenant_id, pool_id, resource INTO STRICT v_tenant, v_pool, v_resource;
-    PERFORM touch_for_booking(p_devices, p_end_ms);
+    v_deltas := touch_for_booking(p_devices, p_end_ms);
     PERFORM book_atoms(p_id, v_tenant, v_pool, v_resource, p_start_ms, p_end_ms, p_alloc_ids, p_alloc_nodes,
                        p_alloc_devices, p_devices, p_booking_allocs);
+    RETURN v_deltas;
 END
 $$;
 
 -- The inline projection of an ending (cancelled, released, expired, failed), in one call: the atoms of the
 -- reservation's live bookings locked in id order (`booking_changes` bumped for those whose bookings reach past
 -- the end) with their ends of live bookings recomputed without this reservation, the reservation row ended, and
--- its live bookings truncated at the end and no longer live. Returns the nodes whose atoms it freed.
-CREATE FUNCTION inline_end(p_id text, p_state text, p_at_ms bigint, p_outcome text) RETURNS text[]
+-- its live bookings truncated at the end and no longer live. Returns the free counts' changes, for adjust_free.
+CREATE FUNCTION inline_end(p_id text, p_state text, p_at_ms bigint, p_outcome text) RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_at timestamptz := ms_ts(p_at_ms);
-    v_nodes text[];
+    v_deltas jsonb;
 BEGIN
     WITH mine AS (
         SELECT b.device_id, bool_or(upper(b.during) > v_at) AS reaches
@@ -222,7 +225,10 @@ BEGIN
         WHERE b.reservation_id = p_id AND b.live
         GROUP BY b.device_id
     ), locked AS (
-        SELECT d.id, mine.reaches FROM devices AS d JOIN mine ON mine.device_id = d.id ORDER BY d.id FOR UPDATE OF d
+        SELECT d.id, mine.reaches, d.booked_until IS NULL AS was_free
+        FROM devices AS d JOIN mine ON mine.device_id = d.id
+        ORDER BY d.id
+        FOR UPDATE OF d
     ), touched AS (
         UPDATE devices AS d
            SET booking_changes = d.booking_changes + CASE WHEN locked.reaches THEN 1 ELSE 0 END,
@@ -230,19 +236,20 @@ BEGIN
                                WHERE b.device_id = d.id AND b.live AND b.reservation_id <> p_id)
         FROM locked
         WHERE d.id = locked.id
-        RETURNING d.node_id
+        RETURNING d.node_id, d.class, (d.booked_until IS NULL)::int - locked.was_free::int AS delta
     )
-    SELECT array_agg(DISTINCT node_id ORDER BY node_id) INTO v_nodes FROM touched;
+    SELECT jsonb_agg(jsonb_build_array(c.node_id, c.class, c.delta) ORDER BY c.node_id, c.class) INTO v_deltas
+    FROM (SELECT node_id, class, sum(delta)::int AS delta FROM touched GROUP BY node_id, class) AS c;
     UPDATE reservations
        SET state = p_state, ended_at = v_at, outcome = p_outcome, version = version + 1
      WHERE id = p_id;
-    IF v_nodes IS NOT NULL THEN
+    IF v_deltas IS NOT NULL THEN
         UPDATE device_bookings
            SET during = CASE WHEN upper(during) > v_at THEN tstzrange(lower(during), greatest(lower(during), v_at))
                              ELSE during END,
                live = false
          WHERE reservation_id = p_id AND live;
     END IF;
-    RETURN coalesce(v_nodes, '{}');
+    RETURN coalesce((SELECT jsonb_agg(e) FROM jsonb_array_elements(v_deltas) AS e WHERE (e ->> 2)::int <> 0), '[]');
 END
 $$;

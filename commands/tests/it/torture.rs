@@ -365,6 +365,33 @@ async fn capacity_torture_keeps_every_invariant() {
     )
     .await;
     assert_eq!(ended_late, 0, "an ended reservation still holds time after its end (seed {seed})");
+    // The free-capacity summary: each atom's end of live bookings is exactly that, and the hint that orders
+    // placement, moved after every commit by what it booked or freed, adds up to a recount from the devices.
+    let wrong_ends = scalar(
+        &mut tx,
+        "SELECT count(*) FROM devices AS d
+         WHERE d.booked_until IS DISTINCT FROM (SELECT max(upper(b.during)) FROM device_bookings AS b
+                                                 WHERE b.device_id = d.id AND b.live)",
+    )
+    .await;
+    assert_eq!(wrong_ends, 0, "an atom's booked_until is not the end of its live bookings (seed {seed})");
+    let live_but_ended = scalar(
+        &mut tx,
+        "SELECT count(*) FROM device_bookings AS b JOIN reservations AS r ON r.id = b.reservation_id
+         WHERE b.live AND (r.ended_at IS NOT NULL OR isempty(b.during))",
+    )
+    .await;
+    assert_eq!(live_but_ended, 0, "a booking of an ended reservation is still live (seed {seed})");
+    let drifted = scalar(
+        &mut tx,
+        "SELECT count(*) FROM node_free AS f
+         FULL JOIN (SELECT node_id, class, count(*) AS atoms, count(*) FILTER (WHERE booked_until IS NULL) AS free
+                    FROM devices WHERE bookable GROUP BY node_id, class) AS c
+              ON c.node_id = f.node_id AND c.class = f.class
+         WHERE (f.atoms, f.free) IS DISTINCT FROM (c.atoms, c.free)",
+    )
+    .await;
+    assert_eq!(drifted, 0, "the free-capacity hint drifted from the devices (seed {seed})");
     // Every stream's events appear in the log in version order.
     let out_of_order = scalar(
         &mut tx,

@@ -233,7 +233,7 @@ async fn a_call_carries_any_text_unchanged_and_shares_begin_s_and_commit_s_round
 }
 
 #[tokio::test]
-async fn a_call_after_commit_runs_once_outside_the_transaction_and_only_when_it_committed() {
+async fn calls_after_commit_run_in_order_outside_the_transaction_and_only_when_it_committed() {
     use bc_eventstore::sql::Call;
     let t = with_scratch_table().await;
     let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
@@ -254,20 +254,22 @@ async fn a_call_after_commit_runs_once_outside_the_transaction_and_only_when_it_
     let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
     sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.expect("insert");
     tx.after_commit(&Call::new("note").int4(1));
-    tx.after_commit(&Call::new("note").int4(1));
+    tx.after_commit(&Call::new("note").int4(2));
     tx.commit().await.expect("commit");
 
     let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
-    tx.after_commit(&Call::new("note").int4(2));
+    tx.after_commit(&Call::new("note").int4(3));
     tx.rollback().await;
 
     let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
-    let noted: Vec<(i32, String, bool)> =
-        sql::query_as("SELECT v, isolation, in_writer FROM noted ORDER BY v").fetch_all(tx.conn()).await.expect("read");
+    let noted: Vec<(i32, String, bool)> = sql::query_as("SELECT v, isolation, in_writer FROM noted ORDER BY ctid")
+        .fetch_all(tx.conn())
+        .await
+        .expect("read");
     tx.commit().await.expect("commit");
     assert_eq!(
         noted,
-        vec![(1, "read committed".to_owned(), true)],
-        "once, after the commit (it sees the committed row) at read committed, and never for a rollback"
+        vec![(1, "read committed".to_owned(), true), (2, "read committed".to_owned(), true)],
+        "in order, after the commit (they see the committed row) at read committed, and never for a rollback"
     );
 }

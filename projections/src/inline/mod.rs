@@ -645,15 +645,19 @@ async fn touch_for_booking(tx: &mut Tx, devices: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Recounts the free-capacity hint of `nodes` right after this transaction commits (see `node_free`).
-fn recount_after_commit(tx: &mut Tx, nodes: &[&str]) {
-    if nodes.is_empty() {
-        return;
+/// Moves the free-capacity hint by `deltas` (a JSON array of [node, class, change] from the inline functions)
+/// right after this transaction commits (see `node_free`).
+fn adjust_after_commit(tx: &mut Tx, deltas: &str) {
+    if deltas != "[]" {
+        tx.after_commit(&sql::Call::new("adjust_free").jsonb(deltas));
     }
-    let mut nodes = nodes.to_vec();
-    nodes.sort_unstable();
-    nodes.dedup();
-    tx.after_commit(&sql::Call::new("recount_free").texts(&nodes));
+}
+
+/// Recounts the free-capacity hint of `nodes` from their devices right after this transaction commits.
+fn summarize_after_commit(tx: &mut Tx, nodes: &[&str]) {
+    if !nodes.is_empty() {
+        tx.after_commit(&sql::Call::new("summarize_nodes").texts(nodes));
+    }
 }
 
 /// A node's devices changed (added, updated or removed): their ends of live bookings, and the node's free-capacity
@@ -663,7 +667,7 @@ async fn refresh_node_free(tx: &mut Tx, node_id: &str) -> Result<()> {
         .bind(node_id)
         .execute(tx.conn())
         .await?;
-    tx.after_commit(&sql::Call::new("summarize_nodes").texts(&[node_id]));
+    summarize_after_commit(tx, &[node_id]);
     Ok(())
 }
 
@@ -675,15 +679,14 @@ async fn end(
     at_ms: i64,
     outcome: Option<String>,
 ) -> Result<()> {
-    let freed: Vec<String> = sql::query_scalar("SELECT inline_end($1, $2, $3, $4)")
+    let deltas: String = sql::query_scalar("SELECT inline_end($1, $2, $3, $4)::text")
         .bind(reservation_id)
         .bind(state.as_str())
         .bind(at_ms)
         .bind(outcome)
         .fetch_one(tx.conn())
         .await?;
-    let freed: Vec<&str> = freed.iter().map(String::as_str).collect();
-    recount_after_commit(tx, &freed);
+    adjust_after_commit(tx, &deltas);
     Ok(())
 }
 
@@ -723,7 +726,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
         }
         ReservationEvent::Placed(e) => {
             let rows = BookingRows::of(&e.allocations)?;
-            sql::query("SELECT inline_placed($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+            let deltas: String = sql::query_scalar("SELECT inline_placed($1, $2, $3, $4, $5, $6, $7, $8, $9)::text")
                 .bind(id)
                 .bind(e.start_ms)
                 .bind(e.end_ms)
@@ -733,9 +736,9 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
                 .bind(&rows.device_lists)
                 .bind(&rows.devices)
                 .bind(&rows.booking_allocations)
-                .execute(tx.conn())
+                .fetch_one(tx.conn())
                 .await?;
-            recount_after_commit(tx, &rows.node_ids);
+            adjust_after_commit(tx, &deltas);
         }
         ReservationEvent::Replaced(e) => {
             let row = sql::query(
@@ -789,7 +792,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
                 .execute(tx.conn())
                 .await?;
             sql::query("SELECT refresh_booked_until($1)").bind(&devices).execute(tx.conn()).await?;
-            recount_after_commit(tx, &nodes);
+            summarize_after_commit(tx, &nodes);
         }
         ReservationEvent::BindingStarted(_) => set_state(tx, id, ReservationState::Binding).await?,
         ReservationEvent::Activated(_) => set_state(tx, id, ReservationState::Active).await?,
