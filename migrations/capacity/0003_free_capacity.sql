@@ -9,8 +9,8 @@
 --   `booked_until` is NULL or not after a window's start is free over the whole window, whatever its length. An
 --   atom booked only later than a window is free over it too, but not found this way (placement then falls
 --   back to the exact query).
--- * `node_free`: one row per node and atom class, how many bookable atoms it has and how many are free now, in
---   an index that placement reads best fit first, stopping at the first nodes whose atoms fit.
+-- * `node_free`: one row per node and atom class, how many bookable atoms it has and how many have no live
+--   booking, in an index that placement reads best fit first, stopping at the first nodes whose atoms fit.
 --
 -- The exclusion constraint stays the guard; the summary only says where to look.
 
@@ -30,9 +30,9 @@ CREATE INDEX device_bookings_live ON device_bookings (device_id, upper(during)) 
 
 ALTER TABLE devices ADD COLUMN booked_until timestamptz;
 
--- Not an inline table: an ordering hint over `devices`, recounted right after each commit that changed a node's
--- bookings or devices (in the same round trip as the COMMIT, at read committed, so it never conflicts with a
--- command), and wholly by `rebuild_free_capacity`. A stale row only changes the order placement reads nodes in:
+-- Not an inline table: an ordering hint over `devices`, moved right after each commit that booked or freed a node's
+-- atoms and recounted after one that changed its devices (in the same round trip as the COMMIT, at read
+-- committed, so it never conflicts with a command), and remade whole by `rebuild_free_capacity`. A stale row only changes the order placement reads nodes in:
 -- whether an atom is free is always decided from `devices.booked_until` in the command's own snapshot.
 CREATE TABLE node_free (
     node_id text NOT NULL,
@@ -47,9 +47,10 @@ CREATE INDEX node_free_best_fit ON node_free (pool_id, class, free, node_id);
 CREATE INDEX devices_node ON devices (node_id);
 
 -- Recounts the summary rows of the given nodes from their devices (an atom counts as free when it has no live
--- booking): each node class's row is written again, added or removed as its bookable atoms say. Runs right after the COMMIT of a node's change, so it must never fail the caller (its error
--- would read as the commit's): a recount lost to an error is made by the next change. Its own commit does not wait
--- for the disk: a hint lost in a crash only costs the order placement reads nodes in until the next recount.
+-- booking): each node class's row is written again, added or removed as its bookable atoms say. Runs right after
+-- the COMMIT of a node's change, so it must never fail the caller (its error would read as the commit's): a
+-- recount lost to an error is made by the next change. Its own commit does not wait for the disk: a hint lost in
+-- a crash only costs the order placement reads nodes in until the next recount.
 CREATE FUNCTION summarize_nodes(p_nodes text[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
