@@ -218,6 +218,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_at timestamptz := ms_ts(p_at_ms);
+    v_held boolean;
     v_deltas jsonb;
 BEGIN
     WITH mine AS (
@@ -239,18 +240,21 @@ BEGIN
         WHERE d.id = locked.id
         RETURNING d.node_id, d.class, (d.booked_until IS NULL)::int - locked.was_free::int AS delta
     )
-    SELECT jsonb_agg(jsonb_build_array(c.node_id, c.class, c.delta) ORDER BY c.node_id, c.class) INTO v_deltas
+    SELECT count(*) > 0,
+           coalesce(jsonb_agg(jsonb_build_array(c.node_id, c.class, c.delta) ORDER BY c.node_id, c.class)
+                    FILTER (WHERE c.delta <> 0), '[]')
+      INTO v_held, v_deltas
     FROM (SELECT node_id, class, sum(delta)::int AS delta FROM touched GROUP BY node_id, class) AS c;
     UPDATE reservations
        SET state = p_state, ended_at = v_at, outcome = p_outcome, version = version + 1
      WHERE id = p_id;
-    IF v_deltas IS NOT NULL THEN
+    IF v_held THEN
         UPDATE device_bookings
            SET during = CASE WHEN upper(during) > v_at THEN tstzrange(lower(during), greatest(lower(during), v_at))
                              ELSE during END,
                live = false
          WHERE reservation_id = p_id AND live;
     END IF;
-    RETURN coalesce((SELECT jsonb_agg(e) FROM jsonb_array_elements(v_deltas) AS e WHERE (e ->> 2)::int <> 0), '[]');
+    RETURN v_deltas;
 END
 $$;

@@ -571,7 +571,8 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
                 sql::query(table).bind(node_id).execute(tx.conn()).await?;
             }
             sql::query("DELETE FROM nodes WHERE id = $1").bind(node_id).execute(tx.conn()).await?;
-            refresh_node_free(tx, node_id).await?;
+            // No devices are left to refresh: only the node's summary rows, which the recount removes.
+            summarize_after_commit(tx, &[node_id]);
             return Ok(());
         }
     }
