@@ -209,6 +209,7 @@ impl Db {
                 appended: None,
                 appends: Arc::clone(&self.appends),
                 after_commit: Vec::new(),
+                deferred: Vec::new(),
             };
             match sqlx::raw_sql(AssertSqlSafe(text.clone())).fetch_all(tx.conn()).await {
                 Ok(rows) => return Ok((tx, rows)),
@@ -290,6 +291,8 @@ pub struct Tx {
     appends: Arc<watch::Sender<Position>>,
     /// Calls sent right after COMMIT, in the same message (see [`Tx::after_commit`]).
     after_commit: Vec<String>,
+    /// Calls sent right before COMMIT, in the same message (see [`Tx::defer`]).
+    deferred: Vec<String>,
 }
 
 impl Tx {
@@ -313,6 +316,29 @@ impl Tx {
     /// own. Calls run in the order they were queued.
     pub fn after_commit(&mut self, call: &crate::sql::Call) {
         self.after_commit.push(call.statement());
+    }
+
+    /// Sends `call` with this transaction's COMMIT, in the same round trip and before it, inside the transaction:
+    /// for a write whose answer nobody needs and that nothing later in the transaction reads (a wake queued for the
+    /// worker). An error from it is the commit's, and rolls everything back. Calls run in the order they were
+    /// queued.
+    pub fn defer(&mut self, call: &crate::sql::Call) {
+        self.deferred.push(call.statement());
+    }
+
+    /// Runs `calls` in this transaction, one after another, in one round trip (one message of the simple query
+    /// protocol): what each answered, in order. The first that fails stops the rest, and the transaction is then
+    /// aborted (the error is returned; roll back).
+    pub async fn calls(&mut self, calls: &[crate::sql::Call]) -> Result<Vec<Option<String>>> {
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        let text = calls.iter().map(crate::sql::Call::statement).collect::<Vec<_>>().join("; ");
+        let rows = sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&mut *self.conn).await?;
+        if rows.len() != calls.len() {
+            return Err(Error::Internal(format!("{} server-side calls answered {} rows", calls.len(), rows.len())));
+        }
+        rows.iter().map(|row| first_text(std::slice::from_ref(row))).collect()
     }
 
     /// Forgets the calls [`Tx::after_commit`] queued (a rebuild into a scratch schema queues calls for the live
@@ -340,9 +366,16 @@ impl Tx {
         first_text(&rows)
     }
 
-    /// `statement` and COMMIT in one message; the rows the statement answered.
+    /// The deferred calls, `statement` and COMMIT in one message; the rows the statement answered.
     async fn commit_after(mut self, statement: String) -> Result<Vec<PgRow>> {
-        let mut text = format!("{statement}; COMMIT");
+        let deferred = self.deferred.len();
+        let mut text = String::new();
+        for call in self.deferred.drain(..) {
+            text.push_str(&call);
+            text.push_str("; ");
+        }
+        text.push_str(&statement);
+        text.push_str("; COMMIT");
         for call in self.after_commit.drain(..) {
             text.push_str("; ");
             text.push_str(&call);
@@ -359,7 +392,8 @@ impl Tx {
                         higher
                     });
                 }
-                Ok(rows)
+                // Each deferred call answered one row, before the statement's.
+                Ok(rows.into_iter().skip(deferred).collect())
             }
             Err(err) if sql_state(&err).as_deref() == Some(IN_FAILED_SQL_TRANSACTION) => {
                 self.rollback().await;
@@ -406,6 +440,21 @@ impl Tx {
         E: From<Error>,
     {
         sqlx::raw_sql(AssertSqlSafe(format!("SAVEPOINT {name}"))).execute(self.conn()).await.map_err(Error::from)?;
+        // What the savepoint queued for the commit goes with it when it is rolled back.
+        let marks = (self.deferred.len(), self.after_commit.len());
+        let result = self.run_to_release(name, f).await;
+        if result.is_err() {
+            self.deferred.truncate(marks.0);
+            self.after_commit.truncate(marks.1);
+        }
+        result
+    }
+
+    async fn run_to_release<'a, T, E, F>(&mut self, name: &str, f: F) -> Result<T, E>
+    where
+        F: for<'t> FnOnce(&'t mut Tx) -> ScopedBoxFuture<'a, 't, Result<T, E>>,
+        E: From<Error>,
+    {
         match f(self).await {
             Ok(value) => {
                 match sqlx::raw_sql(AssertSqlSafe(format!("RELEASE SAVEPOINT {name}"))).execute(self.conn()).await {

@@ -95,19 +95,8 @@ pub const APPEND_SQL: &str = "SELECT head, log_epoch, txid, seq, stream_version
 /// Not cancel-safe in the sense that matters: once sent, the statement may have run. The transaction is
 /// what makes it atomic.
 pub async fn append(tx: &mut Tx, batch: AppendBatch<'_>) -> Result<Appended> {
-    if batch.events.is_empty() {
-        return Err(Error::InvalidArgument(format!("an append to {} carries no events", batch.stream_id)));
-    }
-    if batch.stream_id.is_empty() {
-        return Err(Error::InvalidArgument("an append names no stream".to_owned()));
-    }
-    let expected = match batch.expected {
-        ExpectedVersion::Exact(version) => Some(
-            i32::try_from(version)
-                .map_err(|_| Error::InvalidArgument(format!("expected version {version} is out of range")))?,
-        ),
-        ExpectedVersion::Any => None,
-    };
+    check_batch(&batch)?;
+    let expected = expected_version(batch.expected)?;
     let event_types: Vec<&str> = batch.events.iter().map(|e| e.event_type.as_str()).collect();
     let schema_versions: Vec<i16> = batch.events.iter().map(|e| e.schema_version).collect();
     let payloads: Vec<&[u8]> = batch.events.iter().map(|e| e.payload.as_slice()).collect();
@@ -137,6 +126,90 @@ pub async fn append(tx: &mut Tx, batch: AppendBatch<'_>) -> Result<Appended> {
         .map_err(|err| Error::Internal(err.to_string()))?;
     tx.mark_appended(position);
     Ok(Appended { first_version: head as u32 + 1, last_version: last_version as u32, position })
+}
+
+/// SQLSTATE `BC409`: `append_events_or_refuse` found the stream's head elsewhere than expected.
+const HEAD_MOVED: &str = "BC409";
+
+/// Appends a batch and runs `then` after it in the same transaction, all in one round trip (one message of the
+/// simple query protocol): the way a command writes its events and every inline table they change at once. The
+/// append refuses a head that is not the expected one with an error, so nothing of `then` runs without it; that
+/// and losing the race for a version are [`Error::Conflict`], as from [`append`]. Answers where the batch landed
+/// and what each call of `then` answered, in order.
+pub async fn append_with(
+    tx: &mut Tx,
+    batch: AppendBatch<'_>,
+    then: &[sql::Call],
+) -> Result<(Appended, Vec<Option<String>>)> {
+    check_batch(&batch)?;
+    let expected = expected_version(batch.expected)?;
+    let event_types: Vec<&str> = batch.events.iter().map(|e| e.event_type.as_str()).collect();
+    let schema_versions: Vec<i16> = batch.events.iter().map(|e| e.schema_version).collect();
+    let payloads: Vec<&[u8]> = batch.events.iter().map(|e| e.payload.as_slice()).collect();
+    let metadata: Vec<&[u8]> = batch.events.iter().map(|e| e.metadata.as_slice()).collect();
+    let append = sql::Call::new("append_events_or_refuse")
+        .text(batch.stream_id)
+        .opt_text(batch.tenant_id)
+        .opt_int4(expected)
+        .texts(&event_types)
+        .int2s(&schema_versions)
+        .byteas(&payloads)
+        .byteas(&metadata);
+    let mut calls = Vec::with_capacity(then.len() + 1);
+    calls.push(append);
+    calls.extend_from_slice(then);
+    let mut answers = match tx.calls(&calls).await {
+        Ok(answers) => answers,
+        Err(Error::Database(err)) if crate::error::sql_state(&err).as_deref() == Some(HEAD_MOVED) => {
+            return Err(Error::Conflict {
+                stream_id: batch.stream_id.to_owned(),
+                expected: expected.map_or(0, |v| v as u32),
+                actual: None,
+            });
+        }
+        Err(Error::Database(err)) => return Err(conflict_on_unique_violation(err, batch.stream_id, batch.expected)),
+        Err(other) => return Err(other),
+    };
+    let landed = answers.remove(0).ok_or_else(|| Error::Internal("the append answered NULL".to_owned()))?;
+    let appended = parse_landed(&landed)?;
+    tx.mark_appended(appended.position);
+    Ok((appended, answers))
+}
+
+/// Reads `append_events_or_refuse`'s answer: `head last_version epoch txid seq`.
+fn parse_landed(text: &str) -> Result<Appended> {
+    let bad = || Error::Internal(format!("the append answered {text:?}"));
+    let parts: Vec<&str> = text.split(' ').collect();
+    let [head, last, epoch, txid, seq] = parts.as_slice() else { return Err(bad()) };
+    let number = |part: &str| part.parse::<i64>().map_err(|_| bad());
+    let (head, last) = (number(head)?, number(last)?);
+    let position = Position::from_row(i32::try_from(number(epoch)?).map_err(|_| bad())?, txid, number(seq)?)
+        .map_err(|err| Error::Internal(err.to_string()))?;
+    Ok(Appended {
+        first_version: u32::try_from(head + 1).map_err(|_| bad())?,
+        last_version: u32::try_from(last).map_err(|_| bad())?,
+        position,
+    })
+}
+
+fn check_batch(batch: &AppendBatch<'_>) -> Result<()> {
+    if batch.events.is_empty() {
+        return Err(Error::InvalidArgument(format!("an append to {} carries no events", batch.stream_id)));
+    }
+    if batch.stream_id.is_empty() {
+        return Err(Error::InvalidArgument("an append names no stream".to_owned()));
+    }
+    Ok(())
+}
+
+fn expected_version(expected: ExpectedVersion) -> Result<Option<i32>> {
+    match expected {
+        ExpectedVersion::Exact(version) => Ok(Some(
+            i32::try_from(version)
+                .map_err(|_| Error::InvalidArgument(format!("expected version {version} is out of range")))?,
+        )),
+        ExpectedVersion::Any => Ok(None),
+    }
 }
 
 fn conflict_on_unique_violation(err: sqlx::Error, stream_id: &str, expected: ExpectedVersion) -> Error {

@@ -87,6 +87,13 @@ impl Call {
         }
     }
 
+    pub fn opt_int4(self, value: Option<i32>) -> Call {
+        match value {
+            Some(value) => self.int4(value),
+            None => self.push("NULL::int4".to_owned()),
+        }
+    }
+
     pub fn int4(self, value: i32) -> Call {
         self.push(format!("{value}::int4"))
     }

@@ -197,3 +197,56 @@ async fn waiting_for_the_horizon_ends_when_the_older_transactions_do() {
     assert!(matches!(&err, Error::InvalidArgument(m) if m.contains("READ COMMITTED")), "{err}");
     fixed.rollback().await;
 }
+
+#[tokio::test]
+async fn an_append_with_its_inline_calls_lands_as_append_does_and_a_moved_head_runs_none_of_them() {
+    use bc_eventstore::sql::{self as sql, Call};
+    let t = TestDb::new().await;
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    sql::query("CREATE TABLE written (v int)").execute(tx.conn()).await.expect("table");
+    sql::query("CREATE FUNCTION write_one(p int) RETURNS int LANGUAGE sql AS $$ INSERT INTO written VALUES (p) RETURNING p * 10 $$")
+        .execute(tx.conn())
+        .await
+        .expect("function");
+    tx.commit().await.expect("commit");
+
+    let batch = [event(1), event(2)];
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    let then = [Call::new("write_one").int4(1), Call::new("write_one").int4(2)];
+    let (appended, answers) = events::append_with(
+        &mut tx,
+        AppendBatch {
+            stream_id: "s-1",
+            tenant_id: Some("ten_a"),
+            expected: ExpectedVersion::NO_STREAM,
+            events: &batch,
+        },
+        &then,
+    )
+    .await
+    .expect("append");
+    tx.commit().await.expect("commit");
+    assert_eq!((appended.first_version, appended.last_version), (1, 2));
+    assert_eq!(answers, vec![Some("10".to_owned()), Some("20".to_owned())], "each call's answer, in order");
+    let read = support::read_until(&t.db, Position::START, 2).await;
+    assert_eq!(read[1].position, appended.position, "the position of the batch's last event");
+    assert_eq!(read[0].tenant_id.as_deref(), Some("ten_a"));
+
+    // A head elsewhere than expected is a conflict, and the calls after the append never ran.
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    let err = events::append_with(
+        &mut tx,
+        AppendBatch { stream_id: "s-1", tenant_id: None, expected: ExpectedVersion::Exact(1), events: &batch },
+        &[Call::new("write_one").int4(3)],
+    )
+    .await
+    .expect_err("the head is at 2");
+    assert!(matches!(err, Error::Conflict { ref stream_id, expected: 1, .. } if stream_id == "s-1"), "{err:?}");
+    assert!(err.is_retryable());
+    tx.rollback().await;
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let written: Vec<i32> =
+        sql::query_scalar("SELECT v FROM written ORDER BY v").fetch_all(tx.conn()).await.expect("read");
+    tx.commit().await.expect("commit");
+    assert_eq!(written, vec![1, 2]);
+}

@@ -273,3 +273,53 @@ async fn calls_after_commit_run_in_order_outside_the_transaction_and_only_when_i
         "in order, after the commit (they see the committed row) at read committed, and never for a rollback"
     );
 }
+
+#[tokio::test]
+async fn deferred_calls_run_with_the_commit_inside_the_transaction_and_an_error_there_rolls_it_all_back() {
+    use bc_eventstore::sql::Call;
+    let t = with_scratch_table().await;
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query(
+        "CREATE FUNCTION put(p int) RETURNS int LANGUAGE sql AS $$ INSERT INTO scratch VALUES (p) RETURNING p $$",
+    )
+    .execute(tx.conn())
+    .await
+    .expect("function");
+    tx.commit().await.expect("commit");
+
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    tx.defer(&Call::new("put").int4(1));
+    tx.defer(&Call::new("put").int4(2));
+    let seen: i64 = sql::query_scalar("SELECT count(*) FROM scratch").fetch_one(tx.conn()).await.expect("count");
+    assert_eq!(seen, 0, "a deferred call waits for the commit");
+    let answer = tx.commit_with(&Call::new("int8pl").int8(40).int8(2)).await.expect("commit");
+    assert_eq!(answer.as_deref(), Some("42"), "the last call's answer, not a deferred one's");
+    assert_eq!(count(&t).await, 2);
+
+    // A deferred call that fails fails the commit, and what the transaction wrote before it is rolled back.
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    sql::query("INSERT INTO scratch VALUES (3)").execute(tx.conn()).await.expect("insert");
+    tx.defer(&Call::new("put").int4(1));
+    let err = tx.commit().await.expect_err("the key is taken");
+    assert_eq!(err.sql_state().as_deref(), Some("23505"), "{err}");
+    assert_eq!(count(&t).await, 2);
+
+    // What a rolled-back savepoint deferred goes with it.
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    let _ = tx
+        .savepoint(|tx| {
+            async move {
+                tx.defer(&Call::new("put").int4(4));
+                Err::<(), _>(Error::Internal("changed my mind".to_owned()))
+            }
+            .scope_boxed()
+        })
+        .await;
+    tx.defer(&Call::new("put").int4(5));
+    tx.commit().await.expect("commit");
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let ids: Vec<i32> =
+        sql::query_scalar("SELECT id FROM scratch ORDER BY id").fetch_all(tx.conn()).await.expect("read");
+    tx.commit().await.expect("commit");
+    assert_eq!(ids, vec![1, 2, 5]);
+}
