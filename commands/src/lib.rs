@@ -285,12 +285,26 @@ where
             })
         })
         .collect::<AppResult<Vec<_>>>()?;
-    let appended =
-        events::append(tx, AppendBatch { stream_id, tenant_id: Some(tenant.as_str()), expected, events: &new_events })
-            .await?;
-    for event in events {
-        bc_projections::inline::apply(tx, stream_id, &event.into()).await?;
+    let batch = AppendBatch { stream_id, tenant_id: Some(tenant.as_str()), expected, events: &new_events };
+    let events: Vec<AnyEvent> = events.into_iter().map(Into::into).collect();
+    // Events whose inline writes are server-side calls go in the append's own message: one round trip for the
+    // whole record. The others are applied statement by statement after it.
+    let mut inline = Vec::new();
+    for event in &events {
+        match bc_projections::inline::calls(stream_id, event)? {
+            Some(calls) => inline.extend(calls),
+            None => {
+                let appended = events::append(tx, batch).await?;
+                for event in &events {
+                    bc_projections::inline::apply(tx, stream_id, event).await?;
+                }
+                return Ok(Some(appended.position));
+            }
+        }
     }
+    let sent: Vec<bc_eventstore::sql::Call> = inline.iter().map(|c| c.call.clone()).collect();
+    let (appended, answers) = events::append_with(tx, batch, &sent).await?;
+    bc_projections::inline::follow_answers(tx, &inline, &answers)?;
     Ok(Some(appended.position))
 }
 

@@ -42,32 +42,21 @@ pub fn shard_for(key: &str, shards: u32) -> i32 {
     (head % shards.max(1)) as i32
 }
 
+/// [`enqueue`] as a server-side call (`enqueue_work`), for a command to send with its COMMIT ([`Tx::defer`]).
+pub fn enqueue_call(items: &[Enqueue<'_>]) -> sql::Call {
+    let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
+    let shards: Vec<i32> = items.iter().map(|i| i.shard).collect();
+    let not_before: Vec<Option<i64>> = items.iter().map(|i| i.not_before_ms).collect();
+    sql::Call::new("enqueue_work").texts(&keys).int4s(&shards).opt_int8s(&not_before)
+}
+
 /// Enqueues keys in one statement, coalescing with keys already queued (and with each other: a key listed
 /// twice is queued once, at its earlier time).
 pub async fn enqueue(tx: &mut Tx, items: &[Enqueue<'_>]) -> Result<()> {
     if items.is_empty() {
         return Ok(());
     }
-    let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
-    let shards: Vec<i32> = items.iter().map(|i| i.shard).collect();
-    let not_before: Vec<Option<i64>> = items.iter().map(|i| i.not_before_ms).collect();
-    sql::query(
-        "INSERT INTO work_queue AS w (key, shard, not_before)
-         SELECT u.key, max(u.shard),
-                min(coalesce(timestamptz 'epoch' + u.not_before_ms * interval '1 millisecond', compute_now()))
-         FROM unnest($1::text[], $2::int4[], $3::int8[]) AS u(key, shard, not_before_ms)
-         GROUP BY u.key
-         ORDER BY u.key
-         ON CONFLICT (key) DO UPDATE
-             SET gen = w.gen + 1,
-                 not_before = least(w.not_before, excluded.not_before),
-                 shard = excluded.shard",
-    )
-    .bind(&keys)
-    .bind(&shards)
-    .bind(&not_before)
-    .execute(tx.conn())
-    .await?;
+    tx.call(&enqueue_call(items)).await?;
     Ok(())
 }
 

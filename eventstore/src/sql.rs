@@ -102,6 +102,17 @@ impl Call {
         self.push(if value { "true" } else { "false" }.to_owned())
     }
 
+    pub fn int4s(self, values: &[i32]) -> Call {
+        let items: Vec<String> = values.iter().map(i32::to_string).collect();
+        self.push(format!("ARRAY[{}]::int4[]", items.join(", ")))
+    }
+
+    pub fn opt_int8s(self, values: &[Option<i64>]) -> Call {
+        let items: Vec<String> =
+            values.iter().map(|v| v.map_or_else(|| "NULL".to_owned(), |v| v.to_string())).collect();
+        self.push(format!("ARRAY[{}]::int8[]", items.join(", ")))
+    }
+
     pub fn texts(self, values: &[&str]) -> Call {
         let items: Vec<String> = values.iter().map(|v| text_literal(v)).collect();
         self.push(format!("ARRAY[{}]::text[]", items.join(", ")))
@@ -136,6 +147,8 @@ mod tests {
             .boolean(true)
             .texts(&["a", "é"])
             .int2s(&[1, 2])
+            .int4s(&[-3])
+            .opt_int8s(&[Some(7), None])
             .byteas(&[b"\x00\xff"])
             .jsonb("{\"k\": 1}");
         assert_eq!(
@@ -143,7 +156,7 @@ mod tests {
             "SELECT f(convert_from(decode('7827293b2044524f50205441424c45206576656e74733b202d2d', 'hex'), 'UTF8'), \
              NULL::text, -5::int8, true, ARRAY[convert_from(decode('61', 'hex'), 'UTF8'), \
              convert_from(decode('c3a9', 'hex'), 'UTF8')]::text[], ARRAY[1, 2]::int2[], \
-             ARRAY[decode('00ff', 'hex')]::bytea[], convert_from(decode('7b226b223a20317d', 'hex'), 'UTF8')::jsonb)::text"
+             ARRAY[-3]::int4[], ARRAY[7, NULL]::int8[], ARRAY[decode('00ff', 'hex')]::bytea[], convert_from(decode('7b226b223a20317d', 'hex'), 'UTF8')::jsonb)::text"
         );
     }
 

@@ -627,15 +627,6 @@ async fn recompute_schedulable(tx: &mut Tx, node_id: &str) -> Result<()> {
     Ok(())
 }
 
-async fn set_state(tx: &mut Tx, reservation_id: &str, state: ReservationState) -> Result<()> {
-    sql::query("UPDATE reservations SET state = $2, version = version + 1 WHERE id = $1")
-        .bind(reservation_id)
-        .bind(state.as_str())
-        .execute(tx.conn())
-        .await?;
-    Ok(())
-}
-
 /// Locks the devices whose bookings this transaction is about to change and bumps their `booking_changes`, in
 /// device id order (the lock order: nodes, devices, device_bookings).
 async fn touch_for_booking(tx: &mut Tx, devices: &[&str]) -> Result<()> {
@@ -672,75 +663,143 @@ async fn refresh_node_free(tx: &mut Tx, node_id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Ends a reservation: its state, its end time, and its live bookings truncated at that time (one call).
-async fn end(
-    tx: &mut Tx,
-    reservation_id: &str,
-    state: ReservationState,
-    at_ms: i64,
-    outcome: Option<String>,
-) -> Result<()> {
-    let deltas: String = sql::query_scalar("SELECT inline_end($1, $2, $3, $4)::text")
-        .bind(reservation_id)
-        .bind(state.as_str())
-        .bind(at_ms)
-        .bind(outcome)
-        .fetch_one(tx.conn())
-        .await?;
-    adjust_after_commit(tx, &deltas);
+/// What is done with an inline call's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Nothing: the call answers nothing.
+    Nothing,
+    /// The free-capacity hint's changes (a JSON array of [node, class, change]), sent with `adjust_free` after the
+    /// commit.
+    FreeDeltas,
+}
+
+/// One inline write as a server-side call, and what its answer is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InlineCall {
+    pub call: sql::Call,
+    pub answer: Answer,
+}
+
+impl InlineCall {
+    fn writes(call: sql::Call) -> Self {
+        Self { call, answer: Answer::Nothing }
+    }
+}
+
+/// The inline writes of a reservation event as server-side calls (`capacity/0004_reservation_calls`), for every
+/// event but a replacement and an extension (those read before they write, and are applied statement by
+/// statement): a command sends them in the message that appends its events, and a rebuild sends the same calls.
+/// `None` for those two.
+pub fn reservation_calls(id: &str, event: &ReservationEvent) -> Result<Option<Vec<InlineCall>>> {
+    // The first event's row, up to its state.
+    let row = |tenant: &str, identity: &str, request: &bc_domain::reservation::ReservationRequest| {
+        let call = sql::Call::new("inline_reservation_row")
+            .text(id)
+            .text(tenant)
+            .text(identity)
+            .text(request.pool_id.as_str())
+            .opt_text(request.project_id.as_ref().map(|p| p.as_str()));
+        json(request).map(|request| (call, request))
+    };
+    let call = match event {
+        ReservationEvent::Requested(e) => {
+            let (call, request) = row(e.tenant_id.as_str(), e.identity.as_str(), &e.request)?;
+            call.text(ReservationState::Pending.as_str())
+                .text(e.request.resource())
+                .int4(e.request.devices.count as i32)
+                .jsonb(&request)
+                .text(&e.request_hash)
+                .int4(e.priority)
+                .int8(e.at_ms)
+                .int8(e.pending_deadline_ms)
+                .opt_int8(None)
+                .opt_text(None)
+        }
+        ReservationEvent::Denied(e) => {
+            let (call, request) = row(e.tenant_id.as_str(), e.identity.as_str(), &e.request)?;
+            call.text(ReservationState::Denied.as_str())
+                .text(e.request.resource())
+                .int4(e.request.devices.count as i32)
+                .jsonb(&request)
+                .text(&e.request_hash)
+                .int4(0)
+                .int8(e.at_ms)
+                .int8(e.at_ms)
+                .opt_int8(Some(e.at_ms))
+                .opt_text(event.outcome().as_deref())
+        }
+        ReservationEvent::Placed(e) => {
+            let rows = BookingRows::of(&e.allocations)?;
+            let lists: Vec<&str> = rows.device_lists.iter().map(String::as_str).collect();
+            let call = sql::Call::new("inline_placed")
+                .text(id)
+                .int8(e.start_ms)
+                .int8(e.end_ms)
+                .opt_int8(e.lease_deadline_ms)
+                .texts(&rows.allocation_ids)
+                .texts(&rows.node_ids)
+                .texts(&lists)
+                .texts(&rows.devices)
+                .texts(&rows.booking_allocations);
+            return Ok(Some(vec![InlineCall { call, answer: Answer::FreeDeltas }]));
+        }
+        ReservationEvent::BindingStarted(_) => {
+            sql::Call::new("inline_reservation_state").text(id).text(ReservationState::Binding.as_str())
+        }
+        ReservationEvent::Activated(_) => {
+            sql::Call::new("inline_reservation_state").text(id).text(ReservationState::Active.as_str())
+        }
+        ReservationEvent::ReleaseRequested(e) => sql::Call::new("inline_release_requested").text(id).int8(e.at_ms),
+        ReservationEvent::Renewed(e) => sql::Call::new("inline_renewed").text(id).int8(e.lease_deadline_ms),
+        ReservationEvent::Cancelled(_)
+        | ReservationEvent::Released(_)
+        | ReservationEvent::Expired(_)
+        | ReservationEvent::Failed(_) => {
+            let (Some(state), Some(at_ms)) = (event.state_after(), event.ends_bookings_at()) else {
+                unreachable!("an ending event has a state and an end")
+            };
+            // Its state, its end time, and its live bookings truncated at that time.
+            let call = sql::Call::new("inline_end")
+                .text(id)
+                .text(state.as_str())
+                .int8(at_ms)
+                .opt_text(event.outcome().as_deref());
+            return Ok(Some(vec![InlineCall { call, answer: Answer::FreeDeltas }]));
+        }
+        ReservationEvent::Replaced(_) | ReservationEvent::Extended(_) => return Ok(None),
+    };
+    Ok(Some(vec![InlineCall::writes(call)]))
+}
+
+/// The inline writes of `event` as server-side calls, when it has them (see [`reservation_calls`]); `None` for the
+/// events applied statement by statement.
+pub fn calls(stream_id: &str, event: &AnyEvent) -> Result<Option<Vec<InlineCall>>> {
+    match event {
+        AnyEvent::Reservation(e) => reservation_calls(stream_id, e),
+        _ => Ok(None),
+    }
+}
+
+/// Queues what the answers of `calls` (run in this transaction, in order) ask for after the commit.
+pub fn follow_answers(tx: &mut Tx, calls: &[InlineCall], answers: &[Option<String>]) -> Result<()> {
+    if calls.len() != answers.len() {
+        return Err(Error::Internal(format!("{} inline calls, {} answers", calls.len(), answers.len())));
+    }
+    for (call, answer) in calls.iter().zip(answers) {
+        if call.answer == Answer::FreeDeltas {
+            adjust_after_commit(tx, answer.as_deref().unwrap_or("[]"));
+        }
+    }
     Ok(())
 }
 
 async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> Result<()> {
+    if let Some(calls) = reservation_calls(id, event)? {
+        let sent: Vec<sql::Call> = calls.iter().map(|c| c.call.clone()).collect();
+        let answers = tx.calls(&sent).await?;
+        return follow_answers(tx, &calls, &answers);
+    }
     match event {
-        ReservationEvent::Requested(e) => {
-            let row = NewReservation {
-                id,
-                tenant: e.tenant_id.as_str(),
-                identity: e.identity.as_str(),
-                request: &e.request,
-                request_hash: &e.request_hash,
-                priority: e.priority,
-                state: ReservationState::Pending,
-                requested_at_ms: e.at_ms,
-                pending_deadline_ms: e.pending_deadline_ms,
-                ended_at_ms: None,
-                outcome: None,
-            };
-            insert_reservation(tx, &row).await?;
-        }
-        ReservationEvent::Denied(e) => {
-            let row = NewReservation {
-                id,
-                tenant: e.tenant_id.as_str(),
-                identity: e.identity.as_str(),
-                request: &e.request,
-                request_hash: &e.request_hash,
-                priority: 0,
-                state: ReservationState::Denied,
-                requested_at_ms: e.at_ms,
-                pending_deadline_ms: e.at_ms,
-                ended_at_ms: Some(e.at_ms),
-                outcome: event.outcome(),
-            };
-            insert_reservation(tx, &row).await?;
-        }
-        ReservationEvent::Placed(e) => {
-            let rows = BookingRows::of(&e.allocations)?;
-            let deltas: String = sql::query_scalar("SELECT inline_placed($1, $2, $3, $4, $5, $6, $7, $8, $9)::text")
-                .bind(id)
-                .bind(e.start_ms)
-                .bind(e.end_ms)
-                .bind(e.lease_deadline_ms)
-                .bind(&rows.allocation_ids)
-                .bind(&rows.node_ids)
-                .bind(&rows.device_lists)
-                .bind(&rows.devices)
-                .bind(&rows.booking_allocations)
-                .fetch_one(tx.conn())
-                .await?;
-            adjust_after_commit(tx, &deltas);
-        }
         ReservationEvent::Replaced(e) => {
             let row = sql::query(
                 "UPDATE reservations SET version = version + 1 WHERE id = $1
@@ -795,25 +854,6 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             sql::query("SELECT refresh_booked_until($1)").bind(&devices).execute(tx.conn()).await?;
             summarize_after_commit(tx, &nodes);
         }
-        ReservationEvent::BindingStarted(_) => set_state(tx, id, ReservationState::Binding).await?,
-        ReservationEvent::Activated(_) => set_state(tx, id, ReservationState::Active).await?,
-        ReservationEvent::ReleaseRequested(e) => {
-            sql::query(
-                "UPDATE reservations SET state = 'releasing', release_requested_at = ms_ts($2), version = version + 1
-                 WHERE id = $1",
-            )
-            .bind(id)
-            .bind(e.at_ms)
-            .execute(tx.conn())
-            .await?;
-        }
-        ReservationEvent::Renewed(e) => {
-            sql::query("UPDATE reservations SET lease_deadline = ms_ts($2), version = version + 1 WHERE id = $1")
-                .bind(id)
-                .bind(e.lease_deadline_ms)
-                .execute(tx.conn())
-                .await?;
-        }
         ReservationEvent::Extended(e) => {
             // The devices whose bookings end at the current end are bumped, in id order, and booked longer.
             sql::query(
@@ -849,15 +889,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             .execute(tx.conn())
             .await?;
         }
-        ReservationEvent::Cancelled(_)
-        | ReservationEvent::Released(_)
-        | ReservationEvent::Expired(_)
-        | ReservationEvent::Failed(_) => {
-            let (Some(state), Some(at_ms)) = (event.state_after(), event.ends_bookings_at()) else {
-                unreachable!("an ending event has a state and an end")
-            };
-            end(tx, id, state, at_ms, event.outcome()).await?
-        }
+        _ => unreachable!("every other reservation event is applied through its calls"),
     }
     Ok(())
 }
@@ -895,49 +927,6 @@ impl<'a> BookingRows<'a> {
         (rows.devices, rows.booking_allocations) = booking.into_iter().unzip();
         Ok(rows)
     }
-}
-
-/// A reservation's inline row as its first event makes it.
-struct NewReservation<'a> {
-    id: &'a str,
-    tenant: &'a str,
-    identity: &'a str,
-    request: &'a bc_domain::reservation::ReservationRequest,
-    request_hash: &'a str,
-    priority: i32,
-    state: ReservationState,
-    requested_at_ms: i64,
-    pending_deadline_ms: i64,
-    ended_at_ms: Option<i64>,
-    outcome: Option<String>,
-}
-
-/// Writes a reservation's row once, whole (the first event of its stream).
-async fn insert_reservation(tx: &mut Tx, row: &NewReservation<'_>) -> Result<()> {
-    let request = row.request;
-    sql::query(
-        "INSERT INTO reservations (id, tenant_id, identity, pool_id, project_id, state, resource, count, request,
-                                   request_hash, priority, requested_at, pending_deadline, ended_at, outcome, version)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, ms_ts($12), ms_ts($13), ms_ts($14), $15, 1)",
-    )
-    .bind(row.id)
-    .bind(row.tenant)
-    .bind(row.identity)
-    .bind(request.pool_id.as_str())
-    .bind(request.project_id.as_ref().map(|p| p.as_str()))
-    .bind(row.state.as_str())
-    .bind(request.resource())
-    .bind(request.devices.count as i32)
-    .bind(json(request)?)
-    .bind(row.request_hash)
-    .bind(row.priority)
-    .bind(row.requested_at_ms)
-    .bind(row.pending_deadline_ms)
-    .bind(row.ended_at_ms)
-    .bind(row.outcome.as_deref())
-    .execute(tx.conn())
-    .await?;
-    Ok(())
 }
 
 /// Rebuilds every inline table from the log into `schema` (created here, inside the caller's transaction,

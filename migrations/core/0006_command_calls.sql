@@ -26,3 +26,22 @@ BEGIN
     RETURN concat_ws(' ', v.head, v.stream_version, v.log_epoch, v.txid, v.seq);
 END
 $$;
+
+-- Queues work for the worker (the statement of `queue::enqueue`, which a command can also send with its COMMIT):
+-- keys with their shards and the earliest time to look (NULL: now). An earlier wake already queued stays.
+CREATE FUNCTION enqueue_work(p_keys text[], p_shards integer[], p_not_before_ms bigint[]) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO work_queue AS w (key, shard, not_before)
+        SELECT u.key, max(u.shard), min(coalesce(timestamptz 'epoch' + u.not_before_ms * interval '1 millisecond',
+                                           compute_now()))
+        FROM unnest(p_keys, p_shards, p_not_before_ms) AS u(key, shard, not_before_ms)
+        GROUP BY u.key
+        ORDER BY u.key
+        ON CONFLICT (key) DO UPDATE
+            SET gen = w.gen + 1,
+                not_before = least(w.not_before, excluded.not_before),
+                shard = excluded.shard;
+END
+$$;
