@@ -45,3 +45,18 @@ BEGIN
                 shard = excluded.shard;
 END
 $$;
+
+-- A stream's events as a command folds them: an array of [type, schema version, payload in hexadecimal, position
+-- `<epoch>-<txid>-<seq>`], in stream order (empty when there is no such stream).
+CREATE FUNCTION stream_json(p_stream_id text) RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RETURN coalesce(
+        (SELECT jsonb_agg(jsonb_build_array(e.event_type, e.schema_version, encode(e.payload, 'hex'),
+                                            concat_ws('-', e.log_epoch, e.txid, e.seq))
+                          ORDER BY e.stream_version)
+         FROM events AS e WHERE e.stream_id = p_stream_id),
+        '[]'::jsonb);
+END
+$$;

@@ -321,7 +321,7 @@ pub async fn projects(tx: &mut Tx, tenant: &TenantId, after: Option<&str>, limit
 }
 
 /// The selector's SQL parameters: gpuModel, gpuProduct, and the attributes as a JSON object.
-fn selector_params(request: &DeviceRequest) -> AppResult<(Option<&str>, Option<&str>, String)> {
+pub fn selector_params(request: &DeviceRequest) -> AppResult<(Option<&str>, Option<&str>, String)> {
     let attributes = serde_json::to_string(&request.selector.attributes).map_err(|err| corrupt("selector", err))?;
     Ok((request.selector.gpu_model.as_deref(), request.selector.gpu_product.as_deref(), attributes))
 }
@@ -329,7 +329,7 @@ fn selector_params(request: &DeviceRequest) -> AppResult<(Option<&str>, Option<&
 /// How many fitting nodes the summary's placement read returns for a request of `nodes` nodes that may draw from
 /// `spread` more: enough to plan again around the atoms concurrent commands hold, few enough that the read stops
 /// early.
-fn summary_limit(nodes: u32, spread: usize) -> i64 {
+pub fn summary_limit(nodes: u32, spread: usize) -> i64 {
     let wanted = i64::from(nodes).saturating_add(spread.min(1024) as i64);
     (wanted * 2 + 8).min(CANDIDATE_LIMIT.max(i64::from(nodes) * 4))
 }
@@ -346,33 +346,17 @@ pub async fn summary_candidates(
     spread: usize,
 ) -> AppResult<Vec<NodeCandidate>> {
     let (model, product, attributes) = selector_params(request)?;
-    let rows = sql::query(
-        "SELECT f.node_id, c.free
-         FROM node_free AS f
-         JOIN nodes AS n ON n.id = f.node_id
-         CROSS JOIN LATERAL (
-             SELECT array_agg(d.id ORDER BY d.id) AS free FROM devices AS d
-             WHERE d.node_id = f.node_id AND d.pool_id = $1 AND d.class = $2 AND d.bookable
-               AND (d.booked_until IS NULL OR d.booked_until <= ms_ts($6))
-               AND ($3::text IS NULL OR d.gpu_model = $3)
-               AND ($4::text IS NULL OR d.gpu_product = $4)
-               AND ($5::jsonb = '{}'::jsonb OR d.attributes @> $5::jsonb)
-         ) AS c
-         WHERE f.pool_id = $1 AND f.class = $2 AND f.free >= $7 AND n.pool_id = $1 AND n.schedulable
-           AND cardinality(c.free) >= $7
-         ORDER BY f.free, f.node_id
-         LIMIT $8",
-    )
-    .bind(pool_id.as_str())
-    .bind(request.class.as_str())
-    .bind(model)
-    .bind(product)
-    .bind(&attributes)
-    .bind(start_ms)
-    .bind(request.per_node() as i32)
-    .bind(summary_limit(request.nodes(), spread))
-    .fetch_all(tx.conn())
-    .await?;
+    let rows = sql::query("SELECT node_id, free FROM summary_candidates($1, $2, $3, $4, $5::jsonb, $6, $7, $8)")
+        .bind(pool_id.as_str())
+        .bind(request.class.as_str())
+        .bind(model)
+        .bind(product)
+        .bind(&attributes)
+        .bind(start_ms)
+        .bind(request.per_node() as i32)
+        .bind(summary_limit(request.nodes(), spread))
+        .fetch_all(tx.conn())
+        .await?;
     node_candidates(&rows)
 }
 
@@ -392,6 +376,11 @@ fn node_candidates(rows: &[sqlx::postgres::PgRow]) -> AppResult<Vec<NodeCandidat
         .collect()
 }
 
+/// How many fitting nodes the exact placement query returns for a request of `nodes` nodes.
+pub fn exact_limit(nodes: u32) -> i64 {
+    CANDIDATE_LIMIT.max(i64::from(nodes) * 4)
+}
+
 /// How many fitting nodes the placement query returns at most: placement ranks them best fit first, so the
 /// ones it would never reach are not worth reading.
 const CANDIDATE_LIMIT: i64 = 64;
@@ -407,40 +396,18 @@ pub async fn candidates(
     end_ms: i64,
 ) -> AppResult<Vec<NodeCandidate>> {
     let (model, product, attributes) = selector_params(request)?;
-    let limit = CANDIDATE_LIMIT.max(i64::from(request.nodes()) * 4);
-    // The pool's bookings over the window are found first, through the (pool_id, upper(during)) index (only
-    // those that end after the window starts: ended ones are skipped in the index), and kept aside
-    // (MATERIALIZED) so the devices are checked against them in one hash anti-join. Left to itself, the planner
-    // either probed the exclusion index once per device of the pool or read every pool's bookings over the
-    // window through it; both cost 0.3 to 0.7 s per placement at 1,000 nodes a pool (docs/benchmarks.md).
-    let rows = sql::query(
-        "WITH busy AS MATERIALIZED (
-             SELECT b.device_id FROM device_bookings AS b
-             WHERE b.pool_id = $1 AND b.live AND upper(b.during) > ms_ts($6) AND lower(b.during) < ms_ts($7)
-         )
-         SELECT d.node_id, array_agg(d.id ORDER BY d.id) AS free
-         FROM devices AS d JOIN nodes AS n ON n.id = d.node_id
-         WHERE d.pool_id = $1 AND n.pool_id = $1 AND d.bookable AND d.class = $2 AND n.schedulable
-           AND ($3::text IS NULL OR d.gpu_model = $3)
-           AND ($4::text IS NULL OR d.gpu_product = $4)
-           AND ($5::jsonb = '{}'::jsonb OR d.attributes @> $5::jsonb)
-           AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.device_id = d.id)
-         GROUP BY d.node_id
-         HAVING count(*) >= $8
-         ORDER BY count(*), d.node_id
-         LIMIT $9",
-    )
-    .bind(pool_id.as_str())
-    .bind(request.class.as_str())
-    .bind(model)
-    .bind(product)
-    .bind(&attributes)
-    .bind(start_ms)
-    .bind(end_ms)
-    .bind(i64::from(request.per_node()))
-    .bind(limit)
-    .fetch_all(tx.conn())
-    .await?;
+    let rows = sql::query("SELECT node_id, free FROM exact_candidates($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9)")
+        .bind(pool_id.as_str())
+        .bind(request.class.as_str())
+        .bind(model)
+        .bind(product)
+        .bind(&attributes)
+        .bind(start_ms)
+        .bind(end_ms)
+        .bind(request.per_node() as i32)
+        .bind(exact_limit(request.nodes()))
+        .fetch_all(tx.conn())
+        .await?;
     node_candidates(&rows)
 }
 
@@ -448,25 +415,15 @@ pub async fn candidates(
 /// share of the request.
 pub async fn nodes_that_could_hold(tx: &mut Tx, pool_id: &PoolId, request: &DeviceRequest) -> AppResult<i64> {
     let (model, product, attributes) = selector_params(request)?;
-    Ok(sql::query_scalar(
-        "SELECT count(*) FROM (
-             SELECT d.node_id FROM devices AS d
-             WHERE d.pool_id = $1 AND d.bookable AND d.class = $2
-               AND ($3::text IS NULL OR d.gpu_model = $3)
-               AND ($4::text IS NULL OR d.gpu_product = $4)
-               AND ($5::jsonb = '{}'::jsonb OR d.attributes @> $5::jsonb)
-             GROUP BY d.node_id
-             HAVING count(*) >= $6
-         ) AS holders",
-    )
-    .bind(pool_id.as_str())
-    .bind(request.class.as_str())
-    .bind(model)
-    .bind(product)
-    .bind(&attributes)
-    .bind(i64::from(request.per_node()))
-    .fetch_one(tx.conn())
-    .await?)
+    Ok(sql::query_scalar("SELECT pool_holders($1, $2, $3, $4, $5::jsonb, $6)")
+        .bind(pool_id.as_str())
+        .bind(request.class.as_str())
+        .bind(model)
+        .bind(product)
+        .bind(&attributes)
+        .bind(request.per_node() as i32)
+        .fetch_one(tx.conn())
+        .await?)
 }
 
 /// How a placement locks the atoms it chose.
@@ -496,28 +453,28 @@ pub enum Chosen {
 /// snapshot, an atom that another command booked and committed since the snapshot refuses the lock with a
 /// serialization failure (retried with a fresh snapshot).
 pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], how: AtomLock) -> AppResult<Chosen> {
-    // The select list is evaluated left to right, so the nodes are locked before the atoms.
-    macro_rules! lock_chosen_sql {
-        ($atoms:literal) => {
-            concat!(
-                "SELECT (SELECT count(*) FROM (SELECT 1 FROM nodes WHERE id = ANY($1) AND schedulable ORDER BY id
-                                              FOR SHARE) AS n),
-                        ARRAY(SELECT id FROM devices WHERE id = ANY($2) ORDER BY id ",
-                $atoms,
-                ")"
-            )
-        };
+    let answer = tx.call(&lock_chosen_call(nodes, atoms, how)).await?;
+    chosen(nodes, answer)
+}
+
+/// [`lock_chosen`] as a server-side call.
+pub fn lock_chosen_call(nodes: &[&str], atoms: &[&str], how: AtomLock) -> sql::Call {
+    sql::Call::new("lock_chosen").texts(nodes).texts(atoms).boolean(how == AtomLock::SkipHeld)
+}
+
+/// Reads what `lock_chosen` answered for `nodes`.
+pub fn chosen(nodes: &[&str], answer: Option<String>) -> AppResult<Chosen> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        schedulable: i64,
+        locked: Vec<String>,
     }
-    let statement = match how {
-        AtomLock::SkipHeld => lock_chosen_sql!("FOR UPDATE SKIP LOCKED"),
-        AtomLock::Wait => lock_chosen_sql!("FOR UPDATE"),
-    };
-    let (schedulable, locked): (i64, Vec<String>) =
-        sql::query_as(statement).bind(nodes).bind(atoms).fetch_one(tx.conn()).await?;
-    if schedulable != nodes.len() as i64 {
+    let answer: Answer =
+        serde_json::from_str(answer.as_deref().unwrap_or("null")).map_err(|err| corrupt("lock_chosen", err))?;
+    if answer.schedulable != nodes.len() as i64 {
         return Ok(Chosen::NodeGone);
     }
-    Ok(Chosen::Locked(locked))
+    Ok(Chosen::Locked(answer.locked))
 }
 
 /// Creates the tenant's quota row for (pool, resource) if needed and updates it: first in the lock order, it
@@ -526,17 +483,14 @@ pub async fn lock_chosen(tx: &mut Tx, nodes: &[&str], atoms: &[&str], how: AtomL
 /// committed, only an updated row makes PostgreSQL refuse the stale snapshot (40001, and the command is retried
 /// with a fresh one that sees the other check's bookings).
 pub async fn lock_quota(tx: &mut Tx, tenant: &TenantId, pool_id: &PoolId, resource: &str) -> AppResult<()> {
-    // One statement: at repeatable read, an upsert that meets a row another transaction updated (or inserted)
-    // since this snapshot is refused (40001) exactly as the UPDATE alone would be.
-    sql::query(
-        "INSERT INTO quota_usage (tenant_id, pool_id, resource, checks) VALUES ($1, $2, $3, 1)
-         ON CONFLICT (tenant_id, pool_id, resource) DO UPDATE SET checks = quota_usage.checks + 1",
-    )
-    .bind(tenant.as_str())
-    .bind(pool_id.as_str())
-    .bind(resource)
-    .execute(tx.conn())
-    .await?;
+    // One statement (in `lock_quota`): at repeatable read, an upsert that meets a row another transaction updated
+    // (or inserted) since this snapshot is refused (40001) exactly as the UPDATE alone would be.
+    sql::query("SELECT lock_quota($1, $2, $3)")
+        .bind(tenant.as_str())
+        .bind(pool_id.as_str())
+        .bind(resource)
+        .execute(tx.conn())
+        .await?;
     Ok(())
 }
 
@@ -550,29 +504,14 @@ pub async fn peak_usage(
     start_ms: i64,
     end_ms: i64,
 ) -> AppResult<i64> {
-    Ok(sql::query_scalar(
-        "WITH held AS (
-             SELECT greatest(lower(b.during), ms_ts($4)) AS from_at, least(upper(b.during), ms_ts($5)) AS to_at
-             FROM device_bookings AS b
-             WHERE b.tenant_id = $1 AND b.pool_id = $2 AND b.resource = $3 AND b.live
-               AND upper(b.during) > ms_ts($4) AND lower(b.during) < ms_ts($5)
-         ), steps AS (
-             SELECT from_at AS at, 1 AS delta FROM held
-             UNION ALL
-             SELECT to_at AS at, -1 AS delta FROM held
-         )
-         SELECT coalesce(max(running), 0)::int8 FROM (
-             SELECT sum(delta) OVER (ORDER BY at, delta ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS running
-             FROM steps
-         ) AS sweep",
-    )
-    .bind(tenant.as_str())
-    .bind(pool_id.as_str())
-    .bind(resource)
-    .bind(start_ms)
-    .bind(end_ms)
-    .fetch_one(tx.conn())
-    .await?)
+    Ok(sql::query_scalar("SELECT tenant_peak($1, $2, $3, $4, $5)")
+        .bind(tenant.as_str())
+        .bind(pool_id.as_str())
+        .bind(resource)
+        .bind(start_ms)
+        .bind(end_ms)
+        .fetch_one(tx.conn())
+        .await?)
 }
 
 pub async fn pending_count(tx: &mut Tx, pool_id: &PoolId) -> AppResult<i64> {
