@@ -77,8 +77,8 @@ impl App {
 
     /// This process's database connections, by state.
     pub fn connections(&self) -> Connections {
-        let pool = self.db.pool();
-        Connections { size: pool.size(), idle: pool.num_idle() as u32, max: pool.options().get_max_connections() }
+        let pool = self.db.connections();
+        Connections { size: pool.size, idle: pool.idle, max: pool.max }
     }
 
     /// Whether the database answers within `timeout` (a read-only ping holds no locks and appends nothing, so

@@ -22,15 +22,22 @@ pub(crate) async fn awaiting_for(tx: &mut Tx, allocations: &[Allocation]) -> App
 /// Queues the bind and unbind commands that recorded reservation events call for: a binding that began hands
 /// the devices over on each awaited node; a release takes them back; a reservation that ended while its devices
 /// were handed over (expired, failed) takes them back without waiting for it.
-pub(crate) async fn follow_hand_overs(tx: &mut Tx, before: &Reservation, events: &[ReservationEvent]) -> AppResult<()> {
+/// `agents` are the agent nodes of its allocations when the caller read them already.
+pub(crate) async fn follow_hand_overs(
+    tx: &mut Tx,
+    before: &Reservation,
+    events: &[ReservationEvent],
+    agents: Option<&[NodeId]>,
+) -> AppResult<()> {
     let bound_before = matches!(before.state, ReservationState::Binding | ReservationState::Active);
     for event in events {
         let (nodes, bind) = match event {
             ReservationEvent::BindingStarted(e) => (e.awaiting.clone(), true),
             ReservationEvent::ReleaseRequested(e) => (e.awaiting.clone(), false),
-            ReservationEvent::Expired(_) | ReservationEvent::Failed(_) if bound_before => {
-                (awaiting_for(tx, &before.allocations).await?, false)
-            }
+            ReservationEvent::Expired(_) | ReservationEvent::Failed(_) if bound_before => match agents {
+                Some(agents) => (agents.to_vec(), false),
+                None => (awaiting_for(tx, &before.allocations).await?, false),
+            },
             _ => continue,
         };
         for allocation in before.allocations.iter().filter(|a| nodes.contains(&a.node_id)) {
@@ -56,12 +63,22 @@ pub(crate) async fn with_awaiting(
 ) -> AppResult<bc_domain::reservation::Command> {
     use bc_domain::reservation::Command;
     Ok(match command {
-        Command::StartBinding { now_ms, .. } => {
-            Command::StartBinding { now_ms, awaiting: awaiting_for(tx, &r.allocations).await? }
-        }
-        Command::Release { now_ms, .. } => {
-            Command::Release { now_ms, awaiting: awaiting_for(tx, &r.allocations).await? }
+        Command::StartBinding { .. } | Command::Release { .. } => {
+            with_agents(command, awaiting_for(tx, &r.allocations).await?)
         }
         other => other,
     })
+}
+
+/// [`with_awaiting`] when the agent nodes of the reservation's allocations are known.
+pub(crate) fn with_agents(
+    command: bc_domain::reservation::Command,
+    agents: Vec<NodeId>,
+) -> bc_domain::reservation::Command {
+    use bc_domain::reservation::Command;
+    match command {
+        Command::StartBinding { now_ms, .. } => Command::StartBinding { now_ms, awaiting: agents },
+        Command::Release { now_ms, .. } => Command::Release { now_ms, awaiting: agents },
+        other => other,
+    }
 }

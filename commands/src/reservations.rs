@@ -2,16 +2,17 @@
 //! read, cancel, release, renew and extend.
 
 use bc_domain::Rejection;
-use bc_domain::id::{ReservationId, TenantId};
-use bc_domain::placement;
+use bc_domain::id::{NodeId, ReservationId, TenantId};
+use bc_domain::placement::{self, NodeCandidate, PlannedAllocation};
 use bc_domain::pool::PoolOffered;
 use bc_domain::reservation::{
-    self, AdmissionFacts, Allocation, Command, ExpiryCause, NewRequest, Reservation, ReservationEvent,
+    self, AdmissionFacts, Allocation, Command, DeviceRequest, ExpiryCause, NewRequest, Reservation, ReservationEvent,
     ReservationRequest, Waiting, placed_start,
 };
 use bc_eventstore::events::{self, ExpectedVersion};
 use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock};
 
+use super::store::facts::{Placing, ReserveFacts};
 use super::store::{self, PoolRow};
 use super::work::{self, WorkKey};
 use super::{App, AppError, AppResult, Caller, Committed, record};
@@ -110,12 +111,43 @@ pub(crate) async fn try_place(
         candidates = store::candidates(tx, &pool.id, &request.devices, start_ms, end_ms).await?;
         plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
     }
-    let Some(mut plan) = plan else {
+    let Some(plan) = plan else {
         return Ok(None);
     };
-    // Concurrent requests that chose the same atoms find out here: the atoms other commands hold are skipped and
-    // the rest of the candidates planned again, in this transaction, without reading anything twice. A request that
-    // keeps losing (or has nothing else left) waits for the holders like any lock.
+    let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread).await? else {
+        return Ok(None);
+    };
+    if let Some(quota) = quota {
+        let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, start_ms, end_ms).await?;
+        if !reservation::within_quota(peak, request.devices.count, quota) {
+            return Ok(None);
+        }
+    }
+    Ok(Some(allocations(plan)))
+}
+
+fn allocations(plan: Vec<PlannedAllocation>) -> Vec<Allocation> {
+    plan.into_iter()
+        .map(|planned| Allocation {
+            allocation_id: bc_domain::id::AllocationId::generate(),
+            node_id: planned.node_id,
+            devices: planned.devices,
+        })
+        .collect()
+}
+
+/// Locks what `plan` chose (the nodes in share mode, the atoms for update, one round trip). Concurrent requests that
+/// chose the same atoms find out here: the atoms other commands hold are skipped and the rest of the candidates
+/// planned again, in this transaction, without reading anything twice. A request that keeps losing (or has nothing
+/// else left) waits for the holders like any lock. `None` when a chosen node is gone or no longer schedulable.
+async fn lock_plan(
+    tx: &mut Tx,
+    id: &ReservationId,
+    request: &DeviceRequest,
+    mut candidates: Vec<NodeCandidate>,
+    mut plan: Vec<PlannedAllocation>,
+    spread: usize,
+) -> AppResult<Option<Vec<PlannedAllocation>>> {
     let mut rounds = 1;
     loop {
         let nodes: Vec<&str> = plan.iter().map(|a| a.node_id.as_str()).collect();
@@ -126,7 +158,7 @@ pub(crate) async fn try_place(
             store::Chosen::Locked(locked) => locked,
         };
         if locked.len() == atoms.len() {
-            break;
+            return Ok(Some(plan));
         }
         if how == store::AtomLock::Wait {
             // A waiting lock only comes back short when chosen atoms are gone: as when a chosen node is.
@@ -137,27 +169,12 @@ pub(crate) async fn try_place(
             candidate.free_atoms.retain(|atom| !held.contains(&atom.as_str()));
         }
         rounds += 1;
-        match placement::plan_spread(&r.id, &request.devices, &candidates, spread) {
+        match placement::plan_spread(id, request, &candidates, spread) {
             Some(next) => plan = next,
             // What is left cannot hold it: wait for the holders of the last choice instead.
             None => rounds = LOCK_ROUNDS,
         }
     }
-    if let Some(quota) = quota {
-        let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, start_ms, end_ms).await?;
-        if !reservation::within_quota(peak, request.devices.count, quota) {
-            return Ok(None);
-        }
-    }
-    Ok(Some(
-        plan.into_iter()
-            .map(|planned| Allocation {
-                allocation_id: bc_domain::id::AllocationId::generate(),
-                node_id: planned.node_id,
-                devices: planned.devices,
-            })
-            .collect(),
-    ))
 }
 
 /// The position of a stream's last event: what a command that appended nothing answers.
@@ -184,13 +201,7 @@ impl App {
             } else {
                 Placement::Skip
             };
-            let attempt = self
-                .db
-                .transaction(TxOptions::COMMAND, |tx| {
-                    let (id, request) = (&id, &input.request);
-                    async move { reserve_once(tx, caller, id, request, placement).await }.scope_boxed()
-                })
-                .await;
+            let attempt = self.reserve_once(caller, &id, &input.request, placement).await;
             match attempt {
                 Err(err) if err.is_retryable() && tries < self.retry.max_attempts + 3 => {
                     tokio::time::sleep(self.retry.backoff(tries)).await;
@@ -327,25 +338,69 @@ impl App {
         }
     }
 
+    /// A command on an existing reservation in three round trips: BEGIN with the facts it decides on
+    /// (`reservation_facts`), its events with every inline write they make, and COMMIT with the wakes it queues.
     async fn reservation_command(
         &self,
         caller: &Caller,
         id: &ReservationId,
         command: impl Fn(i64) -> Command + Send + Sync,
     ) -> AppResult<Committed<Reservation>> {
-        self.db
-            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
-                let command = &command;
-                async move {
-                    let now_ms = clock::compute_now_ms(tx).await?;
-                    let r = owned_reservation(tx, caller, id).await?;
-                    let command = super::node_commands::with_awaiting(tx, &r, command(now_ms)).await?;
-                    let events = reservation::decide(&r, &command)?;
-                    apply_and_schedule(tx, caller, r, events, now_ms).await
+        bc_eventstore::retry(&self.retry, || async {
+            let (mut tx, answer) =
+                self.db.begin_with(TxOptions::COMMAND, &store::facts::reservation_facts_call(id)).await?;
+            let decided = async {
+                let facts = store::facts::reservation_facts(answer)?;
+                let r = match facts.reservation {
+                    Some((r, _)) if r.tenant_id == caller.tenant_id => r,
+                    _ => return Err(Rejection::NotFound { kind: "reservation", id: id.to_string() }.into()),
+                };
+                let command = super::node_commands::with_agents(command(facts.now_ms), facts.agents.clone());
+                let events = reservation::decide(&r, &command)?;
+                let known = Known { agents: Some(&facts.agents), draining: Some(&facts.draining), with_commit: true };
+                apply_and_schedule_known(&mut tx, caller, r, events, facts.now_ms, &known).await
+            }
+            .await;
+            match decided {
+                Ok(done) => {
+                    tx.commit().await?;
+                    Ok(done)
                 }
-                .scope_boxed()
-            })
-            .await
+                Err(err) => {
+                    tx.rollback().await;
+                    Err(err)
+                }
+            }
+        })
+        .await
+    }
+
+    /// One try of a reserve in four round trips: BEGIN with the facts it decides on (`reserve_facts`: the stream,
+    /// the pool, its offers, and for a placement the locks, the candidates and the quota sweep), the lock of the
+    /// chosen atoms, the events with every inline write they make, and COMMIT with the wakes it queues.
+    async fn reserve_once(
+        &self,
+        caller: &Caller,
+        id: &ReservationId,
+        request: &ReservationRequest,
+        placement: Placement,
+    ) -> AppResult<Committed<Reserved>> {
+        let (place, spread) = match placement {
+            Placement::Try { spread } => (true, spread),
+            Placement::Skip => (false, 0),
+        };
+        let call = store::facts::reserve_facts_call(id, &caller.tenant_id, request, place, spread)?;
+        let (mut tx, answer) = self.db.begin_with(TxOptions::COMMAND, &call).await?;
+        match reserve_decided(&mut tx, caller, id, request, placement, answer).await {
+            Ok(done) => {
+                tx.commit().await?;
+                Ok(done)
+            }
+            Err(err) => {
+                tx.rollback().await;
+                Err(err)
+            }
+        }
     }
 }
 
@@ -364,18 +419,58 @@ pub(crate) async fn record_reservation(
     r: Reservation,
     events: Vec<ReservationEvent>,
 ) -> AppResult<(Reservation, Option<Position>)> {
+    record_reservation_known(tx, caller, r, events, &Known::default()).await
+}
+
+/// What a command read with its facts, so recording its decision need not read it again, and whether its wakes go
+/// with the COMMIT.
+#[derive(Debug, Default)]
+pub(crate) struct Known<'a> {
+    /// The nodes of the reservation's allocations that run an agent.
+    pub agents: Option<&'a [NodeId]>,
+    /// The nodes of the reservation's allocations that are draining.
+    pub draining: Option<&'a [NodeId]>,
+    /// Queue the wakes with the COMMIT ([`Tx::defer`]): nothing later in the transaction reads the work queue.
+    pub with_commit: bool,
+}
+
+impl Known<'_> {
+    async fn wake(&self, tx: &mut Tx, key: &WorkKey) -> AppResult<()> {
+        if self.with_commit {
+            work::wake_with_commit(tx, key);
+            Ok(())
+        } else {
+            work::wake_now(tx, key).await
+        }
+    }
+}
+
+/// [`record_reservation`] with what the caller already knows.
+pub(crate) async fn record_reservation_known(
+    tx: &mut Tx,
+    caller: &Caller,
+    r: Reservation,
+    events: Vec<ReservationEvent>,
+    known: &Known<'_>,
+) -> AppResult<(Reservation, Option<Position>)> {
     let frees_capacity =
         events.iter().any(|e| e.ends_bookings_at().is_some() || matches!(e, ReservationEvent::Replaced(_)));
-    super::node_commands::follow_hand_overs(tx, &r, &events).await?;
+    super::node_commands::follow_hand_overs(tx, &r, &events, known.agents).await?;
     let state = events.iter().fold(Some(r.clone()), reservation::evolve).unwrap_or_else(|| r.clone());
     let position = record(tx, caller, r.id.as_str(), &r.tenant_id, ExpectedVersion::Exact(r.version), events).await?;
     if frees_capacity {
-        work::wake_now(tx, &WorkKey::pool_pending(&state.request.pool_id)).await?;
+        known.wake(tx, &WorkKey::pool_pending(&state.request.pool_id)).await?;
         // A drain completes once its node holds nothing running.
         if state.state.is_terminal() {
-            let nodes: Vec<&str> = state.allocations.iter().map(|a| a.node_id.as_str()).collect();
-            for node in store::draining_nodes(tx, &nodes).await? {
-                work::wake_now(tx, &WorkKey::NodeReplace(node)).await?;
+            let draining = match known.draining {
+                Some(draining) => draining.to_vec(),
+                None => {
+                    let nodes: Vec<&str> = state.allocations.iter().map(|a| a.node_id.as_str()).collect();
+                    store::draining_nodes(tx, &nodes).await?
+                }
+            };
+            for node in draining {
+                known.wake(tx, &WorkKey::NodeReplace(node)).await?;
             }
         }
     }
@@ -390,19 +485,39 @@ pub(crate) async fn apply_and_schedule(
     events: Vec<ReservationEvent>,
     now_ms: i64,
 ) -> AppResult<Committed<Reservation>> {
-    let (state, position) = record_reservation(tx, caller, r, events).await?;
-    work::schedule(tx, &WorkKey::Reservation(state.id.clone()), reservation::next_look(&state, now_ms)).await?;
+    apply_and_schedule_known(tx, caller, r, events, now_ms, &Known::default()).await
+}
+
+/// [`apply_and_schedule`] with what the caller already knows.
+async fn apply_and_schedule_known(
+    tx: &mut Tx,
+    caller: &Caller,
+    r: Reservation,
+    events: Vec<ReservationEvent>,
+    now_ms: i64,
+    known: &Known<'_>,
+) -> AppResult<Committed<Reservation>> {
+    let (state, position) = record_reservation_known(tx, caller, r, events, known).await?;
+    let key = WorkKey::Reservation(state.id.clone());
+    let next = reservation::next_look(&state, now_ms);
+    if known.with_commit {
+        work::schedule_with_commit(tx, &key, next);
+    } else {
+        work::schedule(tx, &key, next).await?;
+    }
     Ok(Committed { value: state, position })
 }
 
-async fn reserve_once(
+/// A reserve's decision on the facts `reserve_facts` answered, in the transaction that read them.
+async fn reserve_decided(
     tx: &mut Tx,
     caller: &Caller,
     id: &ReservationId,
     request: &ReservationRequest,
     placement: Placement,
+    answer: Option<String>,
 ) -> AppResult<Committed<Reserved>> {
-    let now_ms = clock::compute_now_ms(tx).await?;
+    let (now_ms, facts) = store::facts::reserve_facts(&request.pool_id, answer)?;
     let new = |priority, quota_holder| NewRequest {
         reservation_id: id.clone(),
         tenant_id: caller.tenant_id.clone(),
@@ -412,42 +527,43 @@ async fn reserve_once(
         quota_holder,
         now_ms,
     };
-    if let Some(existing) = store::reservation(tx, id).await? {
-        reservation::request(Some(&existing), new(0, None))?;
-        let position = stream_head(tx, id.as_str()).await?;
-        return Ok(Committed { value: Reserved { reservation: existing, created: false }, position });
-    }
-
-    let not_found = || Rejection::NotFound { kind: "pool", id: request.pool_id.to_string() };
-    let pool = store::pool(tx, &request.pool_id).await?.ok_or_else(not_found)?;
-    // The owner is not quota-limited: its offers are not read.
-    let offers =
-        if pool.owner_tenant_id == caller.tenant_id { Vec::new() } else { store::offers(tx, &pool.id).await? };
-    let project_in_tenant = match &request.project_id {
-        Some(project) => store::project_in_tenant(tx, project.as_str(), &caller.tenant_id).await?,
-        None => true,
+    let facts = match facts {
+        ReserveFacts::Existing(existing, position) => {
+            reservation::request(Some(&existing), new(0, None))?;
+            return Ok(Committed { value: Reserved { reservation: *existing, created: false }, position });
+        }
+        ReserveFacts::NoPool => {
+            return Err(Rejection::NotFound { kind: "pool", id: request.pool_id.to_string() }.into());
+        }
+        ReserveFacts::New(facts) => *facts,
     };
-    let facts = AdmissionFacts {
+    let pool = &facts.pool;
+    let admission = AdmissionFacts {
         pool_id: &pool.id,
         pool_owner: &pool.owner_tenant_id,
         sharing: pool.sharing,
         gpu_model: &pool.gpu_model,
-        offers: &offers,
+        offers: &facts.offers,
         tenant: &caller.tenant_id,
         ancestors: &caller.ancestors,
-        project_in_tenant,
+        project_in_tenant: facts.project_in_tenant,
     };
-    let admitted = reservation::admit(request, &facts)?;
+    let admitted = reservation::admit(request, &admission)?;
     let mut events = reservation::request(None, new(admitted.priority, admitted.quota_holder))?;
     let mut state = reservation::fold(&events)
         .ok_or_else(|| AppError::Store(bc_eventstore::Error::Internal("no state after a request".into())))?;
-    let placed = match placement {
-        Placement::Try { spread } => {
-            // The offers were read for admission; the owner's are not, and it has no quota to look up.
-            let known = (pool.owner_tenant_id != caller.tenant_id).then_some(offers.as_slice());
-            try_place(tx, &state, &pool, now_ms, spread, known).await?
+    let mut waiting = None;
+    let placed = match (placement, facts.placing) {
+        (Placement::Skip, _) => None,
+        (Placement::Try { spread }, Some(placing)) if placing.start_ms == placed_start(request, now_ms) => {
+            waiting = placing.waiting;
+            place_from_facts(tx, &state, pool, &facts.offers, placing, spread).await?
         }
-        Placement::Skip => None,
+        // The facts call read nothing for placing (it always does for a valid request): place statement by statement.
+        (Placement::Try { spread }, _) => {
+            let known = (pool.owner_tenant_id != caller.tenant_id).then_some(facts.offers.as_slice());
+            try_place(tx, &state, pool, now_ms, spread, known).await?
+        }
     };
     match placed {
         Some(allocations) => {
@@ -459,18 +575,58 @@ async fn reserve_once(
         }
         None => {
             // Whether it could ever fit is only worth asking when it does not fit now.
-            let waiting = Waiting {
-                pool_id: &pool.id,
-                holders: store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?,
-                pending: store::pending_count(tx, &pool.id).await?,
-                max_pending: pool.policy.max_pending,
+            let (holders, pending) = match waiting {
+                Some(known) => known,
+                None => (
+                    store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?,
+                    store::pending_count(tx, &pool.id).await?,
+                ),
             };
+            let waiting = Waiting { pool_id: &pool.id, holders, pending, max_pending: pool.policy.max_pending };
             reservation::may_wait(request, &waiting)?;
         }
     }
     let position = record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
-    work::schedule(tx, &WorkKey::Reservation(id.clone()), reservation::next_look(&state, now_ms)).await?;
+    work::schedule_with_commit(tx, &WorkKey::Reservation(id.clone()), reservation::next_look(&state, now_ms));
     Ok(Committed { value: Reserved { reservation: state, created: true }, position })
+}
+
+/// Places a new reservation from what `reserve_facts` read and locked: plans on its candidates (the exact query
+/// when the summary's cannot hold it), locks the choice, and checks the quota against the peak it read.
+async fn place_from_facts(
+    tx: &mut Tx,
+    r: &Reservation,
+    pool: &PoolRow,
+    offers: &[PoolOffered],
+    placing: Placing,
+    spread: usize,
+) -> AppResult<Option<Vec<Allocation>>> {
+    let request = &r.request;
+    let resource = request.resource();
+    let quota = quota_limit(tx, pool, r.quota_holder.as_ref(), resource, Some(offers)).await?;
+    let mut candidates = placing.candidates;
+    let mut plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
+    if plan.is_none() && !placing.exact {
+        candidates = store::candidates(tx, &pool.id, &request.devices, placing.start_ms, placing.end_ms).await?;
+        plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
+    }
+    let Some(plan) = plan else { return Ok(None) };
+    let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread).await? else {
+        return Ok(None);
+    };
+    if let Some(quota) = quota {
+        let peak = match placing.peak {
+            Some(peak) => peak,
+            None => {
+                store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
+                store::peak_usage(tx, &r.tenant_id, &pool.id, resource, placing.start_ms, placing.end_ms).await?
+            }
+        };
+        if !reservation::within_quota(peak, request.devices.count, quota) {
+            return Ok(None);
+        }
+    }
+    Ok(Some(allocations(plan)))
 }
 
 async fn extend_once(

@@ -107,6 +107,26 @@ pub(crate) async fn schedule(tx: &mut Tx, key: &WorkKey, next: NextLook) -> AppR
     }
 }
 
+/// Schedules the next look a decision asked for with the transaction's COMMIT, in its round trip
+/// ([`Tx::defer`]): for commands, after which nothing in the transaction reads the work queue.
+pub(crate) fn schedule_with_commit(tx: &mut Tx, key: &WorkKey, next: NextLook) {
+    match next {
+        NextLook::Never => {}
+        NextLook::Now => enqueue_with_commit(tx, key, None),
+        NextLook::At(at_ms) => enqueue_with_commit(tx, key, Some(at_ms)),
+    }
+}
+
+/// [`wake_now`] with the transaction's COMMIT (see [`schedule_with_commit`]).
+pub(crate) fn wake_with_commit(tx: &mut Tx, key: &WorkKey) {
+    enqueue_with_commit(tx, key, None);
+}
+
+fn enqueue_with_commit(tx: &mut Tx, key: &WorkKey, not_before_ms: Option<i64>) {
+    let text = key.to_string();
+    tx.defer(&queue::enqueue_call(&[Enqueue { key: &text, shard: key.shard(), not_before_ms }]));
+}
+
 async fn enqueue(tx: &mut Tx, key: &WorkKey, not_before_ms: Option<i64>) -> AppResult<()> {
     let text = key.to_string();
     queue::enqueue(tx, &[Enqueue { key: &text, shard: key.shard(), not_before_ms }]).await?;

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use scoped_futures::ScopedBoxFuture;
-use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, PgConnection, Postgres};
+use sqlx::postgres::{PgConnectOptions, PgRow};
+use sqlx::{AssertSqlSafe, PgConnection};
 use tokio::sync::watch;
 
 use crate::Position;
+use crate::conns::{Conn, Pool, PoolStats};
 use crate::error::{Error, Result, sql_state};
 
 /// SQLSTATE `25P02`: a statement ran in a transaction that an earlier error had already aborted.
@@ -108,7 +108,7 @@ pub fn pgbouncer_safe(options: PgConnectOptions) -> PgConnectOptions {
 /// A pool of connections to one database, and the transaction executor over it.
 #[derive(Debug, Clone)]
 pub struct Db {
-    pool: PgPool,
+    pool: Pool,
     statement_timeout_ms: u128,
     /// The highest position this process's committed transactions appended, so a reader of the log in the same
     /// process (the event stream's hub) wakes at once instead of at its next poll.
@@ -131,13 +131,7 @@ impl Db {
         if let Some(name) = &config.application_name {
             options = options.application_name(name);
         }
-        let pool = PgPoolOptions::new()
-            .max_connections(config.max_connections)
-            .min_connections(0)
-            .acquire_timeout(config.acquire_timeout)
-            .idle_timeout(Some(Duration::from_secs(300)))
-            .test_before_acquire(false)
-            .connect_lazy_with(options);
+        let pool = Pool::new(options, config.max_connections, config.acquire_timeout, Duration::from_secs(300));
         Db {
             pool,
             statement_timeout_ms: config.statement_timeout.as_millis(),
@@ -166,9 +160,9 @@ impl Db {
         tx.commit().await
     }
 
-    /// The underlying sqlx pool, for pool statistics. Statements go through [`Tx`].
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+    /// How many connections this pool holds, idle or in use, and may hold.
+    pub fn connections(&self) -> PoolStats {
+        self.pool.stats()
     }
 
     /// Closes every connection; later calls fail.
@@ -283,7 +277,7 @@ impl Db {
 /// An open transaction on one pooled connection. Run statements on [`Tx::conn`].
 #[derive(Debug)]
 pub struct Tx {
-    conn: PoolConnection<Postgres>,
+    conn: Conn,
     savepoints: u32,
     open: bool,
     /// The last position this transaction appended: its commit is then signalled on [`Db::appends`].
@@ -298,7 +292,7 @@ pub struct Tx {
 impl Tx {
     /// The connection, as a sqlx executor. Use the builders in [`crate::sql`], which never name a statement.
     pub fn conn(&mut self) -> &mut PgConnection {
-        &mut self.conn
+        self.conn.get()
     }
 
     /// Commits. If a statement had failed inside the transaction (and the error was caught), PostgreSQL
@@ -334,7 +328,7 @@ impl Tx {
             return Ok(Vec::new());
         }
         let text = calls.iter().map(crate::sql::Call::statement).collect::<Vec<_>>().join("; ");
-        let rows = sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&mut *self.conn).await?;
+        let rows = sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(self.conn.get()).await?;
         if rows.len() != calls.len() {
             return Err(Error::Internal(format!("{} server-side calls answered {} rows", calls.len(), rows.len())));
         }
@@ -354,7 +348,7 @@ impl Tx {
 
     /// Runs `call` in this transaction in one round trip (the simple query protocol), returning its result.
     pub async fn call(&mut self, call: &crate::sql::Call) -> Result<Option<String>> {
-        let rows = sqlx::raw_sql(AssertSqlSafe(call.statement())).fetch_all(&mut *self.conn).await?;
+        let rows = sqlx::raw_sql(AssertSqlSafe(call.statement())).fetch_all(self.conn.get()).await?;
         first_text(&rows)
     }
 
@@ -380,7 +374,7 @@ impl Tx {
             text.push_str("; ");
             text.push_str(&call);
         }
-        match sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&mut *self.conn).await {
+        match sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(self.conn.get()).await {
             Ok(rows) => {
                 self.open = false;
                 if let Some(position) = self.appended {
@@ -415,7 +409,7 @@ impl Tx {
 
     /// Rolls back. Never fails: if ROLLBACK cannot be sent, the connection is closed instead.
     pub async fn rollback(mut self) {
-        if sqlx::raw_sql("ROLLBACK").execute(&mut *self.conn).await.is_ok() {
+        if sqlx::raw_sql("ROLLBACK").execute(self.conn.get()).await.is_ok() {
             self.open = false;
         }
     }
@@ -487,7 +481,7 @@ impl Drop for Tx {
     fn drop(&mut self) {
         if self.open {
             // Never hand a connection back to the pool in the middle of a transaction.
-            self.conn.close_on_drop();
+            self.conn.discard();
         }
     }
 }

@@ -8,6 +8,7 @@
 pub mod bulk;
 pub mod clock;
 pub mod cluster;
+mod conns;
 pub mod db;
 pub mod error;
 pub mod events;
@@ -20,6 +21,7 @@ pub mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use conns::PoolStats;
 pub use db::{Access, Db, DbConfig, Isolation, RetryPolicy, Retryable, Tx, TxOptions, retry};
 pub use error::{Error, Result, sql_state};
 pub use events::{AppendBatch, Appended, ExpectedVersion, NewEvent, RecordedEvent};

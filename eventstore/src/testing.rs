@@ -530,3 +530,87 @@ impl Drop for ScratchCluster {
         }
     }
 }
+
+/// A proxy in front of a test database that counts the round trips its clients make: every message after which a
+/// client waits for the server to be ready again (a simple-protocol Query, or the Sync that ends an extended-protocol
+/// exchange). Connect through [`RoundTrips::connect_options`]; [`RoundTrips::take`] reads and resets the count.
+#[derive(Debug)]
+pub struct RoundTrips {
+    dir: PathBuf,
+    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    target: PgConnectOptions,
+}
+
+/// The port number the proxy's socket file is named after.
+const PROXY_PORT: u16 = 5439;
+
+impl RoundTrips {
+    /// Starts the proxy in front of `target` (a Unix-socket connection, as the harness gives).
+    pub fn start(target: PgConnectOptions) -> RoundTrips {
+        let socket = target.get_socket().expect("the test server is reached through a Unix socket").clone();
+        let upstream = socket.join(format!(".s.PGSQL.{}", target.get_port()));
+        let dir = server().scratch_dir("round-trips");
+        let listener = tokio::net::UnixListener::bind(dir.join(format!(".s.PGSQL.{PROXY_PORT}"))).expect("bind");
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = std::sync::Arc::clone(&count);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::UnixStream::connect(&upstream).await else { continue };
+                tokio::spawn(relay(client, server, std::sync::Arc::clone(&counted)));
+            }
+        });
+        RoundTrips { dir, count, target }
+    }
+
+    /// The target's options, through the proxy.
+    pub fn connect_options(&self) -> PgConnectOptions {
+        self.target.clone().socket(&self.dir).port(PROXY_PORT)
+    }
+
+    /// The round trips counted since the last call.
+    pub fn take(&self) -> u64 {
+        self.count.swap(0, Ordering::SeqCst)
+    }
+}
+
+/// Copies the server's answers back as they come, and the client's messages on, counting those that end a round
+/// trip. The startup phase (an SSL or GSS request, then the startup message) has no type byte.
+async fn relay(
+    client: tokio::net::UnixStream,
+    server: tokio::net::UnixStream,
+    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    tokio::spawn(async move { tokio::io::copy(&mut from_server, &mut to_client).await });
+    let mut started = false;
+    loop {
+        let mut head = [0u8; 5];
+        let head_len = if started { 5 } else { 4 };
+        if from_client.read_exact(&mut head[..head_len]).await.is_err() {
+            return;
+        }
+        let len_bytes = if started { &head[1..5] } else { &head[0..4] };
+        let len = u32::from_be_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
+        let mut body = vec![0u8; len.saturating_sub(4)];
+        if from_client.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        if started {
+            if std::env::var("BC_TRIPS_DEBUG").is_ok() {
+                eprintln!("{} {}", head[0] as char, String::from_utf8_lossy(&body[..body.len().min(120)]));
+            }
+            if matches!(head[0], b'Q' | b'S') {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        } else {
+            // An SSL or GSS encryption request (answered with one byte) comes before the startup message.
+            let code = body.get(0..4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+            started = !matches!(code, Some(80_877_103 | 80_877_104));
+        }
+        if to_server.write_all(&head[..head_len]).await.is_err() || to_server.write_all(&body).await.is_err() {
+            return;
+        }
+    }
+}

@@ -89,7 +89,7 @@ async fn metrics_describe_requests_by_route_and_the_database_as_it_is() {
         assert_eq!(sample(&text, &format!("bc_projection_lag_seconds{labels}")), Some(10.0), "{name}");
     }
     assert_eq!(sample(&text, r#"bc_leases_live{kind="shard",holder="this_process"}"#), Some(1.0));
-    let max = fleet.t.db.pool().options().get_max_connections();
+    let max = fleet.t.db.connections().max;
     assert_eq!(sample(&text, r#"bc_db_pool_connections{state="max"}"#), Some(f64::from(max)));
     assert_eq!(sample(&text, "bc_sse_subscribers"), Some(0.0));
     assert!(text.ends_with("# EOF\n"));

@@ -14,6 +14,7 @@ use super::{AppError, AppResult};
 
 pub mod agents;
 pub mod certificates;
+pub mod facts;
 pub mod figures;
 pub mod idempotency;
 pub mod liveness;
@@ -97,14 +98,6 @@ pub async fn site_owner(tx: &mut Tx, site_id: &str) -> AppResult<Option<String>>
     Ok(sql::query_scalar("SELECT owner_tenant_id FROM sites WHERE id = $1")
         .bind(site_id)
         .fetch_optional(tx.conn())
-        .await?)
-}
-
-pub async fn project_in_tenant(tx: &mut Tx, project_id: &str, tenant: &TenantId) -> AppResult<bool> {
-    Ok(sql::query_scalar("SELECT EXISTS (SELECT 1 FROM projects WHERE id = $1 AND tenant_id = $2)")
-        .bind(project_id)
-        .bind(tenant.as_str())
-        .fetch_one(tx.conn())
         .await?)
 }
 

@@ -630,3 +630,52 @@ async fn atoms_booked_only_after_a_window_are_placed_through_the_exact_query() {
         "between the two bookings"
     );
 }
+
+#[tokio::test]
+async fn a_reserve_is_at_most_four_round_trips_and_a_cancel_three() {
+    use bc_eventstore::Db;
+    use bc_eventstore::testing::{RoundTrips, test_db_config};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    for name in ["a", "b", "c"] {
+        fleet.node(&pool, name, 8, 0).await;
+    }
+    fleet.offer(&pool, "acme", 16).await;
+    let trips = RoundTrips::start(fleet.t.connect_options());
+    let app = bc_commands::App::new(Db::connect_lazy_with(trips.connect_options(), &test_db_config()));
+    let acme = caller("acme", "alice@acme");
+    // A quota-limited tenant's reserve takes every step: the quota row, the summary, the atom lock, the sweep.
+    for (key, count) in [("k1", 8), ("k2", 4)] {
+        trips.take();
+        let reserved = app
+            .reserve(
+                &acme,
+                bc_commands::reservations::Reserve {
+                    idempotency_key: key.into(),
+                    request: request(&pool, DeviceClass::Gpu, count),
+                },
+            )
+            .await
+            .expect("reserve")
+            .value;
+        let reserve_trips = trips.take();
+        assert_eq!(reserved.reservation.state, ReservationState::Placed);
+        assert!(reserve_trips <= 4, "a reserve took {reserve_trips} round trips");
+        assert!(reserve_trips >= 3, "the proxy counts: {reserve_trips}");
+
+        app.cancel_reservation(&acme, &reserved.reservation.id, None).await.expect("cancel");
+        let cancel_trips = trips.take();
+        assert!(cancel_trips <= 3, "a cancel took {cancel_trips} round trips");
+    }
+    // A retry of a recorded request reads and answers: BEGIN with the facts, and COMMIT.
+    app.reserve(
+        &acme,
+        bc_commands::reservations::Reserve {
+            idempotency_key: "k1".into(),
+            request: request(&pool, DeviceClass::Gpu, 8),
+        },
+    )
+    .await
+    .expect("retry");
+    assert!(trips.take() <= 2);
+}
