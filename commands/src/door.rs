@@ -1,62 +1,21 @@
 //! The one door to the write side from outside. A call is authenticated to a [`Principal`]; the method it
-//! names is decided on its subject, resolved from the inline tables in a short read-only transaction of its
-//! own; only an allowed call gets the [`Caller`] a command runs as, whose admission context its events
-//! record. Denials are logged and counted here, so the HTTP layer holds no database and decides nothing.
-
-use std::collections::BTreeMap;
+//! names is decided on its subject, resolved from the inline tables: in a short read-only transaction of its own,
+//! or, for the reservation commands on the hot path (create, cancel, release, renew), in the command's own
+//! transaction, on the facts its first round trip reads anyway. Only an allowed call gets the [`Caller`] a
+//! command runs as, whose admission context its events record. Denials are logged and counted here, so the HTTP
+//! layer holds no database and decides nothing.
+//!
+//! [`Principal`]: crate::auth::Principal
 
 use bc_domain::Rejection;
-use bc_domain::id::{NodeId, PoolId, ReservationId, SiteId, TenantId};
-use bc_domain::reservation::{Reservation, ReservationRequest, ReservationState};
+use bc_domain::id::ReservationId;
+use bc_domain::reservation::{Command, Reservation, ReservationState};
 use bc_eventstore::TxOptions;
 
-use crate::auth::{Attribute, Decision, PoolFacts, Principal, Resource, Target, catalog, resolve};
+use crate::auth::{Attribute, Decision, Resource, Target, catalog, resolve};
+pub use crate::gate::{Call, Subject};
 use crate::reservations::{Reserve, Reserved};
 use crate::{App, AppError, AppResult, Caller, Committed};
-
-/// A call from outside: who it speaks for, as the authorizer authenticated it, and the request's id.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Call {
-    pub principal: Principal,
-    pub request_id: String,
-}
-
-impl Call {
-    /// The caller a command runs as, had it been allowed (tools that decide for themselves use this).
-    fn caller(&self) -> Caller {
-        self.principal.caller(&self.request_id)
-    }
-}
-
-/// What a method is decided on, as the call names it; the door resolves it from the tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Subject<'a> {
-    /// The caller's own tenant scope (`compute-tenant/{t}`), for methods on a whole scope.
-    OwnTenant,
-    /// The platform's fleet (`compute-fleet/global`), which resolves only in the root tenant.
-    Fleet,
-    /// A tenant's scope (`compute-tenant/{t}`), for administering it: it resolves when the tenant exists.
-    Tenant(&'a TenantId),
-    Site(&'a SiteId),
-    Pool(&'a PoolId),
-    Node(&'a NodeId),
-    Reservation(&'a ReservationId),
-}
-
-impl Subject<'_> {
-    /// The kind and id a `NOT_FOUND` names.
-    fn named(&self, call: &Call) -> (&'static str, String) {
-        match self {
-            Subject::OwnTenant => ("tenant", call.principal.tenant_id.to_string()),
-            Subject::Fleet => ("fleet", "global".to_owned()),
-            Subject::Tenant(id) => ("tenant", id.to_string()),
-            Subject::Site(id) => ("site", id.to_string()),
-            Subject::Pool(id) => ("pool", id.to_string()),
-            Subject::Node(id) => ("node", id.to_string()),
-            Subject::Reservation(id) => ("reservation", id.to_string()),
-        }
-    }
-}
 
 /// A reservation request the authorizer refused: it is recorded (`denied`, or the state an earlier allowed
 /// request with the same key reached), and the answer names it.
@@ -65,29 +24,6 @@ pub struct Denied {
     pub reason: String,
     pub reservation_id: ReservationId,
     pub state: ReservationState,
-}
-
-/// The draft a create is decided on: the caller's, under its pool, with the attributes policies read.
-fn draft(call: &Call, id: &ReservationId, request: &ReservationRequest, pool: PoolFacts) -> Resource {
-    let mut attributes = BTreeMap::from([
-        ("gpuCount".to_owned(), Attribute::Number(f64::from(request.devices.count))),
-        ("durationHours".to_owned(), Attribute::Number(request.duration_s as f64 / 3600.0)),
-        ("binding".to_owned(), Attribute::Text(request.binding.as_str().to_owned())),
-        ("spot".to_owned(), Attribute::Bool(false)),
-        ("projectId".to_owned(), Attribute::from(request.project_id.as_ref().map(|p| p.to_string()))),
-    ]);
-    for key in ["gpuModel", "region"] {
-        if let Some(value) = pool.attributes.get(key) {
-            attributes.insert(key.to_owned(), value.clone());
-        }
-    }
-    Resource {
-        target: Target::Reservation,
-        id: id.to_string(),
-        tenant_id: call.principal.tenant_id.clone(),
-        pool: Some(pool),
-        attributes,
-    }
 }
 
 impl App {
@@ -123,14 +59,9 @@ impl App {
     /// Reserves as `call` (`reservations.create`), deciding on the draft first. A request the authorizer
     /// refuses is recorded as one `reservation.denied` event and answered [`AppError::Denied`].
     pub async fn reserve_as(&self, call: &Call, input: Reserve) -> AppResult<Committed<Reserved>> {
-        let id = ReservationId::derive(&call.principal.tenant_id, &call.principal.identity, &input.idempotency_key);
-        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let pool = resolve::pool(&mut tx, &input.request.pool_id).await?;
-        tx.commit().await?;
-        let resource = pool.map(|facts| draft(call, &id, &input.request, facts));
-        let subject = Subject::Pool(&input.request.pool_id);
-        match self.decide(call, "reservations.create", resource.as_ref(), subject).await {
-            Ok(()) => self.reserve(&call.caller(), input).await,
+        // The draft is decided in the reserve's own transaction, on the pool facts its first read brings; no
+        // reservation decision answers FORBIDDEN, so that is the authorizer's refusal.
+        match self.reserve_gated(&call.caller(), input.clone(), Some(call)).await {
             Err(AppError::Rejected(Rejection::Forbidden(reason)))
                 if !self.denial_budget.take(&call.principal.tenant_id, &call.principal.identity) =>
             {
@@ -146,8 +77,33 @@ impl App {
                 let recorded = self.deny_reservation(&call.caller(), input, reason.clone()).await?;
                 Err(AppError::Denied(Denied { reason, reservation_id: recorded.value.id, state: recorded.value.state }))
             }
-            Err(other) => Err(other),
+            other => other,
         }
+    }
+
+    /// Cancels as `call` (`reservations.cancel`), decided on the reservation in the command's own transaction.
+    pub async fn cancel_as(
+        &self,
+        call: &Call,
+        id: &ReservationId,
+        reason: Option<String>,
+    ) -> AppResult<Committed<Reservation>> {
+        let gate = Some((call, "reservations.cancel"));
+        self.reservation_command(&call.caller(), id, gate, |now_ms| Command::Cancel { now_ms, reason: reason.clone() })
+            .await
+    }
+
+    /// Releases as `call` (`reservations.release`), decided as [`App::cancel_as`] is.
+    pub async fn release_as(&self, call: &Call, id: &ReservationId) -> AppResult<Committed<Reservation>> {
+        let gate = Some((call, "reservations.release"));
+        self.reservation_command(&call.caller(), id, gate, |now_ms| Command::Release { now_ms, awaiting: Vec::new() })
+            .await
+    }
+
+    /// Renews as `call` (`reservations.renew`), decided as [`App::cancel_as`] is.
+    pub async fn renew_as(&self, call: &Call, id: &ReservationId) -> AppResult<Committed<Reservation>> {
+        let gate = Some((call, "reservations.renew"));
+        self.reservation_command(&call.caller(), id, gate, |now_ms| Command::Renew { now_ms }).await
     }
 
     /// Extends as `call` (`reservations.extend`): decided like a create for the new length, so the attribute
@@ -183,7 +139,7 @@ impl App {
     }
 
     /// Asks the authorizer; a denial is logged and counted.
-    async fn decide(
+    pub(crate) async fn decide(
         &self,
         call: &Call,
         method: &'static str,

@@ -9,6 +9,7 @@ pub mod availability;
 pub mod door;
 pub mod figures;
 pub mod fleet;
+mod gate;
 pub mod idempotency;
 pub mod liveness;
 pub mod log;

@@ -12,7 +12,8 @@ use bc_domain::reservation::{
 use bc_eventstore::events::{self, ExpectedVersion};
 use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock};
 
-use super::store::facts::{Placing, ReserveFacts};
+use super::gate::{Call, Subject, draft};
+use super::store::facts::{Placing, ReserveAnswer, ReserveFacts};
 use super::store::{self, PoolRow};
 use super::work::{self, WorkKey};
 use super::{App, AppError, AppResult, Caller, Committed, record};
@@ -192,6 +193,18 @@ impl App {
     /// frees; `CAPACITY_UNAVAILABLE` only when it can never fit the pool, the pool's pending queue is full, or
     /// the request asked not to wait. A retry with the same key and body answers the same reservation.
     pub async fn reserve(&self, caller: &Caller, input: Reserve) -> AppResult<Committed<Reserved>> {
+        self.reserve_gated(caller, input, None).await
+    }
+
+    /// [`App::reserve`], decided first on the draft by the door when `gate` names the call from outside (in the
+    /// same transaction, on the facts the reserve reads anyway). The authorizer's refusal is `FORBIDDEN`: no
+    /// reservation decision answers that.
+    pub(crate) async fn reserve_gated(
+        &self,
+        caller: &Caller,
+        input: Reserve,
+        gate: Option<&Call>,
+    ) -> AppResult<Committed<Reserved>> {
         check_idempotency_key(&input.idempotency_key)?;
         let id = ReservationId::derive(&caller.tenant_id, &caller.identity, &input.idempotency_key);
         let mut tries = 1;
@@ -201,7 +214,7 @@ impl App {
             } else {
                 Placement::Skip
             };
-            let attempt = self.reserve_once(caller, &id, &input.request, placement).await;
+            let attempt = self.reserve_once(caller, &id, &input.request, placement, gate).await;
             match attempt {
                 Err(err) if err.is_retryable() && tries < self.retry.max_attempts + 3 => {
                     tokio::time::sleep(self.retry.backoff(tries)).await;
@@ -289,17 +302,17 @@ impl App {
         id: &ReservationId,
         reason: Option<String>,
     ) -> AppResult<Committed<Reservation>> {
-        self.reservation_command(caller, id, |now_ms| Command::Cancel { now_ms, reason: reason.clone() }).await
+        self.reservation_command(caller, id, None, |now_ms| Command::Cancel { now_ms, reason: reason.clone() }).await
     }
 
     /// Releases a reservation after its start (`binding`, `active`).
     pub async fn release_reservation(&self, caller: &Caller, id: &ReservationId) -> AppResult<Committed<Reservation>> {
-        self.reservation_command(caller, id, |now_ms| Command::Release { now_ms, awaiting: Vec::new() }).await
+        self.reservation_command(caller, id, None, |now_ms| Command::Release { now_ms, awaiting: Vec::new() }).await
     }
 
     /// Renews a reservation's allocation lease (`reservations.renew`); after the deadline it is refused.
     pub async fn renew_reservation(&self, caller: &Caller, id: &ReservationId) -> AppResult<Committed<Reservation>> {
-        self.reservation_command(caller, id, |now_ms| Command::Renew { now_ms }).await
+        self.reservation_command(caller, id, None, |now_ms| Command::Renew { now_ms }).await
     }
 
     /// Lengthens a live reservation's window to `end_ms` on the same atoms. Refused with `CONFLICT` when another
@@ -340,17 +353,23 @@ impl App {
 
     /// A command on an existing reservation in three round trips: BEGIN with the facts it decides on
     /// (`reservation_facts`), its events with every inline write they make, and COMMIT with the wakes it queues.
-    async fn reservation_command(
+    /// `gate`: the call from outside and its method, which the door decides on the reservation first, on the facts
+    /// the command reads anyway.
+    pub(crate) async fn reservation_command(
         &self,
         caller: &Caller,
         id: &ReservationId,
+        gate: Option<(&Call, &'static str)>,
         command: impl Fn(i64) -> Command + Send + Sync,
     ) -> AppResult<Committed<Reservation>> {
         bc_eventstore::retry(&self.retry, || async {
             let (mut tx, answer) =
                 self.db.begin_with(TxOptions::COMMAND, &store::facts::reservation_facts_call(id)).await?;
             let decided = async {
-                let facts = store::facts::reservation_facts(answer)?;
+                let facts = store::facts::reservation_facts(id, answer)?;
+                if let Some((call, method)) = gate {
+                    self.decide(call, method, facts.resource.as_ref(), Subject::Reservation(id)).await?;
+                }
                 let r = match facts.reservation {
                     Some((r, _)) if r.tenant_id == caller.tenant_id => r,
                     _ => return Err(Rejection::NotFound { kind: "reservation", id: id.to_string() }.into()),
@@ -384,6 +403,7 @@ impl App {
         id: &ReservationId,
         request: &ReservationRequest,
         placement: Placement,
+        gate: Option<&Call>,
     ) -> AppResult<Committed<Reserved>> {
         let (place, spread) = match placement {
             Placement::Try { spread } => (true, spread),
@@ -391,7 +411,17 @@ impl App {
         };
         let call = store::facts::reserve_facts_call(id, &caller.tenant_id, request, place, spread)?;
         let (mut tx, answer) = self.db.begin_with(TxOptions::COMMAND, &call).await?;
-        match reserve_decided(&mut tx, caller, id, request, placement, answer).await {
+        let decided = async {
+            let answer = store::facts::reserve_facts(&request.pool_id, answer)?;
+            if let Some(call) = gate {
+                let resource = answer.pool.clone().map(|facts| draft(call, id, request, facts));
+                let subject = Subject::Pool(&request.pool_id);
+                self.decide(call, "reservations.create", resource.as_ref(), subject).await?;
+            }
+            reserve_decided(&mut tx, caller, id, request, placement, answer).await
+        }
+        .await;
+        match decided {
             Ok(done) => {
                 tx.commit().await?;
                 Ok(done)
@@ -515,9 +545,9 @@ async fn reserve_decided(
     id: &ReservationId,
     request: &ReservationRequest,
     placement: Placement,
-    answer: Option<String>,
+    answer: ReserveAnswer,
 ) -> AppResult<Committed<Reserved>> {
-    let (now_ms, facts) = store::facts::reserve_facts(&request.pool_id, answer)?;
+    let ReserveAnswer { now_ms, facts, .. } = answer;
     let new = |priority, quota_holder| NewRequest {
         reservation_id: id.clone(),
         tenant_id: caller.tenant_id.clone(),

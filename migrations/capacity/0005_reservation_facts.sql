@@ -149,6 +149,39 @@ BEGIN
 END
 $$;
 
+-- What the authorizer decides a pool's methods on (`auth::resolve`): the pool, its site's region, and its offers'
+-- tenants with whether each covers descendants. NULL when there is no such pool.
+CREATE FUNCTION pool_authz(p_pool text) RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RETURN (
+        SELECT jsonb_build_object(
+            'pool_id', p.id, 'pool_owner', p.owner_tenant_id, 'pool_class', p.class, 'pool_gpu_model', p.gpu_model,
+            'pool_sharing', p.sharing, 'pool_region', s.iam_region,
+            'offer_tenants', to_jsonb(ARRAY(SELECT o.tenant_id FROM pool_offers AS o WHERE o.pool_id = p.id
+                                            ORDER BY o.tenant_id)),
+            'offer_descendants', to_jsonb(ARRAY(SELECT o.include_descendants FROM pool_offers AS o
+                                                WHERE o.pool_id = p.id ORDER BY o.tenant_id)))
+        FROM pools AS p JOIN sites AS s ON s.id = p.site_id
+        WHERE p.id = p_pool);
+END
+$$;
+
+-- What the authorizer decides a recorded reservation's methods on: its tenant, size, project and length, under its
+-- pool's facts. NULL when there is no such reservation.
+CREATE FUNCTION reservation_authz(p_id text) RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RETURN (
+        SELECT jsonb_build_object('tenant_id', r.tenant_id, 'count', r.count, 'project_id', r.project_id,
+                                  'duration_s', (r.request ->> 'durationS')::float8) || pool_authz(r.pool_id)
+        FROM reservations AS r
+        WHERE r.id = p_id);
+END
+$$;
+
 -- What a command on a reservation decides on: business time now, the reservation's events, and which nodes of its
 -- allocations run an agent (a binding and a release wait for those) and which are draining (a drain completes once
 -- its node holds nothing).
@@ -163,16 +196,18 @@ BEGIN
         'events', stream_json(p_id),
         'agents', to_jsonb(ARRAY(SELECT DISTINCT node_id FROM node_credentials
                                  WHERE node_id = ANY(v_nodes) ORDER BY node_id)),
-        'draining', to_jsonb(ARRAY(SELECT id FROM nodes WHERE id = ANY(v_nodes) AND draining ORDER BY id)));
+        'draining', to_jsonb(ARRAY(SELECT id FROM nodes WHERE id = ANY(v_nodes) AND draining ORDER BY id)),
+        'authz', reservation_authz(p_id));
 END
 $$;
 
--- What a reserve decides on: business time now and the reservation's events (a retry finds them and needs nothing
--- more); else the pool, its offers (unless the tenant owns it) and whether the project is the tenant's. When it may
--- place now (`p_place`) and its window is sane (the decision refuses the rest with a clear answer): the quota row
--- locked (unless the tenant owns the pool), the pool locked in share mode, the window, the candidates (from the
--- summary; from the exact query when the summary has fewer than `p_nodes`), the tenant's peak over the window;
--- and, when even the exact query has too few, how many nodes could ever hold it and how many reservations wait.
+-- What a reserve decides on: business time now, what the authorizer decides on, and the reservation's events (a
+-- retry finds them and needs nothing more); else the pool, its offers (unless the tenant owns it) and whether the
+-- project is the tenant's. When it may place now (`p_place`) and its window is sane (the decision refuses the rest
+-- with a clear answer): the quota row locked (unless the tenant owns the pool), the pool locked in share mode, the
+-- window, the candidates (from the summary; from the exact query when the summary has fewer than `p_nodes`), the
+-- tenant's peak over the window; and, when even the exact query has too few, how many nodes could ever hold it and
+-- how many reservations wait.
 CREATE FUNCTION reserve_facts(
     p_id text, p_tenant text, p_pool text, p_project text, p_resource text, p_class text, p_model text,
     p_product text, p_attributes jsonb, p_start_ms bigint, p_duration_ms bigint, p_per_node integer,
@@ -193,7 +228,7 @@ DECLARE
     v_exact boolean := false;
 BEGIN
     IF jsonb_array_length(v_events) > 0 THEN
-        RETURN jsonb_build_object('now_ms', v_now, 'events', v_events);
+        RETURN jsonb_build_object('now_ms', v_now, 'events', v_events, 'authz', pool_authz(p_pool));
     END IF;
     SELECT owner_tenant_id, gpu_model, sharing, policy INTO v_pool FROM pools WHERE id = p_pool;
     IF NOT FOUND THEN
@@ -203,6 +238,7 @@ BEGIN
     v_out := jsonb_build_object(
         'now_ms', v_now,
         'events', v_events,
+        'authz', pool_authz(p_pool),
         'pool', jsonb_build_object('owner_tenant_id', v_pool.owner_tenant_id, 'gpu_model', v_pool.gpu_model,
                                    'sharing', v_pool.sharing, 'policy', v_pool.policy),
         'offers', CASE WHEN v_limited THEN coalesce(

@@ -206,8 +206,8 @@ pub async fn cancel_reservation(
     if body.reason.as_ref().is_some_and(|r| r.chars().count() > 1024) {
         return Err(ApiError::invalid_argument("reason", "must be at most 1024 characters"));
     }
-    let (id, caller) = authorized(&state, &who, "reservations.cancel", &id).await?;
-    let done = state.app.cancel_reservation(&caller, &id, body.reason).await?;
+    let id: ReservationId = path_id("reservationId", &id)?;
+    let done = state.app.cancel_as(&who.0, &id, body.reason).await?;
     Ok(answer(StatusCode::OK, &done))
 }
 
@@ -226,8 +226,8 @@ pub async fn release_reservation(
     Path(id): Path<String>,
     OptionalBody(EmptyBody {}): OptionalBody<EmptyBody>,
 ) -> Result<Response, ApiError> {
-    let (id, caller) = authorized(&state, &who, "reservations.release", &id).await?;
-    let done = state.app.release_reservation(&caller, &id).await?;
+    let id: ReservationId = path_id("reservationId", &id)?;
+    let done = state.app.release_as(&who.0, &id).await?;
     Ok(answer(StatusCode::OK, &done))
 }
 
@@ -246,8 +246,8 @@ pub async fn renew_reservation(
     Path(id): Path<String>,
     OptionalBody(EmptyBody {}): OptionalBody<EmptyBody>,
 ) -> Result<Response, ApiError> {
-    let (id, caller) = authorized(&state, &who, "reservations.renew", &id).await?;
-    let done = state.app.renew_reservation(&caller, &id).await?;
+    let id: ReservationId = path_id("reservationId", &id)?;
+    let done = state.app.renew_as(&who.0, &id).await?;
     Ok(answer(StatusCode::OK, &done))
 }
 

@@ -26,24 +26,59 @@ macro_rules! pool_facts {
     };
 }
 
+/// A pool's facts as the tables give them: the columns [`pool_facts!`] selects, or the object `pool_authz`
+/// (`capacity/0005`) answers to a command's facts call.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct PoolParts {
+    pool_id: String,
+    pool_owner: String,
+    pool_class: String,
+    pool_gpu_model: String,
+    pool_sharing: String,
+    pool_region: String,
+    offer_tenants: Vec<String>,
+    offer_descendants: Vec<bool>,
+}
+
+impl PoolParts {
+    fn of_row(row: &PgRow) -> Result<PoolParts> {
+        Ok(PoolParts {
+            pool_id: row.try_get("pool_id")?,
+            pool_owner: row.try_get("pool_owner")?,
+            pool_class: row.try_get("pool_class")?,
+            pool_gpu_model: row.try_get("pool_gpu_model")?,
+            pool_sharing: row.try_get("pool_sharing")?,
+            pool_region: row.try_get("pool_region")?,
+            offer_tenants: row.try_get("offer_tenants")?,
+            offer_descendants: row.try_get("offer_descendants")?,
+        })
+    }
+
+    pub(crate) fn facts(self) -> Result<PoolFacts> {
+        let offers = self
+            .offer_tenants
+            .into_iter()
+            .zip(self.offer_descendants)
+            .map(|(t, d)| Ok((tenant(t)?, d)))
+            .collect::<Result<Vec<_>>>()?;
+        let attributes = BTreeMap::from([
+            ("region".to_owned(), Attribute::Text(self.pool_region)),
+            ("class".to_owned(), Attribute::Text(self.pool_class)),
+            ("gpuModel".to_owned(), Attribute::Text(self.pool_gpu_model)),
+            ("sharing".to_owned(), Attribute::Text(self.pool_sharing)),
+        ]);
+        Ok(PoolFacts {
+            id: self.pool_id.parse().map_err(|err| Error::Internal(format!("a stored pool id: {err}")))?,
+            owner_tenant_id: tenant(self.pool_owner)?,
+            offers,
+            attributes,
+        })
+    }
+}
+
 /// The pool facts of a row that selected [`pool_facts!`].
 fn pool_facts(row: &PgRow) -> Result<PoolFacts> {
-    let id: String = row.try_get("pool_id")?;
-    let tenants: Vec<String> = row.try_get("offer_tenants")?;
-    let descendants: Vec<bool> = row.try_get("offer_descendants")?;
-    let offers = tenants.into_iter().zip(descendants).map(|(t, d)| Ok((tenant(t)?, d))).collect::<Result<Vec<_>>>()?;
-    let attributes = BTreeMap::from([
-        ("region".to_owned(), Attribute::Text(row.try_get("pool_region")?)),
-        ("class".to_owned(), Attribute::Text(row.try_get("pool_class")?)),
-        ("gpuModel".to_owned(), Attribute::Text(row.try_get("pool_gpu_model")?)),
-        ("sharing".to_owned(), Attribute::Text(row.try_get("pool_sharing")?)),
-    ]);
-    Ok(PoolFacts {
-        id: id.parse().map_err(|err| Error::Internal(format!("a stored pool id: {err}")))?,
-        owner_tenant_id: tenant(row.try_get("pool_owner")?)?,
-        offers,
-        attributes,
-    })
+    PoolParts::of_row(row)?.facts()
 }
 
 /// The pool attributes a child resource (a node, a reservation) shows as its own.
@@ -119,6 +154,37 @@ pub async fn node_resource(tx: &mut Tx, id: &NodeId) -> Result<Option<Resource>>
     }))
 }
 
+/// A recorded reservation's facts as the tables give them (`reservation_authz` answers the same object).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct ReservationParts {
+    tenant_id: String,
+    count: i32,
+    project_id: Option<String>,
+    duration_s: Option<f64>,
+    #[serde(flatten)]
+    pool: PoolParts,
+}
+
+impl ReservationParts {
+    /// The reservation `id` as the resource of a reservation method.
+    pub(crate) fn resource(self, id: &ReservationId) -> Result<Resource> {
+        let facts = self.pool.facts()?;
+        let mut attributes = BTreeMap::from([
+            ("gpuCount".to_owned(), Attribute::Number(f64::from(self.count))),
+            ("durationHours".to_owned(), Attribute::from(self.duration_s.map(|s| s / 3600.0))),
+            ("projectId".to_owned(), Attribute::from(self.project_id)),
+        ]);
+        inherited(&facts, &mut attributes);
+        Ok(Resource {
+            target: Target::Reservation,
+            id: id.to_string(),
+            tenant_id: tenant(self.tenant_id)?,
+            pool: Some(facts),
+            attributes,
+        })
+    }
+}
+
 /// A recorded reservation: it resolves in the tenant that made it, with its pool as its parent.
 pub async fn reservation_resource(tx: &mut Tx, id: &ReservationId) -> Result<Option<Resource>> {
     let query = concat!(
@@ -129,22 +195,14 @@ pub async fn reservation_resource(tx: &mut Tx, id: &ReservationId) -> Result<Opt
     );
     let row = sql::query(query).bind(id.as_str()).fetch_optional(tx.conn()).await?;
     let Some(row) = row else { return Ok(None) };
-    let facts = pool_facts(&row)?;
-    let count: i32 = row.try_get("count")?;
-    let duration_s: Option<f64> = row.try_get("duration_s")?;
-    let mut attributes = BTreeMap::from([
-        ("gpuCount".to_owned(), Attribute::Number(f64::from(count))),
-        ("durationHours".to_owned(), Attribute::from(duration_s.map(|s| s / 3600.0))),
-        ("projectId".to_owned(), Attribute::from(row.try_get::<Option<String>, _>("project_id")?)),
-    ]);
-    inherited(&facts, &mut attributes);
-    Ok(Some(Resource {
-        target: Target::Reservation,
-        id: id.to_string(),
-        tenant_id: tenant(row.try_get("tenant_id")?)?,
-        pool: Some(facts),
-        attributes,
-    }))
+    let parts = ReservationParts {
+        tenant_id: row.try_get("tenant_id")?,
+        count: row.try_get("count")?,
+        project_id: row.try_get("project_id")?,
+        duration_s: row.try_get("duration_s")?,
+        pool: PoolParts::of_row(&row)?,
+    };
+    parts.resource(id).map(Some)
 }
 
 /// When a recorded reservation's window starts, once placed.

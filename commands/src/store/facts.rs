@@ -13,6 +13,8 @@ use serde::Deserialize;
 
 use super::{PoolRow, corrupt, exact_limit, selector_params, summary_limit};
 use crate::AppResult;
+use crate::auth::resolve::{PoolParts, ReservationParts};
+use crate::auth::{PoolFacts, Resource};
 
 /// An event as `stream_json` gives it: type, schema version, payload in hexadecimal, position.
 type StoredEvent = (String, i16, String, String);
@@ -48,6 +50,7 @@ struct RawReservationFacts {
     events: Vec<StoredEvent>,
     agents: Vec<String>,
     draining: Vec<String>,
+    authz: Option<ReservationParts>,
 }
 
 /// What a command on an existing reservation decides on.
@@ -60,6 +63,8 @@ pub struct ReservationFacts {
     pub agents: Vec<NodeId>,
     /// The nodes of its allocations that are draining.
     pub draining: Vec<NodeId>,
+    /// What the authorizer decides on (`None`: there is no such reservation in the tables).
+    pub resource: Option<Resource>,
 }
 
 /// The call that reads a reservation's facts.
@@ -67,10 +72,12 @@ pub fn reservation_facts_call(id: &ReservationId) -> Call {
     Call::new("reservation_facts").text(id.as_str())
 }
 
-/// Reads what [`reservation_facts_call`] answered.
-pub fn reservation_facts(answer: Option<String>) -> AppResult<ReservationFacts> {
+/// Reads what [`reservation_facts_call`] answered for reservation `id`.
+pub fn reservation_facts(id: &ReservationId, answer: Option<String>) -> AppResult<ReservationFacts> {
     let raw: RawReservationFacts = parse("reservation_facts", answer)?;
+    let resource = raw.authz.map(|parts| parts.resource(id)).transpose()?;
     Ok(ReservationFacts {
+        resource,
         now_ms: raw.now_ms,
         reservation: fold(&raw.events)?,
         agents: node_ids("node_credentials.node_id", raw.agents)?,
@@ -105,6 +112,7 @@ struct RawCandidate {
 struct RawReserveFacts {
     now_ms: i64,
     events: Vec<StoredEvent>,
+    authz: Option<PoolParts>,
     pool: Option<RawPool>,
     #[serde(default)]
     offers: Vec<RawOffer>,
@@ -187,14 +195,25 @@ pub fn reserve_facts_call(
         .boolean(place))
 }
 
-/// Reads what [`reserve_facts_call`] answered; also the transaction's now.
-pub fn reserve_facts(pool_id: &PoolId, answer: Option<String>) -> AppResult<(i64, ReserveFacts)> {
+/// What [`reserve_facts_call`] answered: the transaction's now, what the authorizer decides a create on (the pool's
+/// facts; `None`: no such pool), and what the reserve decides on.
+#[derive(Debug)]
+pub struct ReserveAnswer {
+    pub now_ms: i64,
+    pub pool: Option<PoolFacts>,
+    pub facts: ReserveFacts,
+}
+
+/// Reads what [`reserve_facts_call`] answered.
+pub fn reserve_facts(pool_id: &PoolId, answer: Option<String>) -> AppResult<ReserveAnswer> {
     let raw: RawReserveFacts = parse("reserve_facts", answer)?;
     let now_ms = raw.now_ms;
+    let pool_facts = raw.authz.map(PoolParts::facts).transpose()?;
+    let answer = |facts| Ok(ReserveAnswer { now_ms, pool: pool_facts.clone(), facts });
     if let Some((r, position)) = fold(&raw.events)? {
-        return Ok((now_ms, ReserveFacts::Existing(Box::new(r), position)));
+        return answer(ReserveFacts::Existing(Box::new(r), position));
     }
-    let Some(pool) = raw.pool else { return Ok((now_ms, ReserveFacts::NoPool)) };
+    let Some(pool) = raw.pool else { return answer(ReserveFacts::NoPool) };
     let offers = raw
         .offers
         .into_iter()
@@ -240,5 +259,5 @@ pub fn reserve_facts(pool_id: &PoolId, answer: Option<String>) -> AppResult<(i64
         policy: pool.policy,
     };
     let project_in_tenant = raw.project_in_tenant;
-    Ok((now_ms, ReserveFacts::New(Box::new(NewReserveFacts { pool, offers, project_in_tenant, placing }))))
+    answer(ReserveFacts::New(Box::new(NewReserveFacts { pool, offers, project_in_tenant, placing })))
 }
