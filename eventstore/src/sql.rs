@@ -40,8 +40,12 @@ pub struct Call {
     args: Vec<String>,
 }
 
+/// A text value: its UTF-8 bytes in hex, converted back. `convert_from` takes the encoding as a `name`, whose
+/// collation is "C", and its result would carry that collation into the function: every comparison with a column
+/// (of the database's default collation) would then be unable to use the column's indexes. The value is given the
+/// default collation explicitly.
 fn text_literal(value: &str) -> String {
-    format!("convert_from(decode('{}', 'hex'), 'UTF8')", hex::encode(value.as_bytes()))
+    format!("(convert_from(decode('{}', 'hex'), 'UTF8') COLLATE \"default\")", hex::encode(value.as_bytes()))
 }
 
 impl Call {
@@ -153,10 +157,11 @@ mod tests {
             .jsonb("{\"k\": 1}");
         assert_eq!(
             call.statement(),
-            "SELECT f(convert_from(decode('7827293b2044524f50205441424c45206576656e74733b202d2d', 'hex'), 'UTF8'), \
-             NULL::text, -5::int8, true, ARRAY[convert_from(decode('61', 'hex'), 'UTF8'), \
-             convert_from(decode('c3a9', 'hex'), 'UTF8')]::text[], ARRAY[1, 2]::int2[], \
-             ARRAY[-3]::int4[], ARRAY[7, NULL]::int8[], ARRAY[decode('00ff', 'hex')]::bytea[], convert_from(decode('7b226b223a20317d', 'hex'), 'UTF8')::jsonb)::text"
+            "SELECT f((convert_from(decode('7827293b2044524f50205441424c45206576656e74733b202d2d', 'hex'), 'UTF8') \
+             COLLATE \"default\"), NULL::text, -5::int8, true, ARRAY[(convert_from(decode('61', 'hex'), 'UTF8') \
+             COLLATE \"default\"), (convert_from(decode('c3a9', 'hex'), 'UTF8') COLLATE \"default\")]::text[], \
+             ARRAY[1, 2]::int2[], ARRAY[-3]::int4[], ARRAY[7, NULL]::int8[], ARRAY[decode('00ff', 'hex')]::bytea[], \
+             (convert_from(decode('7b226b223a20317d', 'hex'), 'UTF8') COLLATE \"default\")::jsonb)::text"
         );
     }
 

@@ -10,12 +10,14 @@ AS $$ SELECT floor(extract(epoch FROM compute_now()) * 1000)::int8 $$;
 
 -- Nodes of the pool whose atoms hold one node's share of a request from `p_start_ms` on, read from the
 -- free-capacity summary best fit first and stopping at the first `p_limit`: an atom is free when none of its live
--- bookings reaches past the start (`store::summary_candidates`).
+-- bookings reaches past the start (`store::summary_candidates`). Planned for each call's values: a generic plan
+-- does not know that the limit is small, and may read every node's atoms before it sorts.
 CREATE FUNCTION summary_candidates(
     p_pool text, p_class text, p_model text, p_product text, p_attributes jsonb, p_start_ms bigint,
     p_per_node integer, p_limit bigint)
 RETURNS TABLE (node_id text, free text[])
 LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
 AS $$
 BEGIN
     RETURN QUERY

@@ -323,3 +323,15 @@ async fn deferred_calls_run_with_the_commit_inside_the_transaction_and_an_error_
     tx.commit().await.expect("commit");
     assert_eq!(ids, vec![1, 2, 5]);
 }
+
+#[tokio::test]
+async fn a_call_s_text_arguments_carry_the_default_collation_so_indexes_on_text_columns_serve_them() {
+    use bc_eventstore::sql::Call;
+    let t = TestDb::new().await;
+    let (tx, collation) =
+        t.db.begin_with(TxOptions::READ_ONLY, &Call::new("pg_collation_for").text("pool_1")).await.expect("call");
+    tx.commit().await.expect("commit");
+    // convert_from's encoding argument is a `name` (collation "C"); without the explicit collation the value would
+    // be "C", and a comparison with a column of the default collation would not use the column's index.
+    assert_eq!(collation.as_deref(), Some("\"default\""));
+}
