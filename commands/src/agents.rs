@@ -724,14 +724,13 @@ impl App {
             .await
     }
 
-    /// A heartbeat renews the session's liveness lease in one statement; only when the log must record
-    /// something (the node back to `connected`, a newly observed generation, clock skew crossing its limit)
-    /// does it run a command transaction as well.
+    /// A heartbeat renews the session's liveness lease in one round trip (BEGIN, one call, COMMIT); only when the
+    /// log must record something (the node back to `connected`, a newly observed generation, clock skew crossing
+    /// its limit) does it run a command transaction as well.
     pub async fn heartbeat(&self, node: &NodeAuth, beat: &Heartbeat) -> AppResult<HeartbeatReply> {
-        let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
         let beater = agents::Beater::Node(&node.node_id);
-        let row = agents::heartbeat(&mut tx, beater, &beat.session_id, self.liveness.lease, beat.clock_ms).await?;
-        tx.commit().await?;
+        let call = agents::heartbeat_call(beater, &beat.session_id, self.liveness.lease, beat.clock_ms);
+        let row = agents::beat(self.db.call(TxOptions::READ_COMMITTED, &call).await?)?;
         let Some(row) = row else {
             return Err(Rejection::Conflict(format!(
                 "session {} of node {} is not current: another session replaced it; open a new one",
@@ -757,11 +756,10 @@ impl App {
         if !credential.starts_with(CREDENTIAL_PREFIX) {
             return Err(Rejection::Unauthenticated(format!("a node credential starts with {CREDENTIAL_PREFIX}")).into());
         }
-        let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
         let hash = bc_domain::sha256_hex(credential);
         let beater = agents::Beater::CredentialHash(&hash, certified);
-        let row = agents::heartbeat(&mut tx, beater, &beat.session_id, self.liveness.lease, beat.clock_ms).await?;
-        tx.commit().await?;
+        let call = agents::heartbeat_call(beater, &beat.session_id, self.liveness.lease, beat.clock_ms);
+        let row = agents::beat(self.db.call(TxOptions::READ_COMMITTED, &call).await?)?;
         let Some(row) = row else {
             let node = self.authenticate_node(credential).await?;
             check_certified(&node, certified)?;

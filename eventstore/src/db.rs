@@ -185,6 +185,17 @@ impl Db {
         Ok((tx, first_text(&rows)?))
     }
 
+    /// Runs `call` as a transaction of its own in one round trip: BEGIN, the call and COMMIT in one message. For a
+    /// command that is one server-side call (a heartbeat). A broken idle connection is replaced as in
+    /// [`Db::begin`]; a failing call rolls back.
+    pub async fn call(&self, options: TxOptions, call: &crate::sql::Call) -> Result<Option<String>> {
+        let text = format!("{}; COMMIT", call.statement());
+        let (mut tx, rows) = self.begin_then(options, Some(text)).await?;
+        // COMMIT ran in the message: nothing is open any more, and the connection goes back as it is.
+        tx.open = false;
+        first_text(&rows)
+    }
+
     /// BEGIN (with the statement timeout), and `then` in the same message when given; the rows `then` answered.
     async fn begin_then(&self, options: TxOptions, then: Option<String>) -> Result<(Tx, Vec<PgRow>)> {
         let mut text = options.begin_sql(self.statement_timeout_ms);

@@ -102,6 +102,18 @@ impl Call {
         self.push(format!("{value}::int4"))
     }
 
+    /// A finite float (an infinite or NaN one is written as PostgreSQL reads those).
+    pub fn float8(self, value: f64) -> Call {
+        let text = if value.is_nan() {
+            "'NaN'".to_owned()
+        } else if value.is_infinite() {
+            if value > 0.0 { "'Infinity'".to_owned() } else { "'-Infinity'".to_owned() }
+        } else {
+            format!("{value:?}")
+        };
+        self.push(format!("{text}::float8"))
+    }
+
     pub fn boolean(self, value: bool) -> Call {
         self.push(if value { "true" } else { "false" }.to_owned())
     }
@@ -152,6 +164,7 @@ mod tests {
             .texts(&["a", "é"])
             .int2s(&[1, 2])
             .int4s(&[-3])
+            .float8(1.5)
             .opt_int8s(&[Some(7), None])
             .byteas(&[b"\x00\xff"])
             .jsonb("{\"k\": 1}");
@@ -160,7 +173,7 @@ mod tests {
             "SELECT f((convert_from(decode('7827293b2044524f50205441424c45206576656e74733b202d2d', 'hex'), 'UTF8') \
              COLLATE \"default\"), NULL::text, -5::int8, true, ARRAY[(convert_from(decode('61', 'hex'), 'UTF8') \
              COLLATE \"default\"), (convert_from(decode('c3a9', 'hex'), 'UTF8') COLLATE \"default\")]::text[], \
-             ARRAY[1, 2]::int2[], ARRAY[-3]::int4[], ARRAY[7, NULL]::int8[], ARRAY[decode('00ff', 'hex')]::bytea[], \
+             ARRAY[1, 2]::int2[], ARRAY[-3]::int4[], 1.5::float8, ARRAY[7, NULL]::int8[], ARRAY[decode('00ff', 'hex')]::bytea[], \
              (convert_from(decode('7b226b223a20317d', 'hex'), 'UTF8') COLLATE \"default\")::jsonb)::text"
         );
     }

@@ -419,44 +419,53 @@ pub struct Beat {
     pub waiting: bool,
 }
 
-/// Renews the session's liveness lease by `lease` in one statement. `None` when the session is not the node's
-/// current one (or, for a credential, when it is unknown or not yet confirmed).
-pub async fn heartbeat(
-    tx: &mut Tx,
-    beater: Beater<'_>,
-    session_id: &SessionId,
-    lease: Duration,
-    clock_ms: i64,
-) -> AppResult<Option<Beat>> {
-    let (query, who, certified) = match beater {
-        Beater::Node(node_id) => ("SELECT * FROM agent_heartbeat($1, $2, $3, $4)", node_id.as_str(), None),
-        Beater::CredentialHash(hash, certified) => (
-            "SELECT * FROM agent_heartbeat(
-                 (SELECT node_id FROM node_credentials
-                  WHERE secret_sha256 = $1 AND confirmed AND ($5::text IS NULL OR node_id = $5)), $2, $3, $4)",
-            hash,
-            Some(certified),
-        ),
+/// The call that renews the session's liveness lease by `lease` (`agent_heartbeat_json`), as a transaction of its
+/// own in one round trip ([`bc_eventstore::Db::call`]).
+pub fn heartbeat_call(beater: Beater<'_>, session_id: &SessionId, lease: Duration, clock_ms: i64) -> sql::Call {
+    let (node, hash, certified) = match beater {
+        Beater::Node(node_id) => (Some(node_id.as_str()), None, None),
+        Beater::CredentialHash(hash, certified) => (None, Some(hash), certified),
     };
-    let mut statement = sql::query(query).bind(who).bind(session_id.as_str()).bind(lease.as_secs_f64()).bind(clock_ms);
-    if let Some(certified) = certified {
-        statement = statement.bind(certified);
+    sql::Call::new("agent_heartbeat_json")
+        .opt_text(node)
+        .opt_text(hash)
+        .opt_text(certified)
+        .text(session_id.as_str())
+        .float8(lease.as_secs_f64())
+        .int8(clock_ms)
+}
+
+/// Reads what [`heartbeat_call`] answered: `None` when the session is not the node's current one (or, for a
+/// credential, when it is unknown or not yet confirmed).
+pub fn beat(answer: Option<String>) -> AppResult<Option<Beat>> {
+    #[derive(serde::Deserialize)]
+    struct Raw {
+        node_id: String,
+        pool_id: String,
+        tenant_id: String,
+        expires_ms: i64,
+        clock_skew_ms: i64,
+        connectivity: String,
+        generation: i64,
+        observed_generation: i64,
+        spec: String,
+        skew_raised: bool,
+        waiting: bool,
     }
-    let row = statement.fetch_optional(tx.conn()).await?;
-    let Some(row) = row else { return Ok(None) };
-    let text = |column: &str| -> AppResult<String> { Ok(row.try_get::<String, _>(column)?) };
+    let Some(text) = answer else { return Ok(None) };
+    let raw: Raw = serde_json::from_str(&text).map_err(|err| corrupt("agent_heartbeat_json", err))?;
     Ok(Some(Beat {
-        node_id: text("node_id")?.parse().map_err(|err| corrupt("agent_heartbeat.node_id", err))?,
-        pool_id: text("pool_id")?.parse().map_err(|err| corrupt("agent_heartbeat.pool_id", err))?,
-        tenant_id: text("tenant_id")?.parse().map_err(|err| corrupt("agent_heartbeat.tenant_id", err))?,
-        connectivity: text("connectivity")?,
-        generation: row.try_get::<i64, _>("generation")?.max(0) as u64,
-        observed_generation: row.try_get::<i64, _>("observed_generation")?.max(0) as u64,
-        clock_skew_ms: row.try_get("clock_skew_ms")?,
-        skew_raised: row.try_get("skew_raised")?,
-        spec: text("spec")?,
-        expires_ms: row.try_get("expires_ms")?,
-        waiting: row.try_get("waiting")?,
+        node_id: raw.node_id.parse().map_err(|err| corrupt("agent_heartbeat.node_id", err))?,
+        pool_id: raw.pool_id.parse().map_err(|err| corrupt("agent_heartbeat.pool_id", err))?,
+        tenant_id: raw.tenant_id.parse().map_err(|err| corrupt("agent_heartbeat.tenant_id", err))?,
+        connectivity: raw.connectivity,
+        generation: raw.generation.max(0) as u64,
+        observed_generation: raw.observed_generation.max(0) as u64,
+        clock_skew_ms: raw.clock_skew_ms,
+        skew_raised: raw.skew_raised,
+        spec: raw.spec,
+        expires_ms: raw.expires_ms,
+        waiting: raw.waiting,
     }))
 }
 

@@ -698,3 +698,29 @@ async fn join_tokens_for_one_pool_can_be_issued_at_once() {
     let distinct: std::collections::BTreeSet<_> = tokens.iter().map(|t| t.value.token.clone()).collect();
     assert_eq!(distinct.len(), 16);
 }
+
+#[tokio::test]
+async fn a_steady_heartbeat_is_one_round_trip_by_node_and_by_credential() {
+    use bc_eventstore::Db;
+    use bc_eventstore::testing::{RoundTrips, test_db_config};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("agents", Sharing::Exclusive, None).await;
+    let (joined, auth) = join(&fleet, &pool, &machine("host-a", 2)).await;
+    // The first heartbeat records the generation the agent observed; the ones after it change nothing in the log.
+    beat(&fleet, &auth, &joined, 1).await;
+    let trips = RoundTrips::start(fleet.t.connect_options());
+    let app = bc_commands::App::new(Db::connect_lazy_with(trips.connect_options(), &test_db_config()));
+    let steady =
+        Heartbeat { session_id: joined.session.session_id.clone(), observed_generation: 1, clock_ms: now_ms() };
+    trips.take();
+    let reply = app.heartbeat(&auth, &steady).await.expect("heartbeat by node");
+    assert_eq!(trips.take(), 1);
+    assert!(reply.lease_expires_ms > 0);
+    let reply = app.heartbeat_with_credential(&joined.credential, &steady, None).await.expect("by credential");
+    assert_eq!(trips.take(), 1);
+    assert!(reply.lease_expires_ms > 0);
+    // A session that is not current is refused, in the same one round trip.
+    let stale = Heartbeat { session_id: "ses_00000000000000000000000000".parse().expect("session"), ..steady };
+    let err = app.heartbeat(&auth, &stale).await.expect_err("not current");
+    assert_eq!(code(&err), "CONFLICT");
+}
