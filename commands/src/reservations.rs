@@ -380,16 +380,7 @@ impl App {
                 apply_and_schedule_known(&mut tx, caller, r, events, facts.now_ms, &known).await
             }
             .await;
-            match decided {
-                Ok(done) => {
-                    tx.commit().await?;
-                    Ok(done)
-                }
-                Err(err) => {
-                    tx.rollback().await;
-                    Err(err)
-                }
-            }
+            tx.end(decided).await
         })
         .await
     }
@@ -421,16 +412,7 @@ impl App {
             reserve_decided(&mut tx, caller, id, request, placement, answer).await
         }
         .await;
-        match decided {
-            Ok(done) => {
-                tx.commit().await?;
-                Ok(done)
-            }
-            Err(err) => {
-                tx.rollback().await;
-                Err(err)
-            }
-        }
+        tx.end(decided).await
     }
 }
 

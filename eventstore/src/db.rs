@@ -247,16 +247,8 @@ impl Db {
         E: From<Error>,
     {
         let mut tx = self.begin(options).await?;
-        match f(&mut tx).await {
-            Ok(value) => {
-                tx.commit().await?;
-                Ok(value)
-            }
-            Err(err) => {
-                tx.rollback().await;
-                Err(err)
-            }
-        }
+        let result = f(&mut tx).await;
+        tx.end(result).await
     }
 
     /// Runs `f` in a transaction, and runs it again in a fresh transaction, a bounded number of times with
@@ -414,6 +406,21 @@ impl Tx {
                     self.rollback().await;
                 }
                 Err(err.into())
+            }
+        }
+    }
+
+    /// Ends the transaction as `result` says: commits on success (a failing commit is the answer then), rolls back
+    /// on an error and returns it.
+    pub async fn end<T, E: From<Error>>(self, result: Result<T, E>) -> Result<T, E> {
+        match result {
+            Ok(value) => {
+                self.commit().await?;
+                Ok(value)
+            }
+            Err(err) => {
+                self.rollback().await;
+                Err(err)
             }
         }
     }

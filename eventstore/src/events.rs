@@ -97,10 +97,7 @@ pub const APPEND_SQL: &str = "SELECT head, log_epoch, txid, seq, stream_version
 pub async fn append(tx: &mut Tx, batch: AppendBatch<'_>) -> Result<Appended> {
     check_batch(&batch)?;
     let expected = expected_version(batch.expected)?;
-    let event_types: Vec<&str> = batch.events.iter().map(|e| e.event_type.as_str()).collect();
-    let schema_versions: Vec<i16> = batch.events.iter().map(|e| e.schema_version).collect();
-    let payloads: Vec<&[u8]> = batch.events.iter().map(|e| e.payload.as_slice()).collect();
-    let metadata: Vec<&[u8]> = batch.events.iter().map(|e| e.metadata.as_slice()).collect();
+    let Columns { event_types, schema_versions, payloads, metadata } = Columns::of(&batch);
 
     let row = sql::query(APPEND_SQL)
         .bind(batch.stream_id)
@@ -143,10 +140,7 @@ pub async fn append_with(
 ) -> Result<(Appended, Vec<Option<String>>)> {
     check_batch(&batch)?;
     let expected = expected_version(batch.expected)?;
-    let event_types: Vec<&str> = batch.events.iter().map(|e| e.event_type.as_str()).collect();
-    let schema_versions: Vec<i16> = batch.events.iter().map(|e| e.schema_version).collect();
-    let payloads: Vec<&[u8]> = batch.events.iter().map(|e| e.payload.as_slice()).collect();
-    let metadata: Vec<&[u8]> = batch.events.iter().map(|e| e.metadata.as_slice()).collect();
+    let Columns { event_types, schema_versions, payloads, metadata } = Columns::of(&batch);
     let append = sql::Call::new("append_events_or_refuse")
         .text(batch.stream_id)
         .opt_text(batch.tenant_id)
@@ -190,6 +184,25 @@ fn parse_landed(text: &str) -> Result<Appended> {
         last_version: u32::try_from(last).map_err(|_| bad())?,
         position,
     })
+}
+
+/// A batch's events as the parallel arrays `append_events` takes.
+struct Columns<'a> {
+    event_types: Vec<&'a str>,
+    schema_versions: Vec<i16>,
+    payloads: Vec<&'a [u8]>,
+    metadata: Vec<&'a [u8]>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(batch: &AppendBatch<'a>) -> Columns<'a> {
+        Columns {
+            event_types: batch.events.iter().map(|e| e.event_type.as_str()).collect(),
+            schema_versions: batch.events.iter().map(|e| e.schema_version).collect(),
+            payloads: batch.events.iter().map(|e| e.payload.as_slice()).collect(),
+            metadata: batch.events.iter().map(|e| e.metadata.as_slice()).collect(),
+        }
+    }
 }
 
 fn check_batch(batch: &AppendBatch<'_>) -> Result<()> {
