@@ -220,6 +220,15 @@ impl App {
                     tokio::time::sleep(self.retry.backoff(tries)).await;
                     tries += 1;
                 }
+                Err(err) => {
+                    // The claim an attempt committed outlives its rolled-back transaction: drop it now (a claim left
+                    // by a process that died here is swept after a minute; until then it only makes checks stricter).
+                    let drop = store::facts::drop_quota_claim_call(&id);
+                    if let Err(dropping) = self.db.call(TxOptions::READ_COMMITTED, &drop).await {
+                        tracing::warn!(error = %dropping, reservation = %id, "could not drop a quota claim");
+                    }
+                    return Err(err);
+                }
                 result => return result,
             }
         }
@@ -401,9 +410,14 @@ impl App {
             Placement::Skip => (false, 0),
         };
         let call = store::facts::reserve_facts_call(id, &caller.tenant_id, request, place, spread)?;
-        let (mut tx, answer) = self.db.begin_with(TxOptions::COMMAND, &call).await?;
+        let claim = store::facts::claim_quota_call(id, &caller.tenant_id, request, place);
+        let (mut tx, answer) = self.db.begin_after(TxOptions::COMMAND, &claim, &call).await?;
         let decided = async {
             let answer = store::facts::reserve_facts(&request.pool_id, answer)?;
+            if answer.claimed {
+                // With the bookings it makes, or with whatever else the command commits.
+                tx.defer(&store::facts::drop_quota_claim_call(id));
+            }
             if let Some(call) = gate {
                 let resource = answer.pool.clone().map(|facts| draft(call, id, request, facts));
                 let subject = Subject::Pool(&request.pool_id);

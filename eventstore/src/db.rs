@@ -185,6 +185,26 @@ impl Db {
         Ok((tx, first_text(&rows)?))
     }
 
+    /// [`Db::begin_with`] with `before` committed first, in a short read-committed transaction of its own, in the
+    /// same round trip: BEGIN, `before`, COMMIT, then BEGIN with `options` and `first`. What `before` wrote is thus
+    /// committed before the transaction's snapshot is taken (a quota claim every later command must see). Returns
+    /// the transaction and `first`'s result. When either call fails, nothing stays open and the error is returned.
+    pub async fn begin_after(
+        &self,
+        options: TxOptions,
+        before: &crate::sql::Call,
+        first: &crate::sql::Call,
+    ) -> Result<(Tx, Option<String>)> {
+        let prefix = format!(
+            "{}; {}; COMMIT",
+            TxOptions::READ_COMMITTED.begin_sql(self.statement_timeout_ms),
+            before.statement()
+        );
+        let (tx, rows) = self.begin_then_after(Some(prefix), options, Some(first.statement())).await?;
+        // `before` answered the first row, `first` the last.
+        Ok((tx, first_text(&rows[rows.len().saturating_sub(1)..])?))
+    }
+
     /// Runs `call` as a transaction of its own in one round trip: BEGIN, the call and COMMIT in one message. For a
     /// command that is one server-side call (a heartbeat). A broken idle connection is replaced as in
     /// [`Db::begin`]; a failing call rolls back.
@@ -198,7 +218,20 @@ impl Db {
 
     /// BEGIN (with the statement timeout), and `then` in the same message when given; the rows `then` answered.
     async fn begin_then(&self, options: TxOptions, then: Option<String>) -> Result<(Tx, Vec<PgRow>)> {
+        self.begin_then_after(None, options, then).await
+    }
+
+    /// [`Db::begin_then`] after `prefix` (statements that end their own transaction) in the same message.
+    async fn begin_then_after(
+        &self,
+        prefix: Option<String>,
+        options: TxOptions,
+        then: Option<String>,
+    ) -> Result<(Tx, Vec<PgRow>)> {
         let mut text = options.begin_sql(self.statement_timeout_ms);
+        if let Some(prefix) = prefix {
+            text = format!("{prefix}; {text}");
+        }
         if let Some(then) = then {
             text = format!("{text}; {then}");
         }

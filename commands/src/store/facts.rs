@@ -126,6 +126,8 @@ struct RawReserveFacts {
     peak: Option<i64>,
     holders: Option<i64>,
     pending: Option<i64>,
+    #[serde(default)]
+    claimed: bool,
 }
 
 /// What a reserve decides on.
@@ -195,11 +197,34 @@ pub fn reserve_facts_call(
         .boolean(place))
 }
 
+/// The claim a quota-limited reserve commits before its transaction (`claim_quota`, `capacity/0006`), so that one
+/// tenant's reserves in one pool need not queue on its quota row. The function claims nothing when there is nothing
+/// to claim (the tenant owns the pool, the reservation exists, it will not place now).
+pub fn claim_quota_call(id: &ReservationId, tenant: &TenantId, request: &ReservationRequest, place: bool) -> Call {
+    let duration_ms = i64::try_from(request.duration_s).unwrap_or(i64::MAX).saturating_mul(1000);
+    Call::new("claim_quota")
+        .text(id.as_str())
+        .text(tenant.as_str())
+        .text(request.pool_id.as_str())
+        .text(request.resource())
+        .int8(i64::from(request.devices.count))
+        .opt_int8(request.start_ms)
+        .int8(duration_ms)
+        .boolean(place)
+}
+
+/// Drops a reservation's quota claim: with its command's COMMIT, or on its own once the command failed.
+pub fn drop_quota_claim_call(id: &ReservationId) -> Call {
+    Call::new("drop_quota_claim").text(id.as_str())
+}
+
 /// What [`reserve_facts_call`] answered: the transaction's now, what the authorizer decides a create on (the pool's
 /// facts; `None`: no such pool), and what the reserve decides on.
 #[derive(Debug)]
 pub struct ReserveAnswer {
     pub now_ms: i64,
+    /// Whether the reservation's quota claim was seen (the command drops it when it commits).
+    pub claimed: bool,
     pub pool: Option<PoolFacts>,
     pub facts: ReserveFacts,
 }
@@ -209,7 +234,8 @@ pub fn reserve_facts(pool_id: &PoolId, answer: Option<String>) -> AppResult<Rese
     let raw: RawReserveFacts = parse("reserve_facts", answer)?;
     let now_ms = raw.now_ms;
     let pool_facts = raw.authz.map(PoolParts::facts).transpose()?;
-    let answer = |facts| Ok(ReserveAnswer { now_ms, pool: pool_facts.clone(), facts });
+    let claimed = raw.claimed;
+    let answer = |facts| Ok(ReserveAnswer { now_ms, pool: pool_facts.clone(), facts, claimed });
     if let Some((r, position)) = fold(&raw.events)? {
         return answer(ReserveFacts::Existing(Box::new(r), position));
     }

@@ -679,3 +679,115 @@ async fn a_reserve_is_at_most_four_round_trips_and_a_cancel_three() {
     .expect("retry");
     assert!(trips.take() <= 2);
 }
+
+#[tokio::test]
+async fn a_reserve_in_flight_holds_a_claim_not_the_tenant_s_quota_row() {
+    use bc_eventstore::{TxOptions, sql};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let node = fleet.node(&pool, "a", 2, 0).await;
+    fleet.offer(&pool, "acme", 2).await;
+    let acme = caller("acme", "alice@acme");
+    // acme's first reserve makes its quota row.
+    let first = fleet.reserve(&acme, "first", request(&pool, DeviceClass::Gpu, 1)).await.expect("first").reservation;
+    fleet.app.cancel_reservation(&acme, &first.id, None).await.expect("cancel");
+
+    // Another command holds every atom, so the next reserve waits at its atom lock, inside its transaction.
+    let mut holder = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let held: Vec<String> = sql::query_scalar("SELECT id FROM devices WHERE node_id = $1 ORDER BY id FOR UPDATE")
+        .bind(node.as_str())
+        .fetch_all(holder.conn())
+        .await
+        .expect("lock the atoms");
+    assert_eq!(held.len(), 2);
+    let waiting = {
+        let (app, acme, req) = (fleet.app.clone(), acme.clone(), request(&pool, DeviceClass::Gpu, 2));
+        tokio::spawn(async move {
+            app.reserve(&acme, bc_commands::reservations::Reserve { idempotency_key: "second".into(), request: req })
+                .await
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut looked = loop {
+        assert!(std::time::Instant::now() < deadline, "the reserve never waited at its atom lock with a claim");
+        // A transaction of its own each time: one reads the activity of other sessions once and keeps it.
+        let mut looked = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+        let claims: i64 = sql::query_scalar("SELECT count(*) FROM quota_claims WHERE tenant_id = 'acme'")
+            .fetch_one(looked.conn())
+            .await
+            .expect("claims");
+        let waits: i64 = sql::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%lock_chosen(%'",
+        )
+        .fetch_one(looked.conn())
+        .await
+        .expect("waits");
+        if claims == 1 && waits == 1 {
+            break looked;
+        }
+        looked.rollback().await;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    // The reserve in flight holds its claim, committed, and not the quota row: another of acme's commands may take it.
+    let row: Option<i64> = sql::query_scalar(
+        "SELECT checks FROM quota_usage WHERE tenant_id = 'acme' AND pool_id = $1 AND resource = 'gpu' FOR UPDATE NOWAIT",
+    )
+    .bind(pool.as_str())
+    .fetch_optional(looked.conn())
+    .await
+    .expect("the quota row is free while acme's reserve is in flight");
+    assert!(row.is_some(), "acme's quota row exists");
+    looked.rollback().await;
+    holder.rollback().await;
+
+    let placed = waiting.await.expect("task").expect("reserve").value.reservation;
+    assert_eq!(placed.state, ReservationState::Placed);
+    let mut tx = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let left: i64 = sql::query_scalar("SELECT count(*) FROM quota_claims").fetch_one(tx.conn()).await.expect("count");
+    assert_eq!(left, 0, "the claim went with the bookings");
+}
+
+#[tokio::test]
+async fn another_reserve_s_claim_counts_against_the_quota_until_it_is_dropped_or_swept() {
+    use bc_eventstore::{TxOptions, sql};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 8, 0).await;
+    fleet.offer(&pool, "acme", 2).await;
+    let acme = caller("acme", "alice@acme");
+    // A reserve of acme's for both atoms of its quota is in flight: its claim is committed, its bookings not yet.
+    let mut tx = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query(
+        "INSERT INTO quota_claims (reservation_id, tenant_id, pool_id, resource, count, start_ms, end_ms, claimed_at)
+         VALUES ('res_inflight', 'acme', $1, 'gpu', 2, $2, $3, compute_db_clock())",
+    )
+    .bind(pool.as_str())
+    .bind(T0)
+    .bind(T0 + 2 * HOUR)
+    .execute(tx.conn())
+    .await
+    .expect("claim");
+    tx.commit().await.expect("commit");
+
+    let blocked = fleet.reserve(&acme, "blocked", request(&pool, DeviceClass::Gpu, 1)).await.expect("waits");
+    assert_eq!(blocked.reservation.state, ReservationState::Pending, "the claim holds the quota");
+    // Outside the claim's window the quota is free.
+    let mut after = request(&pool, DeviceClass::Gpu, 2);
+    after.start_ms = Some(T0 + 2 * HOUR);
+    let placed = fleet.reserve(&acme, "after", after).await.expect("after").reservation;
+    assert_eq!(placed.state, ReservationState::Placed);
+
+    // A claim older than a minute (its command died) is swept by the next claim.
+    let mut tx = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query("UPDATE quota_claims SET claimed_at = compute_db_clock() - interval '2 minutes'")
+        .execute(tx.conn())
+        .await
+        .expect("age the claim");
+    tx.commit().await.expect("commit");
+    let next = fleet.reserve(&acme, "next", request(&pool, DeviceClass::Gpu, 1)).await.expect("next").reservation;
+    assert_eq!(next.state, ReservationState::Placed, "the stale claim no longer counts");
+    let mut tx = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let left: i64 = sql::query_scalar("SELECT count(*) FROM quota_claims").fetch_one(tx.conn()).await.expect("count");
+    assert_eq!(left, 0, "swept, and every reserve dropped its own");
+}

@@ -348,6 +348,9 @@ async fn capacity_torture_keeps_every_invariant() {
     )
     .await;
     assert_eq!(over_quota, 0, "a tenant exceeded its quota (seed {seed})");
+    // Every quota claim went with its command: the ones that booked, and the ones that failed.
+    let claims = scalar(&mut tx, "SELECT count(*) FROM quota_claims").await;
+    assert_eq!(claims, 0, "quota claims left behind (seed {seed})");
     // Every live reservation holds exactly its count of atoms, each for exactly its window.
     let wrong_holdings = scalar(
         &mut tx,
