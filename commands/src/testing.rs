@@ -145,6 +145,29 @@ impl Fleet {
         (summary, ends)
     }
 
+    /// A node's GPU atoms' free time (`atom_gaps`) as (device, from, until) in epoch ms, `None` for unbounded, in
+    /// device and time order; and how many rows differ from the complement of the live bookings, both ways.
+    pub async fn free_time(&self, node: &NodeId) -> (Vec<(String, Option<i64>, Option<i64>)>, i64) {
+        let mut tx = self.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+        let gaps: Vec<(String, Option<i64>, Option<i64>)> = sql::query_as(
+            "SELECT device_id, ts_ms(lower(gap)), ts_ms(upper(gap)) FROM atom_gaps
+             WHERE node_id = $1 AND class = 'gpu' ORDER BY device_id, lower(gap) NULLS FIRST",
+        )
+        .bind(node.as_str())
+        .fetch_all(tx.conn())
+        .await
+        .expect("the node's gaps");
+        let drift: i64 = sql::query_scalar(
+            "SELECT count(*) FROM ((TABLE atom_gaps EXCEPT ALL SELECT * FROM atom_gaps_from_bookings())
+                                   UNION ALL (SELECT * FROM atom_gaps_from_bookings() EXCEPT ALL TABLE atom_gaps)) AS d",
+        )
+        .fetch_one(tx.conn())
+        .await
+        .expect("compare the gaps");
+        tx.commit().await.expect("commit");
+        (gaps, drift)
+    }
+
     /// Live bookings of a reservation as (device, start, end) in epoch ms, empty ranges left out.
     pub async fn bookings(&self, reservation: &str) -> Vec<(String, i64, i64)> {
         let mut tx = self.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");

@@ -632,6 +632,53 @@ async fn atoms_booked_only_after_a_window_are_placed_through_the_exact_query() {
 }
 
 #[tokio::test]
+async fn an_atom_s_free_time_is_the_complement_of_its_live_bookings_through_every_change() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let node = fleet.node(&pool, "a", 1, 0).await;
+    let free_time = || async {
+        let (gaps, drift) = fleet.free_time(&node).await;
+        assert_eq!(drift, 0, "atom_gaps differs from the live bookings: {gaps:?}");
+        gaps.into_iter().map(|(_, from, until)| (from, until)).collect::<Vec<_>>()
+    };
+    assert_eq!(free_time().await, vec![(None, None)], "a new atom is free at every instant");
+
+    let first = fleet.reserve(&fleet.owner, "first", request(&pool, DeviceClass::Gpu, 1)).await.expect("first");
+    assert_eq!(free_time().await, vec![(None, Some(T0)), (Some(T0 + HOUR), None)]);
+
+    let mut later = request(&pool, DeviceClass::Gpu, 1);
+    later.start_ms = Some(T0 + 3 * HOUR);
+    let later = fleet.reserve(&fleet.owner, "later", later).await.expect("later");
+    assert_eq!(later.reservation.state, ReservationState::Placed);
+    assert_eq!(
+        free_time().await,
+        vec![(None, Some(T0)), (Some(T0 + HOUR), Some(T0 + 3 * HOUR)), (Some(T0 + 4 * HOUR), None)]
+    );
+
+    fleet.app.extend_reservation(&fleet.owner, &first.reservation.id, T0 + 2 * HOUR).await.expect("extend");
+    assert_eq!(
+        free_time().await,
+        vec![(None, Some(T0)), (Some(T0 + 2 * HOUR), Some(T0 + 3 * HOUR)), (Some(T0 + 4 * HOUR), None)]
+    );
+    // Only the time between the two bookings is left for a window of an hour and a half: it does not fit.
+    let mut between = request(&pool, DeviceClass::Gpu, 1);
+    between.start_ms = Some(T0 + 2 * HOUR);
+    between.duration_s = 5400;
+    let between = fleet.reserve(&fleet.owner, "between", between).await.expect("between");
+    assert_eq!(between.reservation.state, ReservationState::Pending, "{:?}", between.reservation);
+    fleet.app.cancel_reservation(&fleet.owner, &between.reservation.id, None).await.expect("cancel between");
+
+    fleet.app.cancel_reservation(&fleet.owner, &first.reservation.id, None).await.expect("cancel");
+    assert_eq!(free_time().await, vec![(None, Some(T0 + 3 * HOUR)), (Some(T0 + 4 * HOUR), None)]);
+
+    fleet.advance_to(T0 + 3 * HOUR).await;
+    fleet.advance_to(T0 + 4 * HOUR + 1_000).await;
+    let ended = fleet.app.reservation(&fleet.owner, &later.reservation.id).await.expect("read").value;
+    assert_eq!(ended.state, ReservationState::Expired);
+    assert_eq!(free_time().await, vec![(None, None)], "every booking ended");
+}
+
+#[tokio::test]
 async fn a_reserve_is_at_most_four_round_trips_and_a_cancel_three() {
     use bc_eventstore::Db;
     use bc_eventstore::testing::{RoundTrips, test_db_config};

@@ -395,6 +395,13 @@ async fn capacity_torture_keeps_every_invariant() {
     )
     .await;
     assert_eq!(drifted, 0, "the free-capacity hint drifted from the devices (seed {seed})");
+    let gaps_drifted = scalar(
+        &mut tx,
+        "SELECT count(*) FROM ((TABLE atom_gaps EXCEPT ALL SELECT * FROM atom_gaps_from_bookings())
+                               UNION ALL (SELECT * FROM atom_gaps_from_bookings() EXCEPT ALL TABLE atom_gaps)) AS d",
+    )
+    .await;
+    assert_eq!(gaps_drifted, 0, "the atoms' free time is not the complement of their live bookings (seed {seed})");
     // Every stream's events appear in the log in version order.
     let out_of_order = scalar(
         &mut tx,

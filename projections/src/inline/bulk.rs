@@ -333,10 +333,12 @@ pub async fn load_reservations(tx: &mut Tx, batch: &Reservations) -> Result<Load
     Ok(times)
 }
 
-/// Writes what the reservations' counters say (each device's `booking_changes` and each quota row's checks) and
-/// the free-capacity summary of the whole fleet.
+/// Writes what the reservations' counters say (each device's `booking_changes` and each quota row's checks), the
+/// free-capacity summary of the whole fleet and every atom's free time (`atom_gaps`, whose trigger the load turned
+/// off: see [`drop_booking_indexes`]).
 pub async fn finish(tx: &mut Tx, counters: &Counters) -> Result<()> {
     sql::query("SELECT rebuild_free_capacity()").execute(tx.conn()).await?;
+    sql::query("SELECT rebuild_atom_gaps()").execute(tx.conn()).await?;
     let (devices, changes): (Vec<&str>, Vec<i64>) =
         counters.booking_changes.iter().map(|(device, n)| (device.as_str(), *n)).unzip();
     sql::query(
@@ -393,8 +395,11 @@ pub async fn booking_indexes(tx: &mut Tx) -> Result<Vec<(String, String)>> {
 }
 
 /// Drops `indexes` of `device_bookings` for a bulk load; [`restore_booking_indexes`] makes them again from the
-/// same definitions, the exclusion constraint then checking every booking at once.
+/// same definitions, the exclusion constraint then checking every booking at once. The trigger that keeps
+/// `atom_gaps` after each insert is off until then too (each batch would read every earlier booking of its
+/// atoms again): [`finish`] makes the table whole.
 pub async fn drop_booking_indexes(tx: &mut Tx, indexes: &[(String, String)]) -> Result<()> {
+    sqlx::raw_sql("ALTER TABLE device_bookings DISABLE TRIGGER atom_gaps_booking_insert").execute(tx.conn()).await?;
     for (name, make) in indexes {
         let drop = if make.starts_with("ALTER TABLE") {
             format!("ALTER TABLE device_bookings DROP CONSTRAINT {name}")
@@ -409,6 +414,7 @@ pub async fn drop_booking_indexes(tx: &mut Tx, indexes: &[(String, String)]) -> 
 /// Makes `device_bookings`' `indexes` again (see [`drop_booking_indexes`]).
 pub async fn restore_booking_indexes(tx: &mut Tx, indexes: &[(String, String)]) -> Result<()> {
     sqlx::raw_sql("SET LOCAL maintenance_work_mem = '1GB'").execute(tx.conn()).await?;
+    sqlx::raw_sql("ALTER TABLE device_bookings ENABLE TRIGGER atom_gaps_booking_insert").execute(tx.conn()).await?;
     for (_, make) in indexes {
         sqlx::raw_sql(sqlx::AssertSqlSafe(make.clone())).execute(tx.conn()).await?;
     }

@@ -1,0 +1,218 @@
+-- Free time per atom: placement for any window in O(what is free then), not O(what is booked).
+--
+-- The summary (`node_free`, `devices.booked_until`) finds atoms with nothing booked after a window's start; an
+-- atom booked later than the window is free over it too, but the summary cannot tell. Calendars that book every
+-- atom ahead (advance reservations laid end to end) left it nothing to offer, and placement fell back to reading
+-- every live booking of the pool that ends after the window's start, tens of thousands of rows in a pool of a
+-- thousand nodes, to keep the few that overlap.
+--
+-- `atom_gaps` holds the complement of the live bookings: for every bookable atom, each maximal interval in which
+-- none of its live bookings holds it (one unbounded interval for an atom with none). An atom is free over
+-- [start, end) exactly when one of its gaps contains that window, which the GiST index answers reading only the
+-- gaps that do. It is derived state, like an index: triggers keep it equal to what `device_bookings` and
+-- `devices` say, in the statement that changes them and under the locks that change takes (every change of an
+-- atom's bookings locks the atom's `devices` row first), so it is exact in every snapshot; a rebuild from the log
+-- rebuilds the bookings, and `rebuild_atom_gaps` remakes it from them. The exclusion constraint stays the guard.
+
+CREATE TABLE atom_gaps (
+    device_id text NOT NULL,
+    node_id text NOT NULL,
+    pool_id text NOT NULL,
+    class text NOT NULL,
+    gap tstzrange NOT NULL CHECK (NOT isempty(gap))
+);
+CREATE INDEX atom_gaps_free ON atom_gaps USING gist (pool_id, class, gap);
+CREATE INDEX atom_gaps_device ON atom_gaps (device_id);
+
+-- Makes the gaps of the given atoms equal to the complement of their live bookings, writing only the rows that
+-- change: booking an atom for a window inside one gap replaces that gap by what is left on either side, ending a
+-- booking merges the gaps around it. An atom that is not bookable, or no longer exists, has none.
+CREATE FUNCTION refresh_atom_gaps(p_devices text[]) RETURNS void
+LANGUAGE sql
+AS $$
+    WITH atoms AS (
+        SELECT DISTINCT u.id FROM unnest(p_devices) AS u(id)
+    ), edges AS (
+        -- Each live booking's bounds, and one sentinel per atom past its last booking (a NULL start sorts last).
+        SELECT b.device_id, lower(b.during) AS lo, upper(b.during) AS hi
+        FROM device_bookings AS b
+        WHERE b.device_id IN (SELECT id FROM atoms) AND b.live AND NOT isempty(b.during)
+        UNION ALL
+        SELECT id, NULL, NULL FROM atoms
+    ), want AS (
+        SELECT e.device_id, d.node_id, d.pool_id, d.class, e.gap
+        FROM (
+            SELECT edges.device_id,
+                   tstzrange(lag(edges.hi) OVER (PARTITION BY edges.device_id ORDER BY edges.lo NULLS LAST), edges.lo)
+                       AS gap
+            FROM edges
+        ) AS e
+        JOIN devices AS d ON d.id = e.device_id AND d.bookable
+        WHERE NOT isempty(e.gap)
+    ), gone AS (
+        DELETE FROM atom_gaps AS g
+        WHERE g.device_id IN (SELECT id FROM atoms)
+          AND NOT EXISTS (SELECT 1 FROM want AS w
+                          WHERE (w.device_id, w.node_id, w.pool_id, w.class, w.gap)
+                              = (g.device_id, g.node_id, g.pool_id, g.class, g.gap))
+    )
+    INSERT INTO atom_gaps (device_id, node_id, pool_id, class, gap)
+    SELECT w.device_id, w.node_id, w.pool_id, w.class, w.gap
+    FROM want AS w
+    WHERE NOT EXISTS (SELECT 1 FROM atom_gaps AS g
+                      WHERE (w.device_id, w.node_id, w.pool_id, w.class, w.gap)
+                          = (g.device_id, g.node_id, g.pool_id, g.class, g.gap));
+$$;
+
+-- What the table should hold, computed from every live booking and bookable device: the rebuild's source, and what
+-- the torture test compares the table with.
+CREATE FUNCTION atom_gaps_from_bookings()
+RETURNS TABLE (device_id text, node_id text, pool_id text, class text, gap tstzrange)
+LANGUAGE sql
+AS $$
+    SELECT e.device_id, d.node_id, d.pool_id, d.class, e.gap
+    FROM (
+        SELECT edges.device_id,
+               tstzrange(lag(edges.hi) OVER (PARTITION BY edges.device_id ORDER BY edges.lo NULLS LAST), edges.lo)
+                   AS gap
+        FROM (
+            SELECT b.device_id, lower(b.during) AS lo, upper(b.during) AS hi
+            FROM device_bookings AS b
+            WHERE b.live AND NOT isempty(b.during)
+            UNION ALL
+            SELECT id, NULL, NULL FROM devices WHERE bookable
+        ) AS edges
+    ) AS e
+    JOIN devices AS d ON d.id = e.device_id AND d.bookable
+    WHERE NOT isempty(e.gap);
+$$;
+
+-- The whole table again (after a bulk load, and here for what is already there).
+CREATE FUNCTION rebuild_atom_gaps() RETURNS void
+LANGUAGE sql
+AS $$
+    DELETE FROM atom_gaps;
+    INSERT INTO atom_gaps (device_id, node_id, pool_id, class, gap) SELECT * FROM atom_gaps_from_bookings();
+$$;
+
+SELECT rebuild_atom_gaps();
+
+-- The triggers: one per kind of statement, each with the rows it changed. A statement that changes no row
+-- refreshes nothing.
+CREATE FUNCTION atom_gaps_after_booking_insert() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM refresh_atom_gaps(ARRAY(SELECT DISTINCT device_id FROM new_rows));
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION atom_gaps_after_booking_update() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM refresh_atom_gaps(ARRAY(SELECT device_id FROM old_rows UNION SELECT device_id FROM new_rows));
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION atom_gaps_after_booking_delete() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM refresh_atom_gaps(ARRAY(SELECT DISTINCT device_id FROM old_rows));
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER atom_gaps_booking_insert AFTER INSERT ON device_bookings
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION atom_gaps_after_booking_insert();
+CREATE TRIGGER atom_gaps_booking_update AFTER UPDATE ON device_bookings
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION atom_gaps_after_booking_update();
+CREATE TRIGGER atom_gaps_booking_delete AFTER DELETE ON device_bookings
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION atom_gaps_after_booking_delete();
+
+-- Devices: a new atom gets its gaps, a removed one loses them, and one whose node, pool, class or bookability
+-- changes has them written again. The bookings' own updates of `devices` (booking_changes, booked_until) set none
+-- of those columns, so they do not fire the update trigger.
+CREATE FUNCTION atom_gaps_after_device_insert() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM refresh_atom_gaps(ARRAY(SELECT id FROM new_rows));
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION atom_gaps_after_device_delete() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    DELETE FROM atom_gaps WHERE device_id IN (SELECT id FROM old_rows);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION atom_gaps_after_device_update() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM refresh_atom_gaps(ARRAY[NEW.id]);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER atom_gaps_device_insert AFTER INSERT ON devices
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION atom_gaps_after_device_insert();
+CREATE TRIGGER atom_gaps_device_delete AFTER DELETE ON devices
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION atom_gaps_after_device_delete();
+CREATE TRIGGER atom_gaps_device_update AFTER UPDATE OF id, node_id, pool_id, class, bookable ON devices
+    FOR EACH ROW
+    WHEN ((OLD.id, OLD.node_id, OLD.pool_id, OLD.class, OLD.bookable)
+          IS DISTINCT FROM (NEW.id, NEW.node_id, NEW.pool_id, NEW.class, NEW.bookable))
+    EXECUTE FUNCTION atom_gaps_after_device_update();
+
+-- Schedulable nodes of the pool with one node's share of matching atoms free over the whole window, best fit
+-- first (the fewest such atoms), at most `p_limit` (`store::candidates`): the atoms are those with a gap that
+-- contains the window, read through the GiST index. Planned for each call's values, so a request without a
+-- selector never reads `devices`.
+CREATE OR REPLACE FUNCTION exact_candidates(
+    p_pool text, p_class text, p_model text, p_product text, p_attributes jsonb, p_start_ms bigint,
+    p_end_ms bigint, p_per_node integer, p_limit bigint)
+RETURNS TABLE (node_id text, free text[])
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+AS $$
+BEGIN
+    IF p_model IS NULL AND p_product IS NULL AND p_attributes = '{}'::jsonb THEN
+        RETURN QUERY
+        SELECT g.node_id, array_agg(g.device_id ORDER BY g.device_id)
+        FROM atom_gaps AS g JOIN nodes AS n ON n.id = g.node_id
+        WHERE g.pool_id = p_pool AND g.class = p_class
+          AND g.gap @> tstzrange(ms_ts(p_start_ms), ms_ts(p_end_ms))
+          AND n.pool_id = p_pool AND n.schedulable
+        GROUP BY g.node_id
+        HAVING count(*) >= p_per_node
+        ORDER BY count(*), g.node_id
+        LIMIT p_limit;
+    ELSE
+        RETURN QUERY
+        SELECT g.node_id, array_agg(g.device_id ORDER BY g.device_id)
+        FROM atom_gaps AS g
+        JOIN devices AS d ON d.id = g.device_id
+        JOIN nodes AS n ON n.id = g.node_id
+        WHERE g.pool_id = p_pool AND g.class = p_class
+          AND g.gap @> tstzrange(ms_ts(p_start_ms), ms_ts(p_end_ms))
+          AND n.pool_id = p_pool AND n.schedulable
+          AND (p_model IS NULL OR d.gpu_model = p_model)
+          AND (p_product IS NULL OR d.gpu_product = p_product)
+          AND (p_attributes = '{}'::jsonb OR d.attributes @> p_attributes)
+        GROUP BY g.node_id
+        HAVING count(*) >= p_per_node
+        ORDER BY count(*), g.node_id
+        LIMIT p_limit;
+    END IF;
+END
+$$;
