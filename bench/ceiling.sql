@@ -66,7 +66,7 @@ BEGIN
         WHERE id = v_rsv;
     SELECT device_id INTO v_device FROM device_bookings WHERE reservation_id = v_rsv;
     UPDATE devices SET booking_changes = booking_changes + 1 WHERE id = v_device;
-    UPDATE device_bookings SET during = tstzrange(lower(during), greatest(lower(during), v_now))
+    UPDATE device_bookings SET during = tstzrange(lower(during), greatest(lower(during), v_now)), live = false
         WHERE reservation_id = v_rsv;
     INSERT INTO work_queue AS w (key, shard, not_before) VALUES ('rsv:' || v_rsv, 0, v_now)
         ON CONFLICT (key) DO UPDATE SET gen = w.gen + 1, not_before = least(w.not_before, excluded.not_before);
