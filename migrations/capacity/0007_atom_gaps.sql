@@ -24,11 +24,37 @@ CREATE TABLE atom_gaps (
 CREATE INDEX atom_gaps_free ON atom_gaps USING gist (pool_id, class, gap);
 CREATE INDEX atom_gaps_device ON atom_gaps (device_id);
 
--- Makes the gaps of the given atoms equal to the complement of their live bookings, writing only the rows that
--- change: booking an atom for a window inside one gap replaces that gap by what is left on either side, ending a
--- booking merges the gaps around it. An atom that is not bookable, or no longer exists, has none. PL/pgSQL, so
--- the statement's plan is kept for the session (a booking statement's trigger runs it); the atoms go through it
--- 64 at a time, so that plan (made for a few atoms) stays cheap for a bulk change of thousands.
+-- What the gaps of the given atoms should be, from their live bookings: each booking's bounds and one sentinel per
+-- atom past its last booking (a NULL start sorts last), paired with the end of the booking before. An atom that
+-- is not bookable, or no longer exists, has none. One SELECT and STABLE, so the planner inlines it into the
+-- statement that reads it.
+CREATE FUNCTION atom_gaps_of(p_devices text[])
+RETURNS TABLE (device_id text, node_id text, pool_id text, class text, gap tstzrange)
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT e.device_id, d.node_id, d.pool_id, d.class, e.gap
+    FROM (
+        SELECT edges.device_id,
+               tstzrange(lag(edges.hi) OVER (PARTITION BY edges.device_id ORDER BY edges.lo NULLS LAST), edges.lo)
+                   AS gap
+        FROM (
+            SELECT b.device_id, lower(b.during) AS lo, upper(b.during) AS hi
+            FROM device_bookings AS b
+            WHERE b.device_id = ANY(p_devices) AND b.live AND NOT isempty(b.during)
+            UNION ALL
+            SELECT u.id, NULL, NULL FROM (SELECT DISTINCT unnest(p_devices) AS id) AS u
+        ) AS edges
+    ) AS e
+    JOIN devices AS d ON d.id = e.device_id AND d.bookable
+    WHERE NOT isempty(e.gap);
+$$;
+
+-- Makes the gaps of the given atoms what `atom_gaps_of` says, writing only the rows that change: booking an atom
+-- for a window inside one gap replaces that gap by what is left on either side, ending a booking merges the gaps
+-- around it. PL/pgSQL, so the statement's plan is kept for the session (a booking statement's trigger runs it);
+-- the atoms go through it 64 at a time, so that plan (made for a few atoms) stays cheap for a bulk change of
+-- thousands.
 CREATE FUNCTION refresh_atom_gaps(p_devices text[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
@@ -40,24 +66,8 @@ BEGIN
     WHILE v_from <= coalesce(cardinality(v_all), 0) LOOP
         v_atoms := v_all[v_from:v_from + 63];
         v_from := v_from + 64;
-        WITH edges AS (
-            -- Each live booking's bounds, and one sentinel per atom past its last booking (a NULL start sorts
-            -- last).
-            SELECT b.device_id, lower(b.during) AS lo, upper(b.during) AS hi
-            FROM device_bookings AS b
-            WHERE b.device_id = ANY(v_atoms) AND b.live AND NOT isempty(b.during)
-            UNION ALL
-            SELECT u.id, NULL, NULL FROM unnest(v_atoms) AS u(id)
-        ), want AS MATERIALIZED (
-            SELECT e.device_id, d.node_id, d.pool_id, d.class, e.gap
-            FROM (
-                SELECT edges.device_id,
-                       tstzrange(lag(edges.hi) OVER (PARTITION BY edges.device_id ORDER BY edges.lo NULLS LAST),
-                                 edges.lo) AS gap
-                FROM edges
-            ) AS e
-            JOIN devices AS d ON d.id = e.device_id AND d.bookable
-            WHERE NOT isempty(e.gap)
+        WITH want AS MATERIALIZED (
+            SELECT * FROM atom_gaps_of(v_atoms)
         ), old AS MATERIALIZED (
             -- The rows there now, read once through the device index (probing the GiST index for each row
             -- wanted would cost milliseconds a row).
@@ -83,28 +93,12 @@ BEGIN
 END
 $$;
 
--- What the table should hold, computed from every live booking and bookable device: the rebuild's source, and what
--- the torture test compares the table with.
+-- What the whole table should hold: the rebuild's source, and what the torture test compares the table with.
 CREATE FUNCTION atom_gaps_from_bookings()
 RETURNS TABLE (device_id text, node_id text, pool_id text, class text, gap tstzrange)
 LANGUAGE sql
-AS $$
-    SELECT e.device_id, d.node_id, d.pool_id, d.class, e.gap
-    FROM (
-        SELECT edges.device_id,
-               tstzrange(lag(edges.hi) OVER (PARTITION BY edges.device_id ORDER BY edges.lo NULLS LAST), edges.lo)
-                   AS gap
-        FROM (
-            SELECT b.device_id, lower(b.during) AS lo, upper(b.during) AS hi
-            FROM device_bookings AS b
-            WHERE b.live AND NOT isempty(b.during)
-            UNION ALL
-            SELECT id, NULL, NULL FROM devices WHERE bookable
-        ) AS edges
-    ) AS e
-    JOIN devices AS d ON d.id = e.device_id AND d.bookable
-    WHERE NOT isempty(e.gap);
-$$;
+STABLE
+AS $$ SELECT * FROM atom_gaps_of(ARRAY(SELECT id FROM devices WHERE bookable)) $$;
 
 -- The whole table again (after a bulk load, and here for what is already there).
 CREATE FUNCTION rebuild_atom_gaps() RETURNS void
@@ -116,13 +110,14 @@ $$;
 
 SELECT rebuild_atom_gaps();
 
--- The triggers: one per kind of statement, each with the rows it changed. A statement that changes no row
--- refreshes nothing.
-CREATE FUNCTION atom_gaps_after_booking_insert() RETURNS trigger
+-- The triggers, on statements, with the rows they changed: an insert's or a delete's as `changed`, an update's
+-- before and after (a booking that moved to another atom changes both). A statement that changes no row refreshes
+-- nothing.
+CREATE FUNCTION atom_gaps_after_booking_change() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM refresh_atom_gaps(ARRAY(SELECT DISTINCT device_id FROM new_rows));
+    PERFORM refresh_atom_gaps(ARRAY(SELECT device_id FROM changed));
     RETURN NULL;
 END
 $$;
@@ -131,27 +126,18 @@ CREATE FUNCTION atom_gaps_after_booking_update() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    PERFORM refresh_atom_gaps(ARRAY(SELECT device_id FROM old_rows UNION SELECT device_id FROM new_rows));
-    RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION atom_gaps_after_booking_delete() RETURNS trigger
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    PERFORM refresh_atom_gaps(ARRAY(SELECT DISTINCT device_id FROM old_rows));
+    PERFORM refresh_atom_gaps(ARRAY(SELECT device_id FROM old_rows UNION ALL SELECT device_id FROM new_rows));
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER atom_gaps_booking_insert AFTER INSERT ON device_bookings
-    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION atom_gaps_after_booking_insert();
+    REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION atom_gaps_after_booking_change();
 CREATE TRIGGER atom_gaps_booking_update AFTER UPDATE ON device_bookings
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION atom_gaps_after_booking_update();
 CREATE TRIGGER atom_gaps_booking_delete AFTER DELETE ON device_bookings
-    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION atom_gaps_after_booking_delete();
+    REFERENCING OLD TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION atom_gaps_after_booking_change();
 
 -- Devices: a new atom gets its gaps, a removed one loses them, and one whose node, pool, class or bookability
 -- changes has them written again. The bookings' own updates of `devices` (booking_changes, booked_until) set none
@@ -232,30 +218,20 @@ BEGIN
             ORDER BY e.ord;
             RETURN;
         END IF;
-        -- Too few fit among those: every free atom of the pool over the window.
-        RETURN QUERY
-        SELECT x.node_id, x.free FROM (
-            SELECT g.node_id, array_agg(g.device_id ORDER BY g.device_id) AS free, count(*) AS n
-            FROM atom_gaps AS g JOIN nodes AS n ON n.id = g.node_id
-            WHERE g.pool_id = p_pool AND g.class = p_class AND g.gap @> v_window
-              AND n.pool_id = p_pool AND n.schedulable
-            GROUP BY g.node_id
-            HAVING count(*) >= p_per_node
-        ) AS x
-        ORDER BY x.n, x.node_id
-        LIMIT p_limit;
-        RETURN;
     END IF;
+    -- Every free atom of the pool over the window (too few fit among the first read, or a selector). Without a
+    -- selector its test is planned away.
     RETURN QUERY
     SELECT g.node_id, array_agg(g.device_id ORDER BY g.device_id)
-    FROM atom_gaps AS g
-    JOIN devices AS d ON d.id = g.device_id
-    JOIN nodes AS n ON n.id = g.node_id
+    FROM atom_gaps AS g JOIN nodes AS n ON n.id = g.node_id
     WHERE g.pool_id = p_pool AND g.class = p_class AND g.gap @> v_window
       AND n.pool_id = p_pool AND n.schedulable
-      AND (p_model IS NULL OR d.gpu_model = p_model)
-      AND (p_product IS NULL OR d.gpu_product = p_product)
-      AND (p_attributes = '{}'::jsonb OR d.attributes @> p_attributes)
+      AND ((p_model IS NULL AND p_product IS NULL AND p_attributes = '{}'::jsonb)
+           OR EXISTS (SELECT 1 FROM devices AS d
+                      WHERE d.id = g.device_id
+                        AND (p_model IS NULL OR d.gpu_model = p_model)
+                        AND (p_product IS NULL OR d.gpu_product = p_product)
+                        AND (p_attributes = '{}'::jsonb OR d.attributes @> p_attributes)))
     GROUP BY g.node_id
     HAVING count(*) >= p_per_node
     ORDER BY count(*), g.node_id
