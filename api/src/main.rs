@@ -132,7 +132,8 @@ enum ProjectionsCommand {
     },
     /// Run the projection daemon alone (serve runs it too).
     Run {
-        /// Events per batch.
+        /// Events per batch once caught up; while a read model is behind, its batches double up to 10,000 (or
+        /// this, if larger).
         #[arg(long, default_value_t = 500)]
         batch: u32,
         /// Crash-recovery test hook: abort in the middle of the n-th batch that applies events.

@@ -91,14 +91,16 @@ async fn generate(db: &Db, reservations: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs one read model from `0-0-0` until it has passed `total` events. Returns events per second.
-async fn rebuild_rate(db: &Db, projection: &dyn Projection, total: i64) -> anyhow::Result<f64> {
+/// Runs one read model from `0-0-0` until it has passed `total` events, the way the daemon runs it (batches
+/// growing while behind, the next read while one is applied). Returns events per second.
+async fn rebuild_rate(db: &Db, projection: &Arc<dyn Projection>, total: i64) -> anyhow::Result<f64> {
     let held = lease::acquire(db, &projection.lease_name(), "prc_bench", Duration::from_secs(3600))
         .await?
         .context("the projection lease is held")?;
+    let mut runner = framework::Runner::new(db.clone(), projection.clone(), &DaemonConfig::default());
     let started = Instant::now();
     loop {
-        let step = framework::step(db, projection, &held, 2_000).await?;
+        let step = runner.step(&held).await?;
         if step.caught_up {
             let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
             let checkpoint = framework::lock_checkpoint(&mut tx, projection.name(), projection.version()).await?;
@@ -152,7 +154,7 @@ pub async fn projections(config: ProjectionsBenchConfig) -> anyhow::Result<()> {
     let read_models = models::read_models();
     let started = Instant::now();
     for projection in &read_models {
-        let rate = rebuild_rate(&db, projection.as_ref(), total).await?;
+        let rate = rebuild_rate(&db, projection, total).await?;
         println!(
             "  rebuild {:<22} v{}: {rate:>10.0} events/s   ratio {:.3}",
             projection.name(),

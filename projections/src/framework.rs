@@ -194,40 +194,113 @@ pub struct Step {
 /// together with the checkpoint update. Once caught up, makes the version active if it is newer than the
 /// active one.
 pub async fn step(db: &Db, projection: &dyn Projection, lease: &Lease, batch: u32) -> Result<Step> {
-    step_with_hook(db, projection, lease, batch, &|| {}).await
+    step_inner(db, projection, lease, batch, None, None, &|| {}).await.map(|(step, _)| step)
 }
 
-/// [`step`], calling `before_commit` after the batch is applied and before it commits (the crash-recovery tests'
-/// way in).
-async fn step_with_hook(
+/// Events read after a position, those of the projection's types decoded.
+struct Batch {
+    after: Position,
+    /// Events read, of any type.
+    passed: usize,
+    /// The last event read.
+    last: Option<RecordedEvent>,
+    envelopes: Vec<Envelope>,
+}
+
+/// Reads up to `limit` events after `after` and decodes those `projection` handles.
+async fn read_batch(tx: &mut Tx, projection: &dyn Projection, after: Position, limit: u32) -> Result<Batch> {
+    let recorded = events::read_after(tx, after, limit).await?;
+    let passed = recorded.len();
+    let last = recorded.last().cloned();
+    let mut envelopes = Vec::new();
+    for event in recorded {
+        if projection.handles(&event.event_type) {
+            envelopes.push(Envelope::decode(event)?);
+        }
+    }
+    Ok(Batch { after, passed, last, envelopes })
+}
+
+/// The next batch, read and decoded on a connection of its own while the current one is applied.
+struct ReadAhead {
+    after: Position,
+    limit: u32,
+    task: tokio::task::JoinHandle<Result<Batch>>,
+}
+
+impl ReadAhead {
+    fn start(db: &Db, projection: &Arc<dyn Projection>, after: Position, limit: u32) -> Self {
+        let (db, projection) = (db.clone(), projection.clone());
+        let task = tokio::spawn(async move {
+            let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+            let batch = read_batch(&mut tx, projection.as_ref(), after, limit).await?;
+            tx.commit().await?;
+            Ok(batch)
+        });
+        Self { after, limit, task }
+    }
+
+    /// The batch, if it was read after `after` with `limit` and the read succeeded.
+    async fn take(self, after: Position, limit: u32) -> Option<Batch> {
+        if self.after != after || self.limit != limit {
+            self.task.abort();
+            return None;
+        }
+        match self.task.await {
+            Ok(Ok(batch)) => Some(batch),
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, "reading the next batch ahead failed; reading it again");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+/// [`step`], taking the batch from `ahead` when it was read after the checkpoint the step finds, and calling
+/// `before_commit` after the batch is applied and before it commits (the crash-recovery tests' way in). With
+/// `read_next` (its projection and the next batch's size), a full batch starts reading the one after it before
+/// it is applied; that read is returned.
+async fn step_inner(
     db: &Db,
     projection: &dyn Projection,
     lease: &Lease,
     batch: u32,
+    ahead: Option<ReadAhead>,
+    read_next: Option<(&Arc<dyn Projection>, u32)>,
     before_commit: &(dyn Fn() + Send + Sync),
-) -> Result<Step> {
+) -> Result<(Step, Option<ReadAhead>)> {
     let mut tx = lease::begin_fenced(db, lease, TxOptions::READ_COMMITTED).await?;
     let name = projection.name();
     let version = projection.version();
     let checkpoint = lock_checkpoint(&mut tx, name, version).await?;
     if checkpoint.state == VersionState::Retired {
         tx.rollback().await;
-        return Ok(Step { retired: true, ..Step::default() });
-    }
-    let recorded = events::read_after(&mut tx, checkpoint.position, batch).await?;
-    let mut outcome = Step { passed: recorded.len(), caught_up: recorded.len() < batch as usize, ..Step::default() };
-    let mut position = checkpoint.position;
-    if let Some(last) = recorded.last().cloned() {
-        position = last.position;
-        let mut envelopes = Vec::new();
-        for event in recorded {
-            if projection.handles(&event.event_type) {
-                envelopes.push(Envelope::decode(event)?);
-            }
+        if let Some(ahead) = ahead {
+            ahead.task.abort();
         }
-        projection.apply(&mut tx, &envelopes).await?;
-        outcome.applied = envelopes.len();
-        save_checkpoint(&mut tx, name, version, &last, envelopes.len() as i64, outcome.passed as i64).await?;
+        return Ok((Step { retired: true, ..Step::default() }, None));
+    }
+    let read = match ahead {
+        Some(ahead) => ahead.take(checkpoint.position, batch).await,
+        None => None,
+    };
+    let read = match read {
+        Some(read) => read,
+        None => read_batch(&mut tx, projection, checkpoint.position, batch).await?,
+    };
+    debug_assert_eq!(read.after, checkpoint.position);
+    let mut outcome = Step { passed: read.passed, caught_up: read.passed < batch as usize, ..Step::default() };
+    let mut position = checkpoint.position;
+    let mut next = None;
+    if let Some(last) = read.last {
+        position = last.position;
+        if let (false, Some((shared, limit))) = (outcome.caught_up, read_next) {
+            next = Some(ReadAhead::start(db, shared, position, limit));
+        }
+        projection.apply(&mut tx, &read.envelopes).await?;
+        outcome.applied = read.envelopes.len();
+        save_checkpoint(&mut tx, name, version, &last, read.envelopes.len() as i64, outcome.passed as i64).await?;
         if outcome.applied > 0 {
             before_commit();
         }
@@ -240,7 +313,69 @@ async fn step_with_hook(
         }
     }
     tx.commit().await?;
-    Ok(outcome)
+    Ok((outcome, next))
+}
+
+/// Runs one projection version's batches the way the daemon does: a batch that comes back full makes the next
+/// one twice as large, up to [`DaemonConfig::max_batch`], and one that comes back short (caught up) returns to
+/// [`DaemonConfig::batch`]; while a full batch is applied, the next is read and decoded on another connection,
+/// so reading the log and writing the read model overlap. A batch read ahead is used only if the checkpoint is
+/// still where that read began (another owner, or a forced rebuild, may have moved it); otherwise it is read
+/// again, so nothing is applied twice or skipped.
+pub struct Runner {
+    db: Db,
+    projection: Arc<dyn Projection>,
+    batch: u32,
+    min: u32,
+    max: u32,
+    ahead: Option<ReadAhead>,
+}
+
+impl Runner {
+    pub fn new(db: Db, projection: Arc<dyn Projection>, config: &DaemonConfig) -> Self {
+        let min = config.batch.max(1);
+        Self { db, projection, batch: min, min, max: config.max_batch.max(min), ahead: None }
+    }
+
+    /// One batch; see [`step`].
+    pub async fn step(&mut self, lease: &Lease) -> Result<Step> {
+        self.step_with_hook(lease, &|| {}).await
+    }
+
+    async fn step_with_hook(&mut self, lease: &Lease, before_commit: &(dyn Fn() + Send + Sync)) -> Result<Step> {
+        let batch = self.batch;
+        let next = (batch.saturating_mul(2)).min(self.max);
+        let ahead = self.ahead.take();
+        let result = step_inner(
+            &self.db,
+            self.projection.as_ref(),
+            lease,
+            batch,
+            ahead,
+            Some((&self.projection, next)),
+            before_commit,
+        )
+        .await;
+        match result {
+            Ok((step, ahead)) => {
+                self.ahead = ahead;
+                self.batch = if step.caught_up { self.min } else { next };
+                Ok(step)
+            }
+            Err(err) => {
+                self.batch = self.min;
+                Err(err)
+            }
+        }
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        if let Some(ahead) = self.ahead.take() {
+            ahead.task.abort();
+        }
+    }
 }
 
 async fn retire(tx: &mut Tx, name: &str, version: u32) -> Result<()> {
@@ -297,11 +432,17 @@ async fn switch_if_newer(tx: &mut Tx, name: &str, version: u32, position: &Posit
     Ok(switched)
 }
 
+/// The largest batch a projection reads while catching up (by default; a rebuild's batches too): ten thousand
+/// events are a few megabytes, and past that the rebuilds measured no faster.
+pub const MAX_BATCH: u32 = 10_000;
+
 /// How the daemon runs.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
-    /// Events per batch.
+    /// Events per batch when caught up; the first batch's size.
     pub batch: u32,
+    /// The largest batch, reached by doubling while a projection is behind (a rebuild catching up).
+    pub max_batch: u32,
     /// The pause after a batch that came back short.
     pub poll: Duration,
     pub lease: LeaseConfig,
@@ -316,6 +457,7 @@ impl Default for DaemonConfig {
     fn default() -> Self {
         Self {
             batch: 500,
+            max_batch: MAX_BATCH,
             poll: Duration::from_millis(100),
             lease: LeaseConfig::SHARD,
             owner: lease::process_owner_id().to_owned(),
@@ -346,6 +488,7 @@ async fn run_one(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut keeper = LeaseKeeper::start(db.clone(), projection.lease_name(), config.owner.clone(), config.lease);
+    let mut runner = Runner::new(db, projection.clone(), &config);
     let batches = std::sync::atomic::AtomicU64::new(0);
     let before_commit = || {
         let n = batches.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
@@ -369,7 +512,7 @@ async fn run_one(
             }
             continue;
         };
-        match step_with_hook(&db, projection.as_ref(), &lease, config.batch, &before_commit).await {
+        match runner.step_with_hook(&lease, &before_commit).await {
             Ok(done) if done.retired => {
                 tracing::info!(
                     projection = projection.name(),

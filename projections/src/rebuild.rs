@@ -5,7 +5,7 @@ use bc_eventstore::events;
 use bc_eventstore::{Db, Error, Position, Result, Tx, TxOptions};
 use sqlx::AssertSqlSafe;
 
-use crate::framework::{Envelope, Projection, lock_checkpoint};
+use crate::framework::{Envelope, MAX_BATCH, Projection, lock_checkpoint};
 
 fn check_identifier(name: &str) -> Result<()> {
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
@@ -40,7 +40,7 @@ pub async fn replay(
     let mut cursor = after;
     let mut applied = 0;
     loop {
-        let batch = events::read_range(tx, cursor, until, 1_000).await?;
+        let batch = events::read_range(tx, cursor, until, MAX_BATCH).await?;
         let Some(last) = batch.last() else { break };
         cursor = last.position;
         let mut envelopes = Vec::with_capacity(batch.len());
@@ -153,10 +153,9 @@ async fn shadow_batch(
     read: &mut u64,
     applied: &mut u64,
 ) -> Result<bool> {
-    const BATCH: u32 = 1_000;
     sqlx::raw_sql(AssertSqlSafe(format!("SET LOCAL search_path = {schema}, public"))).execute(tx.conn()).await?;
-    let batch = events::read_after(tx, *cursor, BATCH).await?;
-    let done = batch.len() < BATCH as usize;
+    let batch = events::read_after(tx, *cursor, MAX_BATCH).await?;
+    let done = batch.len() < MAX_BATCH as usize;
     if let Some(last) = batch.last() {
         *cursor = last.position;
     }

@@ -299,6 +299,50 @@ async fn a_version_resumes_from_its_checkpoint_and_equals_a_rebuild() {
     assert_eq!(rebuild::verify(&t.db, &V1).await.expect("verify"), vec![("counter_v1".to_owned(), 2)]);
 }
 
+#[tokio::test]
+async fn a_runner_doubles_its_batches_while_behind_and_drops_a_batch_read_ahead_of_a_moved_checkpoint() {
+    let t = setup().await;
+    append(&t.db, "a", "test.plain", 100).await;
+    let lease = lease_for(&t.db, &V1, "prc_a").await;
+    let config = framework::DaemonConfig { batch: 10, max_batch: 40, ..framework::DaemonConfig::default() };
+    let mut runner = framework::Runner::new(t.db.clone(), Arc::new(V1), &config);
+    // The hundred events are one transaction: once the cluster-wide horizon lets them through, all of them are.
+    let first = loop {
+        let step = runner.step(&lease).await.expect("step");
+        if step.passed > 0 {
+            break step;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!((first.passed, first.caught_up), (10, false));
+    // While the runner's next batch (twenty events after the tenth) is read ahead, another step moves the
+    // checkpoint past where that read began: the runner must read again from the checkpoint.
+    framework::step(&t.db, &V1, &lease, 5).await.expect("a step of five");
+    let mut passed = Vec::new();
+    loop {
+        let step = runner.step(&lease).await.expect("step");
+        passed.push(step.passed);
+        if step.caught_up {
+            break;
+        }
+    }
+    assert_eq!(passed, vec![20, 40, 25], "batches double up to the largest while behind");
+    assert_eq!(checkpoint(&t.db, &V1).await.events_passed, 100);
+    assert_eq!(total(&t.db, "counter_v1").await, 100, "every event applied once: none twice, none skipped");
+    assert_eq!(rebuild::verify(&t.db, &V1).await.expect("verify"), vec![("counter_v1".to_owned(), 0)]);
+
+    // Caught up, the runner is back to its smallest batch.
+    append(&t.db, "b", "test.plain", 15).await;
+    let after = loop {
+        let step = runner.step(&lease).await.expect("step");
+        if step.passed > 0 {
+            break step;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!((after.passed, after.caught_up), (10, false));
+}
+
 #[test]
 fn positions_start_at_the_beginning() {
     assert_eq!(Position::START.to_string(), "0-0-0");
