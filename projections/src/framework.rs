@@ -281,6 +281,12 @@ async fn step_inner(
         }
         return Ok((Step { retired: true, ..Step::default() }, None));
     }
+    if checkpoint.state == VersionState::Building {
+        // Nothing reads a version still building, and its rows and checkpoint commit together, so a commit lost
+        // in a crash only makes it apply that batch again: it need not wait for the WAL to reach the disk. The
+        // switch's commit waits, and with it every earlier one.
+        sql::query("SET LOCAL synchronous_commit = off").execute(tx.conn()).await?;
+    }
     let read = match ahead {
         Some(ahead) => ahead.take(checkpoint.position, batch).await,
         None => None,

@@ -107,6 +107,9 @@ pub async fn force_rebuild(
     // Batches in their own transactions: the live tables serve meanwhile.
     loop {
         let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+        // Nothing reads the shadow tables before the switch, whose commit waits for the disk (and with it every
+        // earlier commit): these need not.
+        bc_eventstore::sql::query("SET LOCAL synchronous_commit = off").execute(tx.conn()).await?;
         let done = shadow_batch(&mut tx, projection, &schema, &mut cursor, &mut read, &mut applied).await?;
         tx.commit().await?;
         progress(read, total.max(0) as u64);

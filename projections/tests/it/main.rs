@@ -66,6 +66,42 @@ impl Projection for Counter {
     }
 }
 
+/// Records, for each batch, whether the step set its commit not to wait for the WAL to reach the disk (the
+/// test cluster never waits, so the setting's source tells, not its value).
+#[derive(Debug, Clone, Copy)]
+struct CommitProbe;
+
+impl Projection for CommitProbe {
+    fn name(&self) -> &'static str {
+        "commit_probe"
+    }
+
+    fn version(&self) -> u32 {
+        1
+    }
+
+    fn event_types(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        &["commit_probe_v1"]
+    }
+
+    fn apply<'a>(&'a self, tx: &'a mut Tx, events: &'a [Envelope]) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            sql::query(
+                "INSERT INTO commit_probe_v1 (events, synchronous_commit)
+                 SELECT $1, setting || ' from ' || source FROM pg_settings WHERE name = 'synchronous_commit'",
+            )
+            .bind(events.len() as i32)
+            .execute(tx.conn())
+            .await?;
+            Ok(())
+        })
+    }
+}
+
 const V1: Counter = Counter { version: 1, only: None };
 const V2: Counter = Counter { version: 2, only: None };
 
@@ -74,7 +110,8 @@ async fn setup() -> TestDb {
     let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
     sqlx::raw_sql(
         "CREATE TABLE counter_v1 (stream_id text PRIMARY KEY, events int NOT NULL);
-         CREATE TABLE counter_v2 (stream_id text PRIMARY KEY, events int NOT NULL, kinds text[] NOT NULL);",
+         CREATE TABLE counter_v2 (stream_id text PRIMARY KEY, events int NOT NULL, kinds text[] NOT NULL);
+         CREATE TABLE commit_probe_v1 (batch serial PRIMARY KEY, events int NOT NULL, synchronous_commit text NOT NULL);",
     )
     .execute(tx.conn())
     .await
@@ -341,6 +378,29 @@ async fn a_runner_doubles_its_batches_while_behind_and_drops_a_batch_read_ahead_
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     assert_eq!((after.passed, after.caught_up), (10, false));
+}
+
+#[tokio::test]
+async fn a_building_version_commits_without_waiting_for_the_disk_and_a_live_one_waits() {
+    let t = setup().await;
+    append(&t.db, "a", "test.plain", 25).await;
+    let lease = lease_for(&t.db, &CommitProbe, "prc_a").await;
+    // The first batch applies while the version builds (it switches in as that batch catches up); later ones
+    // apply to the live version.
+    catch_up(&t.db, &CommitProbe, &lease, 25).await;
+    append(&t.db, "a", "test.plain", 5).await;
+    catch_up(&t.db, &CommitProbe, &lease, 30).await;
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let batches: Vec<(i32, String)> =
+        sql::query_as("SELECT events, synchronous_commit FROM commit_probe_v1 WHERE events > 0 ORDER BY batch")
+            .fetch_all(tx.conn())
+            .await
+            .expect("batches");
+    tx.commit().await.expect("commit");
+    let settings: Vec<&str> = batches.iter().map(|(_, setting)| setting.as_str()).collect();
+    assert_eq!(settings.first(), Some(&"off from session"), "a building version's batch: {batches:?}");
+    assert!(settings.last().is_some_and(|s| !s.ends_with("from session")), "the live version's batch: {batches:?}");
+    assert_eq!(checkpoint(&t.db, &CommitProbe).await.state, VersionState::Live);
 }
 
 #[test]
