@@ -152,6 +152,23 @@ async fn catch_up(db: &Db, projection: &dyn Projection, lease: &Lease, total_eve
     }
 }
 
+/// Waits until the first `n` events of the log are below the cluster-wide horizon (other tests' transactions
+/// may hold it back), so that a step reads them all at once rather than finding nothing and calling itself
+/// caught up.
+async fn visible(db: &Db, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+        let seen = events::read_after(&mut tx, Position::START, n as u32).await.expect("read").len();
+        tx.commit().await.expect("commit");
+        if seen >= n {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "only {seen} of {n} events ever became visible");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn checkpoint(db: &Db, projection: &dyn Projection) -> framework::Checkpoint {
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
     let checkpoint =
@@ -386,7 +403,8 @@ async fn a_building_version_commits_without_waiting_for_the_disk_and_a_live_one_
     append(&t.db, "a", "test.plain", 25).await;
     let lease = lease_for(&t.db, &CommitProbe, "prc_a").await;
     // The first batch applies while the version builds (it switches in as that batch catches up); later ones
-    // apply to the live version.
+    // apply to the live version. A first step that found nothing yet would switch in before any batch.
+    visible(&t.db, 25).await;
     catch_up(&t.db, &CommitProbe, &lease, 25).await;
     append(&t.db, "a", "test.plain", 5).await;
     catch_up(&t.db, &CommitProbe, &lease, 30).await;
