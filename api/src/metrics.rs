@@ -1,6 +1,6 @@
 //! `GET /metrics`: the process's figures and the database's, in the Prometheus text format (OpenMetrics, through
 //! `prometheus-client`). What the process counts itself: HTTP requests and their latencies by route, event-stream
-//! subscribers, the connection pool. What a scrape reads from the database, in one read-only snapshot: the log's
+//! subscribers, the connection pool, transactions run again by reason. What a scrape reads from the database, in one read-only snapshot: the log's
 //! appends, each projection's applied events and lag (events and seconds), the horizon (how old the oldest
 //! transaction holding it back is, and how many transaction ids it trails), the work queue's depth and the age of
 //! its oldest due item, and the leases held, by kind, by this process and by any.
@@ -162,6 +162,15 @@ impl Collector for ProcessFigures {
         )?;
         for ((method, kind), count) in &self.denials {
             ConstCounter::new(*count).encode(denials.encode_family(&[("method", *method), ("kind", *kind)])?)?;
+        }
+        let mut retries = encoder.encode_descriptor(
+            "transaction_retries",
+            "Transactions this process ran again since it started, by reason (stream_version, serialization, deadlock, exclusion)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, count) in bc_eventstore::retries() {
+            ConstCounter::new(count).encode(retries.encode_family(&[("reason", reason.as_str())])?)?;
         }
         Ok(())
     }

@@ -745,6 +745,8 @@ struct PlacementRun {
     p99: Duration,
     placed: usize,
     pending: usize,
+    /// Transactions run again per cycle, with their reasons.
+    retries: String,
 }
 
 /// A placement run: `count` GPUs, starting now or `ahead` (spread over a week of hourly windows from there).
@@ -764,6 +766,7 @@ async fn placement_run(
     pool: &PoolId,
     spec: &PlacementSpec<'_>,
 ) -> anyhow::Result<PlacementRun> {
+    let retried = bc_eventstore::retries();
     let started = Instant::now();
     let deadline = started + spec.run_for;
     let mut tasks = tokio::task::JoinSet::new();
@@ -814,6 +817,7 @@ async fn placement_run(
         p99: percentile(&latencies, 0.99),
         placed: latencies.len(),
         pending,
+        retries: crate::retries_per_cycle(&retried, latencies.len() + pending),
     })
 }
 
@@ -1391,14 +1395,15 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
         let small = placement_run(&empty_app, &tenants, &empty_pool, &spec).await?;
         println!(
             "    {count} GPU(s) {when:>5}: fleet pool p50 {:>6.1} ms p99 {:>6.1} ms {:>6.1} cycles/s (ratio to 1-row \
-             INSERT {:.4}, {} placed, {} pending) | empty pool p50 {:>6.1} ms p99 {:>6.1} ms {:>6.1} cycles/s | p50 \
-             ratio {:.2}",
+             INSERT {:.4}, {} placed, {} pending, retries per cycle {}) | empty pool p50 {:>6.1} ms p99 {:>6.1} ms \
+             {:>6.1} cycles/s | p50 ratio {:.2}",
             millis(big.p50),
             millis(big.p99),
             big.cycles_per_s,
             big.cycles_per_s / inserts,
             big.placed,
             big.pending,
+            big.retries,
             millis(small.p50),
             millis(small.p99),
             small.cycles_per_s,

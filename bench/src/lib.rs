@@ -203,3 +203,24 @@ fn pgbench(bins: &PgBinaries, cluster: &Cluster, run: PgbenchRun<'_>) -> anyhow:
         .and_then(|number| number.parse::<f64>().ok())
         .with_context(|| format!("read the tps from pgbench's output:\n{text}"))
 }
+
+/// The transactions this process ran again since `before` (a reading of [`bc_eventstore::retries`]), per cycle of
+/// `cycles`, with the reasons that occurred: `0.42 (serialization 0.40, exclusion 0.02)`.
+pub fn retries_per_cycle(before: &[(bc_eventstore::RetryReason, u64); 4], cycles: usize) -> String {
+    let cycles = cycles.max(1) as f64;
+    let now = bc_eventstore::retries();
+    let mut total = 0u64;
+    let mut reasons = Vec::new();
+    for ((reason, was), (_, is)) in before.iter().zip(now.iter()) {
+        let n = is.saturating_sub(*was);
+        total += n;
+        if n > 0 {
+            reasons.push(format!("{} {:.2}", reason.as_str(), n as f64 / cycles));
+        }
+    }
+    if reasons.is_empty() {
+        format!("{:.2}", total as f64 / cycles)
+    } else {
+        format!("{:.2} ({})", total as f64 / cycles, reasons.join(", "))
+    }
+}

@@ -155,7 +155,9 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
             sqlx::raw_sql("SELECT pg_stat_statements_reset()").execute(tx.conn()).await?;
             tx.commit().await?;
         }
+        let retried = bc_eventstore::retries();
         let rust = cycles(&app, &cycle_pool, clients, config.run_for).await?;
+        let retries = crate::retries_per_cycle(&retried, (rust * config.run_for.as_secs_f64()).round() as usize);
         if config.statements && clients == 1 {
             print_statements(&db).await?;
         }
@@ -165,7 +167,8 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         let ceiling = pgbench(&bench.bins, &bench.guard.cluster, run(&ceiling_script, "the ceiling"))?;
         println!(
             "  {clients:>2} clients: {rust:>7.1} reserve-then-release cycles/s   pgbench 1-row INSERT {inserts:>8.0} tx/s \
-             (ratio {:.4})   pgbench ceiling {ceiling:>7.1} cycles/s (ratio {:.3}; the ceiling itself {:.3} of the INSERT)",
+             (ratio {:.4})   pgbench ceiling {ceiling:>7.1} cycles/s (ratio {:.3}; the ceiling itself {:.3} of the INSERT)   \
+             retries per cycle {retries}",
             rust / inserts,
             rust / ceiling,
             ceiling / inserts,

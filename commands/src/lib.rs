@@ -168,8 +168,11 @@ impl From<sqlx::Error> for AppError {
 }
 
 impl Retryable for AppError {
-    fn is_retryable(&self) -> bool {
-        matches!(self, AppError::Store(err) if err.is_retryable())
+    fn retry_reason(&self) -> Option<bc_eventstore::RetryReason> {
+        match self {
+            AppError::Store(err) => err.retry_reason(),
+            _ => None,
+        }
     }
 }
 

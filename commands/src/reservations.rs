@@ -217,7 +217,7 @@ impl App {
             let attempt = self.reserve_once(caller, &id, &input.request, placement, gate).await;
             match attempt {
                 Err(err) if err.is_retryable() && tries < self.retry.max_attempts + 3 => {
-                    tokio::time::sleep(self.retry.backoff(tries)).await;
+                    self.retry.pause(tries, &err).await;
                     tries += 1;
                 }
                 Err(err) => {
@@ -352,7 +352,7 @@ impl App {
                     .into());
                 }
                 Err(err) if err.is_retryable() && tries < self.retry.max_attempts => {
-                    tokio::time::sleep(self.retry.backoff(tries)).await;
+                    self.retry.pause(tries, &err).await;
                     tries += 1;
                 }
                 result => return result,

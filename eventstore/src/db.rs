@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use scoped_futures::ScopedBoxFuture;
@@ -16,7 +17,7 @@ use tokio::sync::watch;
 
 use crate::Position;
 use crate::conns::{Conn, Pool, PoolStats};
-use crate::error::{Error, Result, sql_state};
+use crate::error::{Error, Result, RetryReason, sql_state};
 
 /// SQLSTATE `25P02`: a statement ran in a transaction that an earlier error had already aborted.
 const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
@@ -301,7 +302,7 @@ impl Db {
         loop {
             match self.transaction(options, &mut f).await {
                 Err(err) if policy.allows_another(tries, &err) => {
-                    tokio::time::sleep(policy.backoff(tries)).await;
+                    policy.pause(tries, &err).await;
                     tries += 1;
                 }
                 result => return result,
@@ -548,13 +549,27 @@ fn first_text(rows: &[PgRow]) -> Result<Option<String>> {
 
 /// Errors that say whether running the transaction again may succeed.
 pub trait Retryable {
-    fn is_retryable(&self) -> bool;
+    /// Why another try may succeed; `None` when it may not.
+    fn retry_reason(&self) -> Option<RetryReason>;
+
+    fn is_retryable(&self) -> bool {
+        self.retry_reason().is_some()
+    }
 }
 
 impl Retryable for Error {
-    fn is_retryable(&self) -> bool {
-        Error::is_retryable(self)
+    fn retry_reason(&self) -> Option<RetryReason> {
+        Error::retry_reason(self)
     }
+}
+
+/// Tries run again in this process since it started, by reason (in the order of [`RetryReason::ALL`]).
+static RETRIES: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// How many transactions this process has run again since it started, by reason: what `/metrics` reports and
+/// what the benchmarks divide by their cycles.
+pub fn retries() -> [(RetryReason, u64); 4] {
+    RetryReason::ALL.map(|reason| (reason, RETRIES[reason as usize].load(Ordering::Relaxed)))
 }
 
 /// How often and how patiently [`retry`] tries again.
@@ -579,6 +594,15 @@ impl RetryPolicy {
         err.is_retryable() && tries < self.max_attempts
     }
 
+    /// Counts a retry for `err`'s reason (see [`retries`]) and waits [`RetryPolicy::backoff`] before try number
+    /// `attempt + 1`. Every retry loop goes through here.
+    pub async fn pause<E: Retryable>(&self, attempt: u32, err: &E) {
+        if let Some(reason) = err.retry_reason() {
+            RETRIES[reason as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        tokio::time::sleep(self.backoff(attempt)).await;
+    }
+
     /// The jittered delay before try number `attempt + 1` (`attempt` counts from 1).
     pub fn backoff(&self, attempt: u32) -> Duration {
         let exp = self.base_delay.saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
@@ -599,7 +623,7 @@ where
     loop {
         match attempt().await {
             Err(err) if policy.allows_another(tries, &err) => {
-                tokio::time::sleep(policy.backoff(tries)).await;
+                policy.pause(tries, &err).await;
                 tries += 1;
             }
             result => return result,

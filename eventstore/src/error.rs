@@ -96,15 +96,47 @@ impl Error {
     /// Whether running the whole transaction again may succeed: a version conflict, a serialization failure,
     /// a deadlock, or atoms booked meanwhile.
     pub fn is_retryable(&self) -> bool {
+        self.retry_reason().is_some()
+    }
+
+    /// Why running the whole transaction again may succeed, as a metric label: `stream_version` (another writer
+    /// appended that version first), `serialization` (a row this snapshot read or locks changed meanwhile),
+    /// `deadlock`, or `exclusion` (atoms booked meanwhile). `None` when it may not.
+    pub fn retry_reason(&self) -> Option<RetryReason> {
         match self {
-            Error::Conflict { .. } => true,
-            Error::Database(err) => {
-                matches!(
-                    sql_state(err).as_deref(),
-                    Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED | EXCLUSION_VIOLATION)
-                ) || is_version_race(err)
-            }
-            _ => false,
+            Error::Conflict { .. } => Some(RetryReason::StreamVersion),
+            Error::Database(err) if is_version_race(err) => Some(RetryReason::StreamVersion),
+            Error::Database(err) => match sql_state(err).as_deref() {
+                Some(SERIALIZATION_FAILURE) => Some(RetryReason::Serialization),
+                Some(DEADLOCK_DETECTED) => Some(RetryReason::Deadlock),
+                Some(EXCLUSION_VIOLATION) => Some(RetryReason::Exclusion),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// Why a transaction is run again (see [`Error::retry_reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryReason {
+    StreamVersion,
+    Serialization,
+    Deadlock,
+    Exclusion,
+}
+
+impl RetryReason {
+    pub const ALL: [RetryReason; 4] =
+        [RetryReason::StreamVersion, RetryReason::Serialization, RetryReason::Deadlock, RetryReason::Exclusion];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryReason::StreamVersion => "stream_version",
+            RetryReason::Serialization => "serialization",
+            RetryReason::Deadlock => "deadlock",
+            RetryReason::Exclusion => "exclusion",
         }
     }
 }

@@ -22,8 +22,8 @@ pub mod sql;
 pub mod testing;
 
 pub use conns::PoolStats;
-pub use db::{Access, Db, DbConfig, Isolation, RetryPolicy, Retryable, Tx, TxOptions, retry};
-pub use error::{Error, Result, sql_state};
+pub use db::{Access, Db, DbConfig, Isolation, RetryPolicy, Retryable, Tx, TxOptions, retries, retry};
+pub use error::{Error, Result, RetryReason, sql_state};
 pub use events::{AppendBatch, Appended, ExpectedVersion, NewEvent, RecordedEvent};
 pub use position::{Position, PositionError};
 pub use scoped_futures::ScopedFutureExt;

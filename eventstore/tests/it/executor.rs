@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use bc_eventstore::testing::TestDb;
-use bc_eventstore::{Error, RetryPolicy, ScopedFutureExt as _, TxOptions, sql, sql_state};
+use bc_eventstore::{Error, RetryPolicy, RetryReason, ScopedFutureExt as _, TxOptions, sql, sql_state};
 
 async fn count(t: &TestDb) -> i64 {
     let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
@@ -148,6 +148,10 @@ async fn isolation_and_access_modes_are_applied() {
 #[tokio::test]
 async fn retryable_failures_are_retried_and_others_are_not() {
     let t = with_scratch_table().await;
+    // The counters are the process's: other tests may add to them meanwhile, never take away.
+    let retried =
+        |reason: RetryReason| bc_eventstore::retries().into_iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| n);
+    let (serialization, exclusion) = (retried(RetryReason::Serialization), retried(RetryReason::Exclusion));
     let tries = AtomicU32::new(0);
     let policy = RetryPolicy { max_attempts: 5, ..RetryPolicy::default() };
     let result: Result<(), Error> =
@@ -168,6 +172,7 @@ async fn retryable_failures_are_retried_and_others_are_not() {
         .await;
     result.expect("succeeds on the third try");
     assert_eq!(tries.load(Ordering::SeqCst), 3);
+    assert!(retried(RetryReason::Serialization) >= serialization + 2, "each retry is counted by its reason");
 
     let tries = AtomicU32::new(0);
     let err =
@@ -201,6 +206,7 @@ async fn retryable_failures_are_retried_and_others_are_not() {
     assert_eq!(err.sql_state().as_deref(), Some("23P01"));
     assert_eq!(tries.load(Ordering::SeqCst), 5, "bounded");
     assert_eq!(err.code(), "CONFLICT", "a race that outlasted its retries is a conflict, not an internal error");
+    assert!(retried(RetryReason::Exclusion) >= exclusion + 4, "four retries after the first try");
 }
 
 #[tokio::test]
