@@ -142,4 +142,27 @@ async fn every_read_model_equals_its_rebuild_after_a_random_command_sequence() {
     }
     catch_up_in(&fleet.t.db, rng.u32(1..=40)).await;
     assert_equal_to_rebuilds(&fleet.t.db).await;
+    // The rollup adds each batch's differences to its rows: they must still be the sums over its own nodes and holds.
+    let mut tx = fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let (rows, differing): (i64, i64) = sql::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE (r.allocatable, r.allocated, r.reserved, r.available)
+                                             IS DISTINCT FROM (s.allocatable, s.allocated, s.reserved,
+                                                               s.allocatable - s.allocated))
+         FROM pool_capacity_rollup_v1 AS r
+         CROSS JOIN LATERAL (
+             SELECT coalesce((SELECT sum(n.atoms) FROM pool_capacity_nodes_v1 AS n
+                              WHERE n.pool_id = r.pool_id AND n.resource = r.resource AND n.schedulable), 0)::int
+                        AS allocatable,
+                    coalesce((SELECT sum(h.count) FROM pool_capacity_holds_v1 AS h
+                              WHERE h.pool_id = r.pool_id AND h.resource = r.resource
+                                AND h.state IN ('binding', 'active', 'releasing')), 0)::int AS allocated,
+                    coalesce((SELECT sum(h.count) FROM pool_capacity_holds_v1 AS h
+                              WHERE h.pool_id = r.pool_id AND h.resource = r.resource AND h.state = 'placed'), 0)::int
+                        AS reserved) AS s",
+    )
+    .fetch_one(tx.conn())
+    .await
+    .expect("rollup against its sums");
+    tx.commit().await.expect("commit");
+    assert_eq!((rows, differing), (2, 0), "both pools' rollup rows equal the sums over their nodes and holds");
 }

@@ -3,7 +3,7 @@
 //! available (allocatable - allocated). Defined by state, not by the clock: starts and ends are events, so the
 //! rollup changes only through events. What is free for a given window is a query on the bookings instead.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bc_domain::node::NodeEvent;
 use bc_domain::reservation::{ReservationEvent, ReservationState};
@@ -66,10 +66,13 @@ impl Projection for CapacityRollupV1 {
         Box::pin(async move {
             // Node events touch only the node rows, reservation events only the holds: apply the rare node
             // events one by one and fold the reservation events in one pass.
-            let mut touched: BTreeSet<(String, String)> = BTreeSet::new();
+            // A pool whose nodes changed has its rollup row computed again from the node rows and the holds; one
+            // whose holds changed only has the holds' differences added, so a batch costs what it changed, not
+            // what the pool holds.
+            let mut nodes_changed: BTreeSet<Key> = BTreeSet::new();
             for envelope in events {
                 if let Some(key) = apply_node(tx, envelope).await? {
-                    touched.insert(key);
+                    nodes_changed.insert(key);
                 }
             }
             let holds: Vec<(&str, &ReservationEvent)> = events
@@ -79,8 +82,8 @@ impl Projection for CapacityRollupV1 {
                     _ => None,
                 })
                 .collect();
-            apply_holds(tx, &holds, &mut touched).await?;
-            refresh(tx, &touched).await
+            let deltas = apply_holds(tx, &holds).await?;
+            add_deltas(tx, nodes_changed, &deltas).await
         })
     }
 }
@@ -177,15 +180,40 @@ struct Hold {
     state: ReservationState,
 }
 
+/// A rollup row's key: (pool, resource).
+type Key = (String, String);
+
+/// What holds changed in a rollup row: atoms allocated and reserved, added (or taken away when negative).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Delta {
+    allocated: i64,
+    reserved: i64,
+}
+
+impl Hold {
+    /// What this hold counts in its rollup row: a reservation binding, active or releasing has its atoms allocated,
+    /// a placed one reserved; any other state counts nothing.
+    fn counts(&self) -> Delta {
+        let count = i64::from(self.count);
+        match self.state.as_str() {
+            "binding" | "active" | "releasing" => Delta { allocated: count, reserved: 0 },
+            "placed" => Delta { allocated: 0, reserved: count },
+            _ => Delta::default(),
+        }
+    }
+
+    fn key(&self) -> Key {
+        (self.pool_id.clone(), self.resource.clone())
+    }
+}
+
 /// Folds the batch's reservation events onto their holds (loaded in one statement), then writes the live holds
-/// back in one upsert and deletes the ended ones: an ended reservation holds nothing.
-async fn apply_holds(
-    tx: &mut Tx,
-    events: &[(&str, &ReservationEvent)],
-    touched: &mut BTreeSet<(String, String)>,
-) -> Result<()> {
+/// back in one upsert and deletes the ended ones: an ended reservation holds nothing. Returns, for every rollup row
+/// a changed hold belongs to, what the batch added to it (zero when a hold changed without counting differently).
+async fn apply_holds(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Result<BTreeMap<Key, Delta>> {
+    let mut deltas: BTreeMap<Key, Delta> = BTreeMap::new();
     if events.is_empty() {
-        return Ok(());
+        return Ok(deltas);
     }
     let mut ids: Vec<&str> = events
         .iter()
@@ -220,6 +248,9 @@ async fn apply_holds(
             );
         }
     }
+    // What the stored holds counted before the batch; a hold the batch creates counted nothing.
+    let before: HashMap<String, (Key, Delta)> =
+        holds.iter().map(|(id, hold)| (id.clone(), (hold.key(), hold.counts()))).collect();
     let mut changed: BTreeSet<&str> = BTreeSet::new();
     for (id, event) in events {
         if let ReservationEvent::Requested(e) = event {
@@ -237,13 +268,21 @@ async fn apply_holds(
             let Some(hold) = holds.get_mut(*id) else { continue };
             hold.state = state;
         }
-        let hold = &holds[*id];
-        touched.insert((hold.pool_id.clone(), hold.resource.clone()));
         changed.insert(id);
     }
     let (mut live, mut ended): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
     for id in &changed {
-        if holds[*id].state.is_terminal() { ended.push(id) } else { live.push(id) }
+        let hold = &holds[*id];
+        if let Some((key, counted)) = before.get(*id) {
+            let delta = deltas.entry(key.clone()).or_default();
+            delta.allocated -= counted.allocated;
+            delta.reserved -= counted.reserved;
+        }
+        let counts = if hold.state.is_terminal() { Delta::default() } else { hold.counts() };
+        let delta = deltas.entry(hold.key()).or_default();
+        delta.allocated += counts.allocated;
+        delta.reserved += counts.reserved;
+        if hold.state.is_terminal() { ended.push(id) } else { live.push(id) }
     }
     let pools: Vec<&str> = live.iter().map(|id| holds[*id].pool_id.as_str()).collect();
     let resources: Vec<&str> = live.iter().map(|id| holds[*id].resource.as_str()).collect();
@@ -269,11 +308,43 @@ async fn apply_holds(
             .execute(tx.conn())
             .await?;
     }
-    Ok(())
+    Ok(deltas)
+}
+
+/// Adds the holds' differences to their rollup rows, and computes again from the rollup's own state the rows of
+/// `recompute` (pools whose nodes changed) and the rows that do not exist yet.
+async fn add_deltas(tx: &mut Tx, mut recompute: BTreeSet<Key>, deltas: &BTreeMap<Key, Delta>) -> Result<()> {
+    let added: Vec<(&Key, &Delta)> = deltas.iter().filter(|(key, _)| !recompute.contains(*key)).collect();
+    if !added.is_empty() {
+        let pools: Vec<&str> = added.iter().map(|(key, _)| key.0.as_str()).collect();
+        let resources: Vec<&str> = added.iter().map(|(key, _)| key.1.as_str()).collect();
+        let allocated: Vec<i32> = added.iter().map(|(_, d)| d.allocated as i32).collect();
+        let reserved: Vec<i32> = added.iter().map(|(_, d)| d.reserved as i32).collect();
+        let rows = sql::query(
+            "UPDATE pool_capacity_rollup_v1 AS r
+                SET allocated = r.allocated + d.allocated, reserved = r.reserved + d.reserved,
+                    available = r.allocatable - (r.allocated + d.allocated)
+               FROM unnest($1::text[], $2::text[], $3::int4[], $4::int4[]) AS d(pool_id, resource, allocated, reserved)
+              WHERE r.pool_id = d.pool_id AND r.resource = d.resource
+             RETURNING r.pool_id, r.resource",
+        )
+        .bind(&pools)
+        .bind(&resources)
+        .bind(&allocated)
+        .bind(&reserved)
+        .fetch_all(tx.conn())
+        .await?;
+        let mut updated: BTreeSet<Key> = BTreeSet::new();
+        for row in rows {
+            updated.insert((row.try_get("pool_id")?, row.try_get("resource")?));
+        }
+        recompute.extend(added.into_iter().map(|(key, _)| key.clone()).filter(|key| !updated.contains(key)));
+    }
+    refresh(tx, &recompute).await
 }
 
 /// Recomputes the rollup rows of the touched (pool, resource) pairs from the rollup's own state.
-async fn refresh(tx: &mut Tx, touched: &BTreeSet<(String, String)>) -> Result<()> {
+async fn refresh(tx: &mut Tx, touched: &BTreeSet<Key>) -> Result<()> {
     if touched.is_empty() {
         return Ok(());
     }
