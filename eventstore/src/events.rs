@@ -98,31 +98,51 @@ pub async fn append(tx: &mut Tx, batch: AppendBatch<'_>) -> Result<Appended> {
     check_batch(&batch)?;
     let expected = expected_version(batch.expected)?;
     let Columns { event_types, schema_versions, payloads, metadata } = Columns::of(&batch);
-
-    let row = sql::query(APPEND_SQL)
-        .bind(batch.stream_id)
-        .bind(batch.tenant_id)
-        .bind(expected)
-        .bind(&event_types)
-        .bind(&schema_versions)
-        .bind(&payloads)
-        .bind(&metadata)
-        .fetch_one(tx.conn())
-        .await
-        .map_err(|err| conflict_on_unique_violation(err, batch.stream_id, batch.expected))?;
-
-    let head: i32 = row.try_get("head")?;
-    let Some(last_version) = row.try_get::<Option<i32>, _>("stream_version")? else {
+    // One message of the simple query protocol (one round trip), where a statement of the extended protocol takes
+    // two (Parse and Describe, then Bind and Execute): the same function and arguments as `APPEND_SQL`.
+    let call = sql::Call::new("append_events")
+        .text(batch.stream_id)
+        .opt_text(batch.tenant_id)
+        .opt_int4(expected)
+        .texts(&event_types)
+        .int2s(&schema_versions)
+        .byteas(&payloads)
+        .byteas(&metadata);
+    let answer = match tx.call(&call).await {
+        Ok(answer) => answer,
+        Err(Error::Database(err)) => return Err(conflict_on_unique_violation(err, batch.stream_id, batch.expected)),
+        Err(other) => return Err(other),
+    };
+    let answer = answer.ok_or_else(|| Error::Internal("the append answered NULL".to_owned()))?;
+    let (head, landed) = parse_appended(&answer)?;
+    let Some((last_version, position)) = landed else {
         return Err(Error::Conflict {
             stream_id: batch.stream_id.to_owned(),
             expected: expected.map_or(0, |v| v as u32),
-            actual: Some(head as u32),
+            actual: Some(head),
         });
     };
-    let position = Position::from_row(row.try_get("log_epoch")?, row.try_get("txid")?, row.try_get("seq")?)
-        .map_err(|err| Error::Internal(err.to_string()))?;
     tx.mark_appended(position);
-    Ok(Appended { first_version: head as u32 + 1, last_version: last_version as u32, position })
+    Ok(Appended { first_version: head + 1, last_version, position })
+}
+
+/// Reads `append_events`' answer as a record's text, `(head,log_epoch,txid,seq,stream_version)`: the head it
+/// found, and where the batch landed (its last version and position) unless the head was not the expected one
+/// (every field after the head empty, for NULL).
+fn parse_appended(text: &str) -> Result<(u32, Option<(u32, Position)>)> {
+    let bad = || Error::Internal(format!("the append answered {text:?}"));
+    let inner = text.strip_prefix('(').and_then(|t| t.strip_suffix(')')).ok_or_else(bad)?;
+    let fields: Vec<&str> = inner.split(',').collect();
+    let [head, epoch, txid, seq, version] = fields.as_slice() else { return Err(bad()) };
+    let head = head.parse::<u32>().map_err(|_| bad())?;
+    if version.is_empty() {
+        return Ok((head, None));
+    }
+    let epoch = epoch.parse::<i32>().map_err(|_| bad())?;
+    let seq = seq.parse::<i64>().map_err(|_| bad())?;
+    let version = version.parse::<u32>().map_err(|_| bad())?;
+    let position = Position::from_row(epoch, txid, seq).map_err(|err| Error::Internal(err.to_string()))?;
+    Ok((head, Some((version, position))))
 }
 
 /// SQLSTATE `BC409`: `append_events_or_refuse` found the stream's head elsewhere than expected.
