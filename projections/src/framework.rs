@@ -33,6 +33,16 @@ impl Envelope {
         let metadata = recorded.metadata()?;
         Ok(Self { recorded, event, metadata })
     }
+
+    /// The event as `projection` reads it: its payload decoded only when the projection reads the payload of
+    /// that type ([`Projection::reads_payload`]), `event` `None` otherwise.
+    pub fn decode_for(projection: &dyn Projection, recorded: RecordedEvent) -> Result<Self> {
+        if projection.reads_payload(&recorded.event_type) {
+            return Self::decode(recorded);
+        }
+        let metadata = recorded.metadata()?;
+        Ok(Self { recorded, event: None, metadata })
+    }
 }
 
 /// A projection of the log into read-model tables.
@@ -50,6 +60,12 @@ pub trait Projection: Send + Sync + 'static {
     fn handles(&self, event_type: &str) -> bool {
         let types = self.event_types();
         types.is_empty() || types.contains(&event_type)
+    }
+
+    /// Whether it reads the payload of the events of `event_type` it handles (every one, unless it says
+    /// otherwise): the others reach `apply` with their metadata but without a decoded event, and cost no decoding.
+    fn reads_payload(&self, _event_type: &str) -> bool {
+        true
     }
 
     fn lease_name(&self) -> String {
@@ -215,7 +231,7 @@ async fn read_batch(tx: &mut Tx, projection: &dyn Projection, after: Position, l
     let mut envelopes = Vec::new();
     for event in recorded {
         if projection.handles(&event.event_type) {
-            envelopes.push(Envelope::decode(event)?);
+            envelopes.push(Envelope::decode_for(projection, event)?);
         }
     }
     Ok(Batch { after, passed, last, envelopes })

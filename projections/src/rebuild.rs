@@ -46,7 +46,7 @@ pub async fn replay(
         let mut envelopes = Vec::with_capacity(batch.len());
         for event in batch {
             if projection.handles(&event.event_type) {
-                envelopes.push(Envelope::decode(event)?);
+                envelopes.push(Envelope::decode_for(projection, event)?);
             }
         }
         projection.apply(tx, &envelopes).await?;
@@ -166,7 +166,7 @@ async fn shadow_batch(
     let mut envelopes = Vec::with_capacity(batch.len());
     for event in batch {
         if projection.handles(&event.event_type) {
-            envelopes.push(Envelope::decode(event)?);
+            envelopes.push(Envelope::decode_for(projection, event)?);
         }
     }
     projection.apply(tx, &envelopes).await?;

@@ -29,6 +29,12 @@ impl Projection for AuditV1 {
         &["audit_events_v1"]
     }
 
+    /// A row is the event's position, stream, type and admission metadata; only a denial's reason comes from its
+    /// payload.
+    fn reads_payload(&self, event_type: &str) -> bool {
+        event_type == "reservation.denied"
+    }
+
     fn apply<'a>(&'a self, tx: &'a mut Tx, events: &'a [Envelope]) -> BoxFuture<'a, Result<()>> {
         Box::pin(insert_batch(tx, events))
     }
