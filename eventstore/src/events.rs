@@ -97,17 +97,9 @@ pub const APPEND_SQL: &str = "SELECT head, log_epoch, txid, seq, stream_version
 pub async fn append(tx: &mut Tx, batch: AppendBatch<'_>) -> Result<Appended> {
     check_batch(&batch)?;
     let expected = expected_version(batch.expected)?;
-    let Columns { event_types, schema_versions, payloads, metadata } = Columns::of(&batch);
     // One message of the simple query protocol (one round trip), where a statement of the extended protocol takes
     // two (Parse and Describe, then Bind and Execute): the same function and arguments as `APPEND_SQL`.
-    let call = sql::Call::new("append_events")
-        .text(batch.stream_id)
-        .opt_text(batch.tenant_id)
-        .opt_int4(expected)
-        .texts(&event_types)
-        .int2s(&schema_versions)
-        .byteas(&payloads)
-        .byteas(&metadata);
+    let call = append_call("append_events", &batch, expected);
     let answer = match tx.call(&call).await {
         Ok(answer) => answer,
         Err(Error::Database(err)) => return Err(conflict_on_unique_violation(err, batch.stream_id, batch.expected)),
@@ -124,6 +116,19 @@ pub async fn append(tx: &mut Tx, batch: AppendBatch<'_>) -> Result<Appended> {
     };
     tx.mark_appended(position);
     Ok(Appended { first_version: head + 1, last_version, position })
+}
+
+/// A call of `function` (`append_events` or `append_events_or_refuse`, which take the same arguments) for `batch`.
+fn append_call(function: &'static str, batch: &AppendBatch<'_>, expected: Option<i32>) -> sql::Call {
+    let Columns { event_types, schema_versions, payloads, metadata } = Columns::of(batch);
+    sql::Call::new(function)
+        .text(batch.stream_id)
+        .opt_text(batch.tenant_id)
+        .opt_int4(expected)
+        .texts(&event_types)
+        .int2s(&schema_versions)
+        .byteas(&payloads)
+        .byteas(&metadata)
 }
 
 /// Reads `append_events`' answer as a record's text, `(head,log_epoch,txid,seq,stream_version)`: the head it
@@ -160,15 +165,7 @@ pub async fn append_with(
 ) -> Result<(Appended, Vec<Option<String>>)> {
     check_batch(&batch)?;
     let expected = expected_version(batch.expected)?;
-    let Columns { event_types, schema_versions, payloads, metadata } = Columns::of(&batch);
-    let append = sql::Call::new("append_events_or_refuse")
-        .text(batch.stream_id)
-        .opt_text(batch.tenant_id)
-        .opt_int4(expected)
-        .texts(&event_types)
-        .int2s(&schema_versions)
-        .byteas(&payloads)
-        .byteas(&metadata);
+    let append = append_call("append_events_or_refuse", &batch, expected);
     let mut calls = Vec::with_capacity(then.len() + 1);
     calls.push(append);
     calls.extend_from_slice(then);
