@@ -1,9 +1,9 @@
 //! `GET /metrics`: the process's figures and the database's, in the Prometheus text format (OpenMetrics, through
 //! `prometheus-client`). What the process counts itself: HTTP requests and their latencies by route, event-stream
-//! subscribers, the connection pool, transactions run again by reason. What a scrape reads from the database, in one read-only snapshot: the log's
-//! appends, each projection's applied events and lag (events and seconds), the horizon (how old the oldest
-//! transaction holding it back is, and how many transaction ids it trails), the work queue's depth and the age of
-//! its oldest due item, and the leases held, by kind, by this process and by any.
+//! subscribers, the connection pool, transactions run again by reason. What a scrape reads from the database, in
+//! one read-only snapshot: the log's appends, each projection's applied events and lag (events and seconds), the
+//! horizon (how old the oldest transaction holding it back is, and how many transaction ids it trails), the work
+//! queue's depth and the age of its oldest due item, and the leases held, by kind, by this process and by any.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -94,7 +94,7 @@ async fn metrics_describe_requests_by_route_and_the_database_as_it_is() {
     assert_eq!(sample(&text, "bc_sse_subscribers"), Some(0.0));
     for reason in ["stream_version", "serialization", "deadlock", "exclusion"] {
         let retries = sample(&text, &format!(r#"bc_transaction_retries_total{{reason="{reason}"}}"#));
-        assert!(retries.is_some_and(|n| n >= 0.0), "retries by {reason}: {retries:?}");
+        assert!(retries.is_some(), "no bc_transaction_retries_total sample for {reason}");
     }
     assert!(text.ends_with("# EOF\n"));
     lease::release(&fleet.t.db, &lease).await.expect("release");

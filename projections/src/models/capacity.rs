@@ -195,9 +195,11 @@ impl Hold {
     /// a placed one reserved; any other state counts nothing.
     fn counts(&self) -> Delta {
         let count = i64::from(self.count);
-        match self.state.as_str() {
-            "binding" | "active" | "releasing" => Delta { allocated: count, reserved: 0 },
-            "placed" => Delta { allocated: 0, reserved: count },
+        match self.state {
+            ReservationState::Binding | ReservationState::Active | ReservationState::Releasing => {
+                Delta { allocated: count, reserved: 0 }
+            }
+            ReservationState::Placed => Delta { allocated: 0, reserved: count },
             _ => Delta::default(),
         }
     }
@@ -278,7 +280,8 @@ async fn apply_holds(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Resul
             delta.allocated -= counted.allocated;
             delta.reserved -= counted.reserved;
         }
-        let counts = if hold.state.is_terminal() { Delta::default() } else { hold.counts() };
+        // An ended hold counts nothing (`counts` of a terminal state), and is deleted below.
+        let counts = hold.counts();
         let delta = deltas.entry(hold.key()).or_default();
         delta.allocated += counts.allocated;
         delta.reserved += counts.reserved;
