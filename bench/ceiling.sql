@@ -4,7 +4,7 @@
 --
 -- A reserve: the tenant's quota row, two events (requested and placed), the reservation row written once, the
 -- booked device touched, the allocation, the booking under the exclusion constraint, the work-queue row of the
--- reservation's next look. A cancel: one event, the reservation row, the device touched, the booking truncated,
+-- reservation's next look. A cancel: one event, the reservation row, the device touched, the booking deleted,
 -- the reservation's work-queue row and a wake of the pool's pending reservations.
 --
 -- Each pgbench client books its own device (the `client_id`-th of the pool named `cycles`), so clients never race
@@ -66,8 +66,7 @@ BEGIN
         WHERE id = v_rsv;
     SELECT device_id INTO v_device FROM device_bookings WHERE reservation_id = v_rsv;
     UPDATE devices SET booking_changes = booking_changes + 1 WHERE id = v_device;
-    UPDATE device_bookings SET during = tstzrange(lower(during), greatest(lower(during), v_now)), live = false
-        WHERE reservation_id = v_rsv;
+    DELETE FROM device_bookings WHERE reservation_id = v_rsv;
     INSERT INTO work_queue AS w (key, shard, not_before) VALUES ('rsv:' || v_rsv, 0, v_now)
         ON CONFLICT (key) DO UPDATE SET gen = w.gen + 1, not_before = least(w.not_before, excluded.not_before);
     INSERT INTO work_queue (key, shard, not_before) VALUES ('pool:' || v_pool || ':pending@' || v_rsv, 1, v_now);

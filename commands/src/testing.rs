@@ -168,17 +168,36 @@ impl Fleet {
         (gaps, drift)
     }
 
-    /// Live bookings of a reservation as (device, start, end) in epoch ms, empty ranges left out.
+    /// The bookings a reservation has as (device, start, end) in epoch ms: what it holds now (an ended
+    /// reservation's are gone).
     pub async fn bookings(&self, reservation: &str) -> Vec<(String, i64, i64)> {
-        let mut tx = self.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
-        let rows: Vec<(String, i64, i64)> = sql::query_as(
+        self.windows(
             "SELECT device_id, ts_ms(lower(during)), ts_ms(upper(during)) FROM device_bookings
-             WHERE reservation_id = $1 AND NOT isempty(during) ORDER BY device_id",
+             WHERE reservation_id = $1 ORDER BY device_id",
+            reservation,
         )
-        .bind(reservation)
-        .fetch_all(tx.conn())
         .await
-        .expect("bookings");
+    }
+
+    /// What a reservation held, ended or not, as (device, start, end) in epoch ms: each atom of its allocations
+    /// from its start to its end, or to when it ended if that came first.
+    pub async fn held(&self, reservation: &str) -> Vec<(String, i64, i64)> {
+        self.windows(
+            "SELECT d.device_id, ts_ms(r.start_at),
+                    ts_ms(greatest(r.start_at, least(r.end_at, coalesce(r.ended_at, r.end_at))))
+             FROM reservations AS r
+             JOIN allocations AS a ON a.reservation_id = r.id
+             CROSS JOIN LATERAL unnest(a.devices) AS d(device_id)
+             WHERE r.id = $1 AND r.start_at IS NOT NULL ORDER BY d.device_id",
+            reservation,
+        )
+        .await
+    }
+
+    async fn windows(&self, query: &'static str, reservation: &str) -> Vec<(String, i64, i64)> {
+        let mut tx = self.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+        let rows: Vec<(String, i64, i64)> =
+            sql::query_as(query).bind(reservation).fetch_all(tx.conn()).await.expect("windows");
         tx.commit().await.expect("commit");
         rows
     }

@@ -166,9 +166,10 @@ async fn the_worker_starts_activates_and_expires_at_the_recorded_times() {
     fleet.advance_to(T0 + 60_000 + HOUR + 45_000).await;
     let ended = fleet.app.reservation(&fleet.owner, &r.id).await.expect("read").value;
     assert_eq!((ended.state, ended.expiry_cause), (ReservationState::Expired, Some(ExpiryCause::WindowEnded)));
-    let bookings = fleet.bookings(r.id.as_str()).await;
-    assert_eq!(bookings.len(), 1);
-    assert_eq!((bookings[0].1, bookings[0].2), (T0 + 60_000, T0 + 60_000 + HOUR), "ended at the window's end");
+    let held = fleet.held(r.id.as_str()).await;
+    assert_eq!(held.len(), 1);
+    assert_eq!((held[0].1, held[0].2), (T0 + 60_000, T0 + 60_000 + HOUR), "ended at the window's end");
+    assert!(fleet.bookings(r.id.as_str()).await.is_empty(), "its booking left with it");
 }
 
 #[tokio::test]
@@ -187,7 +188,8 @@ async fn an_allocation_lease_lapses_unless_renewed() {
     fleet.advance_to(T0 + 111_000).await;
     let lapsed = fleet.app.reservation(&fleet.owner, &r.id).await.expect("read").value;
     assert_eq!((lapsed.state, lapsed.expiry_cause), (ReservationState::Expired, Some(ExpiryCause::LeaseLapsed)));
-    assert_eq!(fleet.bookings(r.id.as_str()).await[0].2, T0 + 110_000, "ended at the lease deadline");
+    assert_eq!(fleet.held(r.id.as_str()).await[0].2, T0 + 110_000, "ended at the lease deadline");
+    assert!(fleet.bookings(r.id.as_str()).await.is_empty(), "its booking left with it");
     let late = fleet.app.renew_reservation(&fleet.owner, &r.id).await.expect_err("too late");
     assert_eq!(late.code(), "CONFLICT");
 }
@@ -224,7 +226,8 @@ async fn the_wrong_verb_is_a_conflict_naming_the_state_and_release_ends_the_book
     fleet.advance_to(T0 + 700_000).await;
     let released = fleet.app.reservation(&fleet.owner, &r.id).await.expect("read").value;
     assert_eq!(released.state, ReservationState::Released);
-    assert_eq!(fleet.bookings(r.id.as_str()).await[0].2, T0 + 600_000, "ends when the tenant released");
+    assert_eq!(fleet.held(r.id.as_str()).await[0].2, T0 + 600_000, "ends when the tenant released");
+    assert!(fleet.bookings(r.id.as_str()).await.is_empty(), "its booking left with it");
     let stranger = caller("acme", "eve@acme");
     assert_eq!(fleet.app.reservation(&stranger, &r.id).await.expect_err("not theirs").code(), "NOT_FOUND");
 }

@@ -179,7 +179,6 @@ pub struct Reservations {
     booking_resources: Vec<&'static str>,
     booking_from: Vec<i64>,
     booking_to: Vec<i64>,
-    booking_live: Vec<bool>,
 }
 
 impl Reservations {
@@ -211,7 +210,6 @@ impl Reservations {
         self.versions.push(r.version as i32);
         let (Some(start), Some(end)) = (r.start_ms, r.end_ms) else { return Ok(()) };
         let cut = r.ended_at_ms.filter(|ended| *ended < end);
-        let to = cut.map_or(end, |ended| ended.max(start));
         *counters.quota_checks.entry((tenant.clone(), pool.clone(), resource.to_owned())).or_default() += 1;
         for allocation in &r.allocations {
             self.allocation_ids.push(allocation.allocation_id.to_string());
@@ -220,6 +218,11 @@ impl Reservations {
             let devices: Vec<&str> = allocation.devices.iter().map(|d| d.as_str()).collect();
             self.allocation_devices.push(json(&devices)?);
             for device in &allocation.devices {
+                *counters.booking_changes.entry(device.to_string()).or_default() += 1 + i64::from(cut.is_some());
+                // An ended reservation's bookings are gone: its ending deleted them.
+                if r.ended_at_ms.is_some() {
+                    continue;
+                }
                 self.booking_devices.push(device.to_string());
                 self.booking_allocations.push(allocation.allocation_id.to_string());
                 self.booking_reservations.push(id.clone());
@@ -227,9 +230,7 @@ impl Reservations {
                 self.booking_pools.push(pool.clone());
                 self.booking_resources.push(resource);
                 self.booking_from.push(start);
-                self.booking_to.push(to);
-                self.booking_live.push(r.ended_at_ms.is_none() && to > start);
-                *counters.booking_changes.entry(device.to_string()).or_default() += 1 + i64::from(cut.is_some());
+                self.booking_to.push(end);
                 counters.bookings += 1;
             }
         }
@@ -310,13 +311,11 @@ pub async fn load_reservations(tx: &mut Tx, batch: &Reservations) -> Result<Load
     times.allocations = step.elapsed();
     step = Instant::now();
     sql::query(
-        "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during,
-                                     live)
+        "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
          SELECT u.device_id, u.allocation_id, u.reservation_id, u.tenant_id, u.pool_id, u.resource,
-                tstzrange(ms_ts(u.from_ms), ms_ts(u.to_ms)), u.live
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[],
-                     $9::bool[])
-              AS u(device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, from_ms, to_ms, live)",
+                tstzrange(ms_ts(u.from_ms), ms_ts(u.to_ms))
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[])
+              AS u(device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, from_ms, to_ms)",
     )
     .bind(&batch.booking_devices)
     .bind(&batch.booking_allocations)
@@ -326,7 +325,6 @@ pub async fn load_reservations(tx: &mut Tx, batch: &Reservations) -> Result<Load
     .bind(&batch.booking_resources)
     .bind(&batch.booking_from)
     .bind(&batch.booking_to)
-    .bind(&batch.booking_live)
     .execute(tx.conn())
     .await?;
     times.bookings = step.elapsed();

@@ -758,7 +758,7 @@ pub fn reservation_calls(id: &str, event: &ReservationEvent) -> Result<Option<Ve
             let (Some(state), Some(at_ms)) = (event.state_after(), event.ends_bookings_at()) else {
                 unreachable!("an ending event has a state and an end")
             };
-            // Its state, its end time, and its live bookings truncated at that time.
+            // Its state, its end time, and its bookings gone (the events keep what it held).
             let call = sql::Call::new("inline_end")
                 .text(id)
                 .text(state.as_str())
@@ -804,7 +804,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             let row = sql::query(
                 "UPDATE reservations SET version = version + 1 WHERE id = $1
                  RETURNING tenant_id, pool_id, resource, ts_ms(start_at) AS start_ms, ts_ms(end_at) AS end_ms,
-                           ARRAY(SELECT device_id FROM device_bookings WHERE reservation_id = $1 AND live
+                           ARRAY(SELECT device_id FROM device_bookings WHERE reservation_id = $1
                                  ORDER BY device_id) AS old_devices,
                            ARRAY(SELECT node_id FROM allocations WHERE reservation_id = $1) AS old_nodes",
             )
@@ -817,8 +817,8 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             let (start_ms, end_ms): (i64, i64) = (row.try_get("start_ms")?, row.try_get("end_ms")?);
             let old_devices: Vec<String> = row.try_get("old_devices")?;
             let old_nodes: Vec<String> = row.try_get("old_nodes")?;
-            // The old bookings end before they began and the new ones take the window: every device of both is
-            // touched once, in id order.
+            // The old bookings go and the new ones take the window: every device of both is touched once, in id
+            // order.
             let rows = BookingRows::of(&e.allocations)?;
             let mut devices: Vec<&str> = old_devices.iter().map(String::as_str).collect();
             devices.extend(rows.devices.iter().copied());
@@ -829,13 +829,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             nodes.sort_unstable();
             nodes.dedup();
             touch_for_booking(tx, &devices).await?;
-            sql::query(
-                "UPDATE device_bookings SET during = tstzrange(lower(during), lower(during)), live = false
-                 WHERE reservation_id = $1 AND live",
-            )
-            .bind(id)
-            .execute(tx.conn())
-            .await?;
+            sql::query("DELETE FROM device_bookings WHERE reservation_id = $1").bind(id).execute(tx.conn()).await?;
             sql::query("DELETE FROM allocations WHERE reservation_id = $1").bind(id).execute(tx.conn()).await?;
             sql::query("SELECT book_atoms($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
                 .bind(id)
@@ -860,7 +854,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
                 "WITH locked AS (
                      SELECT id FROM devices
                      WHERE id IN (SELECT device_id FROM device_bookings
-                                  WHERE reservation_id = $1 AND live AND upper(during) = ms_ts($2))
+                                  WHERE reservation_id = $1 AND upper(during) = ms_ts($2))
                      ORDER BY id FOR UPDATE
                  )
                  UPDATE devices AS d
@@ -881,7 +875,7 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             // current end: one extend at a time, and never onto someone else's time.
             sql::query(
                 "UPDATE device_bookings SET during = tstzrange(lower(during), ms_ts($2))
-                 WHERE reservation_id = $1 AND live AND upper(during) = ms_ts($3)",
+                 WHERE reservation_id = $1 AND upper(during) = ms_ts($3)",
             )
             .bind(id)
             .bind(e.end_ms)
