@@ -545,6 +545,45 @@ async fn a_placement_skips_atoms_a_concurrent_command_holds_and_takes_the_next_f
 }
 
 #[tokio::test]
+async fn a_placement_skips_atoms_booked_since_its_snapshot_instead_of_failing() {
+    use bc_eventstore::{TxOptions, sql};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let node = fleet.node(&pool, "a", 2, 0).await;
+    let mut late = fleet.t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    let atoms: Vec<String> = sql::query_scalar("SELECT id FROM devices WHERE node_id = $1 ORDER BY id")
+        .bind(node.as_str())
+        .fetch_all(late.conn())
+        .await
+        .expect("the node's atoms, in the late command's snapshot");
+    assert_eq!(atoms.len(), 2);
+
+    // Another command books one of them and commits after that snapshot was taken.
+    let first = fleet.reserve(&fleet.owner, "first", request(&pool, DeviceClass::Gpu, 1)).await.expect("reserve");
+    let taken = fleet.bookings(first.reservation.id.as_str()).await[0].0.clone();
+    let other = atoms.iter().find(|atom| **atom != taken).expect("the other atom").clone();
+
+    // The late command chose both (its snapshot says both are free): it locks the one still as it saw it and skips
+    // the other, and its transaction goes on.
+    let answer: String = sql::query_scalar("SELECT lock_chosen($1, $2, true)::text")
+        .bind(vec![node.to_string()])
+        .bind(&atoms)
+        .fetch_one(late.conn())
+        .await
+        .expect("the lock skips the atom booked since the snapshot instead of refusing the transaction");
+    let answer: serde_json::Value = serde_json::from_str(&answer).expect("json");
+    assert_eq!(answer["locked"], serde_json::json!([other]), "{answer}");
+    assert_eq!(answer["schedulable"], 1, "{answer}");
+    let still: i64 = sql::query_scalar("SELECT count(*) FROM devices WHERE id = $1")
+        .bind(&other)
+        .fetch_one(late.conn())
+        .await
+        .expect("the transaction is still usable");
+    assert_eq!(still, 1);
+    late.rollback().await;
+}
+
+#[tokio::test]
 async fn earliest_start_reads_past_many_booking_ends_in_order() {
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
