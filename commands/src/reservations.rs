@@ -138,8 +138,9 @@ fn allocations(plan: Vec<PlannedAllocation>) -> Vec<Allocation> {
 }
 
 /// Locks what `plan` chose (the nodes in share mode, the atoms for update, one round trip). Concurrent requests that
-/// chose the same atoms find out here: the atoms other commands hold are skipped and the rest of the candidates
-/// planned again, in this transaction, without reading anything twice. A request that keeps losing (or has nothing
+/// chose the same atoms find out here: the atoms other commands hold, or booked since this transaction's snapshot, are
+/// skipped and the rest of the candidates planned again (spread over the best few fitting nodes), in this
+/// transaction, without reading anything twice. A request that keeps losing (or has nothing
 /// else left) waits for the holders like any lock. `None` when a chosen node is gone or no longer schedulable.
 async fn lock_plan(
     tx: &mut Tx,
@@ -170,7 +171,9 @@ async fn lock_plan(
             candidate.free_atoms.retain(|atom| !held.contains(&atom.as_str()));
         }
         rounds += 1;
-        match placement::plan_spread(id, request, &candidates, spread) {
+        // The requests that lost this race chose from the same summary: each draws its next choice from the best few
+        // fitting nodes, wider every round (as a retry does), instead of all meeting again on the next best fit.
+        match placement::plan_spread(id, request, &candidates, spread.max(spread_for(rounds))) {
             Some(next) => plan = next,
             // What is left cannot hold it: wait for the holders of the last choice instead.
             None => rounds = LOCK_ROUNDS,
