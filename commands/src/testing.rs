@@ -15,6 +15,27 @@ use bc_domain::site::SiteKind;
 use bc_eventstore::testing::TestDb;
 use bc_eventstore::{TxOptions, clock, sql};
 
+/// What every reservation held, ended ones included (an ending deletes its bookings), as the text of a CTE named
+/// `held`: one row per atom of its allocations, from its start to its end, or to when it ended if that came first
+/// (`during`, empty when it ended before it began; `from_at` and `to_at` its bounds). The torture test checks its
+/// invariants over it and [`Fleet::held`] reads one reservation's. A macro, so that `concat!` can build `'static`
+/// queries from it.
+#[macro_export]
+macro_rules! held_cte {
+    () => {
+        "held AS (
+             SELECT r.id AS reservation_id, d.device_id, a.id AS allocation_id, r.tenant_id, r.pool_id, r.resource,
+                    r.start_at AS from_at, w.to_at, tstzrange(r.start_at, w.to_at) AS during
+             FROM reservations AS r
+             JOIN allocations AS a ON a.reservation_id = r.id
+             CROSS JOIN LATERAL unnest(a.devices) AS d(device_id)
+             CROSS JOIN LATERAL (SELECT greatest(r.start_at, least(r.end_at, coalesce(r.ended_at, r.end_at))) AS to_at)
+                 AS w
+             WHERE r.start_at IS NOT NULL
+         )"
+    };
+}
+
 /// 2030-01-01T00:00:00Z.
 pub const T0: i64 = 1_893_456_000_000;
 pub const HOUR: i64 = 3_600_000;
@@ -183,12 +204,12 @@ impl Fleet {
     /// from its start to its end, or to when it ended if that came first.
     pub async fn held(&self, reservation: &str) -> Vec<(String, i64, i64)> {
         self.windows(
-            "SELECT d.device_id, ts_ms(r.start_at),
-                    ts_ms(greatest(r.start_at, least(r.end_at, coalesce(r.ended_at, r.end_at))))
-             FROM reservations AS r
-             JOIN allocations AS a ON a.reservation_id = r.id
-             CROSS JOIN LATERAL unnest(a.devices) AS d(device_id)
-             WHERE r.id = $1 AND r.start_at IS NOT NULL ORDER BY d.device_id",
+            concat!(
+                "WITH ",
+                held_cte!(),
+                " SELECT device_id, ts_ms(from_at), ts_ms(to_at) FROM held
+                  WHERE reservation_id = $1 ORDER BY device_id"
+            ),
             reservation,
         )
         .await

@@ -545,6 +545,40 @@ async fn a_placement_skips_atoms_a_concurrent_command_holds_and_takes_the_next_f
 }
 
 #[tokio::test]
+async fn a_placement_that_lost_its_best_fit_draws_its_next_choice_from_the_best_few_nodes() {
+    use bc_eventstore::{TxOptions, sql};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let tight = fleet.node(&pool, "tight", 1, 0).await;
+    let snug = fleet.node(&pool, "snug", 2, 0).await;
+    let roomy = fleet.node(&pool, "roomy", 8, 0).await;
+
+    // Another command holds the best fit's only atom: every request loses it, and chooses again.
+    let mut holder = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let held: Vec<String> = sql::query_scalar("SELECT id FROM devices WHERE node_id = $1 FOR UPDATE")
+        .bind(tight.as_str())
+        .fetch_all(holder.conn())
+        .await
+        .expect("lock the tight node's atom");
+    assert_eq!(held.len(), 1);
+    let mut chosen = std::collections::BTreeMap::new();
+    for i in 0..20 {
+        let r = fleet
+            .reserve(&fleet.owner, &format!("loser-{i}"), request(&pool, DeviceClass::Gpu, 1))
+            .await
+            .expect("reserve")
+            .reservation;
+        *chosen.entry(r.allocations[0].node_id.clone()).or_insert(0) += 1;
+        fleet.app.cancel_reservation(&fleet.owner, &r.id, None).await.expect("cancel");
+    }
+    holder.rollback().await;
+    // Strict best fit would send all twenty to the next best fit; drawn from the best few (by a hash of each
+    // reservation id), they land on both.
+    assert!(!chosen.contains_key(&tight), "{chosen:?}");
+    assert!(chosen.contains_key(&snug) && chosen.contains_key(&roomy), "{chosen:?}");
+}
+
+#[tokio::test]
 async fn a_placement_skips_atoms_booked_since_its_snapshot_instead_of_failing() {
     use bc_eventstore::{TxOptions, sql};
     let fleet = Fleet::new().await;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bc_commands::reservations::Reserve;
 use bc_commands::worker::{Worker, WorkerConfig};
-use bc_commands::{App, Caller};
+use bc_commands::{App, Caller, held_cte};
 use bc_domain::device::DeviceClass;
 use bc_domain::id::{PoolId, ReservationId};
 use bc_domain::pool::Sharing;
@@ -318,28 +318,13 @@ async fn capacity_torture_keeps_every_invariant() {
 
     // Every writer has finished; READ COMMITTED lets the inline rebuild below wait for the horizon.
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
-    // What every reservation held, ended ones included (their bookings are gone: the ending deleted them): each
-    // atom of its allocations from its start to its end, or to when it ended if that came first.
-    macro_rules! held {
-        () => {
-            "held AS (
-             SELECT d.device_id, a.allocation_id, r.tenant_id, r.pool_id, r.resource,
-                    tstzrange(r.start_at, greatest(r.start_at, least(r.end_at, coalesce(r.ended_at, r.end_at))))
-                        AS during
-             FROM reservations AS r
-             JOIN (SELECT id AS allocation_id, reservation_id, devices FROM allocations) AS a
-               ON a.reservation_id = r.id
-             CROSS JOIN LATERAL unnest(a.devices) AS d(device_id)
-             WHERE r.start_at IS NOT NULL
-         )"
-        };
-    }
-    // No two reservations ever held one device at the same time.
+    // Over what every reservation held (`held_cte!`: ended ones too, whose bookings are gone), no two reservations
+    // ever held one device at the same time.
     let overlaps = scalar(
         &mut tx,
         concat!(
             "WITH ",
-            held!(),
+            held_cte!(),
             " SELECT count(*) FROM held AS a JOIN held AS b
                ON a.device_id = b.device_id AND a.allocation_id < b.allocation_id AND a.during && b.during"
         ),
@@ -351,7 +336,7 @@ async fn capacity_torture_keeps_every_invariant() {
         &mut tx,
         concat!(
             "WITH ",
-            held!(),
+            held_cte!(),
             ", steps AS (
              SELECT b.tenant_id, b.pool_id, b.resource, lower(b.during) AS at, 1 AS delta FROM held AS b
              WHERE NOT isempty(b.during)
