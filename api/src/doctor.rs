@@ -79,6 +79,7 @@ pub async fn examine(db: &Db, thresholds: Thresholds) -> Vec<Finding> {
         epoch(db).await,
         clock_mode(db).await,
         idle_timeout(db).await,
+        autovacuum(db).await,
         long_transactions(db, too_old).await,
         projections(db, too_old).await,
         work_queue(db, too_old).await,
@@ -199,6 +200,37 @@ async fn idle_timeout(db: &Db) -> Checked {
         )
     } else {
         Finding::ok(format!("idle_in_transaction_session_timeout = {timeout}"))
+    }])
+}
+
+/// The longest `autovacuum_naptime` that keeps the hot capacity tables small (capacity/0011 asks for a vacuum once
+/// a thousand of their rows are dead; autovacuum only notices between naps).
+const NAPTIME_MAX_S: i64 = 15;
+
+async fn autovacuum(db: &Db) -> Checked {
+    let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+    let (on, naptime): (bool, i64) = sql::query_as(
+        "SELECT current_setting('autovacuum')::bool, \
+                (SELECT setting::int8 FROM pg_settings WHERE name = 'autovacuum_naptime')",
+    )
+    .fetch_one(tx.conn())
+    .await?;
+    tx.commit().await?;
+    Ok(vec![if !on {
+        Finding::fail(
+            "autovacuum is off: the tables every reservation rewrites grow without bound and placement slows",
+            "ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf();",
+        )
+    } else if naptime > NAPTIME_MAX_S {
+        Finding::warn(
+            format!(
+                "autovacuum looks for work every {naptime} s: a busy pool's atom gaps and bookings carry many \
+                 times their live rows between two looks, and placement slows"
+            ),
+            "ALTER SYSTEM SET autovacuum_naptime = '5s'; SELECT pg_reload_conf();",
+        )
+    } else {
+        Finding::ok(format!("autovacuum on, looking for work every {naptime} s"))
     }])
 }
 

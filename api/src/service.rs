@@ -333,7 +333,9 @@ pub async fn serve_with(
     };
     let app = router.into_make_service_with_connect_info::<Peer>();
     let served = match listener {
-        Bound::Plain(listener) => axum::serve(listener, app).with_graceful_shutdown(shutdown).await,
+        Bound::Plain(listener) => {
+            axum::serve(crate::tls::PlainListener(listener), app).with_graceful_shutdown(shutdown).await
+        }
         Bound::Tls(listener) => axum::serve(listener, app).with_graceful_shutdown(shutdown).await,
     }
     .context("serve HTTP");

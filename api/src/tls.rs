@@ -67,6 +67,8 @@ impl TlsListener {
                         continue;
                     }
                 };
+                // An answer goes out as soon as it is written, not after the client's delayed ACK.
+                let _ = stream.set_nodelay(true);
                 let current = match shared.read() {
                     Ok(config) => Arc::clone(&config),
                     Err(poisoned) => Arc::clone(&poisoned.into_inner()),
@@ -127,8 +129,28 @@ impl Connected<IncomingStream<'_, TlsListener>> for Peer {
     }
 }
 
-impl Connected<IncomingStream<'_, TcpListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
+/// A plain listener whose connections send each write at once (`TCP_NODELAY`): without it a small answer
+/// written in two parts waits for the client's acknowledgement of the first.
+#[derive(Debug)]
+pub struct PlainListener(pub TcpListener);
+
+impl Listener for PlainListener {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (stream, addr) = Listener::accept(&mut self.0).await;
+        let _ = stream.set_nodelay(true);
+        (stream, addr)
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+impl Connected<IncomingStream<'_, PlainListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, PlainListener>) -> Self {
         Peer { addr: *stream.remote_addr(), certificate: None, tls: false }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use bc_domain::id::PoolId;
@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 
 use super::fanout::{FanOutSpec, WRITERS, fan_out};
 use super::reserve::{bench_site, bulk_fleet, gpu_request, h100_pool};
-use super::{BenchCluster, PgbenchRun, drive, millis, pgbench};
+use super::{BenchCluster, PgbenchRun, drive, millis, percentile, pgbench};
 use bc_commands::auth::builtin::BuiltinAuthorizer;
 use bc_commands::fleet::OfferPool;
 use bc_commands::reservations::Reserve;
@@ -78,6 +78,18 @@ fn caller() -> anyhow::Result<Caller> {
 
 /// One reserve-then-cancel cycle through the HTTP API.
 async fn http_cycle(client: &reqwest::Client, base: &str, pool: &PoolId, key: String) -> anyhow::Result<()> {
+    http_cycle_timed(client, base, pool, key).await.map(|_| ())
+}
+
+/// One reserve-then-cancel cycle through the HTTP API; returns how long the reserve took, from sending the
+/// request to reading the whole answer.
+async fn http_cycle_timed(
+    client: &reqwest::Client,
+    base: &str,
+    pool: &PoolId,
+    key: String,
+) -> anyhow::Result<Duration> {
+    let at = Instant::now();
     let body = json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 3600 });
     let reply = client
         .post(format!("{base}/v1/reservations"))
@@ -88,12 +100,53 @@ async fn http_cycle(client: &reqwest::Client, base: &str, pool: &PoolId, key: St
         .await?;
     let status = reply.status();
     let reserved: Value = reply.json().await?;
+    let took = at.elapsed();
     anyhow::ensure!(status.as_u16() == 201, "reserve answered {status}: {reserved}");
     let id = reserved["id"].as_str().context("the reservation's id")?;
     let reply = client.post(format!("{base}/v1/reservations/{id}/cancel")).bearer_auth(TOKEN).send().await?;
     let status = reply.status();
     anyhow::ensure!(status.is_success(), "cancel answered {status}: {}", reply.text().await?);
-    Ok(())
+    Ok(took)
+}
+
+/// A reserve's latency with one client: p50 and p99 of `reserve` over cycles of reserve-then-cancel run for
+/// `run_for`, through the command layer and through HTTP.
+struct OneClient {
+    direct: (Duration, Duration),
+    http: (Duration, Duration),
+    cycles: (usize, usize),
+}
+
+async fn one_client(
+    app: &App,
+    who: &Caller,
+    client: &reqwest::Client,
+    base: &str,
+    pool: &PoolId,
+    run_for: Duration,
+) -> anyhow::Result<OneClient> {
+    let mut direct = Vec::new();
+    let deadline = Instant::now() + run_for;
+    while Instant::now() < deadline {
+        let key = format!("one-direct-{}", direct.len());
+        let at = Instant::now();
+        let reserved = app.reserve(who, Reserve { idempotency_key: key, request: gpu_request(pool, 1) }).await?;
+        direct.push(at.elapsed());
+        app.cancel_reservation(who, &reserved.value.reservation.id, None).await?;
+    }
+    let mut http = Vec::new();
+    let deadline = Instant::now() + run_for;
+    while Instant::now() < deadline {
+        let key = format!("one-http-{}", http.len());
+        http.push(http_cycle_timed(client, base, pool, key).await?);
+    }
+    direct.sort();
+    http.sort();
+    Ok(OneClient {
+        direct: (percentile(&direct, 0.5), percentile(&direct, 0.99)),
+        http: (percentile(&http, 0.5), percentile(&http, 0.99)),
+        cycles: (direct.len(), http.len()),
+    })
 }
 
 /// Runs the HTTP and SSE benchmark and prints its figures.
@@ -138,6 +191,8 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
     println!();
 
     let who = caller()?;
+    let http_client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).build()?;
+    let one = one_client(&app, &who, &http_client, &base, &pool, config.run_for / 2).await?;
     let direct = {
         let (app, pool) = (app.clone(), pool.clone());
         drive(CLIENTS, config.run_for, move |client, n| {
@@ -152,7 +207,6 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
         })
         .await?
     };
-    let http_client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).build()?;
     let through_http = {
         let (client, base, pool) = (http_client.clone(), base.clone(), pool.clone());
         drive(CLIENTS, config.run_for, move |c, n| {
@@ -179,6 +233,13 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
         env: &[],
     };
     let ceiling = pgbench(&bench.bins, &bench.guard.cluster, run)?;
+    println!(
+        "  one client, a reserve's latency (each followed by its cancel), {} and {} cycles:",
+        one.cycles.0, one.cycles.1
+    );
+    println!("    command layer  p50 {:.2} ms   p99 {:.2} ms", millis(one.direct.0), millis(one.direct.1));
+    println!("    HTTP API       p50 {:.2} ms   p99 {:.2} ms", millis(one.http.0), millis(one.http.1));
+    println!();
     println!("  {CLIENTS} clients, reserve-then-release cycles (two commands each), tenant {TENANT} as a pool user:");
     println!(
         "    command layer  {direct:>7.1} cycles/s   ratio to pgbench 1-row INSERT {:.4}   to the ceiling {:.3}",
