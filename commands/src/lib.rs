@@ -205,6 +205,9 @@ pub struct App {
     pub node_certificate_lifetime: std::time::Duration,
     /// This process's own key, for what must be signed when there is no PKI bundle (stream tickets).
     process_sealer: bc_pki::seal::Sealer,
+    /// Held from reading the tenancy tables to handing them to the authorizer ([`App::refresh_tenancy`]), so that
+    /// a read made earlier never replaces one made later.
+    tenancy_refresh: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl App {
@@ -225,6 +228,7 @@ impl App {
                 tracing::error!(error = %err, "no randomness for this process's key");
                 [0; 32]
             })),
+            tenancy_refresh: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 

@@ -97,8 +97,12 @@ impl App {
         !self.auth.administers_tenancy() || self.auth.tenant(id).is_some()
     }
 
-    /// Gives the authorizer the tenancy tables as they are now.
+    /// Gives the authorizer the tenancy tables as they are now. One refresh at a time: a command's own refresh
+    /// and the follower's ([`App::follow_tenancy`]) could otherwise read in one order and reload in the other,
+    /// and a tenant whose create was answered would be unknown to the next request until the follower's next
+    /// look.
     pub async fn refresh_tenancy(&self) -> AppResult<()> {
+        let _one_at_a_time = self.tenancy_refresh.lock().await;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let directory = rows::directory(&mut tx).await?;
         tx.commit().await?;

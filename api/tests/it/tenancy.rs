@@ -356,3 +356,34 @@ async fn wait_for(router: &axum::Router, token: &str, status: StatusCode) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_is_known_as_soon_as_its_create_answers_while_the_follower_reloads() {
+    // The follower (`follow_tenancy`) reloads the authorizer from the tables each second; here four tasks do so
+    // without pause. A reload that read the tables before a create committed must not land after the
+    // create's own reload: the next request would not know the tenant its create just answered.
+    let fleet = bc_commands::testing::Fleet::new().await;
+    let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));
+    let app = bc_commands::App::new(fleet.t.db.clone()).with_authorizer(auth);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut followers = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (app, stopped) = (app.clone(), stopped.clone());
+        followers.spawn(async move {
+            while !*stopped.borrow() {
+                app.refresh_tenancy().await.expect("reload");
+            }
+        });
+    }
+    let root = bc_commands::testing::caller("root", "root@root");
+    let parent: bc_domain::id::TenantId = "root".parse().expect("root");
+    for n in 0..200 {
+        let id: bc_domain::id::TenantId = format!("customer-{n}").parse().expect("an id");
+        app.create_tenant(&root, &id, &parent, "Customer").await.expect("the create answers the tenant");
+        assert!(app.get_tenant(&id).is_ok(), "{id} is unknown right after its create answered");
+    }
+    stop.send(true).expect("stop");
+    while let Some(done) = followers.join_next().await {
+        done.expect("a follower");
+    }
+}
