@@ -788,6 +788,128 @@ async fn the_free_time_edited_in_place_matches_the_bookings_after_random_reserve
 }
 
 #[tokio::test]
+async fn the_quota_sweep_and_the_free_atoms_agree_with_every_booking_over_random_windows() {
+    // Bookings of a quota-limited tenant, short and long (up to 40 hours), laid over two days on four nodes; then
+    // random windows, some starting now. The quota sweep reads bookings by their start, bounded by the holder's
+    // longest, and the free atoms come from three indexes of the gaps: both must answer what every booking says.
+    use std::collections::BTreeMap;
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    for name in ["a", "b", "c", "d"] {
+        fleet.node(&pool, name, 4, 0).await;
+    }
+    fleet.offer(&pool, "acme", 64).await;
+    let acme = caller("acme", "dev@acme");
+    let mut rng = fastrand::Rng::with_seed(14);
+    let mut live = Vec::new();
+    for step in 0..60 {
+        if live.len() < 4 || rng.u8(0..4) > 0 {
+            let mut wanted = request(&pool, DeviceClass::Gpu, rng.u32(1..5));
+            wanted.start_ms = Some(T0 + rng.i64(0..96) * HOUR / 2);
+            wanted.duration_s = if rng.u8(0..5) == 0 { 3600 * rng.u64(10..41) } else { 1800 * rng.u64(1..6) };
+            wanted.wait = false;
+            if let Ok(reserved) = fleet.reserve(&acme, &format!("r{step}"), wanted).await
+                && reserved.reservation.state == ReservationState::Placed
+            {
+                live.push(reserved.reservation.id);
+            }
+        } else {
+            let id = live.swap_remove(rng.usize(0..live.len()));
+            fleet.app.cancel_reservation(&acme, &id, None).await.expect("cancel");
+        }
+    }
+    assert!(live.len() >= 15, "the sequence booked too little to test anything: {}", live.len());
+
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let bookings: Vec<(String, String, i64, i64)> = bc_eventstore::sql::query_as(
+        "SELECT d.node_id, b.device_id, ts_ms(lower(b.during)), ts_ms(upper(b.during))
+         FROM device_bookings AS b JOIN devices AS d ON d.id = b.device_id WHERE b.pool_id = $1",
+    )
+    .bind(pool.as_str())
+    .fetch_all(tx.conn())
+    .await
+    .expect("the bookings");
+    let devices: Vec<(String, String)> =
+        bc_eventstore::sql::query_as("SELECT node_id, id FROM devices WHERE pool_id = $1 AND class = 'gpu'")
+            .bind(pool.as_str())
+            .fetch_all(tx.conn())
+            .await
+            .expect("the devices");
+    assert!(bookings.iter().any(|(_, _, from, until)| until - from >= 10 * HOUR), "a long booking");
+    let mut long_windows = 0;
+    for round in 0..60 {
+        // Now, from where a booking ends (a gap begins), up to where one starts, or anywhere in the next two days.
+        let length = rng.i64(1..40) * HOUR / 4;
+        let (start, end) = match round % 4 {
+            0 => (T0, T0 + length),
+            1 => {
+                let start = bookings[rng.usize(0..bookings.len())].3;
+                (start, start + length)
+            }
+            2 => {
+                let end = bookings[rng.usize(0..bookings.len())].2;
+                (end - length, end)
+            }
+            _ => {
+                let start = T0 + rng.i64(0..240) * HOUR / 4;
+                (start, start + length)
+            }
+        };
+        long_windows += i64::from(end - start > 4 * HOUR);
+
+        // The peak: at each instant where a booking may begin to count, how many atoms are held.
+        let overlapping: Vec<(i64, i64)> = bookings
+            .iter()
+            .filter(|(_, _, from, until)| *from < end && *until > start)
+            .map(|(_, _, from, until)| (*from, *until))
+            .collect();
+        let expected = std::iter::once(start)
+            .chain(overlapping.iter().map(|(from, _)| *from).filter(|from| *from > start))
+            .map(|at| overlapping.iter().filter(|(from, until)| *from <= at && at < *until).count() as i64)
+            .max()
+            .unwrap_or(0);
+        let peak: i64 = bc_eventstore::sql::query_scalar("SELECT tenant_peak('acme', $1, 'gpu', $2, $3)")
+            .bind(pool.as_str())
+            .bind(start)
+            .bind(end)
+            .fetch_one(tx.conn())
+            .await
+            .expect("the peak");
+        assert_eq!(peak, expected, "round {round}: the peak over [{start}, {end})");
+
+        // The atoms free over the whole window, by node.
+        let mut free: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (node, device) in &devices {
+            let booked = bookings.iter().any(|(_, d, from, until)| d == device && *from < end && *until > start);
+            if !booked {
+                free.entry(node.clone()).or_default().push(device.clone());
+            }
+        }
+        for per_node in [1, 3] {
+            let rows: Vec<(String, Vec<String>)> = bc_eventstore::sql::query_as(
+                "SELECT node_id, free FROM exact_candidates($1, 'gpu', NULL, NULL, '{}'::jsonb, $2, $3, $4, 64)",
+            )
+            .bind(pool.as_str())
+            .bind(start)
+            .bind(end)
+            .bind(per_node)
+            .fetch_all(tx.conn())
+            .await
+            .expect("the candidates");
+            let found: BTreeMap<String, Vec<String>> = rows.into_iter().collect();
+            let mut wanted = free.clone();
+            wanted.retain(|_, atoms| atoms.len() >= per_node as usize);
+            for atoms in wanted.values_mut() {
+                atoms.sort();
+            }
+            assert_eq!(found, wanted, "round {round}: {per_node} per node over [{start}, {end})");
+        }
+    }
+    assert!(long_windows > 5, "too few long windows: {long_windows}");
+    tx.commit().await.expect("commit");
+}
+
+#[tokio::test]
 async fn a_reserve_is_at_most_four_round_trips_and_a_cancel_three() {
     use bc_eventstore::Db;
     use bc_eventstore::testing::{RoundTrips, test_db_config};
