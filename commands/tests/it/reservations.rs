@@ -910,6 +910,108 @@ async fn the_quota_sweep_and_the_free_atoms_agree_with_every_booking_over_random
 }
 
 #[tokio::test]
+async fn a_calendar_booked_ahead_is_placed_from_the_nodes_that_fit_longest_tightest_first() {
+    // Every atom booked somewhere ahead, so the summary of atoms with nothing booked offers none: the nodes come from
+    // the hint of how long each can hold k atoms, checked against the gaps, tightest fit first, and only as many as
+    // the read asks for.
+    use std::collections::BTreeMap;
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let mut nodes = Vec::new();
+    for n in 0..24 {
+        nodes.push(fleet.node(&pool, &format!("n{n:02}"), 2, 0).await);
+    }
+    let mut rng = fastrand::Rng::with_seed(15);
+    for step in 0..120 {
+        let mut wanted = request(&pool, DeviceClass::Gpu, rng.u32(1..3));
+        wanted.start_ms = Some(T0 + rng.i64(1..48) * HOUR);
+        wanted.duration_s = 3600 * rng.u64(1..4);
+        wanted.wait = false;
+        let _ = fleet.reserve(&fleet.owner, &format!("ahead{step}"), wanted).await;
+    }
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let free_now: i64 = bc_eventstore::sql::query_scalar("SELECT coalesce(sum(free), 0) FROM node_free")
+        .fetch_one(tx.conn())
+        .await
+        .expect("the summary");
+    assert!(free_now < 8, "too many atoms with nothing booked ahead for the test to mean anything: {free_now}");
+    let drift: i64 = bc_eventstore::sql::query_scalar(
+        "SELECT count(*) FROM ((TABLE node_fit EXCEPT ALL SELECT * FROM node_fit_of(ARRAY(SELECT id FROM nodes)))
+                               UNION ALL (SELECT * FROM node_fit_of(ARRAY(SELECT id FROM nodes))
+                                          EXCEPT ALL TABLE node_fit)) AS d",
+    )
+    .fetch_one(tx.conn())
+    .await
+    .expect("the hint against a recount");
+    assert_eq!(drift, 0, "the hint drifted from the atoms' first gaps");
+    // Each atom's first booking start (the end of its first gap), by node.
+    let firsts: Vec<(String, String, Option<i64>)> = bc_eventstore::sql::query_as(
+        "SELECT d.node_id, d.id, (SELECT min(ts_ms(lower(b.during))) FROM device_bookings AS b WHERE b.device_id = d.id)
+         FROM devices AS d WHERE d.pool_id = $1",
+    )
+    .bind(pool.as_str())
+    .fetch_all(tx.conn())
+    .await
+    .expect("the first bookings");
+    let mut used_hint = 0;
+    for hours in [1, 2, 4, 8, 16, 30] {
+        let end = T0 + hours * HOUR;
+        for per_node in [1usize, 2] {
+            let rows: Vec<(String, Vec<String>)> = bc_eventstore::sql::query_as(
+                "SELECT node_id, free FROM exact_candidates($1, 'gpu', NULL, NULL, '{}'::jsonb, $2, $3, $4, 64)",
+            )
+            .bind(pool.as_str())
+            .bind(T0)
+            .bind(end)
+            .bind(per_node as i32)
+            .fetch_all(tx.conn())
+            .await
+            .expect("the candidates");
+            // How long each node can hold `per_node` atoms from now: the per_node-th latest first booking start.
+            let mut holds: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+            for (node, _, first) in &firsts {
+                holds.entry(node.as_str()).or_default().push(first.unwrap_or(i64::MAX));
+            }
+            let until: BTreeMap<&str, i64> = holds
+                .into_iter()
+                .map(|(node, mut ends)| {
+                    ends.sort_unstable_by(|a, b| b.cmp(a));
+                    (node, ends.get(per_node - 1).copied().unwrap_or(i64::MIN))
+                })
+                .collect();
+            let fitting: Vec<&str> = until.iter().filter(|(_, u)| **u >= end).map(|(n, _)| *n).collect();
+            for (node, atoms) in &rows {
+                assert!(atoms.len() >= per_node, "{node} offers {atoms:?} for {per_node} per node");
+                for atom in atoms {
+                    let first = firsts.iter().find(|(_, id, _)| id == atom).expect("a device").2;
+                    assert!(first.is_none_or(|first| first >= end), "{atom} is booked before {end}");
+                }
+            }
+            let found: Vec<&str> = rows.iter().map(|(node, _)| node.as_str()).collect();
+            if fitting.len() >= 16 {
+                used_hint += 1;
+                assert_eq!(found.len(), 16, "{hours} h, {per_node} per node: the first quarter of the limit");
+                let last = until[found[15]];
+                assert!(
+                    found.windows(2).all(|w| until[w[0]] <= until[w[1]]),
+                    "{hours} h, {per_node} per node: not tightest first: {found:?}"
+                );
+                assert!(
+                    fitting.iter().filter(|n| !found.contains(n)).all(|n| until[n] >= last),
+                    "{hours} h, {per_node} per node: a tighter fit was passed over"
+                );
+            } else {
+                let mut found = found.clone();
+                found.sort_unstable();
+                assert_eq!(found, fitting, "{hours} h, {per_node} per node: every fitting node");
+            }
+        }
+    }
+    assert!(used_hint >= 2, "the hint answered too few of the questions: {used_hint}");
+    tx.commit().await.expect("commit");
+}
+
+#[tokio::test]
 async fn a_reserve_is_at_most_four_round_trips_and_a_cancel_three() {
     use bc_eventstore::Db;
     use bc_eventstore::testing::{RoundTrips, test_db_config};

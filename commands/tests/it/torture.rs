@@ -398,6 +398,15 @@ async fn capacity_torture_keeps_every_invariant() {
     )
     .await;
     assert_eq!(drifted, 0, "the free-capacity hint drifted from the devices (seed {seed})");
+    let fit_drifted = scalar(
+        &mut tx,
+        "SELECT count(*) FROM ((TABLE node_fit EXCEPT ALL
+                                SELECT * FROM node_fit_of(ARRAY(SELECT DISTINCT node_id FROM devices)))
+                               UNION ALL (SELECT * FROM node_fit_of(ARRAY(SELECT DISTINCT node_id FROM devices))
+                                          EXCEPT ALL TABLE node_fit)) AS d",
+    )
+    .await;
+    assert_eq!(fit_drifted, 0, "the hint of how long nodes can hold k atoms drifted from their gaps (seed {seed})");
     let gaps_drifted = scalar(
         &mut tx,
         "SELECT count(*) FROM ((TABLE atom_gaps EXCEPT ALL SELECT * FROM atom_gaps_from_bookings())

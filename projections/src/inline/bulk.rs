@@ -331,12 +331,12 @@ pub async fn load_reservations(tx: &mut Tx, batch: &Reservations) -> Result<Load
     Ok(times)
 }
 
-/// Writes what the reservations' counters say (each device's `booking_changes` and each quota row's checks), the
-/// free-capacity summary of the whole fleet and every atom's free time (`atom_gaps`, whose trigger the load turned
-/// off: see [`drop_booking_indexes`]).
+/// Writes what the reservations' counters say (each device's `booking_changes` and each quota row's checks), every
+/// atom's free time (`atom_gaps`, whose trigger the load turned off: see [`drop_booking_indexes`]) and the
+/// free-capacity hints of the whole fleet (after the gaps, which `node_fit` is counted from).
 pub async fn finish(tx: &mut Tx, counters: &Counters) -> Result<()> {
-    sql::query("SELECT rebuild_free_capacity()").execute(tx.conn()).await?;
     sql::query("SELECT rebuild_atom_gaps()").execute(tx.conn()).await?;
+    sql::query("SELECT rebuild_free_capacity()").execute(tx.conn()).await?;
     let (devices, changes): (Vec<&str>, Vec<i64>) =
         counters.booking_changes.iter().map(|(device, n)| (device.as_str(), *n)).unzip();
     sql::query(
