@@ -30,10 +30,11 @@ CREATE TABLE node_fit (
 CREATE INDEX node_fit_order ON node_fit (pool_id, class, k, until, node_id);
 ALTER TABLE node_fit SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
                           autovacuum_vacuum_cost_delay = 0);
--- A node's first gaps, one probe.
-CREATE INDEX atom_gaps_first_of_node ON atom_gaps (node_id, class) WHERE lower_inf(gap);
+-- A node's first gaps, and one atom's.
+CREATE INDEX atom_gaps_first_of_node ON atom_gaps (node_id, class, device_id) WHERE lower_inf(gap);
 
--- What the hint's rows of the given nodes should be, from their atoms' first gaps.
+-- What the hint's rows of the given nodes should be, from their atoms' first gaps (each one probe of the index
+-- below: as a join, a plan kept for every call read the whole table of gaps).
 CREATE FUNCTION node_fit_of(p_nodes text[])
 RETURNS TABLE (node_id text, class text, k integer, pool_id text, until timestamptz)
 LANGUAGE sql
@@ -43,18 +44,22 @@ AS $$
            (row_number() OVER (PARTITION BY a.node_id, a.class ORDER BY a.until DESC))::integer, a.pool_id, a.until
     FROM (
         SELECT d.node_id, d.class, d.pool_id,
-               CASE WHEN g.device_id IS NULL THEN '-infinity'::timestamptz
-                    ELSE coalesce(upper(g.gap), 'infinity'::timestamptz) END AS until
+               coalesce((SELECT coalesce(upper(g.gap), 'infinity'::timestamptz) FROM atom_gaps AS g
+                         WHERE g.node_id = d.node_id AND g.class = d.class AND g.device_id = d.id
+                           AND lower_inf(g.gap)),
+                        '-infinity'::timestamptz) AS until
         FROM devices AS d
-        LEFT JOIN atom_gaps AS g ON g.device_id = d.id AND lower_inf(g.gap)
         WHERE d.node_id = ANY(p_nodes) AND d.bookable
     ) AS a
 $$;
 
--- Rewrites the hint's rows of the given nodes (only those that change). Runs right after a COMMIT, so it never
--- fails its caller: a recount lost to an error is made by the node's next change.
+-- Rewrites the hint's rows of the given nodes: removes those that changed, then adds what is missing (two
+-- statements, each reading the nodes' rows by key, so that one plan suits every call; as one statement that
+-- compared and updated, its plan either was made again on every call or, kept, read the whole table). Runs right
+-- after a COMMIT, so it never fails its caller: a recount lost to an error is made by the node's next change.
 CREATE FUNCTION refit_nodes(p_nodes text[]) RETURNS void
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_nodes text[] := ARRAY(SELECT DISTINCT u.id FROM unnest(p_nodes) AS u(id) WHERE u.id IS NOT NULL ORDER BY u.id);
@@ -64,22 +69,18 @@ BEGIN
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(hashtext('node_fit'), hashtext(u.id)) FROM unnest(v_nodes) AS u(id);
-    -- A statement of its own, so that its snapshot sees every commit whose recount ran before this lock.
+    -- Statements of their own, so that their snapshots see every commit whose recount ran before this lock.
     WITH want AS MATERIALIZED (
         SELECT * FROM node_fit_of(v_nodes)
-    ), gone AS (
-        DELETE FROM node_fit AS f
-        WHERE f.node_id = ANY(v_nodes)
-          AND NOT EXISTS (SELECT 1 FROM want AS w WHERE w.node_id = f.node_id AND w.class = f.class AND w.k = f.k)
-    ), changed AS (
-        UPDATE node_fit AS f SET pool_id = w.pool_id, until = w.until
-        FROM want AS w
-        WHERE f.node_id = w.node_id AND f.class = w.class AND f.k = w.k
-          AND (f.pool_id, f.until) IS DISTINCT FROM (w.pool_id, w.until)
     )
-    INSERT INTO node_fit AS f (node_id, class, k, pool_id, until)
+    DELETE FROM node_fit AS f
+    WHERE f.node_id = ANY(v_nodes)
+      AND NOT EXISTS (SELECT 1 FROM want AS w
+                      WHERE w.node_id = f.node_id AND w.class = f.class AND w.k = f.k AND w.pool_id = f.pool_id
+                        AND w.until = f.until);
+    INSERT INTO node_fit (node_id, class, k, pool_id, until)
     SELECT w.node_id, w.class, w.k, w.pool_id, w.until
-    FROM want AS w
+    FROM node_fit_of(v_nodes) AS w
     ORDER BY w.node_id, w.class, w.k
     ON CONFLICT (node_id, class, k) DO NOTHING;
 EXCEPTION WHEN OTHERS THEN
@@ -164,6 +165,9 @@ BEGIN
     RETURN v_deltas;
 END
 $$;
+
+-- Replacing touch_for_booking drops the setting capacity/0008 gave it: again.
+ALTER FUNCTION touch_for_booking(text[], bigint) SET plan_cache_mode = force_generic_plan;
 
 -- Moves the free counts by the changes that are not zero, then refits every node the change touched.
 CREATE OR REPLACE FUNCTION adjust_free(p_deltas jsonb) RETURNS void
