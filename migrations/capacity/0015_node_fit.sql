@@ -14,7 +14,8 @@
 -- fitting ones.
 --
 -- Like `node_free` it is a hint, written right after the commit of each change of bookings (`adjust_free`, which
--- now receives every node a change touched, and `summarize_nodes`), at read committed, so it never makes a
+-- now receives every node a change touched; `refit_nodes` after `summarize_nodes` when a node's devices change or
+-- a replacement moves bookings; `rebuild_node_fit` after a bulk load), at read committed, so it never makes a
 -- command conflict; a stale row only changes which nodes are looked at first, and when the hint finds too few the
 -- exact read of capacity/0014 follows as before. A node's rows are rewritten under an advisory lock on the node,
 -- so a recount computed before another commit never lands after that commit's own recount.
@@ -185,60 +186,6 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 
--- A node's devices changed, or a replacement moved its bookings: recount both hints.
-CREATE OR REPLACE FUNCTION summarize_nodes(p_nodes text[]) RETURNS void
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    PERFORM set_config('synchronous_commit', 'off', true);
-    WITH counted AS (
-        SELECT d.node_id, d.class, min(d.pool_id) AS pool_id, count(*)::int AS atoms,
-               (count(*) FILTER (WHERE d.booked_until IS NULL))::int AS free
-        FROM devices AS d
-        WHERE d.node_id = ANY(p_nodes) AND d.bookable
-        GROUP BY d.node_id, d.class
-    ), gone AS (
-        DELETE FROM node_free AS f
-        WHERE f.node_id = ANY(p_nodes)
-          AND NOT EXISTS (SELECT 1 FROM counted AS c WHERE c.node_id = f.node_id AND c.class = f.class)
-    ), changed AS (
-        UPDATE node_free AS f SET pool_id = c.pool_id, atoms = c.atoms, free = c.free
-        FROM counted AS c
-        WHERE f.node_id = c.node_id AND f.class = c.class
-          AND (f.pool_id, f.atoms, f.free) IS DISTINCT FROM (c.pool_id, c.atoms, c.free)
-    )
-    INSERT INTO node_free AS f (node_id, class, pool_id, atoms, free)
-    SELECT c.node_id, c.class, c.pool_id, c.atoms, c.free
-    FROM counted AS c
-    ORDER BY c.node_id, c.class
-    ON CONFLICT (node_id, class) DO NOTHING;
-    PERFORM refit_nodes(p_nodes);
-EXCEPTION WHEN OTHERS THEN
-    RAISE WARNING 'summarize_nodes: % (%)', SQLERRM, SQLSTATE;
-END
-$$;
-
--- The whole of both hints (after a bulk load: after `rebuild_atom_gaps`, whose gaps this one reads).
-CREATE OR REPLACE FUNCTION rebuild_free_capacity() RETURNS void
-LANGUAGE sql
-AS $$
-    UPDATE devices AS d SET booked_until = l.until
-    FROM (
-        SELECT d2.id, b.until
-        FROM devices AS d2
-        LEFT JOIN (SELECT device_id, max(upper(during)) AS until FROM device_bookings WHERE live GROUP BY device_id)
-             AS b ON b.device_id = d2.id
-    ) AS l
-    WHERE d.id = l.id AND d.booked_until IS DISTINCT FROM l.until;
-    DELETE FROM node_free;
-    INSERT INTO node_free (node_id, class, pool_id, atoms, free)
-    SELECT d.node_id, d.class, min(d.pool_id), count(*)::int, (count(*) FILTER (WHERE d.booked_until IS NULL))::int
-    FROM devices AS d
-    WHERE d.bookable
-    GROUP BY d.node_id, d.class;
-    SELECT rebuild_node_fit();
-$$;
-
 -- The nodes the hint names for `p_per_node` atoms over a window ending at `p_end`, tightest fit first, each
 -- checked against its atoms' first gaps in this snapshot (and the node schedulable): at most `p_want` fitting
 -- nodes with the atoms whose first gap holds the window.
@@ -275,72 +222,35 @@ BEGIN
 END
 $$;
 
--- As in capacity/0014, with the hint asked first: when it names a quarter of `p_limit` fitting nodes, they are
--- the answer.
-CREATE OR REPLACE FUNCTION exact_candidates(
+-- The exact read asks the hint first: when it names a quarter of `p_limit` fitting nodes, they are the answer;
+-- otherwise the read of capacity/0014, kept under the name `gap_candidates`, follows.
+ALTER FUNCTION exact_candidates(text, text, text, text, jsonb, bigint, bigint, integer, bigint)
+    RENAME TO gap_candidates;
+
+CREATE FUNCTION exact_candidates(
     p_pool text, p_class text, p_model text, p_product text, p_attributes jsonb, p_start_ms bigint,
     p_end_ms bigint, p_per_node integer, p_limit bigint)
 RETURNS TABLE (node_id text, free text[])
 LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
-    v_start timestamptz := ms_ts(p_start_ms);
-    v_end timestamptz := ms_ts(p_end_ms);
     v_want bigint := greatest(1, p_limit / 4);
-    v_sample bigint := p_limit * greatest(p_per_node, 1);
-    v_sampled jsonb;
-    v_fullest bigint;
+    v_fitting jsonb;
 BEGIN
     IF p_model IS NULL AND p_product IS NULL AND p_attributes = '{}'::jsonb THEN
-        SELECT jsonb_agg(jsonb_build_array(c.node_id, c.free)) INTO v_sampled
-        FROM fit_candidates(p_pool, p_class, v_end, p_per_node, v_want) AS c;
-        IF coalesce(jsonb_array_length(v_sampled), 0) >= v_want THEN
+        SELECT jsonb_agg(jsonb_build_array(c.node_id, c.free)) INTO v_fitting
+        FROM fit_candidates(p_pool, p_class, ms_ts(p_end_ms), p_per_node, v_want) AS c;
+        IF coalesce(jsonb_array_length(v_fitting), 0) >= v_want THEN
             RETURN QUERY
             SELECT e.value ->> 0, ARRAY(SELECT jsonb_array_elements_text(e.value -> 1))
-            FROM jsonb_array_elements(v_sampled) WITH ORDINALITY AS e(value, ord)
-            ORDER BY e.ord;
-            RETURN;
-        END IF;
-        WITH f AS MATERIALIZED (
-            SELECT a.node_id, a.device_id, a.part
-            FROM free_atoms_over(p_pool, p_class, v_start, v_end, v_sample) AS a
-        )
-        SELECT (SELECT jsonb_agg(jsonb_build_array(c.node_id, c.free) ORDER BY c.n, c.node_id)
-                FROM (
-                    SELECT f.node_id, array_agg(f.device_id ORDER BY f.device_id) AS free, count(*) AS n
-                    FROM f JOIN nodes AS n ON n.id = f.node_id
-                    WHERE n.pool_id = p_pool AND n.schedulable
-                    GROUP BY f.node_id
-                    HAVING count(*) >= p_per_node
-                    ORDER BY count(*), f.node_id
-                    LIMIT p_limit
-                ) AS c),
-               (SELECT coalesce(max(p.n), 0) FROM (SELECT count(*) AS n FROM f GROUP BY f.part) AS p)
-        INTO v_sampled, v_fullest;
-        IF coalesce(jsonb_array_length(v_sampled), 0) >= v_want OR v_fullest < v_sample THEN
-            RETURN QUERY
-            SELECT e.value ->> 0, ARRAY(SELECT jsonb_array_elements_text(e.value -> 1))
-            FROM jsonb_array_elements(coalesce(v_sampled, '[]'::jsonb)) WITH ORDINALITY AS e(value, ord)
+            FROM jsonb_array_elements(v_fitting) WITH ORDINALITY AS e(value, ord)
             ORDER BY e.ord;
             RETURN;
         END IF;
     END IF;
-    -- Every free atom of the pool over the window (too few fit among the first read, or a selector). Without a
-    -- selector its test is planned away.
     RETURN QUERY
-    SELECT g.node_id, array_agg(g.device_id ORDER BY g.device_id)
-    FROM free_atoms_over(p_pool, p_class, v_start, v_end, NULL) AS g JOIN nodes AS n ON n.id = g.node_id
-    WHERE n.pool_id = p_pool AND n.schedulable
-      AND ((p_model IS NULL AND p_product IS NULL AND p_attributes = '{}'::jsonb)
-           OR EXISTS (SELECT 1 FROM devices AS d
-                      WHERE d.id = g.device_id
-                        AND (p_model IS NULL OR d.gpu_model = p_model)
-                        AND (p_product IS NULL OR d.gpu_product = p_product)
-                        AND (p_attributes = '{}'::jsonb OR d.attributes @> p_attributes)))
-    GROUP BY g.node_id
-    HAVING count(*) >= p_per_node
-    ORDER BY count(*), g.node_id
-    LIMIT p_limit;
+    SELECT g.node_id, g.free
+    FROM gap_candidates(p_pool, p_class, p_model, p_product, p_attributes, p_start_ms, p_end_ms, p_per_node, p_limit)
+         AS g;
 END
 $$;

@@ -337,6 +337,7 @@ pub async fn load_reservations(tx: &mut Tx, batch: &Reservations) -> Result<Load
 pub async fn finish(tx: &mut Tx, counters: &Counters) -> Result<()> {
     sql::query("SELECT rebuild_atom_gaps()").execute(tx.conn()).await?;
     sql::query("SELECT rebuild_free_capacity()").execute(tx.conn()).await?;
+    sql::query("SELECT rebuild_node_fit()").execute(tx.conn()).await?;
     let (devices, changes): (Vec<&str>, Vec<i64>) =
         counters.booking_changes.iter().map(|(device, n)| (device.as_str(), *n)).unzip();
     sql::query(
@@ -469,5 +470,6 @@ pub async fn synthetic_fleet(
     .execute(tx.conn())
     .await?;
     sql::query("SELECT rebuild_free_capacity()").execute(tx.conn()).await?;
+    sql::query("SELECT rebuild_node_fit()").execute(tx.conn()).await?;
     Ok(())
 }

@@ -645,10 +645,12 @@ fn adjust_after_commit(tx: &mut Tx, deltas: &str) {
     }
 }
 
-/// Recounts the free-capacity hint of `nodes` from their devices right after this transaction commits.
+/// Recounts the free-capacity hints of `nodes` (`node_free` from their devices, `node_fit` from their atoms' gaps)
+/// right after this transaction commits.
 fn summarize_after_commit(tx: &mut Tx, nodes: &[&str]) {
     if !nodes.is_empty() {
         tx.after_commit(&sql::Call::new("summarize_nodes").texts(nodes));
+        tx.after_commit(&sql::Call::new("refit_nodes").texts(nodes));
     }
 }
 
