@@ -149,13 +149,7 @@ impl App {
         let pool = store::pool(&mut tx, pool_id).await?;
         let class = pool.as_ref().map(|p| p.sharing.atom_class()).unwrap_or(bc_domain::device::DeviceClass::Gpu);
         let (pool, _) = self.visible_pool(&mut tx, caller, pool_id, class.as_str()).await?;
-        let everything = DeviceRequest {
-            class,
-            count: 1,
-            selector: bc_domain::reservation::Selector::default(),
-            topology: bc_domain::reservation::Topology::SameNode,
-        };
-        let candidates = store::candidates(&mut tx, &pool.id, &everything, start_ms, end_ms).await?;
+        let candidates = store::all_free_atoms(&mut tx, &pool.id, class.as_str(), start_ms, end_ms).await?;
         tx.commit().await?;
         Ok(candidates.into_iter().map(|c| FreeAtoms { node_id: c.node_id, atoms: c.free_atoms }).collect())
     }

@@ -404,6 +404,32 @@ pub async fn candidates(
     node_candidates(&rows)
 }
 
+/// Every atom of the pool's `class` free over the whole of `[start, end)` on a schedulable node, by node in id
+/// order: the availability listing, which must not stop at the first fits as placement does.
+pub async fn all_free_atoms(
+    tx: &mut Tx,
+    pool_id: &PoolId,
+    class: &str,
+    start_ms: i64,
+    end_ms: i64,
+) -> AppResult<Vec<NodeCandidate>> {
+    let rows = sql::query(
+        "SELECT g.node_id, array_agg(g.device_id ORDER BY g.device_id) AS free
+         FROM free_atoms_over($1, $2, ms_ts($3), ms_ts($4), NULL) AS g
+         JOIN nodes AS n ON n.id = g.node_id
+         WHERE n.pool_id = $1 AND n.schedulable
+         GROUP BY g.node_id
+         ORDER BY g.node_id",
+    )
+    .bind(pool_id.as_str())
+    .bind(class)
+    .bind(start_ms)
+    .bind(end_ms)
+    .fetch_all(tx.conn())
+    .await?;
+    node_candidates(&rows)
+}
+
 /// How many nodes of the pool (schedulable now or not) have enough matching atoms to ever hold one node's
 /// share of the request.
 pub async fn nodes_that_could_hold(tx: &mut Tx, pool_id: &PoolId, request: &DeviceRequest) -> AppResult<i64> {

@@ -323,6 +323,49 @@ async fn availability_answers_the_earliest_start_and_the_free_atoms() {
 }
 
 #[tokio::test]
+async fn the_free_atoms_listing_names_every_free_atom_of_a_pool_larger_than_placement_reads() {
+    // Placement reads a few fitting nodes and stops; the listing must not. Twenty-four nodes of two GPUs, ten atoms
+    // booked now, and six nodes' atoms booked ahead, an hour each.
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    for n in 0..24 {
+        fleet.node(&pool, &format!("n{n:02}"), 2, 0).await;
+    }
+    for step in 0..10 {
+        fleet.reserve(&fleet.owner, &format!("now{step}"), request(&pool, DeviceClass::Gpu, 1)).await.expect("now");
+    }
+    for step in 0..6 {
+        let mut ahead = request(&pool, DeviceClass::Gpu, 2);
+        ahead.start_ms = Some(T0 + (2 + step) * HOUR);
+        fleet.reserve(&fleet.owner, &format!("ahead{step}"), ahead).await.expect("ahead");
+    }
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    for (start, end) in [(T0, T0 + HOUR), (T0 + HOUR, T0 + 3 * HOUR), (T0 + 4 * HOUR, T0 + 5 * HOUR)] {
+        let expected: Vec<(String, Vec<String>)> = bc_eventstore::sql::query_as(
+            "SELECT d.node_id, array_agg(d.id ORDER BY d.id) FROM devices AS d
+             WHERE d.pool_id = $1 AND NOT EXISTS (
+                 SELECT 1 FROM device_bookings AS b
+                 WHERE b.device_id = d.id AND b.during && tstzrange(ms_ts($2), ms_ts($3)))
+             GROUP BY d.node_id ORDER BY d.node_id",
+        )
+        .bind(pool.as_str())
+        .bind(start)
+        .bind(end)
+        .fetch_all(tx.conn())
+        .await
+        .expect("the free atoms from the bookings");
+        let listed = fleet.app.free_atoms(&fleet.owner, &pool, start, end).await.expect("free atoms");
+        let listed: Vec<(String, Vec<String>)> = listed
+            .into_iter()
+            .map(|f| (f.node_id.to_string(), f.atoms.iter().map(|a| a.to_string()).collect()))
+            .collect();
+        assert!(expected.len() > 16, "the pool holds fewer free nodes than placement reads: {}", expected.len());
+        assert_eq!(listed, expected, "over [{start}, {end})");
+    }
+    tx.commit().await.expect("commit");
+}
+
+#[tokio::test]
 async fn when_conflict_retries_run_out_the_reservation_is_left_pending_not_failed() {
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
