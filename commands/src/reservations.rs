@@ -104,8 +104,9 @@ pub(crate) async fn try_place(
         store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
     }
     store::lock_pool(tx, &pool.id).await?;
-    // The summary answers most requests from the first nodes it reads; the exact query (every atom of the pool
-    // against its bookings over the window) finds what the summary cannot see, atoms booked only after the window.
+    // The summary answers most requests from the first nodes it reads; the exact query (the nodes that can hold the
+    // atoms until the window's end, then the atoms free over the window) finds what the summary cannot see, atoms
+    // booked only after the window.
     let mut candidates = store::summary_candidates(tx, &pool.id, &request.devices, start_ms, spread).await?;
     let mut plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
     if plan.is_none() {

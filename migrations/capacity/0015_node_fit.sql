@@ -54,35 +54,35 @@ AS $$
     ) AS a
 $$;
 
--- Rewrites the hint's rows of the given nodes: removes those that changed, then adds what is missing (two
--- statements, each reading the nodes' rows by key, so that one plan suits every call; as one statement that
--- compared and updated, its plan either was made again on every call or, kept, read the whole table). Runs right
--- after a COMMIT, so it never fails its caller: a recount lost to an error is made by the node's next change.
+-- Rewrites the hint's rows of the given nodes: reads what they should be once, removes the rows that differ, then
+-- adds what is missing (statements that each reach the nodes' rows by key, so that one plan suits every call; as
+-- one statement that compared and updated, its plan either was made again on every call or, kept, read the whole
+-- table). Runs right after a COMMIT, so it never fails its caller: a recount lost to an error is made by the
+-- node's next change.
 CREATE FUNCTION refit_nodes(p_nodes text[]) RETURNS void
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_nodes text[] := ARRAY(SELECT DISTINCT u.id FROM unnest(p_nodes) AS u(id) WHERE u.id IS NOT NULL ORDER BY u.id);
+    v_want node_fit[];
 BEGIN
     IF cardinality(v_nodes) = 0 THEN
         RETURN;
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(hashtext('node_fit'), hashtext(u.id)) FROM unnest(v_nodes) AS u(id);
-    -- Statements of their own, so that their snapshots see every commit whose recount ran before this lock.
-    WITH want AS MATERIALIZED (
-        SELECT * FROM node_fit_of(v_nodes)
-    )
+    -- A statement of its own, so that its snapshot sees every commit whose recount ran before this lock.
+    SELECT array_agg(ROW(w.node_id, w.class, w.k, w.pool_id, w.until)::node_fit ORDER BY w.node_id, w.class, w.k)
+      INTO v_want
+    FROM node_fit_of(v_nodes) AS w;
     DELETE FROM node_fit AS f
     WHERE f.node_id = ANY(v_nodes)
-      AND NOT EXISTS (SELECT 1 FROM want AS w
+      AND NOT EXISTS (SELECT 1 FROM unnest(v_want) AS w
                       WHERE w.node_id = f.node_id AND w.class = f.class AND w.k = f.k AND w.pool_id = f.pool_id
                         AND w.until = f.until);
     INSERT INTO node_fit (node_id, class, k, pool_id, until)
-    SELECT w.node_id, w.class, w.k, w.pool_id, w.until
-    FROM node_fit_of(v_nodes) AS w
-    ORDER BY w.node_id, w.class, w.k
+    SELECT w.node_id, w.class, w.k, w.pool_id, w.until FROM unnest(v_want) AS w
     ON CONFLICT (node_id, class, k) DO NOTHING;
 EXCEPTION WHEN OTHERS THEN
     RAISE WARNING 'refit_nodes: % (%)', SQLERRM, SQLSTATE;

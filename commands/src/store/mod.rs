@@ -379,8 +379,8 @@ pub fn exact_limit(nodes: u32) -> i64 {
 const CANDIDATE_LIMIT: i64 = 64;
 
 /// Schedulable nodes of the pool with at least one node's share of atoms that match the request and are free
-/// over `[start, end)`, best fit first (the fewest free atoms), at most [`CANDIDATE_LIMIT`] of them (or four per
-/// node of a gang).
+/// over `[start, end)`, at most [`CANDIDATE_LIMIT`] of them (or four per node of a gang): those the `node_fit` hint
+/// names, tightest fit in time first, when it names enough; otherwise best fit first (the fewest free atoms).
 pub async fn candidates(
     tx: &mut Tx,
     pool_id: &PoolId,

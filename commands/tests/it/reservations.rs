@@ -325,7 +325,7 @@ async fn availability_answers_the_earliest_start_and_the_free_atoms() {
 #[tokio::test]
 async fn the_free_atoms_listing_names_every_free_atom_of_a_pool_larger_than_placement_reads() {
     // Placement reads a few fitting nodes and stops; the listing must not. Twenty-four nodes of two GPUs, ten atoms
-    // booked now, and six nodes' atoms booked ahead, an hour each.
+    // booked now, and six reservations of two atoms booked ahead, an hour each.
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
     for n in 0..24 {
@@ -953,7 +953,7 @@ async fn the_quota_sweep_and_the_free_atoms_agree_with_every_booking_over_random
 }
 
 #[tokio::test]
-async fn a_calendar_booked_ahead_is_placed_from_the_nodes_that_fit_longest_tightest_first() {
+async fn in_a_calendar_booked_ahead_the_exact_read_names_the_hint_s_tightest_fitting_nodes() {
     // Every atom booked somewhere ahead, so the summary of atoms with nothing booked offers none: the nodes come from
     // the hint of how long each can hold k atoms, checked against the gaps, tightest fit first, and only as many as
     // the read asks for.
