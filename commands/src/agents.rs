@@ -724,13 +724,14 @@ impl App {
             .await
     }
 
-    /// A heartbeat renews the session's liveness lease in one round trip (BEGIN, one call, COMMIT); only when the
+    /// A heartbeat renews the session's liveness lease in one round trip (BEGIN, one call, COMMIT), shared with
+    /// the heartbeats that arrived at the same moment ([`crate::beats`]); only when the
     /// log must record something (the node back to `connected`, a newly observed generation, clock skew crossing
     /// its limit) does it run a command transaction as well.
     pub async fn heartbeat(&self, node: &NodeAuth, beat: &Heartbeat) -> AppResult<HeartbeatReply> {
         let beater = agents::Beater::Node(&node.node_id);
-        let call = agents::heartbeat_call(beater, &beat.session_id, self.liveness.lease, beat.clock_ms);
-        let row = agents::beat(self.db.call(TxOptions::READ_COMMITTED, &call).await?)?;
+        let row =
+            self.renew(agents::BeatItem::new(beater, &beat.session_id, self.liveness.lease, beat.clock_ms)).await?;
         let Some(row) = row else {
             return Err(Rejection::Conflict(format!(
                 "session {} of node {} is not current: another session replaced it; open a new one",
@@ -758,8 +759,8 @@ impl App {
         }
         let hash = bc_domain::sha256_hex(credential);
         let beater = agents::Beater::CredentialHash(&hash, certified);
-        let call = agents::heartbeat_call(beater, &beat.session_id, self.liveness.lease, beat.clock_ms);
-        let row = agents::beat(self.db.call(TxOptions::READ_COMMITTED, &call).await?)?;
+        let row =
+            self.renew(agents::BeatItem::new(beater, &beat.session_id, self.liveness.lease, beat.clock_ms)).await?;
         let Some(row) = row else {
             let node = self.authenticate_node(credential).await?;
             check_certified(&node, certified)?;
@@ -768,6 +769,17 @@ impl App {
         let node =
             NodeAuth { node_id: row.node_id.clone(), pool_id: row.pool_id.clone(), tenant_id: row.tenant_id.clone() };
         self.finish_heartbeat(&node, beat, row).await
+    }
+
+    /// Renews a heartbeat's session together with the heartbeats waiting beside it ([`crate::beats`]), or alone
+    /// in one call when its batch could not be written. `None`: the session is not current, or the credential
+    /// unknown.
+    async fn renew(&self, item: agents::BeatItem) -> AppResult<Option<agents::Beat>> {
+        let batcher = self.beats.get_or_init(|| crate::beats::Batcher::start(&self.db));
+        if let Some(row) = batcher.beat(item.clone()).await {
+            return Ok(row);
+        }
+        agents::beat(self.db.call(TxOptions::READ_COMMITTED, &item.call()).await?)
     }
 
     /// What a renewed session's row calls for: the log's changes when there are any, and the reply.

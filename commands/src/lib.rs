@@ -6,6 +6,7 @@
 pub mod agents;
 pub mod auth;
 pub mod availability;
+mod beats;
 pub mod door;
 pub mod figures;
 pub mod fleet;
@@ -208,6 +209,8 @@ pub struct App {
     /// Held from reading the tenancy tables to handing them to the authorizer ([`App::refresh_tenancy`]), so that
     /// a read made earlier never replaces one made later.
     tenancy_refresh: Arc<tokio::sync::Mutex<()>>,
+    /// The writers that renew heartbeats' sessions together, started by the first heartbeat.
+    beats: Arc<std::sync::OnceLock<beats::Batcher>>,
 }
 
 impl App {
@@ -229,6 +232,7 @@ impl App {
                 [0; 32]
             })),
             tenancy_refresh: Arc::new(tokio::sync::Mutex::new(())),
+            beats: Arc::new(std::sync::OnceLock::new()),
         }
     }
 

@@ -435,38 +435,107 @@ pub fn heartbeat_call(beater: Beater<'_>, session_id: &SessionId, lease: Duratio
         .int8(clock_ms)
 }
 
+/// One heartbeat of a batch ([`heartbeats_call`]).
+#[derive(Debug, Clone)]
+pub struct BeatItem {
+    pub node_id: Option<NodeId>,
+    /// With no node id: a credential's hash, and the node the connection's client certificate names, when it must
+    /// name one.
+    pub credential_sha256: Option<String>,
+    pub certified: Option<String>,
+    pub session_id: SessionId,
+    pub lease: Duration,
+    pub clock_ms: i64,
+}
+
+impl BeatItem {
+    pub fn new(beater: Beater<'_>, session_id: &SessionId, lease: Duration, clock_ms: i64) -> BeatItem {
+        let (node_id, credential_sha256, certified) = match beater {
+            Beater::Node(node_id) => (Some(node_id.clone()), None, None),
+            Beater::CredentialHash(hash, certified) => (None, Some(hash.to_owned()), certified.map(str::to_owned)),
+        };
+        BeatItem { node_id, credential_sha256, certified, session_id: session_id.clone(), lease, clock_ms }
+    }
+
+    /// This heartbeat alone, as [`heartbeat_call`].
+    pub fn call(&self) -> sql::Call {
+        let beater = match &self.node_id {
+            Some(node_id) => Beater::Node(node_id),
+            None => Beater::CredentialHash(self.credential_sha256.as_deref().unwrap_or(""), self.certified.as_deref()),
+        };
+        heartbeat_call(beater, &self.session_id, self.lease, self.clock_ms)
+    }
+}
+
+/// The call that renews the sessions of many heartbeats in one transaction (`agent_heartbeats_json`): each item as
+/// [`heartbeat_call`] would, its answer at its position.
+pub fn heartbeats_call<'a>(items: impl Iterator<Item = &'a BeatItem>) -> sql::Call {
+    let items: Vec<serde_json::Value> = items
+        .map(|item| {
+            serde_json::json!({
+                "n": item.node_id.as_ref().map(NodeId::as_str),
+                "h": item.credential_sha256,
+                "c": item.certified,
+                "s": item.session_id.as_str(),
+                "k": item.clock_ms,
+                "l": item.lease.as_secs_f64(),
+            })
+        })
+        .collect();
+    sql::Call::new("agent_heartbeats_json").jsonb(&serde_json::Value::Array(items).to_string())
+}
+
+/// A session as `agent_heartbeat` answers it.
+#[derive(serde::Deserialize)]
+struct RawBeat {
+    node_id: String,
+    pool_id: String,
+    tenant_id: String,
+    expires_ms: i64,
+    clock_skew_ms: i64,
+    connectivity: String,
+    generation: i64,
+    observed_generation: i64,
+    spec: String,
+    skew_raised: bool,
+    waiting: bool,
+}
+
+impl RawBeat {
+    fn read(self) -> AppResult<Beat> {
+        Ok(Beat {
+            node_id: self.node_id.parse().map_err(|err| corrupt("agent_heartbeat.node_id", err))?,
+            pool_id: self.pool_id.parse().map_err(|err| corrupt("agent_heartbeat.pool_id", err))?,
+            tenant_id: self.tenant_id.parse().map_err(|err| corrupt("agent_heartbeat.tenant_id", err))?,
+            connectivity: self.connectivity,
+            generation: self.generation.max(0) as u64,
+            observed_generation: self.observed_generation.max(0) as u64,
+            clock_skew_ms: self.clock_skew_ms,
+            skew_raised: self.skew_raised,
+            spec: self.spec,
+            expires_ms: self.expires_ms,
+            waiting: self.waiting,
+        })
+    }
+}
+
 /// Reads what [`heartbeat_call`] answered: `None` when the session is not the node's current one (or, for a
 /// credential, when it is unknown or not yet confirmed).
 pub fn beat(answer: Option<String>) -> AppResult<Option<Beat>> {
-    #[derive(serde::Deserialize)]
-    struct Raw {
-        node_id: String,
-        pool_id: String,
-        tenant_id: String,
-        expires_ms: i64,
-        clock_skew_ms: i64,
-        connectivity: String,
-        generation: i64,
-        observed_generation: i64,
-        spec: String,
-        skew_raised: bool,
-        waiting: bool,
-    }
     let Some(text) = answer else { return Ok(None) };
-    let raw: Raw = serde_json::from_str(&text).map_err(|err| corrupt("agent_heartbeat_json", err))?;
-    Ok(Some(Beat {
-        node_id: raw.node_id.parse().map_err(|err| corrupt("agent_heartbeat.node_id", err))?,
-        pool_id: raw.pool_id.parse().map_err(|err| corrupt("agent_heartbeat.pool_id", err))?,
-        tenant_id: raw.tenant_id.parse().map_err(|err| corrupt("agent_heartbeat.tenant_id", err))?,
-        connectivity: raw.connectivity,
-        generation: raw.generation.max(0) as u64,
-        observed_generation: raw.observed_generation.max(0) as u64,
-        clock_skew_ms: raw.clock_skew_ms,
-        skew_raised: raw.skew_raised,
-        spec: raw.spec,
-        expires_ms: raw.expires_ms,
-        waiting: raw.waiting,
-    }))
+    let raw: RawBeat = serde_json::from_str(&text).map_err(|err| corrupt("agent_heartbeat_json", err))?;
+    raw.read().map(Some)
+}
+
+/// Reads what [`heartbeats_call`] answered for `items` heartbeats: each as [`beat`] reads one, in their order.
+pub fn beats(answer: Option<String>, items: usize) -> AppResult<Vec<Option<Beat>>> {
+    let text = answer.ok_or_else(|| corrupt("agent_heartbeats_json", "no answer"))?;
+    let raws: Vec<Option<RawBeat>> =
+        serde_json::from_str(&text).map_err(|err| corrupt("agent_heartbeats_json", err))?;
+    if raws.len() != items {
+        return Err(corrupt("agent_heartbeats_json", format!("{} answers for {items} heartbeats", raws.len())));
+    }
+    raws.into_iter().map(|raw| raw.map(RawBeat::read).transpose()).collect()
 }
 
 /// Forgets a deleted node's runtime rows: its credentials and session end, its certificates are revoked, and its

@@ -724,3 +724,60 @@ async fn a_steady_heartbeat_is_one_round_trip_by_node_and_by_credential() {
     let err = app.heartbeat(&auth, &stale).await.expect_err("not current");
     assert_eq!(code(&err), "CONFLICT");
 }
+
+#[tokio::test]
+async fn heartbeats_sent_together_share_one_transaction_and_each_gets_its_own_answer() {
+    use bc_eventstore::Db;
+    use bc_eventstore::testing::{RoundTrips, test_db_config};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("agents", Sharing::Exclusive, None).await;
+    let mut nodes = Vec::new();
+    for i in 0..12 {
+        let (joined, auth) = join(&fleet, &pool, &machine(&format!("host-{i:02}"), 1)).await;
+        beat(&fleet, &auth, &joined, 1).await;
+        nodes.push((joined, auth));
+    }
+    let count = |node: &NodeAuth| {
+        let node = node.node_id.to_string();
+        let fleet = &fleet;
+        async move { scalar_i64(fleet, "SELECT heartbeats FROM agent_sessions WHERE node_id = $1", &node).await }
+    };
+    let mut before = Vec::new();
+    for (_, auth) in &nodes {
+        before.push(count(auth).await);
+    }
+    let trips = RoundTrips::start(fleet.t.connect_options());
+    let app = bc_commands::App::new(Db::connect_lazy_with(trips.connect_options(), &test_db_config()));
+    let steady = |joined: &Joined| Heartbeat {
+        session_id: joined.session.session_id.clone(),
+        observed_generation: 1,
+        clock_ms: now_ms(),
+    };
+    let stale =
+        Heartbeat { session_id: "ses_00000000000000000000000000".parse().expect("session"), ..steady(&nodes[1].0) };
+    let beats: Vec<Heartbeat> = nodes.iter().map(|(joined, _)| steady(joined)).collect();
+    trips.take();
+    // Every node by its credential, the first node once more by its id, and the second with a session not its own,
+    // all at once.
+    let (by_credential, again, refused) = tokio::join!(
+        futures_util::future::join_all(
+            nodes.iter().zip(&beats).map(|((joined, _), beat)| app.heartbeat_with_credential(
+                &joined.credential,
+                beat,
+                None
+            ))
+        ),
+        app.heartbeat(&nodes[0].1, &beats[0]),
+        app.heartbeat(&nodes[1].1, &stale),
+    );
+    let round_trips = trips.take();
+    assert!(round_trips <= 2, "14 heartbeats at once took {round_trips} round trips");
+    for reply in by_credential.iter().chain([&again]) {
+        assert!(reply.as_ref().expect("renewed").lease_expires_ms > now_ms());
+    }
+    assert_eq!(code(&refused.expect_err("not the current session")), "CONFLICT");
+    for (i, (_, auth)) in nodes.iter().enumerate() {
+        let wanted = before[i] + if i == 0 { 2 } else { 1 };
+        assert_eq!(count(auth).await, wanted, "heartbeats counted for node {i}");
+    }
+}
