@@ -172,6 +172,25 @@ impl Collector for ProcessFigures {
         for (reason, count) in bc_eventstore::retries() {
             ConstCounter::new(count).encode(retries.encode_family(&[("reason", reason.as_str())])?)?;
         }
+        let beats = bc_commands::heartbeat_batch_figures();
+        one(
+            &mut encoder,
+            "heartbeats_written",
+            "Heartbeats this process's heartbeat writers renewed since it started (their mean batch is this over bc_heartbeat_transactions_total)",
+            ConstCounter::new(beats.heartbeats),
+        )?;
+        one(
+            &mut encoder,
+            "heartbeat_transactions",
+            "Transactions in which this process's heartbeat writers renewed sessions since it started",
+            ConstCounter::new(beats.transactions),
+        )?;
+        one(
+            &mut encoder,
+            "heartbeat_transactions_failed",
+            "Batches of heartbeats whose transaction failed since this process started (each heartbeat was then written alone)",
+            ConstCounter::new(beats.failed),
+        )?;
         Ok(())
     }
 }

@@ -13,6 +13,7 @@
 //! when the application is dropped.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bc_eventstore::{Db, TxOptions};
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -25,6 +26,33 @@ pub const MAX_BATCH: usize = 128;
 const WRITERS: usize = 4;
 /// How many heartbeats may wait for a writer before senders wait too.
 const QUEUE: usize = 4 * 1024;
+
+/// Heartbeats the writers took, the transactions they wrote them in, and the transactions that failed (whose
+/// heartbeats were then written alone), since this process started.
+static TAKEN: AtomicU64 = AtomicU64::new(0);
+static WRITTEN: AtomicU64 = AtomicU64::new(0);
+static FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// What the heartbeat writers of this process have done since it started: the mean batch is `heartbeats` over
+/// `transactions`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchFigures {
+    /// Heartbeats taken from the queue, in a transaction that committed.
+    pub heartbeats: u64,
+    /// Transactions that committed them.
+    pub transactions: u64,
+    /// Transactions that failed (their heartbeats were written alone).
+    pub failed: u64,
+}
+
+/// The figures of this process's heartbeat writers.
+pub fn batch_figures() -> BatchFigures {
+    BatchFigures {
+        heartbeats: TAKEN.load(Ordering::Relaxed),
+        transactions: WRITTEN.load(Ordering::Relaxed),
+        failed: FAILED.load(Ordering::Relaxed),
+    }
+}
 
 /// A queued heartbeat and where its answer goes: `Some(row)` as written (`None` inside when its session is not
 /// current or its credential unknown), `None` when the batch failed and the heartbeat must be written alone.
@@ -94,11 +122,14 @@ async fn write_batches(db: Db, waiting: Arc<Mutex<mpsc::Receiver<Pending>>>) {
         };
         match written {
             Ok(beats) => {
+                TAKEN.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                WRITTEN.fetch_add(1, Ordering::Relaxed);
                 for (pending, beat) in batch.into_iter().zip(beats) {
                     let _ = pending.answer.send(Some(beat));
                 }
             }
             Err(err) => {
+                FAILED.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %err, heartbeats = batch.len(), "a batch of heartbeats failed; writing each alone");
                 for pending in batch {
                     let _ = pending.answer.send(None);

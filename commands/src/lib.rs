@@ -7,6 +7,7 @@ pub mod agents;
 pub mod auth;
 pub mod availability;
 mod beats;
+pub use beats::{BatchFigures as HeartbeatBatchFigures, batch_figures as heartbeat_batch_figures};
 pub mod door;
 pub mod figures;
 pub mod fleet;

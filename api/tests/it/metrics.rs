@@ -96,6 +96,10 @@ async fn metrics_describe_requests_by_route_and_the_database_as_it_is() {
         let retries = sample(&text, &format!(r#"bc_transaction_retries_total{{reason="{reason}"}}"#));
         assert!(retries.is_some(), "no bc_transaction_retries_total sample for {reason}");
     }
+    let beats = bc_commands::heartbeat_batch_figures();
+    assert!(sample(&text, "bc_heartbeats_written_total").is_some_and(|n| n <= beats.heartbeats as f64));
+    assert!(sample(&text, "bc_heartbeat_transactions_total").is_some_and(|n| n <= beats.transactions as f64));
+    assert!(sample(&text, "bc_heartbeat_transactions_failed_total").is_some());
     assert!(text.ends_with("# EOF\n"));
     lease::release(&fleet.t.db, &lease).await.expect("release");
 

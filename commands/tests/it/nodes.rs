@@ -756,6 +756,7 @@ async fn heartbeats_sent_together_share_one_transaction_and_each_gets_its_own_an
     let stale =
         Heartbeat { session_id: "ses_00000000000000000000000000".parse().expect("session"), ..steady(&nodes[1].0) };
     let beats: Vec<Heartbeat> = nodes.iter().map(|(joined, _)| steady(joined)).collect();
+    let figures = bc_commands::heartbeat_batch_figures();
     trips.take();
     // Every node by its credential, the first node once more by its id, and the second with a session not its own,
     // all at once.
@@ -772,6 +773,10 @@ async fn heartbeats_sent_together_share_one_transaction_and_each_gets_its_own_an
     );
     let round_trips = trips.take();
     assert!(round_trips <= 2, "14 heartbeats at once took {round_trips} round trips");
+    // The process's figures count them (other tests of this process may add their own).
+    let after = bc_commands::heartbeat_batch_figures();
+    assert!(after.heartbeats >= figures.heartbeats + 14, "{figures:?} then {after:?}");
+    assert!(after.transactions > figures.transactions);
     for reply in by_credential.iter().chain([&again]) {
         assert!(reply.as_ref().expect("renewed").lease_expires_ms > now_ms());
     }
