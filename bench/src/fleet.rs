@@ -1049,7 +1049,7 @@ async fn print_sizes(db: &Db) -> anyhow::Result<()> {
         "pool_capacity_rollup_v1",
         "pools_v2",
         "nodes_v2",
-        "reservations_v2",
+        "reservations_v3",
     ];
     let mut tx = db.begin(TxOptions::READ_ONLY).await?;
     let rows = sql::query(

@@ -56,13 +56,15 @@ pub async fn replay(
     Ok(applied)
 }
 
-/// Rows that differ between a live table and its copy in `schema`, both ways.
+/// Rows that differ between a live table and its copy in `schema`, both ways, compared as their text (a `json`
+/// column has no equality operator).
 pub async fn differences(tx: &mut Tx, schema: &str, table: &str) -> Result<i64> {
     check_identifier(schema)?;
     check_identifier(table)?;
     let query = format!(
-        "SELECT count(*) FROM ((TABLE public.{table} EXCEPT ALL TABLE {schema}.{table})
-                               UNION ALL (TABLE {schema}.{table} EXCEPT ALL TABLE public.{table})) AS d"
+        "SELECT count(*) FROM ((SELECT t::text FROM public.{table} AS t EXCEPT ALL SELECT t::text FROM {schema}.{table} AS t)
+                               UNION ALL (SELECT t::text FROM {schema}.{table} AS t
+                                          EXCEPT ALL SELECT t::text FROM public.{table} AS t)) AS d"
     );
     Ok(sqlx::query_scalar(AssertSqlSafe(query)).persistent(false).fetch_one(tx.conn()).await?)
 }

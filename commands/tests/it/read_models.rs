@@ -49,7 +49,7 @@ async fn read_models_show_pools_nodes_reservations_capacity_and_the_audit_trail(
     assert_eq!(schedulable, vec![("a".to_owned(), false, true), ("b".to_owned(), true, false)]);
 
     let states: Vec<(String, String)> =
-        sql::query_as("SELECT reservation_id, state FROM reservations_v2 ORDER BY requested_at, reservation_id")
+        sql::query_as("SELECT reservation_id, state FROM reservations_v3 ORDER BY requested_at, reservation_id")
             .fetch_all(tx.conn())
             .await
             .expect("reservations");

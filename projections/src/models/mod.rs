@@ -19,7 +19,7 @@ pub fn read_models() -> Vec<Arc<dyn Projection>> {
     vec![
         Arc::new(pools::PoolsV2),
         Arc::new(nodes::NodesV2),
-        Arc::new(reservations::ReservationsV2),
+        Arc::new(reservations::ReservationsV3),
         Arc::new(capacity::CapacityRollupV1),
         Arc::new(audit::AuditV1),
     ]
