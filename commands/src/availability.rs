@@ -8,7 +8,8 @@ use bc_domain::pool::governing_offer;
 use bc_domain::reservation::{DeviceRequest, MAX_AHEAD_MS};
 use bc_eventstore::{TxOptions, clock};
 
-use super::store::{self, PoolRow};
+pub use super::store::hints::FreeCountSeen;
+use super::store::{self, PoolRow, hints};
 use super::{App, AppResult, Caller};
 
 /// How many candidate start times the earliest-start search tries before giving up.
@@ -152,5 +153,60 @@ impl App {
         let candidates = store::all_free_atoms(&mut tx, &pool.id, class.as_str(), start_ms, end_ms).await?;
         tx.commit().await?;
         Ok(candidates.into_iter().map(|c| FreeAtoms { node_id: c.node_id, atoms: c.free_atoms }).collect())
+    }
+}
+
+/// What one step of the hints' walk did ([`App::walk_free_capacity`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HintWalkStep {
+    /// The last node of the step, or `None` once the walk has passed the last node.
+    pub last: Option<String>,
+    /// Free counts that disagreed with their recount this time (corrected only if seen again the same way).
+    pub disagreeing: Vec<FreeCountSeen>,
+    /// Free counts corrected: seen disagreeing the same way on the walk before, with no booking change between.
+    pub corrected: usize,
+}
+
+impl App {
+    /// One step of the walk over the free-capacity hints: the next `limit` nodes after `after`, in id order.
+    ///
+    /// The hints move by the changes each commit reports, right after it; one that was lost (the connection broke
+    /// between the COMMIT and that call, or the call failed and only warned) would stay wrong until the node
+    /// changes again. The worker walks every node this way, a few at a time:
+    /// - `node_fit` is recounted whole (`refit_nodes` locks each node and reads after the lock, so it never
+    ///   writes what a commit it did not see would undo);
+    /// - a free count is a running sum, and a commit's change reaches it just after the commit: a recount taken
+    ///   in between would count that change twice. So a disagreeing count is only reported, and corrected when the
+    ///   next walk finds it disagreeing the same way with the node's `booking_changes` unchanged (checked again in
+    ///   the correcting statement): then no change can be on its way.
+    pub async fn walk_free_capacity(
+        &self,
+        after: Option<&str>,
+        limit: i64,
+        seen_before: &[FreeCountSeen],
+    ) -> AppResult<HintWalkStep> {
+        let limit = limit.max(1);
+        let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
+        let nodes = hints::nodes_after(&mut tx, after, limit).await?;
+        let mut step = HintWalkStep {
+            last: nodes.last().filter(|_| nodes.len() as i64 == limit).cloned(),
+            ..HintWalkStep::default()
+        };
+        if nodes.is_empty() {
+            tx.commit().await?;
+            return Ok(step);
+        }
+        hints::refit(&mut tx, &nodes).await?;
+        for seen in hints::disagreeing_free_counts(&mut tx, &nodes).await? {
+            if seen_before.contains(&seen) && hints::correct_free_count(&mut tx, &seen).await? {
+                tracing::warn!(node = %seen.node_id, class = %seen.class, held = seen.held, recount = seen.recount,
+                    "corrected a free-capacity count that had lost a change");
+                step.corrected += 1;
+                continue;
+            }
+            step.disagreeing.push(seen);
+        }
+        tx.commit().await?;
+        Ok(step)
     }
 }

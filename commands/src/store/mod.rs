@@ -16,6 +16,7 @@ pub mod agents;
 pub mod certificates;
 pub mod facts;
 pub mod figures;
+pub mod hints;
 pub mod idempotency;
 pub mod liveness;
 pub mod node_commands;

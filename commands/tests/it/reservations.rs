@@ -1214,3 +1214,81 @@ async fn another_reserve_s_claim_counts_against_the_quota_until_it_is_dropped_or
     let left: i64 = sql::query_scalar("SELECT count(*) FROM quota_claims").fetch_one(tx.conn()).await.expect("count");
     assert_eq!(left, 0, "swept, and every reserve dropped its own");
 }
+
+#[tokio::test]
+async fn the_hints_walk_recounts_the_fit_and_corrects_a_free_count_seen_wrong_twice_without_a_change_between() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let nodes =
+        [fleet.node(&pool, "a", 4, 0).await, fleet.node(&pool, "b", 4, 0).await, fleet.node(&pool, "c", 4, 0).await];
+    let mut ahead = request(&pool, DeviceClass::Gpu, 2);
+    ahead.start_ms = Some(T0 + 2 * HOUR);
+    fleet.reserve(&fleet.owner, "now", request(&pool, DeviceClass::Gpu, 3)).await.expect("now");
+    fleet.reserve(&fleet.owner, "ahead", ahead).await.expect("ahead");
+    let hints = "SELECT (SELECT string_agg(concat_ws(' ', node_id, class, pool_id, atoms, free), ', '
+                                        ORDER BY node_id, class) FROM node_free),
+                        (SELECT string_agg(concat_ws(' ', node_id, class, k, pool_id, until), ', '
+                                           ORDER BY node_id, class, k) FROM node_fit)";
+    let read = || async {
+        let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+        let found: (Option<String>, Option<String>) =
+            bc_eventstore::sql::query_as(hints).fetch_one(tx.conn()).await.expect("the hints");
+        tx.commit().await.expect("commit");
+        found
+    };
+    let right = read().await;
+    assert!(right.0.is_some() && right.1.is_some(), "{right:?}");
+    // Hints that lost a change: free counts off and a node's fit gone.
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+    bc_eventstore::sql::query("UPDATE node_free SET free = 0 WHERE node_id = $1")
+        .bind(nodes[1].as_str())
+        .execute(tx.conn())
+        .await
+        .expect("break the free counts");
+    bc_eventstore::sql::query("DELETE FROM node_fit WHERE node_id = $1")
+        .bind(nodes[2].as_str())
+        .execute(tx.conn())
+        .await
+        .expect("break the fit");
+    tx.commit().await.expect("commit");
+    assert_ne!(read().await, right);
+    // The walk, two nodes at a time: a full step, then the rest. The fit is recounted at once; the free count
+    // is only reported, since a commit's change may be on its way to it.
+    let mut ids: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+    ids.sort();
+    let first = fleet.app.walk_free_capacity(None, 2, &[]).await.expect("first step");
+    assert_eq!(first.last.as_deref(), Some(ids[1].as_str()));
+    let second = fleet.app.walk_free_capacity(first.last.as_deref(), 2, &[]).await.expect("second step");
+    assert_eq!(second.last, None, "past the last node");
+    let found: Vec<_> = first.disagreeing.iter().chain(&second.disagreeing).cloned().collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!((found[0].node_id.as_str(), found[0].held), (nodes[1].as_str(), 0));
+    assert_eq!(first.corrected + second.corrected, 0);
+    let (free_wrong, fit_right) = read().await;
+    assert_ne!(free_wrong, right.0);
+    assert_eq!(fit_right, right.1, "the fit recounted");
+    // The next walk finds it the same way, with no booking change between: corrected.
+    let again = fleet.app.walk_free_capacity(None, 3, &found).await.expect("the next walk");
+    assert_eq!((again.corrected, again.disagreeing.len()), (1, 0));
+    assert_eq!(read().await, right, "every hint recounted");
+    // A count seen wrong once, then a booking change on its node: not corrected from the stale sighting.
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+    bc_eventstore::sql::query("UPDATE node_free SET free = 0 WHERE node_id = $1")
+        .bind(nodes[0].as_str())
+        .execute(tx.conn())
+        .await
+        .expect("break the free counts");
+    tx.commit().await.expect("commit");
+    let seen = fleet.app.walk_free_capacity(None, 3, &[]).await.expect("seen").disagreeing;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+    bc_eventstore::sql::query("UPDATE devices SET booking_changes = booking_changes + 1 WHERE node_id = $1")
+        .bind(nodes[0].as_str())
+        .execute(tx.conn())
+        .await
+        .expect("a booking change");
+    tx.commit().await.expect("commit");
+    let after_change = fleet.app.walk_free_capacity(None, 3, &seen).await.expect("after a change");
+    assert_eq!(after_change.corrected, 0);
+    assert_eq!(after_change.disagreeing.len(), 1, "seen again, to be corrected by the walk after");
+}
