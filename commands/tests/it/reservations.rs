@@ -1292,3 +1292,63 @@ async fn the_hints_walk_recounts_the_fit_and_corrects_a_free_count_seen_wrong_tw
     assert_eq!(after_change.corrected, 0);
     assert_eq!(after_change.disagreeing.len(), 1, "seen again, to be corrected by the walk after");
 }
+
+#[tokio::test]
+async fn a_running_worker_walks_the_hints_and_corrects_a_free_count_that_lost_a_change() {
+    use bc_commands::worker::{Worker, WorkerConfig};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let mut nodes = Vec::new();
+    for n in 0..5 {
+        nodes.push(fleet.node(&pool, &format!("n{n}"), 2, 0).await);
+    }
+    fleet.reserve(&fleet.owner, "now", request(&pool, DeviceClass::Gpu, 2)).await.expect("now");
+    let free = |node: &bc_domain::id::NodeId| {
+        let (db, node) = (fleet.t.db.clone(), node.to_string());
+        async move {
+            let mut tx = db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+            let free: i32 = bc_eventstore::sql::query_scalar("SELECT free FROM node_free WHERE node_id = $1")
+                .bind(&node)
+                .fetch_one(tx.conn())
+                .await
+                .expect("free");
+            tx.commit().await.expect("commit");
+            free
+        }
+    };
+    let mut right = Vec::new();
+    for node in &nodes {
+        right.push(free(node).await);
+    }
+    // Two nodes' counts lose a change each.
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+    bc_eventstore::sql::query("UPDATE node_free SET free = 1 WHERE node_id = ANY($1)")
+        .bind(vec![nodes[1].to_string(), nodes[4].to_string()])
+        .execute(tx.conn())
+        .await
+        .expect("break two counts");
+    tx.commit().await.expect("commit");
+    // A walk of two nodes every 20 ms: each count is seen twice within a few walks and corrected.
+    let config = WorkerConfig {
+        idle_poll: std::time::Duration::from_millis(10),
+        hint_recount: std::time::Duration::from_millis(20),
+        hint_recount_nodes: 2,
+        ..WorkerConfig::default()
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(Worker::new(fleet.app.clone(), config).run(stopped));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let mut now = Vec::new();
+        for node in &nodes {
+            now.push(free(node).await);
+        }
+        if now == right {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never corrected: {now:?}, wanted {right:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    stop.send(true).expect("stop");
+    running.await.expect("the worker");
+}
