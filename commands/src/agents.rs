@@ -729,9 +729,7 @@ impl App {
     /// log must record something (the node back to `connected`, a newly observed generation, clock skew crossing
     /// its limit) does it run a command transaction as well.
     pub async fn heartbeat(&self, node: &NodeAuth, beat: &Heartbeat) -> AppResult<HeartbeatReply> {
-        let beater = agents::Beater::Node(&node.node_id);
-        let row =
-            self.renew(agents::BeatItem::new(beater, &beat.session_id, self.liveness.lease, beat.clock_ms)).await?;
+        let row = self.renew(self.beat_item(agents::Beater::Node(node.node_id.clone()), beat)).await?;
         let Some(row) = row else {
             return Err(Rejection::Conflict(format!(
                 "session {} of node {} is not current: another session replaced it; open a new one",
@@ -758,9 +756,8 @@ impl App {
             return Err(Rejection::Unauthenticated(format!("a node credential starts with {CREDENTIAL_PREFIX}")).into());
         }
         let hash = bc_domain::sha256_hex(credential);
-        let beater = agents::Beater::CredentialHash(&hash, certified);
-        let row =
-            self.renew(agents::BeatItem::new(beater, &beat.session_id, self.liveness.lease, beat.clock_ms)).await?;
+        let beater = agents::Beater::CredentialHash(hash, certified.map(str::to_owned));
+        let row = self.renew(self.beat_item(beater, beat)).await?;
         let Some(row) = row else {
             let node = self.authenticate_node(credential).await?;
             check_certified(&node, certified)?;
@@ -776,10 +773,20 @@ impl App {
     /// unknown.
     async fn renew(&self, item: agents::BeatItem) -> AppResult<Option<agents::Beat>> {
         let batcher = self.beats.get_or_init(|| crate::beats::Batcher::start(&self.db));
+        // A copy, for the path alone: a writer that goes away with the runtime that started it takes the queued one.
         if let Some(row) = batcher.beat(item.clone()).await {
             return Ok(row);
         }
         agents::beat(self.db.call(TxOptions::READ_COMMITTED, &item.call()).await?)
+    }
+
+    fn beat_item(&self, beater: agents::Beater, beat: &Heartbeat) -> agents::BeatItem {
+        agents::BeatItem {
+            beater,
+            session_id: beat.session_id.clone(),
+            lease: self.liveness.lease,
+            clock_ms: beat.clock_ms,
+        }
     }
 
     /// What a renewed session's row calls for: the log's changes when there are any, and the reply.

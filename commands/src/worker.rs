@@ -195,8 +195,8 @@ impl Worker {
         let mut last_sweep = tokio::time::Instant::now();
         let mut last_recount = tokio::time::Instant::now();
         let mut walked: Option<String> = None;
-        let mut disagreeing: std::collections::HashMap<String, Vec<crate::availability::FreeCountSeen>> =
-            std::collections::HashMap::new();
+        // Free counts the walk found disagreeing, each until the walk passes its node again.
+        let mut disagreeing: Vec<crate::availability::FreeCountSeen> = Vec::new();
         loop {
             if *shutdown.borrow() {
                 return;
@@ -210,24 +210,16 @@ impl Worker {
             // One process walks the hints: the one serving shard 0.
             if last_recount.elapsed() >= self.config.hint_recount && self.serving().0.contains(&0) {
                 last_recount = tokio::time::Instant::now();
-                // What the walk before found disagreeing, in the nodes after where this step starts.
-                let before: Vec<_> = disagreeing
-                    .values()
-                    .flatten()
-                    .filter(|seen| walked.as_deref().is_none_or(|after| seen.node_id.as_str() > after))
-                    .cloned()
-                    .collect();
-                let from = walked.clone();
-                match self.app.walk_free_capacity(from.as_deref(), self.config.hint_recount_nodes, &before).await {
+                let nodes = self.config.hint_recount_nodes;
+                match self.app.walk_free_capacity(walked.as_deref(), nodes, &disagreeing).await {
                     Ok(step) => {
-                        // This step's nodes: forget what was seen of them before, keep what is seen now.
-                        disagreeing.retain(|node, _| {
-                            from.as_deref().is_some_and(|after| node.as_str() <= after)
-                                || step.last.as_deref().is_some_and(|last| node.as_str() > last)
-                        });
-                        for seen in step.disagreeing {
-                            disagreeing.entry(seen.node_id.clone()).or_default().push(seen);
-                        }
+                        // This step's nodes, (from, last]: forget what was seen of them before, keep what is seen now.
+                        let in_step = |node: &str| {
+                            walked.as_deref().is_none_or(|after| node > after)
+                                && step.last.as_deref().is_none_or(|last| node <= last)
+                        };
+                        disagreeing.retain(|seen| !in_step(&seen.node_id));
+                        disagreeing.extend(step.disagreeing);
                         walked = step.last;
                     }
                     Err(err) => tracing::warn!(error = %err, "walking the free-capacity hints failed"),

@@ -396,11 +396,21 @@ pub async fn confirm_credential(tx: &mut Tx, node_id: &NodeId, secret_sha256: &s
 }
 
 /// Who sends a heartbeat: a node already authenticated, or a confirmed credential looked up in the same statement.
-#[derive(Debug, Clone, Copy)]
-pub enum Beater<'a> {
-    Node(&'a NodeId),
+#[derive(Debug, Clone)]
+pub enum Beater {
+    Node(NodeId),
     /// A credential's hash, and the node the connection's client certificate names, when it must name one.
-    CredentialHash(&'a str, Option<&'a str>),
+    CredentialHash(String, Option<String>),
+}
+
+impl Beater {
+    /// The node id, the credential's hash and the certified node, as `agent_heartbeat_json` takes them.
+    fn parts(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
+        match self {
+            Beater::Node(node_id) => (Some(node_id.as_str()), None, None),
+            Beater::CredentialHash(hash, certified) => (None, Some(hash), certified.as_deref()),
+        }
+    }
 }
 
 /// A session renewed by a heartbeat, as `agent_heartbeat` answers it.
@@ -419,63 +429,40 @@ pub struct Beat {
     pub waiting: bool,
 }
 
-/// The call that renews the session's liveness lease by `lease` (`agent_heartbeat_json`), as a transaction of its
-/// own in one round trip ([`bc_eventstore::Db::call`]).
-pub fn heartbeat_call(beater: Beater<'_>, session_id: &SessionId, lease: Duration, clock_ms: i64) -> sql::Call {
-    let (node, hash, certified) = match beater {
-        Beater::Node(node_id) => (Some(node_id.as_str()), None, None),
-        Beater::CredentialHash(hash, certified) => (None, Some(hash), certified),
-    };
-    sql::Call::new("agent_heartbeat_json")
-        .opt_text(node)
-        .opt_text(hash)
-        .opt_text(certified)
-        .text(session_id.as_str())
-        .float8(lease.as_secs_f64())
-        .int8(clock_ms)
-}
-
-/// One heartbeat of a batch ([`heartbeats_call`]).
+/// One heartbeat: who sends it, for which session, the lease it renews by and the agent's clock.
 #[derive(Debug, Clone)]
 pub struct BeatItem {
-    pub node_id: Option<NodeId>,
-    /// With no node id: a credential's hash, and the node the connection's client certificate names, when it must
-    /// name one.
-    pub credential_sha256: Option<String>,
-    pub certified: Option<String>,
+    pub beater: Beater,
     pub session_id: SessionId,
     pub lease: Duration,
     pub clock_ms: i64,
 }
 
 impl BeatItem {
-    pub fn new(beater: Beater<'_>, session_id: &SessionId, lease: Duration, clock_ms: i64) -> BeatItem {
-        let (node_id, credential_sha256, certified) = match beater {
-            Beater::Node(node_id) => (Some(node_id.clone()), None, None),
-            Beater::CredentialHash(hash, certified) => (None, Some(hash.to_owned()), certified.map(str::to_owned)),
-        };
-        BeatItem { node_id, credential_sha256, certified, session_id: session_id.clone(), lease, clock_ms }
-    }
-
-    /// This heartbeat alone, as [`heartbeat_call`].
+    /// The call that renews this heartbeat's session alone (`agent_heartbeat_json`), as a transaction of its own in
+    /// one round trip ([`bc_eventstore::Db::call`]).
     pub fn call(&self) -> sql::Call {
-        let beater = match &self.node_id {
-            Some(node_id) => Beater::Node(node_id),
-            None => Beater::CredentialHash(self.credential_sha256.as_deref().unwrap_or(""), self.certified.as_deref()),
-        };
-        heartbeat_call(beater, &self.session_id, self.lease, self.clock_ms)
+        let (node, hash, certified) = self.beater.parts();
+        sql::Call::new("agent_heartbeat_json")
+            .opt_text(node)
+            .opt_text(hash)
+            .opt_text(certified)
+            .text(self.session_id.as_str())
+            .float8(self.lease.as_secs_f64())
+            .int8(self.clock_ms)
     }
 }
 
 /// The call that renews the sessions of many heartbeats in one transaction (`agent_heartbeats_json`): each item as
-/// [`heartbeat_call`] would, its answer at its position.
+/// [`BeatItem::call`] would, its answer at its position.
 pub fn heartbeats_call<'a>(items: impl Iterator<Item = &'a BeatItem>) -> sql::Call {
     let items: Vec<serde_json::Value> = items
         .map(|item| {
+            let (node, hash, certified) = item.beater.parts();
             serde_json::json!({
-                "n": item.node_id.as_ref().map(NodeId::as_str),
-                "h": item.credential_sha256,
-                "c": item.certified,
+                "n": node,
+                "h": hash,
+                "c": certified,
                 "s": item.session_id.as_str(),
                 "k": item.clock_ms,
                 "l": item.lease.as_secs_f64(),
@@ -519,7 +506,7 @@ impl RawBeat {
     }
 }
 
-/// Reads what [`heartbeat_call`] answered: `None` when the session is not the node's current one (or, for a
+/// Reads what [`BeatItem::call`] answered: `None` when the session is not the node's current one (or, for a
 /// credential, when it is unknown or not yet confirmed).
 pub fn beat(answer: Option<String>) -> AppResult<Option<Beat>> {
     let Some(text) = answer else { return Ok(None) };
