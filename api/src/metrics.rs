@@ -78,6 +78,8 @@ pub async fn count_requests(State(metrics): State<Arc<Metrics>>, request: Reques
 pub struct Scrape {
     pub figures: DatabaseFigures,
     pub connections: Connections,
+    /// What the pool's writer of follow-ups (the free-capacity hints after each commit) has done.
+    pub follow_ups: bc_eventstore::FollowUpFigures,
     /// Denials since start, by (method, kind).
     pub denials: BTreeMap<(&'static str, &'static str), u64>,
     pub subscribers: usize,
@@ -91,6 +93,7 @@ pub fn exposition(metrics: &Metrics, scrape: Scrape) -> Response {
         pool_max: scrape.connections.max,
         subscribers: scrape.subscribers as i64,
         denials: scrape.denials,
+        follow_ups: scrape.follow_ups,
     };
     let mut registry = Registry::with_prefix("bc");
     registry.register(
@@ -134,6 +137,7 @@ struct ProcessFigures {
     pool_max: u32,
     subscribers: i64,
     denials: BTreeMap<(&'static str, &'static str), u64>,
+    follow_ups: bc_eventstore::FollowUpFigures,
 }
 
 impl Collector for ProcessFigures {
@@ -190,6 +194,24 @@ impl Collector for ProcessFigures {
             "heartbeat_transactions_failed",
             "Batches of heartbeats whose transaction failed since this process started (each heartbeat was then written alone)",
             ConstCounter::new(beats.failed),
+        )?;
+        one(
+            &mut encoder,
+            "hint_follow_up_commits",
+            "Committed transactions since this process started whose free-capacity hint changes went to its writer of follow-ups",
+            ConstCounter::new(self.follow_ups.commits),
+        )?;
+        one(
+            &mut encoder,
+            "hint_follow_up_writes",
+            "Writes of the free-capacity hints since this process started, each merging the changes of one or more commits",
+            ConstCounter::new(self.follow_ups.writes),
+        )?;
+        one(
+            &mut encoder,
+            "hint_follow_up_writes_failed",
+            "Writes of the free-capacity hints that failed since this process started (their changes are left to the hints' walk)",
+            ConstCounter::new(self.follow_ups.failed),
         )?;
         Ok(())
     }

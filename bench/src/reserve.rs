@@ -24,8 +24,8 @@ pub struct ReserveBenchConfig {
     pub run_for: Duration,
     /// How many placements the latency figures are taken over.
     pub samples: usize,
-    /// Print the server's time by statement for the one-client cycles (pg_stat_statements).
-    pub statements: bool,
+    /// Print the server's time by statement for the cycles with this many clients (pg_stat_statements).
+    pub statements: Option<usize>,
     pub data_dir: Option<PathBuf>,
     pub keep: bool,
 }
@@ -104,7 +104,7 @@ async fn print_statements(db: &Db) -> anyhow::Result<()> {
     .fetch_all(tx.conn())
     .await?;
     tx.commit().await?;
-    println!("    statements by server time over the one-client cycles (ms total exec / plan, calls):");
+    println!("    statements by server time over these cycles (ms total exec / plan, calls):");
     for (query, calls, exec, plan, toplevel) in rows {
         let level = if toplevel { "top" } else { "   " };
         println!("      {exec:>9.1} {plan:>8.1} {calls:>7} {level} {query}");
@@ -119,7 +119,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         ("pg_stat_statements.track", "all"),
         ("pg_stat_statements.track_planning", "on"),
     ];
-    let more: &[(&str, &str)] = if config.statements { &statements } else { &[] };
+    let more: &[(&str, &str)] = if config.statements.is_some() { &statements } else { &[] };
     let bench = BenchCluster::start_with(config.data_dir.as_deref(), config.keep, more).await?;
     let db = bench.db.clone();
     let narrow = bench.one_row_insert_script().await?;
@@ -144,13 +144,13 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     );
     println!();
-    if config.statements {
+    if config.statements.is_some() {
         let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
         sqlx::raw_sql("CREATE EXTENSION pg_stat_statements").execute(tx.conn()).await?;
         tx.commit().await?;
     }
     for clients in [1usize, 4, 16] {
-        if config.statements && clients == 1 {
+        if config.statements == Some(clients) {
             let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
             sqlx::raw_sql("SELECT pg_stat_statements_reset()").execute(tx.conn()).await?;
             tx.commit().await?;
@@ -158,7 +158,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         let retried = bc_eventstore::retries();
         let rust = cycles(&app, &cycle_pool, clients, config.run_for).await?;
         let retries = crate::retries_per_cycle(&retried, (rust * config.run_for.as_secs_f64()).round() as usize);
-        if config.statements && clients == 1 {
+        if config.statements == Some(clients) {
             print_statements(&db).await?;
         }
         let run =

@@ -170,15 +170,17 @@ pub struct HintWalkStep {
 impl App {
     /// One step of the walk over the free-capacity hints: the next `limit` nodes after `after`, in id order.
     ///
-    /// The hints move by the changes each commit reports, right after it; one that was lost (the connection broke
-    /// between the COMMIT and that call, or the call failed and only warned) would stay wrong until the node
-    /// changes again. The worker walks every node this way, a few at a time:
+    /// The hints move by the changes each commit reports, shortly after it (the pool's writer of follow-ups merges
+    /// those of concurrent commits); one that was lost (the process stopped before the write, or the write failed and
+    /// only warned) would stay wrong until the node changes again. The worker walks every node this way, a few at a
+    /// time, in the lock order of `adjust_free` (free counts, then each node's fit lock):
     /// - `node_fit` is recounted whole (`refit_nodes` locks each node and reads after the lock, so it never
     ///   writes what a commit it did not see would undo);
     /// - a free count is a running sum, and a commit's change reaches it just after the commit: a recount taken
     ///   in between would count that change twice. So a disagreeing count is only reported, and corrected when the
     ///   next walk finds it disagreeing the same way with the node's `booking_changes` unchanged (checked again in
-    ///   the correcting statement): then no change can be on its way.
+    ///   the correcting statement): then no change can be on its way (a write of follow-ups that waited that long
+    ///   would have failed).
     pub async fn walk_free_capacity(
         &self,
         after: Option<&str>,
@@ -196,7 +198,6 @@ impl App {
             tx.commit().await?;
             return Ok(step);
         }
-        hints::refit(&mut tx, &nodes).await?;
         for seen in hints::disagreeing_free_counts(&mut tx, &nodes).await? {
             if seen_before.contains(&seen) && hints::correct_free_count(&mut tx, &seen).await? {
                 tracing::warn!(node = %seen.node_id, class = %seen.class, held = seen.held, recount = seen.recount,
@@ -206,6 +207,7 @@ impl App {
             }
             step.disagreeing.push(seen);
         }
+        hints::refit(&mut tx, &nodes).await?;
         tx.commit().await?;
         Ok(step)
     }

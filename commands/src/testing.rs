@@ -146,8 +146,9 @@ impl Fleet {
     }
 
     /// A node's free-capacity summary for GPUs, (atoms, atoms without a live booking), and the ends of its atoms'
-    /// live bookings in device id order (`None`: no live booking).
+    /// live bookings in device id order (`None`: no live booking), once every command's change has reached the hints.
     pub async fn free_capacity(&self, node: &NodeId) -> ((i32, i32), Vec<Option<i64>>) {
+        self.app.db().follow_ups_written().await;
         let mut tx = self.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
         let summary: (i32, i32) =
             sql::query_as("SELECT atoms, free FROM node_free WHERE node_id = $1 AND class = 'gpu'")

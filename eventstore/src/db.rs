@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use crate::Position;
 use crate::conns::{Conn, Pool, PoolStats};
 use crate::error::{Error, Result, RetryReason, sql_state};
+use crate::follow_up::{Batch, FollowUpFigures, FollowUps};
 
 /// SQLSTATE `25P02`: a statement ran in a transaction that an earlier error had already aborted.
 const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
@@ -114,6 +115,8 @@ pub struct Db {
     /// The highest position this process's committed transactions appended, so a reader of the log in the same
     /// process (the event stream's hub) wakes at once instead of at its next poll.
     appends: Arc<watch::Sender<Position>>,
+    /// The writer of the follow-ups committed transactions hand over ([`Tx::follow_up`]).
+    follow_ups: Arc<FollowUps>,
 }
 
 impl Db {
@@ -134,6 +137,7 @@ impl Db {
         }
         let pool = Pool::new(options, config.max_connections, config.acquire_timeout, Duration::from_secs(300));
         Db {
+            follow_ups: Arc::new(FollowUps::new(pool.clone())),
             pool,
             statement_timeout_ms: config.statement_timeout.as_millis(),
             appends: Arc::new(watch::channel(Position::START).0),
@@ -166,8 +170,21 @@ impl Db {
         self.pool.stats()
     }
 
-    /// Closes every connection; later calls fail.
+    /// Waits until the follow-ups of every transaction this process committed before the call are written
+    /// ([`Tx::follow_up`]), so what it reads next reflects them; for at most two seconds, after which it goes on. Call
+    /// it holding no transaction of this pool: the writer needs a connection.
+    pub async fn follow_ups_written(&self) {
+        self.follow_ups.settled().await;
+    }
+
+    /// What the writer of follow-ups has done since this pool was made (for `/metrics`).
+    pub fn follow_up_figures(&self) -> FollowUpFigures {
+        self.follow_ups.figures()
+    }
+
+    /// Writes the follow-ups still queued, then closes every connection; later calls fail.
     pub async fn close(&self) {
+        self.follow_ups.settled().await;
         self.pool.close().await;
     }
 
@@ -248,6 +265,8 @@ impl Db {
                 appended: None,
                 appends: Arc::clone(&self.appends),
                 after_commit: Vec::new(),
+                follow_ups: Vec::new(),
+                writer: Arc::clone(&self.follow_ups),
                 deferred: Vec::new(),
             };
             match sqlx::raw_sql(AssertSqlSafe(text.clone())).fetch_all(tx.conn()).await {
@@ -322,6 +341,9 @@ pub struct Tx {
     appends: Arc<watch::Sender<Position>>,
     /// Calls sent right after COMMIT, in the same message (see [`Tx::after_commit`]).
     after_commit: Vec<String>,
+    /// Calls handed to the pool's writer once committed (see [`Tx::follow_up`]).
+    follow_ups: Batch,
+    writer: Arc<FollowUps>,
     /// Calls sent right before COMMIT, in the same message (see [`Tx::defer`]).
     deferred: Vec<String>,
 }
@@ -349,6 +371,16 @@ impl Tx {
         self.after_commit.push(call.statement());
     }
 
+    /// Calls `function` with `array` (a JSON array) after this transaction commits, by the pool's writer of
+    /// follow-ups, which merges the arrays that commits hand it for the same function into one call (the module
+    /// `follow_up` says why): for a hint that may lag its commit, that many commits change at once, and that
+    /// something repairs when a follow-up is lost (it is written at most once; the process may stop first). Like
+    /// [`Tx::after_commit`] it runs outside the transaction, only when it commits, and must catch its own errors;
+    /// unlike it, nothing waits for it. [`Db::follow_ups_written`] waits for it.
+    pub fn follow_up(&mut self, function: &'static str, array: &str) {
+        self.follow_ups.push((function, array.to_owned()));
+    }
+
     /// Sends `call` with this transaction's COMMIT, in the same round trip and before it, inside the transaction:
     /// for a write whose answer nobody needs and that nothing later in the transaction reads (a wake queued for the
     /// worker). An error from it is the commit's, and rolls everything back. Calls run in the order they were
@@ -372,10 +404,11 @@ impl Tx {
         rows.iter().map(|row| first_text(std::slice::from_ref(row))).collect()
     }
 
-    /// Forgets the calls [`Tx::after_commit`] queued (a rebuild into a scratch schema queues calls for the live
-    /// tables that must not run).
+    /// Forgets the calls [`Tx::after_commit`] and [`Tx::follow_up`] queued (a rebuild into a scratch schema queues
+    /// calls for the live tables that must not run).
     pub fn clear_after_commit(&mut self) {
         self.after_commit.clear();
+        self.follow_ups.clear();
     }
 
     /// Records that this transaction appended up to `position` (see [`Db::appends`]).
@@ -414,6 +447,7 @@ impl Tx {
         match sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(self.conn.get()).await {
             Ok(rows) => {
                 self.open = false;
+                self.hand_over_follow_ups().await;
                 if let Some(position) = self.appended {
                     self.appends.send_if_modified(|highest| {
                         let higher = position > *highest;
@@ -440,6 +474,24 @@ impl Tx {
                     self.rollback().await;
                 }
                 Err(err.into())
+            }
+        }
+    }
+
+    /// After the commit: the follow-ups go to the pool's writer, or, when there is none, are sent here at once.
+    async fn hand_over_follow_ups(&mut self) {
+        if self.follow_ups.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.follow_ups);
+        if let Err(batch) = self.writer.hand_over(batch) {
+            let text = crate::follow_up::statement(vec![batch]);
+            if !text.is_empty() {
+                let result = sqlx::raw_sql(AssertSqlSafe(text)).execute(self.conn.get()).await.map(drop);
+                self.writer.counted(&result);
+                if let Err(err) = result {
+                    tracing::warn!(error = %err, "writing a committed transaction's follow-ups failed; they are lost");
+                }
             }
         }
     }
@@ -487,11 +539,12 @@ impl Tx {
     {
         sqlx::raw_sql(AssertSqlSafe(format!("SAVEPOINT {name}"))).execute(self.conn()).await.map_err(Error::from)?;
         // What the savepoint queued for the commit goes with it when it is rolled back.
-        let marks = (self.deferred.len(), self.after_commit.len());
+        let marks = (self.deferred.len(), self.after_commit.len(), self.follow_ups.len());
         let result = self.run_to_release(name, f).await;
         if result.is_err() {
             self.deferred.truncate(marks.0);
             self.after_commit.truncate(marks.1);
+            self.follow_ups.truncate(marks.2);
         }
         result
     }

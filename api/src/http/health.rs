@@ -37,6 +37,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
     let scrape = crate::metrics::Scrape {
         figures,
         connections: state.app.connections(),
+        follow_ups: state.app.db().follow_up_figures(),
         denials: state.app.denials(),
         subscribers: state.events.subscribers(),
     };

@@ -52,6 +52,8 @@ async fn metrics_describe_requests_by_route_and_the_database_as_it_is() {
         .await
         .expect("acquire")
         .expect("free");
+    // The reserve's hint changes have been written by the pool's writer of follow-ups.
+    fleet.app.db().follow_ups_written().await;
 
     let text = scrape(&api).await;
     assert_eq!(
@@ -100,6 +102,13 @@ async fn metrics_describe_requests_by_route_and_the_database_as_it_is() {
     assert!(sample(&text, "bc_heartbeats_written_total").is_some_and(|n| n <= beats.heartbeats as f64));
     assert!(sample(&text, "bc_heartbeat_transactions_total").is_some_and(|n| n <= beats.transactions as f64));
     assert!(sample(&text, "bc_heartbeat_transactions_failed_total").is_some());
+    // The placements above moved the hints through the pool's writer of follow-ups.
+    let follow_ups = fleet.app.db().follow_up_figures();
+    let commits = sample(&text, "bc_hint_follow_up_commits_total").expect("follow-up commits");
+    let writes = sample(&text, "bc_hint_follow_up_writes_total").expect("follow-up writes");
+    assert!(commits >= 1.0 && commits <= follow_ups.commits as f64, "{commits} {follow_ups:?}");
+    assert!(writes >= 1.0 && writes <= commits, "{writes} {commits}");
+    assert_eq!(sample(&text, "bc_hint_follow_up_writes_failed_total"), Some(0.0));
     assert!(text.ends_with("# EOF\n"));
     lease::release(&fleet.t.db, &lease).await.expect("release");
 

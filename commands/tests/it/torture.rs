@@ -316,7 +316,14 @@ async fn capacity_torture_keeps_every_invariant() {
         .sum();
     assert!(made > 300, "the run made {made} reservations");
 
-    // Every writer has finished; READ COMMITTED lets the inline rebuild below wait for the horizon.
+    // Every writer has finished, and so has the writer of the hints that follow the commits (each of its writes merged
+    // the changes of the commits queued behind it; none failed).
+    db.follow_ups_written().await;
+    let follow_ups = db.follow_up_figures();
+    assert_eq!(follow_ups.failed, 0, "a write of the hints failed (seed {seed}): {follow_ups:?}");
+    assert!(follow_ups.writes <= follow_ups.commits, "{follow_ups:?}");
+    println!("hint follow-ups: {follow_ups:?}");
+    // READ COMMITTED lets the inline rebuild below wait for the horizon.
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
     // Over what every reservation held (`held_cte!`: ended ones too, whose bookings are gone), no two reservations
     // ever held one device at the same time.

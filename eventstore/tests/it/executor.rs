@@ -281,6 +281,95 @@ async fn calls_after_commit_run_in_order_outside_the_transaction_and_only_when_i
 }
 
 #[tokio::test]
+async fn follow_ups_queued_behind_a_write_are_merged_into_the_next_one_and_never_written_for_a_rollback() {
+    let t = with_scratch_table().await;
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    for statement in ["CREATE SEQUENCE writes", "CREATE TABLE followed (write bigint, v int, committed boolean)"] {
+        sql::query(statement).execute(tx.conn()).await.expect("create");
+    }
+    sql::query(
+        "CREATE FUNCTION follow(p jsonb) RETURNS void LANGUAGE sql AS $$
+             WITH w AS (SELECT nextval('writes') AS n)
+             INSERT INTO followed
+             SELECT w.n, (e #>> '{}')::int, EXISTS (SELECT 1 FROM scratch WHERE id = (e #>> '{}')::int)
+             FROM w, jsonb_array_elements(p) WITH ORDINALITY AS a(e, i) ORDER BY a.i
+         $$",
+    )
+    .execute(tx.conn())
+    .await
+    .expect("function");
+    tx.commit().await.expect("commit");
+    let commit = |v: i32| {
+        let db = t.db.clone();
+        async move {
+            let mut tx = db.begin(TxOptions::COMMAND).await.expect("begin");
+            sql::query("INSERT INTO scratch VALUES ($1)").bind(v).execute(tx.conn()).await.expect("insert");
+            tx.follow_up("follow", &format!("[{v}]"));
+            tx.commit().await.expect("commit");
+        }
+    };
+
+    // The first follow-up's write waits behind a lock, while five more commits hand theirs over.
+    let mut holder = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query("LOCK TABLE followed").execute(holder.conn()).await.expect("lock");
+    commit(1).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sql::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(holder.conn())
+        .await
+        .expect("activity");
+        if waiting == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the first write never waited at the lock");
+        tokio::task::yield_now().await;
+    }
+    for v in 2..=6 {
+        commit(v).await;
+    }
+    // A rolled back transaction's follow-up, and one of a rolled back savepoint, are never written.
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    tx.follow_up("follow", "[99]");
+    tx.rollback().await;
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    sql::query("INSERT INTO scratch VALUES (7)").execute(tx.conn()).await.expect("insert");
+    tx.savepoint(|tx| {
+        async move {
+            tx.follow_up("follow", "[98]");
+            Err::<(), _>(Error::Internal("changed my mind".to_owned()))
+        }
+        .scope_boxed()
+    })
+    .await
+    .expect_err("rolled back");
+    tx.follow_up("follow", "[7]");
+    tx.commit().await.expect("commit");
+    let sent = t.db.follow_up_figures();
+    holder.rollback().await;
+    assert_eq!(sent.writes, 1, "only the first write was sent: {sent:?}");
+
+    t.db.follow_ups_written().await;
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let followed: Vec<(i64, i32, bool)> =
+        sql::query_as("SELECT write, v, committed FROM followed ORDER BY write, ctid")
+            .fetch_all(tx.conn())
+            .await
+            .expect("read");
+    tx.commit().await.expect("commit");
+    let merged: Vec<(i64, i32, bool)> = [2, 3, 4, 5, 6, 7].into_iter().map(|v| (2, v, true)).collect();
+    assert_eq!(
+        followed,
+        [vec![(1, 1, true)], merged].concat(),
+        "the first alone, the six queued behind it in one write, in order, each after its commit"
+    );
+    let figures = t.db.follow_up_figures();
+    assert_eq!((figures.commits, figures.writes, figures.failed), (7, 2, 0));
+}
+
+#[tokio::test]
 async fn deferred_calls_run_with_the_commit_inside_the_transaction_and_an_error_there_rolls_it_all_back() {
     use bc_eventstore::sql::Call;
     let t = with_scratch_table().await;

@@ -638,10 +638,11 @@ async fn touch_for_booking(tx: &mut Tx, devices: &[&str]) -> Result<()> {
 }
 
 /// Moves the free-capacity hint by `deltas` (a JSON array of [node, class, change] from the inline functions)
-/// right after this transaction commits (see `node_free`).
+/// after this transaction commits (see `node_free`), through the pool's writer of follow-ups, which merges the
+/// changes of concurrent commits into one `adjust_free`.
 fn adjust_after_commit(tx: &mut Tx, deltas: &str) {
     if deltas != "[]" {
-        tx.after_commit(&sql::Call::new("adjust_free").jsonb(deltas));
+        tx.follow_up("adjust_free", deltas);
     }
 }
 
