@@ -303,7 +303,7 @@ pub async fn serve_with(
         .role
         .serves_api()
         .then(|| LeaseKeeper::start(db.clone(), format!("gateway:{owner}"), owner.clone(), options.gateway_lease));
-    let mut app = App::new(db).with_authorizer(auth);
+    let mut app = App::new(db.clone()).with_authorizer(auth);
     if let Some(pki) = &options.pki {
         app = app.with_pki(Arc::clone(&pki.bundle));
     }
@@ -350,6 +350,9 @@ pub async fn serve_with(
     if let Some(gateway) = gateway {
         gateway.stop().await;
     }
+    // The hint changes of the last commits, still with the writer of follow-ups, are written before the process
+    // goes (the hints' walk would repair them, but later).
+    db.follow_ups_written().await;
     served
 }
 

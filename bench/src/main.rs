@@ -166,11 +166,11 @@ struct BenchReserveArgs {
     #[arg(long, default_value_t = 200)]
     samples: usize,
 
-    /// Load pg_stat_statements (nested statements included) and print where the cycles with this many clients
-    /// (1, 4 or 16; 1 when no number is given) spent the server's time: the statements by total execution time,
-    /// with their calls and planning time.
-    #[arg(long, num_args = 0..=1, default_missing_value = "1", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["1", "4", "16"]), |v| v.parse::<usize>().unwrap_or(1)))]
-    statements: Option<usize>,
+    /// Load pg_stat_statements (nested statements included) and print where the server spent its time over the
+    /// cycles with this many clients (1, 4 or 16; 1 when no value is given), or over the 8-GPU placements
+    /// (`placement`): the statements by total execution time, with their calls and planning time.
+    #[arg(long, num_args = 0..=1, default_missing_value = "1", value_parser = ["1", "4", "16", "placement"])]
+    statements: Option<String>,
 
     /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
     #[arg(long)]

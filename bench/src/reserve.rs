@@ -24,8 +24,9 @@ pub struct ReserveBenchConfig {
     pub run_for: Duration,
     /// How many placements the latency figures are taken over.
     pub samples: usize,
-    /// Print the server's time by statement for the cycles with this many clients (pg_stat_statements).
-    pub statements: Option<usize>,
+    /// Print the server's time by statement (pg_stat_statements) for the cycles with this many clients ("1", "4",
+    /// "16") or for the 8-GPU placements ("placement").
+    pub statements: Option<String>,
     pub data_dir: Option<PathBuf>,
     pub keep: bool,
 }
@@ -150,7 +151,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         tx.commit().await?;
     }
     for clients in [1usize, 4, 16] {
-        if config.statements == Some(clients) {
+        if config.statements.as_deref() == Some(clients.to_string().as_str()) {
             let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
             sqlx::raw_sql("SELECT pg_stat_statements_reset()").execute(tx.conn()).await?;
             tx.commit().await?;
@@ -158,7 +159,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         let retried = bc_eventstore::retries();
         let rust = cycles(&app, &cycle_pool, clients, config.run_for).await?;
         let retries = crate::retries_per_cycle(&retried, (rust * config.run_for.as_secs_f64()).round() as usize);
-        if config.statements == Some(clients) {
+        if config.statements.as_deref() == Some(clients.to_string().as_str()) {
             print_statements(&db).await?;
         }
         let run =
@@ -176,6 +177,12 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
     }
 
     let who = bench_caller("latency@bench")?;
+    let placements_profiled = config.statements.as_deref() == Some("placement");
+    if placements_profiled {
+        let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+        sqlx::raw_sql("SELECT pg_stat_statements_reset()").execute(tx.conn()).await?;
+        tx.commit().await?;
+    }
     let mut latencies = Vec::with_capacity(config.samples);
     for n in 0..config.samples {
         let started = Instant::now();
@@ -185,6 +192,9 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         latencies.push(started.elapsed());
         anyhow::ensure!(reserved.value.reservation.allocations.len() == 1, "the 8-GPU request was not placed");
         app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
+    }
+    if placements_profiled {
+        print_statements(&db).await?;
     }
     latencies.sort();
     println!();
