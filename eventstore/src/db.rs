@@ -358,8 +358,9 @@ impl Tx {
     /// would answer COMMIT with ROLLBACK; that is reported as [`Error::Internal`], never as success.
     pub async fn commit(self) -> Result<()> {
         // A statement before COMMIT in the same round trip fails with 25P02 when the transaction is aborted;
-        // COMMIT alone would silently roll back.
-        self.commit_after("SELECT 1".to_owned()).await.map(drop)
+        // COMMIT alone would silently roll back. A deferred call is such a statement already.
+        let guard = if self.deferred.is_empty() { "SELECT 1" } else { "" };
+        self.commit_after(guard.to_owned()).await.map(drop)
     }
 
     /// Sends `call` right after this transaction's COMMIT, in the same round trip, outside the transaction (in its
@@ -430,16 +431,15 @@ impl Tx {
         first_text(&rows)
     }
 
-    /// The deferred calls, `statement` and COMMIT in one message; the rows the statement answered.
+    /// The deferred calls, `statement` (none when empty) and COMMIT in one message; the rows the statement answered.
     async fn commit_after(mut self, statement: String) -> Result<Vec<PgRow>> {
         let deferred = self.deferred.len();
-        let mut text = String::new();
-        for call in self.deferred.drain(..) {
-            text.push_str(&call);
-            text.push_str("; ");
+        let mut parts: Vec<String> = self.deferred.drain(..).collect();
+        if !statement.is_empty() {
+            parts.push(statement);
         }
-        text.push_str(&statement);
-        text.push_str("; COMMIT");
+        parts.push("COMMIT".to_owned());
+        let mut text = parts.join("; ");
         for call in self.after_commit.drain(..) {
             text.push_str("; ");
             text.push_str(&call);

@@ -31,6 +31,15 @@ async fn a_caught_statement_error_followed_by_commit_is_an_internal_error() {
     assert!(matches!(err, Error::Internal(_)), "{err}");
     assert_eq!(err.code(), "INTERNAL_ERROR");
     assert_eq!(count(&t).await, 0, "nothing was committed");
+
+    // With a call deferred to the commit's message (which then stands in for the guard before COMMIT), the same.
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.expect("insert");
+    sql::query("INSERT INTO scratch VALUES (1)").execute(tx.conn()).await.expect_err("duplicate");
+    tx.defer(&sql::Call::new("version"));
+    let err = tx.commit().await.expect_err("the commit must not report success");
+    assert!(matches!(err, Error::Internal(_)), "{err}");
+    assert_eq!(count(&t).await, 0, "nothing was committed");
 }
 
 #[tokio::test]
