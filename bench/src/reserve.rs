@@ -94,6 +94,14 @@ async fn cycles(app: &App, pool: &PoolId, clients: usize, run_for: Duration) -> 
     .await
 }
 
+/// Forgets what pg_stat_statements counted so far.
+async fn reset_statements(db: &Db) -> anyhow::Result<()> {
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    sqlx::raw_sql("SELECT pg_stat_statements_reset()").execute(tx.conn()).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// The statements the server spent the most time on since the last reset, nested ones included.
 async fn print_statements(db: &Db) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_ONLY).await?;
@@ -151,15 +159,14 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         tx.commit().await?;
     }
     for clients in [1usize, 4, 16] {
-        if config.statements.as_deref() == Some(clients.to_string().as_str()) {
-            let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-            sqlx::raw_sql("SELECT pg_stat_statements_reset()").execute(tx.conn()).await?;
-            tx.commit().await?;
+        let profiled = config.statements.as_deref() == Some(clients.to_string().as_str());
+        if profiled {
+            reset_statements(&db).await?;
         }
         let retried = bc_eventstore::retries();
         let rust = cycles(&app, &cycle_pool, clients, config.run_for).await?;
         let retries = crate::retries_per_cycle(&retried, (rust * config.run_for.as_secs_f64()).round() as usize);
-        if config.statements.as_deref() == Some(clients.to_string().as_str()) {
+        if profiled {
             print_statements(&db).await?;
         }
         let run =
@@ -179,9 +186,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
     let who = bench_caller("latency@bench")?;
     let placements_profiled = config.statements.as_deref() == Some("placement");
     if placements_profiled {
-        let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-        sqlx::raw_sql("SELECT pg_stat_statements_reset()").execute(tx.conn()).await?;
-        tx.commit().await?;
+        reset_statements(&db).await?;
     }
     let mut latencies = Vec::with_capacity(config.samples);
     for n in 0..config.samples {

@@ -179,8 +179,8 @@ impl App {
     /// - a free count is a running sum, and a commit's change reaches it just after the commit: a recount taken
     ///   in between would count that change twice. So a disagreeing count is only reported, and corrected when the
     ///   next walk finds it disagreeing the same way with the node's `booking_changes` unchanged (checked again in
-    ///   the correcting statement): then no change can be on its way (a write of follow-ups that waited that long
-    ///   would have failed).
+    ///   the correcting statement): then no change is on its way, as long as the walks are further apart than a
+    ///   write of follow-ups can take (it is written or lost within the pool's acquire and statement timeouts).
     pub async fn walk_free_capacity(
         &self,
         after: Option<&str>,

@@ -35,7 +35,8 @@ pub struct WorkerConfig {
     pub liveness_sweep: Duration,
     /// How often the worker serving shard 0 walks the free-capacity hints of the next
     /// [`WorkerConfig::hint_recount_nodes`] nodes ([`App::walk_free_capacity`]): with the defaults, 10,000 nodes
-    /// in about eight minutes.
+    /// in about eight minutes. Keep it above the longest a write of the hints can take (the pool's acquire and
+    /// statement timeouts, 20 s by default): two sightings of a wrong count must be further apart than that.
     pub hint_recount: Duration,
     pub hint_recount_nodes: i64,
 }
@@ -49,8 +50,8 @@ impl Default for WorkerConfig {
             idle_poll: Duration::from_millis(200),
             backoff: Backoff::default(),
             liveness_sweep: Duration::from_secs(1),
-            hint_recount: Duration::from_secs(10),
-            hint_recount_nodes: 200,
+            hint_recount: Duration::from_secs(30),
+            hint_recount_nodes: 600,
         }
     }
 }

@@ -137,7 +137,7 @@ impl Db {
         }
         let pool = Pool::new(options, config.max_connections, config.acquire_timeout, Duration::from_secs(300));
         Db {
-            follow_ups: Arc::new(FollowUps::new(pool.clone())),
+            follow_ups: Arc::new(FollowUps::new(pool.clone(), config.statement_timeout.as_millis())),
             pool,
             statement_timeout_ms: config.statement_timeout.as_millis(),
             appends: Arc::new(watch::channel(Position::START).0),
@@ -484,15 +484,10 @@ impl Tx {
             return;
         }
         let batch = std::mem::take(&mut self.follow_ups);
-        if let Err(batch) = self.writer.hand_over(batch) {
-            let text = crate::follow_up::statement(vec![batch]);
-            if !text.is_empty() {
-                let result = sqlx::raw_sql(AssertSqlSafe(text)).execute(self.conn.get()).await.map(drop);
-                self.writer.counted(&result);
-                if let Err(err) = result {
-                    tracing::warn!(error = %err, "writing a committed transaction's follow-ups failed; they are lost");
-                }
-            }
+        if let Err(batch) = self.writer.hand_over(batch)
+            && !self.writer.write_on(self.conn.get(), batch).await
+        {
+            self.conn.discard();
         }
     }
 

@@ -8,16 +8,17 @@
 //! commits; alone, a follow-up is written right after its commit.
 //!
 //! A follow-up is written at most once and may be lost (the process exits between the commit and the write, or the
-//! write fails): what it maintains must be a hint that something else repairs. [`FollowUps::settled`] waits until
-//! everything queued before it was written, so a reader in the same process sees the hints of every command that
-//! answered before it started.
+//! write fails): what it maintains must be a hint that something else repairs. A write runs under the pool's
+//! statement timeout, so a change is either written or lost within the acquire and statement timeouts.
+//! [`FollowUps::settled`] waits until everything queued before it was written (tests that read the hints, and a
+//! pool closing).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sqlx::AssertSqlSafe;
+use sqlx::{AssertSqlSafe, PgConnection};
 use tokio::sync::{mpsc, watch};
 
 use crate::conns::Pool;
@@ -36,6 +37,8 @@ pub(crate) type Batch = Vec<(&'static str, String)>;
 #[derive(Debug)]
 pub(crate) struct FollowUps {
     pool: Pool,
+    /// How each write starts: the statement timeout for the rest of its message.
+    timeout: Arc<str>,
     sender: OnceLock<Option<mpsc::UnboundedSender<Batch>>>,
     /// Commits whose follow-ups were handed to the writer.
     queued: AtomicU64,
@@ -47,9 +50,9 @@ pub(crate) struct FollowUps {
 
 /// How many writes of follow-ups were sent, and how many of them failed.
 #[derive(Debug, Default)]
-pub(crate) struct Writes {
-    pub(crate) sent: AtomicU64,
-    pub(crate) failed: AtomicU64,
+struct Writes {
+    sent: AtomicU64,
+    failed: AtomicU64,
 }
 
 /// What the writer of follow-ups has done since the pool was made ([`crate::Db::follow_up_figures`]).
@@ -64,9 +67,10 @@ pub struct FollowUpFigures {
 }
 
 impl FollowUps {
-    pub(crate) fn new(pool: Pool) -> FollowUps {
+    pub(crate) fn new(pool: Pool, statement_timeout_ms: u128) -> FollowUps {
         FollowUps {
             pool,
+            timeout: format!("SELECT set_config('statement_timeout', '{statement_timeout_ms}', true)").into(),
             sender: OnceLock::new(),
             queued: AtomicU64::new(0),
             written: Arc::new(watch::channel(0).0),
@@ -82,12 +86,13 @@ impl FollowUps {
         }
     }
 
-    /// Counts a write the caller sent itself (when there was no writer).
-    pub(crate) fn counted(&self, result: &Result<(), sqlx::Error>) {
-        self.writes.sent.fetch_add(1, Ordering::AcqRel);
-        if result.is_err() {
-            self.writes.failed.fetch_add(1, Ordering::AcqRel);
-        }
+    /// Writes one committed transaction's follow-ups on `conn` now (when [`FollowUps::hand_over`] found no writer),
+    /// counted like the writer's. False when the server did not answer (the connection is broken).
+    pub(crate) async fn write_on(&self, conn: &mut PgConnection, batch: Batch) -> bool {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let answered = write_batches(conn, &self.timeout, &self.writes, vec![batch]).await;
+        self.written.send_modify(|done| *done += 1);
+        answered
     }
 
     /// Hands one committed transaction's follow-ups to the writer; gives them back when there is no writer (no
@@ -96,7 +101,13 @@ impl FollowUps {
         let sender = self.sender.get_or_init(|| {
             let runtime = tokio::runtime::Handle::try_current().ok()?;
             let (sender, receiver) = mpsc::unbounded_channel();
-            runtime.spawn(write(receiver, self.pool.clone(), Arc::clone(&self.written), Arc::clone(&self.writes)));
+            let writer = Writer {
+                pool: self.pool.clone(),
+                timeout: Arc::clone(&self.timeout),
+                written: Arc::clone(&self.written),
+                writes: Arc::clone(&self.writes),
+            };
+            runtime.spawn(writer.run(receiver));
             Some(sender)
         });
         let Some(sender) = sender else { return Err(batch) };
@@ -116,7 +127,6 @@ impl FollowUps {
             return;
         }
         let Some(Some(sender)) = self.sender.get() else { return };
-        let sender = sender.clone();
         let wait = async {
             tokio::select! {
                 _ = written.wait_for(|done| *done >= target) => {}
@@ -129,36 +139,64 @@ impl FollowUps {
     }
 }
 
-/// The writer: takes every batch queued, writes them as one call per function, until the pool's last handle is gone.
-async fn write(
-    mut receiver: mpsc::UnboundedReceiver<Batch>,
+/// The writer task's share of [`FollowUps`].
+struct Writer {
     pool: Pool,
+    timeout: Arc<str>,
     written: Arc<watch::Sender<u64>>,
     writes: Arc<Writes>,
-) {
-    while let Some(first) = receiver.recv().await {
-        let mut batches = vec![first];
-        while batches.len() < MOST_PER_WRITE {
-            match receiver.try_recv() {
-                Ok(batch) => batches.push(batch),
-                Err(_) => break,
+}
+
+impl Writer {
+    /// Takes every batch queued, writes them as one call per function, until the pool's last handle is gone.
+    async fn run(self, mut receiver: mpsc::UnboundedReceiver<Batch>) {
+        while let Some(first) = receiver.recv().await {
+            let mut batches = vec![first];
+            while batches.len() < MOST_PER_WRITE {
+                match receiver.try_recv() {
+                    Ok(batch) => batches.push(batch),
+                    Err(_) => break,
+                }
             }
-        }
-        let count = batches.len() as u64;
-        let text = statement(batches);
-        if !text.is_empty() {
-            writes.sent.fetch_add(1, Ordering::AcqRel);
-            if let Err(err) = send(&pool, text).await {
-                writes.failed.fetch_add(1, Ordering::AcqRel);
-                tracing::warn!(error = %err, commits = count, "writing follow-ups of committed transactions failed; they are lost");
+            let count = batches.len() as u64;
+            match self.pool.acquire().await {
+                Ok(mut conn) => {
+                    if !write_batches(conn.get(), &self.timeout, &self.writes, batches).await {
+                        // No answer from the server: the connection is not handed out again.
+                        conn.discard();
+                    }
+                }
+                Err(err) => {
+                    self.writes.sent.fetch_add(1, Ordering::AcqRel);
+                    self.writes.failed.fetch_add(1, Ordering::AcqRel);
+                    tracing::warn!(error = %err, commits = count, "no connection to write follow-ups of committed transactions; they are lost");
+                }
             }
+            self.written.send_modify(|done| *done += count);
         }
-        written.send_modify(|done| *done += count);
+    }
+}
+
+/// Writes `batches` on `conn` as one message, its statements under the pool's statement timeout, and counts the write.
+/// False when the server did not answer (the connection is broken).
+async fn write_batches(conn: &mut PgConnection, timeout: &str, writes: &Writes, batches: Vec<Batch>) -> bool {
+    let calls = statement(batches);
+    if calls.is_empty() {
+        return true;
+    }
+    writes.sent.fetch_add(1, Ordering::AcqRel);
+    match sqlx::raw_sql(AssertSqlSafe(format!("{timeout}; {calls}"))).execute(conn).await {
+        Ok(_) => true,
+        Err(err) => {
+            writes.failed.fetch_add(1, Ordering::AcqRel);
+            tracing::warn!(error = %err, "writing follow-ups of committed transactions failed; they are lost");
+            err.as_database_error().is_some()
+        }
     }
 }
 
 /// One call per function, its argument the concatenation of every batch's arrays for it, in the order queued.
-pub(crate) fn statement(batches: Vec<Batch>) -> String {
+fn statement(batches: Vec<Batch>) -> String {
     let mut merged: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
     for (function, array) in batches.into_iter().flatten() {
         let inner = array.trim().strip_prefix('[').and_then(|rest| rest.strip_suffix(']')).unwrap_or("").trim();
@@ -171,16 +209,6 @@ pub(crate) fn statement(batches: Vec<Batch>) -> String {
         .map(|(function, parts)| crate::sql::Call::new(function).jsonb(&format!("[{}]", parts.join(", "))).statement())
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-async fn send(pool: &Pool, text: String) -> Result<(), sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    let result = sqlx::raw_sql(AssertSqlSafe(text)).execute(conn.get()).await.map(drop);
-    if result.as_ref().is_err_and(|err| err.as_database_error().is_none()) {
-        // No answer from the server: the connection is not handed out again.
-        conn.discard();
-    }
-    result
 }
 
 #[cfg(test)]

@@ -293,14 +293,17 @@ async fn calls_after_commit_run_in_order_outside_the_transaction_and_only_when_i
 async fn follow_ups_queued_behind_a_write_are_merged_into_the_next_one_and_never_written_for_a_rollback() {
     let t = with_scratch_table().await;
     let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
-    for statement in ["CREATE SEQUENCE writes", "CREATE TABLE followed (write bigint, v int, committed boolean)"] {
+    for statement in
+        ["CREATE SEQUENCE writes", "CREATE TABLE followed (write bigint, v int, committed boolean, timeout text)"]
+    {
         sql::query(statement).execute(tx.conn()).await.expect("create");
     }
     sql::query(
         "CREATE FUNCTION follow(p jsonb) RETURNS void LANGUAGE sql AS $$
              WITH w AS (SELECT nextval('writes') AS n)
              INSERT INTO followed
-             SELECT w.n, (e #>> '{}')::int, EXISTS (SELECT 1 FROM scratch WHERE id = (e #>> '{}')::int)
+             SELECT w.n, (e #>> '{}')::int, EXISTS (SELECT 1 FROM scratch WHERE id = (e #>> '{}')::int),
+                    current_setting('statement_timeout')
              FROM w, jsonb_array_elements(p) WITH ORDINALITY AS a(e, i) ORDER BY a.i
          $$",
     )
@@ -362,16 +365,18 @@ async fn follow_ups_queued_behind_a_write_are_merged_into_the_next_one_and_never
 
     t.db.follow_ups_written().await;
     let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
-    let followed: Vec<(i64, i32, bool)> =
-        sql::query_as("SELECT write, v, committed FROM followed ORDER BY write, ctid")
+    let followed: Vec<(i64, i32, bool, String)> =
+        sql::query_as("SELECT write, v, committed, timeout FROM followed ORDER BY write, ctid")
             .fetch_all(tx.conn())
             .await
             .expect("read");
     tx.commit().await.expect("commit");
-    let merged: Vec<(i64, i32, bool)> = [2, 3, 4, 5, 6, 7].into_iter().map(|v| (2, v, true)).collect();
+    // Each write runs under the pool's statement timeout (30 s in tests), like every transaction.
+    let timeout = || "30s".to_owned();
+    let merged: Vec<_> = [2, 3, 4, 5, 6, 7].into_iter().map(|v| (2, v, true, timeout())).collect();
     assert_eq!(
         followed,
-        [vec![(1, 1, true)], merged].concat(),
+        [vec![(1, 1, true, timeout())], merged].concat(),
         "the first alone, the six queued behind it in one write, in order, each after its commit"
     );
     let figures = t.db.follow_up_figures();
