@@ -345,10 +345,42 @@ pub async fn stream_version(tx: &mut Tx, stream_id: &str) -> Result<u32> {
 /// transaction still running can precede. Events not returned now will be returned by a later call with
 /// the same cursor; none is ever skipped.
 pub async fn read_after(tx: &mut Tx, after: Position, limit: u32) -> Result<Vec<RecordedEvent>> {
+    read_after_selected(tx, after, limit, Selection::EVERYTHING).await
+}
+
+/// Which parts of each event a reader of the log needs beyond its position, stream, type and tenant: the rest
+/// is not sent, and reads back empty. A read model that handles a few types, or reads the payload of fewer, asks
+/// for those alone, and what it skips costs neither the server's sending nor the client's copying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selection<'a> {
+    /// The types whose metadata is read (`None`: every type).
+    pub metadata_of: Option<&'a [&'a str]>,
+    /// The types whose payload is read (`None`: every type whose metadata is read).
+    pub payload_of: Option<&'a [&'a str]>,
+}
+
+impl Selection<'_> {
+    /// Every part of every event.
+    pub const EVERYTHING: Selection<'static> = Selection { metadata_of: None, payload_of: None };
+}
+
+/// [`read_after`], sending of each event only what `selection` asks for: the payload and metadata of the others
+/// read back empty. The events returned, their order and the horizon are the same.
+pub async fn read_after_selected(
+    tx: &mut Tx,
+    after: Position,
+    limit: u32,
+    selection: Selection<'_>,
+) -> Result<Vec<RecordedEvent>> {
     let (epoch, txid, seq) = after.binds();
     let rows = sql::query(
         "SELECT e.log_epoch, e.txid::text AS txid, e.seq, e.stream_id, e.stream_version, e.event_type,
-                e.schema_version, e.tenant_id, e.payload, e.metadata,
+                e.schema_version, e.tenant_id,
+                CASE WHEN ($5::text[] IS NULL OR e.event_type = ANY($5::text[]))
+                          AND ($6::text[] IS NULL OR e.event_type = ANY($6::text[]))
+                     THEN e.payload ELSE ''::bytea END AS payload,
+                CASE WHEN $5::text[] IS NULL OR e.event_type = ANY($5::text[])
+                     THEN e.metadata ELSE ''::bytea END AS metadata,
                 floor(extract(epoch FROM e.recorded_at) * 1000)::int8 AS recorded_at_ms
          FROM events AS e
          WHERE (e.log_epoch, e.txid, e.seq) > ($1, $2::text::xid8, $3)
@@ -361,6 +393,8 @@ pub async fn read_after(tx: &mut Tx, after: Position, limit: u32) -> Result<Vec<
     .bind(txid)
     .bind(seq)
     .bind(i64::from(limit))
+    .bind(selection.metadata_of)
+    .bind(selection.payload_of)
     .fetch_all(tx.conn())
     .await?;
     rows.iter().map(RecordedEvent::from_row).collect()

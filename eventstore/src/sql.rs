@@ -184,3 +184,97 @@ mod tests {
         let _ = Call::new("f(); DROP TABLE events; SELECT g");
     }
 }
+
+/// Rows for `COPY ... FROM STDIN` in PostgreSQL's text format, written field by field: for a bulk write of many
+/// rows, which the server parses more cheaply than the same rows passed as arrays and unnested. Every value is
+/// escaped (a backslash, tab, newline or carriage return in a text cannot end a field or a row), so no value can
+/// change the statement or the rows' shape.
+#[derive(Debug, Default)]
+pub struct CopyRows {
+    data: Vec<u8>,
+    row_open: bool,
+    rows: u64,
+}
+
+impl CopyRows {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn separate(&mut self) {
+        if self.row_open {
+            self.data.push(b'\t');
+        }
+        self.row_open = true;
+    }
+
+    /// A text field (`None`: NULL).
+    pub fn text(&mut self, value: Option<&str>) -> &mut Self {
+        self.separate();
+        let Some(value) = value else {
+            self.data.extend_from_slice(b"\\N");
+            return self;
+        };
+        for byte in value.bytes() {
+            match byte {
+                b'\\' => self.data.extend_from_slice(b"\\\\"),
+                b'\t' => self.data.extend_from_slice(b"\\t"),
+                b'\n' => self.data.extend_from_slice(b"\\n"),
+                b'\r' => self.data.extend_from_slice(b"\\r"),
+                other => self.data.push(other),
+            }
+        }
+        self
+    }
+
+    /// An integer field (also for an `xid8` or `numeric` column).
+    pub fn int(&mut self, value: impl Into<i128>) -> &mut Self {
+        self.separate();
+        self.data.extend_from_slice(value.into().to_string().as_bytes());
+        self
+    }
+
+    /// A `timestamptz` field from milliseconds since the Unix epoch, written in UTC (RFC 3339).
+    pub fn timestamp_ms(&mut self, ms: i64) -> crate::Result<&mut Self> {
+        let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+            .map_err(|err| crate::Error::Internal(format!("the instant {ms} ms cannot be written: {err}")))?;
+        let text = at
+            .format(&time::format_description::well_known::Rfc3339)
+            .map_err(|err| crate::Error::Internal(format!("the instant {ms} ms cannot be written: {err}")))?;
+        Ok(self.text(Some(&text)))
+    }
+
+    /// Ends the current row.
+    pub fn end_row(&mut self) {
+        self.data.push(b'\n');
+        self.row_open = false;
+        self.rows += 1;
+    }
+
+    /// The rows ended so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Sends the rows with `statement` (a `COPY <table> (<columns>) FROM STDIN`, text format) in `tx`. Returns the
+    /// rows the server wrote, which must be the rows ended (an unfinished row is an error, and sends nothing).
+    pub async fn copy_in(self, tx: &mut crate::Tx, statement: &'static str) -> crate::Result<u64> {
+        if self.row_open {
+            return Err(crate::Error::Internal("a COPY row was left unfinished".to_owned()));
+        }
+        if self.rows == 0 {
+            return Ok(0);
+        }
+        let mut copy = tx.conn().copy_in_raw(statement).await?;
+        if let Err(err) = copy.send(self.data).await {
+            // The connection must leave the COPY state either way; the transaction is aborted by the error.
+            let _ = copy.abort("the rows could not be sent").await;
+            return Err(err.into());
+        }
+        let written = copy.finish().await?;
+        if written != self.rows {
+            return Err(crate::Error::Internal(format!("COPY wrote {written} rows of {}", self.rows)));
+        }
+        Ok(written)
+    }
+}

@@ -62,10 +62,16 @@ pub trait Projection: Send + Sync + 'static {
         types.is_empty() || types.contains(&event_type)
     }
 
-    /// Whether it reads the payload of the events of `event_type` it handles (every one, unless it says
-    /// otherwise): the others reach `apply` with their metadata but without a decoded event, and cost no decoding.
-    fn reads_payload(&self, _event_type: &str) -> bool {
-        true
+    /// The event types whose payload it reads, when fewer than it handles (`None`: every one it handles): the
+    /// others reach `apply` with their metadata but without a decoded event, and their payloads are neither sent
+    /// by the server nor decoded.
+    fn payload_types(&self) -> Option<&'static [&'static str]> {
+        None
+    }
+
+    /// Whether it reads the payload of the events of `event_type` it handles (see [`Projection::payload_types`]).
+    fn reads_payload(&self, event_type: &str) -> bool {
+        self.payload_types().is_none_or(|types| types.contains(&event_type))
     }
 
     fn lease_name(&self) -> String {
@@ -225,7 +231,12 @@ struct Batch {
 
 /// Reads up to `limit` events after `after` and decodes those `projection` handles.
 async fn read_batch(tx: &mut Tx, projection: &dyn Projection, after: Position, limit: u32) -> Result<Batch> {
-    let recorded = events::read_after(tx, after, limit).await?;
+    // Only the types it handles need their metadata, and only those whose payload it reads their payload; the
+    // rest of the batch is read for its positions alone.
+    let types = projection.event_types();
+    let selection =
+        events::Selection { metadata_of: (!types.is_empty()).then_some(types), payload_of: projection.payload_types() };
+    let recorded = events::read_after_selected(tx, after, limit, selection).await?;
     let passed = recorded.len();
     let last = recorded.last().cloned();
     let mut envelopes = Vec::new();

@@ -250,3 +250,74 @@ async fn an_append_with_its_inline_calls_lands_as_append_does_and_a_moved_head_r
     tx.commit().await.expect("commit");
     assert_eq!(written, vec![1, 2]);
 }
+
+#[tokio::test]
+async fn a_selected_read_sends_only_the_parts_asked_for_and_the_same_events() {
+    let t = TestDb::new().await;
+    let metadata = EventMetadata { request_id: Some("req_selected".into()), ..EventMetadata::default() };
+    let typed = |event_type: &str, n: u64| NewEvent::encode(event_type, 1, &Counted { n }, &metadata).expect("encode");
+    let batch = [typed("test.kept", 1), typed("test.metadata-only", 2), typed("test.skipped", 3)];
+    support::append(&t.db, "s", ExpectedVersion::NO_STREAM, &batch).await.expect("append");
+
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let whole = events::read_after(&mut tx, Position::START, 10).await.expect("read");
+    let selection = events::Selection {
+        metadata_of: Some(&["test.kept", "test.metadata-only"]),
+        payload_of: Some(&["test.kept", "test.skipped"]),
+    };
+    let selected = events::read_after_selected(&mut tx, Position::START, 10, selection).await.expect("read");
+    tx.commit().await.expect("commit");
+
+    assert_eq!(whole.len(), 3);
+    assert!(whole.iter().all(|e| !e.payload.is_empty() && !e.metadata.is_empty()));
+    let same =
+        |e: &bc_eventstore::RecordedEvent| (e.position, e.stream_id.clone(), e.stream_version, e.event_type.clone());
+    assert_eq!(selected.iter().map(same).collect::<Vec<_>>(), whole.iter().map(same).collect::<Vec<_>>());
+    // The kept event comes whole; the second without its payload; the third (its metadata not asked for) with
+    // neither, though its payload was named: a payload is read only with the metadata.
+    assert_eq!((&selected[0].payload, &selected[0].metadata), (&whole[0].payload, &whole[0].metadata));
+    assert_eq!(selected[0].metadata().expect("metadata").request_id.as_deref(), Some("req_selected"));
+    assert!(selected[1].payload.is_empty());
+    assert_eq!(selected[1].metadata, whole[1].metadata);
+    assert!(selected[2].payload.is_empty() && selected[2].metadata.is_empty());
+    assert_eq!(events::Selection::EVERYTHING, events::Selection { metadata_of: None, payload_of: None });
+}
+
+#[tokio::test]
+async fn copied_rows_come_back_exactly_whatever_their_text_holds() {
+    let t = TestDb::new().await;
+    let awkward = ["tab\there", "line\nbreak\r\nand return", "back\\slash \\N \\t", "", "plain ünïcödé"];
+    let mut rows = bc_eventstore::sql::CopyRows::new();
+    for (n, text) in awkward.iter().enumerate() {
+        rows.int(n as i64).text(Some(text)).timestamp_ms(1_893_456_000_123 + n as i64).expect("instant");
+        rows.end_row();
+    }
+    rows.int(99).text(None).timestamp_ms(0).expect("instant");
+    rows.end_row();
+    assert_eq!(rows.rows(), 6);
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    bc_eventstore::sql::query("CREATE TEMPORARY TABLE copied (n int8, body text, at timestamptz)")
+        .execute(tx.conn())
+        .await
+        .expect("create");
+    assert_eq!(rows.copy_in(&mut tx, "COPY copied (n, body, at) FROM STDIN").await.expect("copy"), 6);
+    let back: Vec<(i64, Option<String>, i64)> =
+        bc_eventstore::sql::query_as("SELECT n, body, (extract(epoch FROM at) * 1000)::int8 FROM copied ORDER BY n")
+            .fetch_all(tx.conn())
+            .await
+            .expect("read");
+
+    let mut unfinished = bc_eventstore::sql::CopyRows::new();
+    unfinished.int(1);
+    let err = unfinished.copy_in(&mut tx, "COPY copied (n) FROM STDIN").await.expect_err("unfinished");
+    assert!(matches!(&err, Error::Internal(m) if m.contains("unfinished")), "{err}");
+    tx.commit().await.expect("commit");
+
+    let mut expected: Vec<(i64, Option<String>, i64)> = awkward
+        .iter()
+        .enumerate()
+        .map(|(n, text)| (n as i64, Some((*text).to_owned()), 1_893_456_000_123 + n as i64))
+        .collect();
+    expected.push((99, None, 0));
+    assert_eq!(back, expected);
+}
