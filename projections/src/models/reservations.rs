@@ -50,6 +50,16 @@ impl Projection for ReservationsV3 {
                 return Ok(());
             }
             let mut folded = load(tx, &events).await?;
+            // A stream this batch starts has no row yet (its first event is in the batch and nothing was loaded for
+            // it): its row is copied in, not upserted.
+            let fresh: std::collections::HashSet<&str> = events
+                .iter()
+                .filter(|(id, event)| {
+                    matches!(event, ReservationEvent::Requested(_) | ReservationEvent::Denied(_))
+                        && !folded.contains_key(*id)
+                })
+                .map(|(id, _)| *id)
+                .collect();
             let mut touched: Vec<&str> = Vec::new();
             for (id, event) in events {
                 let state = folded.remove(id);
@@ -60,7 +70,9 @@ impl Projection for ReservationsV3 {
             }
             touched.sort_unstable();
             touched.dedup();
-            store(tx, touched.iter().filter_map(|id| folded.get(*id).map(|r| (*id, r)))).await
+            let (new, continued): (Vec<&str>, Vec<&str>) = touched.iter().partition(|id| fresh.contains(*id));
+            copy_new(tx, new.iter().filter_map(|id| folded.get(*id).map(|r| (*id, r)))).await?;
+            store(tx, continued.iter().filter_map(|id| folded.get(*id).map(|r| (*id, r)))).await
         })
     }
 }
@@ -89,6 +101,28 @@ async fn load(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Result<HashM
         folded.insert(id, state);
     }
     Ok(folded)
+}
+
+/// Writes the rows of the reservations the batch started (none of which has a row yet) with one `COPY`: a
+/// rebuild starts most of the reservations it writes, and the server parses copied rows more cheaply than
+/// unnested arrays.
+async fn copy_new<'r>(tx: &mut Tx, folded: impl Iterator<Item = (&'r str, &'r Reservation)>) -> Result<()> {
+    let mut rows = sql::CopyRows::new();
+    for (id, r) in folded {
+        rows.text(Some(id))
+            .text(Some(r.tenant_id.as_str()))
+            .text(Some(r.request.pool_id.as_str()))
+            .text(Some(r.state.as_str()))
+            .timestamp_ms(r.requested_at_ms)?
+            .text(Some(&json(r)?));
+        rows.end_row();
+    }
+    rows.copy_in(
+        tx,
+        "COPY reservations_v3 (reservation_id, tenant_id, pool_id, state, requested_at, folded) FROM STDIN",
+    )
+    .await?;
+    Ok(())
 }
 
 /// Writes the folded reservations back in one statement, each under the stream it was folded from (the key
