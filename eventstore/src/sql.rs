@@ -215,15 +215,22 @@ impl CopyRows {
             self.data.extend_from_slice(b"\\N");
             return self;
         };
-        for byte in value.bytes() {
-            match byte {
-                b'\\' => self.data.extend_from_slice(b"\\\\"),
-                b'\t' => self.data.extend_from_slice(b"\\t"),
-                b'\n' => self.data.extend_from_slice(b"\\n"),
-                b'\r' => self.data.extend_from_slice(b"\\r"),
-                other => self.data.push(other),
-            }
+        // Copies the runs between the bytes that need escaping whole.
+        let bytes = value.as_bytes();
+        let mut run = 0;
+        for (at, byte) in bytes.iter().enumerate() {
+            let escaped: &[u8] = match byte {
+                b'\\' => b"\\\\",
+                b'\t' => b"\\t",
+                b'\n' => b"\\n",
+                b'\r' => b"\\r",
+                _ => continue,
+            };
+            self.data.extend_from_slice(&bytes[run..at]);
+            self.data.extend_from_slice(escaped);
+            run = at + 1;
         }
+        self.data.extend_from_slice(&bytes[run..]);
         self
     }
 
