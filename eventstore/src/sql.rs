@@ -4,6 +4,8 @@
 //! PgBouncer in transaction mode. Every statement of this workspace goes through these builders, which send
 //! an unnamed statement, and runs inside a [`crate::Tx`].
 
+use std::io::Write as _;
+
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::{Query, QueryAs, QueryScalar};
 use sqlx::{FromRow, Postgres};
@@ -150,41 +152,6 @@ impl Call {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::Call;
-
-    #[test]
-    fn a_call_writes_every_value_as_hex_digits_and_casts() {
-        let call = Call::new("f")
-            .text("x'); DROP TABLE events; --")
-            .opt_text(None)
-            .int8(-5)
-            .boolean(true)
-            .texts(&["a", "é"])
-            .int2s(&[1, 2])
-            .int4s(&[-3])
-            .float8(1.5)
-            .opt_int8s(&[Some(7), None])
-            .byteas(&[b"\x00\xff"])
-            .jsonb("{\"k\": 1}");
-        assert_eq!(
-            call.statement(),
-            "SELECT f((convert_from(decode('7827293b2044524f50205441424c45206576656e74733b202d2d', 'hex'), 'UTF8') \
-             COLLATE \"default\"), NULL::text, -5::int8, true, ARRAY[(convert_from(decode('61', 'hex'), 'UTF8') \
-             COLLATE \"default\"), (convert_from(decode('c3a9', 'hex'), 'UTF8') COLLATE \"default\")]::text[], \
-             ARRAY[1, 2]::int2[], ARRAY[-3]::int4[], 1.5::float8, ARRAY[7, NULL]::int8[], ARRAY[decode('00ff', 'hex')]::bytea[], \
-             (convert_from(decode('7b226b223a20317d', 'hex'), 'UTF8') COLLATE \"default\")::jsonb)::text"
-        );
-    }
-
-    #[test]
-    #[should_panic(expected = "not a plain function name")]
-    fn a_function_name_is_never_anything_but_a_name() {
-        let _ = Call::new("f(); DROP TABLE events; SELECT g");
-    }
-}
-
 /// Rows for `COPY ... FROM STDIN` in PostgreSQL's text format, written field by field: for a bulk write of many
 /// rows, which the server parses more cheaply than the same rows passed as arrays and unnested. Every value is
 /// escaped (a backslash, tab, newline or carriage return in a text cannot end a field or a row), so no value can
@@ -237,7 +204,8 @@ impl CopyRows {
     /// An integer field (also for an `xid8` or `numeric` column).
     pub fn int(&mut self, value: impl Into<i128>) -> &mut Self {
         self.separate();
-        self.data.extend_from_slice(value.into().to_string().as_bytes());
+        // Writing into a Vec cannot fail.
+        let _ = write!(self.data, "{}", value.into());
         self
     }
 
@@ -283,5 +251,40 @@ impl CopyRows {
             return Err(crate::Error::Internal(format!("COPY wrote {written} rows of {}", self.rows)));
         }
         Ok(written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Call;
+
+    #[test]
+    fn a_call_writes_every_value_as_hex_digits_and_casts() {
+        let call = Call::new("f")
+            .text("x'); DROP TABLE events; --")
+            .opt_text(None)
+            .int8(-5)
+            .boolean(true)
+            .texts(&["a", "é"])
+            .int2s(&[1, 2])
+            .int4s(&[-3])
+            .float8(1.5)
+            .opt_int8s(&[Some(7), None])
+            .byteas(&[b"\x00\xff"])
+            .jsonb("{\"k\": 1}");
+        assert_eq!(
+            call.statement(),
+            "SELECT f((convert_from(decode('7827293b2044524f50205441424c45206576656e74733b202d2d', 'hex'), 'UTF8') \
+             COLLATE \"default\"), NULL::text, -5::int8, true, ARRAY[(convert_from(decode('61', 'hex'), 'UTF8') \
+             COLLATE \"default\"), (convert_from(decode('c3a9', 'hex'), 'UTF8') COLLATE \"default\")]::text[], \
+             ARRAY[1, 2]::int2[], ARRAY[-3]::int4[], 1.5::float8, ARRAY[7, NULL]::int8[], ARRAY[decode('00ff', 'hex')]::bytea[], \
+             (convert_from(decode('7b226b223a20317d', 'hex'), 'UTF8') COLLATE \"default\")::jsonb)::text"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "not a plain function name")]
+    fn a_function_name_is_never_anything_but_a_name() {
+        let _ = Call::new("f(); DROP TABLE events; SELECT g");
     }
 }

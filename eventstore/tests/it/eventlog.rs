@@ -260,6 +260,8 @@ async fn a_selected_read_sends_only_the_parts_asked_for_and_the_same_events() {
     support::append(&t.db, "s", ExpectedVersion::NO_STREAM, &batch).await.expect("append");
 
     let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    // The horizon is the cluster's: other tests' open transactions may hold the events back for a moment.
+    events::wait_for_horizon(&mut tx, std::time::Duration::from_secs(60)).await.expect("past the horizon");
     let whole = events::read_after(&mut tx, Position::START, 10).await.expect("read");
     let selection = events::Selection {
         metadata_of: Some(&["test.kept", "test.metadata-only"]),
@@ -280,7 +282,6 @@ async fn a_selected_read_sends_only_the_parts_asked_for_and_the_same_events() {
     assert!(selected[1].payload.is_empty());
     assert_eq!(selected[1].metadata, whole[1].metadata);
     assert!(selected[2].payload.is_empty() && selected[2].metadata.is_empty());
-    assert_eq!(events::Selection::EVERYTHING, events::Selection { metadata_of: None, payload_of: None });
 }
 
 #[tokio::test]

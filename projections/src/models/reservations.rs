@@ -50,16 +50,9 @@ impl Projection for ReservationsV3 {
                 return Ok(());
             }
             let mut folded = load(tx, &events).await?;
-            // A stream this batch starts has no row yet (its first event is in the batch and nothing was loaded for
-            // it): its row is copied in, not upserted.
-            let fresh: std::collections::HashSet<&str> = events
-                .iter()
-                .filter(|(id, event)| {
-                    matches!(event, ReservationEvent::Requested(_) | ReservationEvent::Denied(_))
-                        && !folded.contains_key(*id)
-                })
-                .map(|(id, _)| *id)
-                .collect();
+            // The rows that exist are the ones just loaded: `load` read every stream the batch continues, and a stream
+            // it did not read starts in this batch. The others' rows are copied in rather than upserted.
+            let existing: std::collections::HashSet<String> = folded.keys().cloned().collect();
             let mut touched: Vec<&str> = Vec::new();
             for (id, event) in events {
                 let state = folded.remove(id);
@@ -70,7 +63,7 @@ impl Projection for ReservationsV3 {
             }
             touched.sort_unstable();
             touched.dedup();
-            let (new, continued): (Vec<&str>, Vec<&str>) = touched.iter().partition(|id| fresh.contains(*id));
+            let (new, continued): (Vec<&str>, Vec<&str>) = touched.iter().partition(|id| !existing.contains(**id));
             copy_new(tx, new.iter().filter_map(|id| folded.get(*id).map(|r| (*id, r)))).await?;
             store(tx, continued.iter().filter_map(|id| folded.get(*id).map(|r| (*id, r)))).await
         })
