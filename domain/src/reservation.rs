@@ -246,6 +246,7 @@ impl ReservationRequest {
                 return Err(Rejection::invalid(field, "must be 1 to 64 characters"));
             }
         }
+        crate::device::check_no_nul("devices.selector", &devices.selector)?;
         if self.binding != Binding::Hold {
             return Err(Rejection::invalid(
                 "binding",

@@ -131,7 +131,25 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         ApiError::invalid_argument(&field_of(&path, &message), clean(&message))
     })?;
     deserializer.end().map_err(|err| ApiError::invalid_argument("body", format!("is not valid JSON ({err})")))?;
+    refuse_nul(bytes)?;
     Ok(value)
+}
+
+/// PostgreSQL holds no NUL character in text or `jsonb`, so no body may carry one (JSON can only spell it as an
+/// escape): it is refused here, naming where, whatever the endpoint later does with the field.
+fn refuse_nul(bytes: &[u8]) -> Result<(), ApiError> {
+    if !bytes.windows(5).any(|w| w.eq_ignore_ascii_case(b"u0000")) {
+        return Ok(());
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|err| ApiError::invalid_argument("body", err.to_string()))?;
+    match bc_domain::device::first_nul(&value, "") {
+        None => Ok(()),
+        Some(path) => {
+            let field = path.strip_prefix('.').filter(|p| !p.is_empty()).unwrap_or("body");
+            Err(ApiError::invalid_argument(field, "contains a NUL character"))
+        }
+    }
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
@@ -201,6 +219,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or("");
+        // No text PostgreSQL reads may hold a NUL character.
+        if let Some((name, _)) =
+            form_urlencoded_parse(query).find(|(name, value)| name.contains('\0') || value.contains('\0'))
+        {
+            let name = if name.contains('\0') { "query".to_owned() } else { name.into_owned() };
+            return Err(ApiError::invalid_argument(&name, "contains a NUL character"));
+        }
         let deserializer = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
         serde_path_to_error::deserialize(deserializer).map(QueryParams).map_err(|err| {
             let path = err.path().to_string();

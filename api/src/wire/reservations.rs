@@ -52,13 +52,36 @@ pub struct SelectorDto {
 
 /// Where the atoms may be: `same-node` (the default), or a `gang` spread evenly over `nodes` nodes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "kebab-case", try_from = "TopologyFields")]
 pub enum TopologyDto {
     #[default]
     SameNode,
     Gang {
         nodes: u32,
     },
+}
+
+/// A topology's fields as sent. serde's internally tagged enums let a unit variant carry any other field, so the
+/// fields are read here and checked: `{"kind": "same-node", "colour": 1}` is refused, never silently ignored.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopologyFields {
+    kind: String,
+    nodes: Option<u32>,
+}
+
+impl TryFrom<TopologyFields> for TopologyDto {
+    type Error = String;
+
+    fn try_from(fields: TopologyFields) -> Result<Self, String> {
+        match (fields.kind.as_str(), fields.nodes) {
+            ("same-node", None) => Ok(TopologyDto::SameNode),
+            ("same-node", Some(_)) => Err("`nodes` is only for a gang".into()),
+            ("gang", Some(nodes)) => Ok(TopologyDto::Gang { nodes }),
+            ("gang", None) => Err("missing field `nodes`".into()),
+            (kind, _) => Err(format!("unknown variant `{kind}`, expected `same-node` or `gang`")),
+        }
+    }
 }
 
 /// `devices` of a request.

@@ -315,7 +315,10 @@ pub async fn projects(tx: &mut Tx, tenant: &TenantId, after: Option<&str>, limit
 }
 
 /// The selector's SQL parameters: gpuModel, gpuProduct, and the attributes as a JSON object.
+/// PostgreSQL refuses a NUL in text and in `jsonb`: a selector holding one is bad input, named here, before any query
+/// reads with it.
 pub fn selector_params(request: &DeviceRequest) -> AppResult<(Option<&str>, Option<&str>, String)> {
+    bc_domain::device::check_no_nul("devices.selector", &request.selector)?;
     let attributes = serde_json::to_string(&request.selector.attributes).map_err(|err| corrupt("selector", err))?;
     Ok((request.selector.gpu_model.as_deref(), request.selector.gpu_product.as_deref(), attributes))
 }
