@@ -6,6 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
+
+/// The service's allocator, so the benchmarks measure what `better-compute` runs (see its `main.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand};
 
 /// Measure Better Compute against PostgreSQL's own baselines.
@@ -147,6 +151,10 @@ struct BenchProjectionsArgs {
     #[arg(long, default_value_t = 10)]
     lag_seconds: u64,
 
+    /// Rebuild only these read models (comma-separated names, such as `reservations,audit_events`); all by default.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+
     /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -283,6 +291,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
             bc_bench::projections(bc_bench::ProjectionsBenchConfig {
                 events: args.events.max(3),
                 lag_run: Duration::from_secs(args.lag_seconds.max(1)),
+                only: args.only,
                 data_dir: args.data_dir,
                 keep: args.keep,
             })
