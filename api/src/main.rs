@@ -11,12 +11,6 @@ use bc_api::service::{self, MigrateOnStart};
 use bc_eventstore::{Db, DbConfig, Position};
 use clap::{Args, Parser, Subcommand};
 
-/// mimalloc rather than the system's allocator: decoding a batch of events, folding it and encoding rows allocate
-/// and free many small buffers, and glibc's malloc cost the read models' rebuilds 5 to 8% of their rate (`bench
-/// projections`).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Better Compute: the control plane of a GPU fleet.
 #[derive(Debug, Parser)]
 #[command(name = "better-compute", version, about, long_about = None)]

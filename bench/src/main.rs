@@ -6,10 +6,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-
-/// The service's allocator, so the benchmarks measure what `better-compute` runs (see its `main.rs`).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Args, Parser, Subcommand};
 
 /// Measure Better Compute against PostgreSQL's own baselines.
