@@ -453,6 +453,9 @@ pub async fn create_command(
 ) -> Result<Response, ApiError> {
     let kind = match body.kind.as_str() {
         "probe" => CommandKind::Probe { note: body.note },
+        "refresh-inventory" if body.note.is_some() => {
+            return Err(ApiError::invalid_argument("note", "only a probe carries a note"));
+        }
         "refresh-inventory" => CommandKind::RefreshInventory,
         other => {
             return Err(ApiError::invalid_argument(

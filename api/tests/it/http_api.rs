@@ -510,6 +510,9 @@ async fn bad_input_is_a_4xx_naming_what_is_wrong_and_writes_nothing() {
         ("PUT", format!("/v1/pools/{pool}/offers/has%20space/quota"), vec![], Some(json!({ "quota": {} }).to_string()), StatusCode::BAD_REQUEST, "tenantId"),
         ("POST", "/v1/nodes".into(), vec![], Some(json!({ "poolId": pool, "name": "n", "role": "host", "trust": "platform", "gpus": [{ "uuid": "", "name": "x" }] }).to_string()), StatusCode::BAD_REQUEST, "gpus[0].uuid"),
         ("POST", "/v1/nodes/node_nope/cordon".into(), vec![], None, StatusCode::BAD_REQUEST, "nodeId"),
+        // A field the kind does not have is refused, never dropped.
+        ("POST", "/v1/nodes/node_01m8q000000000000000000000/commands".into(), vec![],
+            Some(json!({ "kind": "refresh-inventory", "note": "dropped?" }).to_string()), StatusCode::BAD_REQUEST, "note"),
         ("GET", format!("/v1/pools/{pool}/availability?count=1"), vec![], None, StatusCode::BAD_REQUEST, "count"),
         ("GET", "/v1/audit?cursor=%25%25".into(), vec![], None, StatusCode::BAD_REQUEST, "cursor"),
     ];
