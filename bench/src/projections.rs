@@ -175,9 +175,8 @@ pub async fn projections(config: ProjectionsBenchConfig) -> anyhow::Result<()> {
         .into_iter()
         .filter(|p| config.only.is_empty() || config.only.iter().any(|name| name == p.name()))
         .collect();
-    let rebuilt = &read_models;
     let started = Instant::now();
-    for projection in rebuilt {
+    for projection in &read_models {
         let rate = rebuild_rate(&db, projection, total).await?;
         println!(
             "  rebuild {:<22} v{}: {rate:>10.0} events/s   ratio {:.3}",
@@ -186,10 +185,10 @@ pub async fn projections(config: ProjectionsBenchConfig) -> anyhow::Result<()> {
             rate / baseline
         );
     }
-    let all = total as f64 * rebuilt.len() as f64 / started.elapsed().as_secs_f64();
-    println!("  {} read models, one after another: {all:>10.0} events/s (per model-event)", rebuilt.len());
+    let all = total as f64 * read_models.len() as f64 / started.elapsed().as_secs_f64();
+    println!("  {} read models, one after another: {all:>10.0} events/s (per model-event)", read_models.len());
 
-    // Steady-state lag: the daemon runs every read model while the writers append.
+    // Steady-state lag: the daemon runs the read models while the writers append.
     let (stop_daemon, stopped) = tokio::sync::watch::channel(false);
     let daemon = tokio::spawn(framework::run_daemon(
         db.clone(),

@@ -496,7 +496,7 @@ async fn bad_input_is_a_4xx_naming_what_is_wrong_and_writes_nothing() {
         ("POST", format!("/v1/reservations/{id}/cancel"), vec![], Some(r#"{"why": 1}"#.into()), StatusCode::BAD_REQUEST, "why"),
         // No body or query may carry a NUL character: PostgreSQL holds none, whatever the endpoint does with it.
         ("POST", format!("/v1/reservations/{id}/cancel"), vec![], Some(json!({ "reason": "a\u{0}" }).to_string()), StatusCode::BAD_REQUEST, "reason"),
-        ("GET", "/v1/audit?cursor=a%00".into(), vec![], None, StatusCode::BAD_REQUEST, "cursor"),
+        ("DELETE", "/v1/nodes/node_01m8q000000000000000000000?reason=a%00".into(), vec![], None, StatusCode::BAD_REQUEST, "reason"),
         ("POST", "/v1/sites".into(), vec![], Some(json!({ "name": "x", "iamRegion": "Not A Region" }).to_string()), StatusCode::BAD_REQUEST, "iamRegion"),
         ("POST", "/v1/sites".into(), vec![], Some(json!({ "name": "x" }).to_string()), StatusCode::BAD_REQUEST, "iamRegion"),
         // PostgreSQL refuses a NUL in text: a name is checked before any query reads with it (found by schemathesis).
