@@ -369,6 +369,8 @@ pub struct DevConfig {
     /// Where the embedded database's PostgreSQL binaries are.
     pub pg: PgSearch,
     pub transport: DevTransport,
+    /// How images are taken.
+    pub images: bc_commands::images::ImagePolicy,
 }
 
 /// Locks `data_dir/dev.lock` for as long as `dev` runs, so that a second `dev` on the same folder refuses to
@@ -408,7 +410,8 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
         let (transport, ca) = config.transport.prepare(config.listen)?;
         let listener = service::bind(config.listen, &transport).await?;
         print_welcome(&listener.url()?, ca.as_ref().map(|(path, _)| path.as_path()), &root_token, &demo_token);
-        let options = service::ServeOptions { pki: transport.pki(), ..Default::default() };
+        let options =
+            service::ServeOptions { pki: transport.pki(), images: config.images.clone(), ..Default::default() };
         return service::serve_with(db, auth, listener, options, shutdown).await;
     }
 
@@ -456,7 +459,8 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
                 agents.stop().await;
             }
         };
-        let options = service::ServeOptions { pki: transport.pki(), ..Default::default() };
+        let options =
+            service::ServeOptions { pki: transport.pki(), images: config.images.clone(), ..Default::default() };
         let serving = tokio::spawn(service::serve_with(db.clone(), auth, listener, options, signal));
         let agents = start_demo_agents(&db, &agents_base, &trust, &config.data_dir).await?;
         await_demo_nodes(&db).await?;

@@ -220,6 +220,33 @@ impl DatabaseArgs {
     }
 }
 
+/// How images are taken.
+#[derive(Debug, Args)]
+struct ImageArgs {
+    /// The image signers' allowlist (TOML: `[[signer]]` tables of `name` and `public-key`, an Ed25519 public key
+    /// in PEM). An image whose signature one of them made is `verified`; without the file every image is stored
+    /// unverified and a signature is refused.
+    #[arg(long, env = "BETTER_COMPUTE_IMAGE_SIGNERS")]
+    image_signers: Option<PathBuf>,
+
+    /// The largest image taken, in bytes (64 GiB by default).
+    #[arg(long, env = "BETTER_COMPUTE_IMAGE_MAX_BYTES", default_value_t = bc_commands::images::DEFAULT_MAX_IMAGE_BYTES)]
+    image_max_bytes: u64,
+}
+
+impl ImageArgs {
+    fn policy(&self) -> anyhow::Result<bc_commands::images::ImagePolicy> {
+        let signers = match &self.image_signers {
+            Some(path) => bc_commands::images::ImageSigners::load(path).map_err(anyhow::Error::msg)?,
+            None => bc_commands::images::ImageSigners::none(),
+        };
+        if self.image_max_bytes == 0 {
+            anyhow::bail!("--image-max-bytes must be above 0");
+        }
+        Ok(bc_commands::images::ImagePolicy { signers, max_bytes: self.image_max_bytes })
+    }
+}
+
 #[derive(Debug, Args)]
 struct ServeArgs {
     /// Address to listen on.
@@ -268,13 +295,20 @@ struct ServeArgs {
     transport: TransportArgs,
 
     #[command(flatten)]
+    images: ImageArgs,
+
+    #[command(flatten)]
     database: DatabaseArgs,
 }
 
 impl ServeArgs {
     fn options(&self) -> anyhow::Result<service::ServeOptions> {
-        let mut options =
-            service::ServeOptions { role: self.role, cors_origins: self.cors_origins.clone(), ..Default::default() };
+        let mut options = service::ServeOptions {
+            role: self.role,
+            cors_origins: self.cors_origins.clone(),
+            images: self.images.policy()?,
+            ..Default::default()
+        };
         if self.lease_ttl_ms.is_some() || self.lease_renew_ms.is_some() {
             let ttl = self.lease_ttl_ms.unwrap_or(15_000);
             let renew = self.lease_renew_ms.unwrap_or(5_000);
@@ -319,6 +353,9 @@ struct DevArgs {
     /// Serve plain HTTP instead of TLS.
     #[arg(long, conflicts_with = "pki_dir")]
     insecure_http: bool,
+
+    #[command(flatten)]
+    images: ImageArgs,
 
     #[command(flatten)]
     database: DatabaseArgs,
@@ -449,6 +486,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             };
             dev::check_data_dir(&data_dir)?;
             dev::run(DevConfig {
+                images: args.images.policy()?,
                 listen: args.listen,
                 auth_config: args.auth_config,
                 database_url: args.database.database_url.clone().filter(|url| !url.is_empty()),

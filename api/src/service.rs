@@ -197,6 +197,8 @@ pub struct ServeOptions {
     pub pki: Option<Pki>,
     /// The web origins whose pages may call the API (CORS).
     pub cors_origins: Vec<String>,
+    /// How images are taken: the signer allowlist and the largest size.
+    pub images: bc_commands::images::ImagePolicy,
 }
 
 impl Default for ServeOptions {
@@ -207,6 +209,7 @@ impl Default for ServeOptions {
             gateway_lease: LeaseConfig::GATEWAY,
             pki: None,
             cors_origins: Vec::new(),
+            images: bc_commands::images::ImagePolicy::default(),
         }
     }
 }
@@ -303,7 +306,7 @@ pub async fn serve_with(
         .role
         .serves_api()
         .then(|| LeaseKeeper::start(db.clone(), format!("gateway:{owner}"), owner.clone(), options.gateway_lease));
-    let mut app = App::new(db.clone()).with_authorizer(auth);
+    let mut app = App::new(db.clone()).with_authorizer(auth).with_image_policy(options.images.clone());
     if let Some(pki) = &options.pki {
         app = app.with_pki(Arc::clone(&pki.bundle));
     }

@@ -133,6 +133,7 @@ impl App {
             Subject::Pool(id) => resolve::pool_resource(&mut tx, id).await?,
             Subject::Node(id) => resolve::node_resource(&mut tx, id).await?,
             Subject::Reservation(id) => resolve::reservation_resource(&mut tx, id).await?,
+            Subject::Image(id) => resolve::image_resource(&mut tx, id).await?,
         };
         tx.commit().await?;
         Ok(resource)

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use bc_domain::id::{NodeId, PoolId, ReservationId, SiteId, TenantId};
+use bc_domain::id::{ImageId, NodeId, PoolId, ReservationId, SiteId, TenantId};
 use bc_domain::reservation::ReservationRequest;
 
 use crate::Caller;
@@ -36,6 +36,7 @@ pub enum Subject<'a> {
     Pool(&'a PoolId),
     Node(&'a NodeId),
     Reservation(&'a ReservationId),
+    Image(&'a ImageId),
 }
 
 impl Subject<'_> {
@@ -49,6 +50,7 @@ impl Subject<'_> {
             Subject::Pool(id) => ("pool", id.to_string()),
             Subject::Node(id) => ("node", id.to_string()),
             Subject::Reservation(id) => ("reservation", id.to_string()),
+            Subject::Image(id) => ("image", id.to_string()),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod figures;
 pub mod fleet;
 mod gate;
 pub mod idempotency;
+pub mod images;
 pub mod liveness;
 pub mod log;
 pub mod node_commands;
@@ -212,6 +213,8 @@ pub struct App {
     tenancy_refresh: Arc<tokio::sync::Mutex<()>>,
     /// The writers that renew heartbeats' sessions together, started by the first heartbeat.
     beats: Arc<std::sync::OnceLock<beats::Batcher>>,
+    /// How images are taken: the signer allowlist and the largest size.
+    images: Arc<images::ImagePolicy>,
 }
 
 impl App {
@@ -234,6 +237,7 @@ impl App {
             })),
             tenancy_refresh: Arc::new(tokio::sync::Mutex::new(())),
             beats: Arc::new(std::sync::OnceLock::new()),
+            images: Arc::new(images::ImagePolicy::default()),
         }
     }
 

@@ -225,6 +225,12 @@ impl Worker {
                     }
                     Err(err) => tracing::warn!(error = %err, "walking the free-capacity hints failed"),
                 }
+                // The same process, as often, removes the image uploads whose writer died.
+                match self.app.sweep_image_uploads().await {
+                    Ok(0) => {}
+                    Ok(removed) => tracing::info!(removed, "removed abandoned image uploads"),
+                    Err(err) => tracing::warn!(error = %err, "sweeping abandoned image uploads failed"),
+                }
             }
             let claimed = match self.run_once().await {
                 Ok(claimed) => claimed,

@@ -191,6 +191,10 @@ generated_id!(
     LimitId, "lim", "limit id"
 );
 generated_id!(
+    /// An image: a signed, content-addressed disk or boot artifact.
+    ImageId, "img", "image id"
+);
+generated_id!(
     /// An agent's session: one run of `bcd` on a node, renewed by its heartbeats.
     SessionId, "ses", "session id"
 );

@@ -12,6 +12,7 @@ pub mod event;
 pub mod gpu;
 pub mod hardware;
 pub mod id;
+pub mod image;
 pub mod inventory;
 pub mod node;
 pub mod placement;

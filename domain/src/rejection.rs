@@ -9,6 +9,11 @@ pub enum Rejection {
     #[error("{field}: {message}")]
     InvalidArgument { field: String, message: String },
 
+    /// A field, or the body it describes, is larger than this control plane takes. `INVALID_ARGUMENT`, answered
+    /// `413`.
+    #[error("{field}: {message}")]
+    TooLarge { field: String, message: String },
+
     /// The thing named does not exist, or is not visible to the caller. `NOT_FOUND`.
     #[error("{kind} {id} was not found")]
     NotFound { kind: &'static str, id: String },
@@ -62,7 +67,7 @@ impl Rejection {
     /// The API error code.
     pub fn code(&self) -> &'static str {
         match self {
-            Rejection::InvalidArgument { .. } => "INVALID_ARGUMENT",
+            Rejection::InvalidArgument { .. } | Rejection::TooLarge { .. } => "INVALID_ARGUMENT",
             Rejection::NotFound { .. } => "NOT_FOUND",
             Rejection::WrongState { .. } | Rejection::Conflict(_) => "CONFLICT",
             Rejection::IdempotencyKeyReused { .. } | Rejection::KeyReused(_) => "IDEMPOTENCY_KEY_REUSED",

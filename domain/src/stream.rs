@@ -2,6 +2,7 @@
 //! aggregates: the inline projections, rebuilds and replays.
 
 use crate::event::{DecodeError, DomainEvent, EncodeError};
+use crate::image::ImageEvent;
 use crate::node::NodeEvent;
 use crate::pool::PoolEvent;
 use crate::reservation::ReservationEvent;
@@ -20,6 +21,7 @@ pub enum AnyEvent {
     Identity(IdentityEvent),
     Grant(GrantEvent),
     Limit(LimitEvent),
+    Image(ImageEvent),
 }
 
 impl AnyEvent {
@@ -36,6 +38,7 @@ impl AnyEvent {
             "identity" => AnyEvent::Identity(IdentityEvent::decode(event_type, schema_version, payload)?),
             "grant" => AnyEvent::Grant(GrantEvent::decode(event_type, schema_version, payload)?),
             "limit" => AnyEvent::Limit(LimitEvent::decode(event_type, schema_version, payload)?),
+            "image" => AnyEvent::Image(ImageEvent::decode(event_type, schema_version, payload)?),
             _ => return Ok(None),
         }))
     }
@@ -51,6 +54,7 @@ impl AnyEvent {
             AnyEvent::Identity(e) => e.event_type(),
             AnyEvent::Grant(e) => e.event_type(),
             AnyEvent::Limit(e) => e.event_type(),
+            AnyEvent::Image(e) => e.event_type(),
         }
     }
 
@@ -65,6 +69,7 @@ impl AnyEvent {
             AnyEvent::Identity(e) => e.schema_version(),
             AnyEvent::Grant(e) => e.schema_version(),
             AnyEvent::Limit(e) => e.schema_version(),
+            AnyEvent::Image(e) => e.schema_version(),
         }
     }
 
@@ -79,6 +84,7 @@ impl AnyEvent {
             AnyEvent::Identity(e) => e.encode_payload(),
             AnyEvent::Grant(e) => e.encode_payload(),
             AnyEvent::Limit(e) => e.encode_payload(),
+            AnyEvent::Image(e) => e.encode_payload(),
         }
     }
 }
@@ -94,7 +100,7 @@ macro_rules! into_any {
 }
 
 into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation,
-    TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit);
+    TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit, ImageEvent => Image);
 
 impl AnyEvent {
     /// Every event type this build knows, family by family.
@@ -109,6 +115,7 @@ impl AnyEvent {
             IdentityEvent::event_types(),
             GrantEvent::event_types(),
             LimitEvent::event_types(),
+            ImageEvent::event_types(),
         ]
         .concat()
     }

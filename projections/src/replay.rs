@@ -72,6 +72,10 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
             let events = decoded.iter().filter_map(|e| if let AnyEvent::Limit(l) = e { Some(l) } else { None });
             to_json(&events.fold(None, tenancy::evolve_limit))?
         }
+        Some(AnyEvent::Image(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Image(i) = e { Some(i) } else { None });
+            to_json(&events.fold(None, bc_domain::image::evolve_image))?
+        }
         None => json!({}),
     };
     if let Value::Object(map) = &mut state {

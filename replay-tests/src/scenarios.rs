@@ -19,7 +19,8 @@ pub const T0: i64 = 1_893_456_000_000;
 const HOUR: i64 = 3_600_000;
 
 /// The scenarios by name.
-pub const NAMES: &[&str] = &["fleet_basics", "reservation_lifecycle", "reservation_endings", "agent_life", "tenancy"];
+pub const NAMES: &[&str] =
+    &["fleet_basics", "reservation_lifecycle", "reservation_endings", "agent_life", "tenancy", "images"];
 
 fn caller(tenant: &str, identity: &str) -> anyhow::Result<Caller> {
     Ok(Caller {
@@ -88,6 +89,7 @@ pub async fn run(name: &str, app: &App) -> anyhow::Result<()> {
         "reservation_endings" => reservation_endings(app).await,
         "agent_life" => agent_life(app).await,
         "tenancy" => tenancy(app).await,
+        "images" => images(app).await,
         other => anyhow::bail!("no scenario named {other}"),
     }
 }
@@ -146,6 +148,42 @@ async fn fleet_basics(app: &App) -> anyhow::Result<()> {
 
 /// A customer onboarded through the API: its tenant and a child, identities with tokens (one revoked, one
 /// identity deleted), grants (one revoked), a limit on a pool (one deleted), and a suspension lifted.
+/// Images: a private one, the same bytes published signed, another version, and a deletion.
+async fn images(app: &App) -> anyhow::Result<()> {
+    use bc_commands::images::{ImagePolicy, ImageSigners, UploadImage};
+    use bc_domain::image::{ImageFormat, Visibility};
+    use ed25519_dalek::Signer as _;
+    use sha2::Digest as _;
+    let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+    let policy = ImagePolicy { signers: ImageSigners::none().with("release", key.verifying_key()), max_bytes: 1 << 20 };
+    let app = app.clone().with_image_policy(policy);
+    let owner = caller("root", "operator@platform")?;
+    let acme = caller("acme", "boss@acme")?;
+    let upload = |name: &str, version: &str, visibility, data: &[u8], signed: bool| {
+        let digest = sha2::Sha256::digest(data);
+        UploadImage {
+            name: name.into(),
+            version: version.into(),
+            format: ImageFormat::Raw,
+            visibility,
+            sha256: hex::encode(digest),
+            size_bytes: Some(data.len() as u64),
+            signer: signed.then(|| "release".to_owned()),
+            signature: signed.then(|| hex::encode(key.sign(&digest).to_bytes())),
+        }
+    };
+    let body = |data: &'static [u8]| futures_util::stream::iter([Ok::<_, std::io::Error>(data)]);
+    let first: &'static [u8] = b"an operating system, byte for byte";
+    let second: &'static [u8] = b"the next release of it";
+    app.upload_image(&acme, upload("app", "1", Visibility::Private, first, false), body(first)).await?;
+    clock::set_sim_clock(app.db(), T0 + 60_000).await?;
+    app.upload_image(&owner, upload("base", "1", Visibility::Public, first, true), body(first)).await?;
+    let old = app.upload_image(&owner, upload("base", "0", Visibility::Public, second, false), body(second)).await?;
+    clock::set_sim_clock(app.db(), T0 + 120_000).await?;
+    app.delete_image(&owner, &old.image.id).await?;
+    Ok(())
+}
+
 async fn tenancy(app: &App) -> anyhow::Result<()> {
     use bc_domain::tenancy::{Relation, SessionKind};
     let owner = caller("root", "operator@platform")?;

@@ -96,6 +96,7 @@ impl From<AppError> for ApiError {
             AppError::Rejected(rejection) => {
                 let status = match &rejection {
                     Rejection::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
+                    Rejection::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
                     Rejection::NotFound { .. } => StatusCode::NOT_FOUND,
                     Rejection::WrongState { .. }
                     | Rejection::Conflict(_)
@@ -107,7 +108,9 @@ impl From<AppError> for ApiError {
                     Rejection::Forbidden(_) | Rejection::TenantSuspended(_) => StatusCode::FORBIDDEN,
                 };
                 let details = match &rejection {
-                    Rejection::InvalidArgument { field, .. } => json!({ "field": field }),
+                    Rejection::InvalidArgument { field, .. } | Rejection::TooLarge { field, .. } => {
+                        json!({ "field": field })
+                    }
                     Rejection::NotFound { kind, id } => json!({ "kind": kind, "id": id }),
                     Rejection::WrongState { state, .. } => json!({ "state": state.as_str() }),
                     Rejection::IdempotencyKeyReused { reservation_id } => json!({ "reservationId": reservation_id }),

@@ -2,8 +2,8 @@
 
 use axum::Json;
 use bc_domain::id::{
-    CommandId, GrantId, IdentityId, LimitId, NodeId, PoolId, ProjectId, ReservationId, SessionId, SiteId, TenantId,
-    TokenId,
+    CommandId, GrantId, IdentityId, ImageId, LimitId, NodeId, PoolId, ProjectId, ReservationId, SessionId, SiteId,
+    TenantId, TokenId,
 };
 use bc_eventstore::Position;
 use utoipa::openapi::schema::{ArrayItems, Schema};
@@ -93,6 +93,7 @@ fn pattern_of(name: &str) -> Option<&'static str> {
         "tokenId" | "token_id" => TokenId::PATTERN,
         "grantId" | "grant_id" => GrantId::PATTERN,
         "limitId" | "limit_id" => LimitId::PATTERN,
+        "imageId" | "image_id" => ImageId::PATTERN,
         "after" | "X-Min-Position" | "Last-Event-ID" => Position::PATTERN,
         // URL-safe base64 without padding, as `encode_cursor` writes it.
         "cursor" | "nextCursor" => "^[A-Za-z0-9_-]+$",

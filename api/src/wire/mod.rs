@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod fleet;
+pub mod images;
 pub mod nodes;
 pub mod ops;
 pub mod reservations;
@@ -47,6 +48,10 @@ macro_rules! page {
 page!(
     /// A page of sites.
     SitePage of fleet::SiteDto
+);
+page!(
+    /// A page of images: the tenant's own and the public ones.
+    ImagePage of images::ImageDto
 );
 page!(
     /// A page of projects.

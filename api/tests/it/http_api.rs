@@ -111,6 +111,39 @@ impl Api {
         Self::of(|app| app.with_pki(bundle)).await
     }
 
+    /// With the tests' PKI bundle and `policy` for images.
+    pub async fn with_images(policy: bc_commands::images::ImagePolicy) -> Api {
+        let bundle = Arc::new(bc_pki::Bundle::load(crate::process::test_pki()).expect("the tests' bundle"));
+        Self::of(|app| app.with_pki(bundle).with_image_policy(policy)).await
+    }
+
+    /// A call with a raw body, typed only as `headers` say; the answer's body is kept as bytes too (a JSON answer
+    /// is still checked against the document).
+    pub async fn call_raw(
+        &self,
+        method: &str,
+        uri: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Body,
+    ) -> (Reply, Vec<u8>) {
+        let mut request = Request::builder().method(method).uri(uri);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = self.router.clone().oneshot(request.body(body).expect("request")).await.expect("response");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.expect("body").to_bytes().to_vec();
+        let json = headers.get("content-type").is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+        let body = if json { serde_json::from_slice(&bytes).expect("a JSON body") } else { Value::Null };
+        self.conforms(method, uri, status, &body).await;
+        (Reply { status, headers, body }, bytes)
+    }
+
     async fn of(configure: impl FnOnce(bc_commands::App) -> bc_commands::App) -> Api {
         let fleet = Fleet::new().await;
         let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));

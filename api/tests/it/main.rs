@@ -9,6 +9,7 @@ mod health;
 mod hostile;
 mod http_api;
 mod idempotency;
+mod images;
 mod investigate;
 mod metrics;
 mod outcomes;

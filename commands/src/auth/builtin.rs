@@ -494,7 +494,15 @@ impl Snapshot {
             }
         };
         match (method.target, resource.pool.as_ref()) {
-            (Target::Fleet | Target::Tenant | Target::Site, _) | (Target::Reservation, _)
+            // A public image is every tenant's to read; only its own tenant changes it.
+            (Target::Image, _)
+                if resource.tenant_id != principal.tenant_id
+                    && !method.mutation
+                    && resource.attributes.get("visibility") == Some(&Attribute::Text("public".to_owned())) =>
+            {
+                Decision::Allow
+            }
+            (Target::Fleet | Target::Tenant | Target::Site | Target::Image, _) | (Target::Reservation, _)
                 if !matches!(method.requirement, Requirement::Pool(_)) =>
             {
                 if resource.tenant_id != principal.tenant_id {

@@ -74,6 +74,8 @@ pub enum Target {
     Pool,
     Node,
     Reservation,
+    /// An image: its tenant's, or every tenant's to read when public.
+    Image,
 }
 
 impl Target {
@@ -86,6 +88,7 @@ impl Target {
             Target::Pool => "pool",
             Target::Node => "node",
             Target::Reservation => "reservation",
+            Target::Image => "image",
         }
     }
 }
@@ -179,6 +182,12 @@ pub const METHODS: &[MethodSpec] = &[
     m("reservations.extend", "compute:reservations.extend", Target::Reservation, USER, true),
     m("reservations.cancel", "compute:reservations.cancel", Target::Reservation, MEMBER, true),
     m("reservations.release", "compute:reservations.release", Target::Reservation, MEMBER, true),
+    m("images.create", "compute:images.create", Target::Tenant, TENANT_ADMIN, true),
+    m("images.publish", "compute:images.publish", Target::Fleet, TENANT_ADMIN, true),
+    m("images.list", "compute:images.list", Target::Tenant, MEMBER, false),
+    m("images.get", "compute:images.get", Target::Image, MEMBER, false),
+    m("images.content.get", "compute:images.content.get", Target::Image, MEMBER, false),
+    m("images.delete", "compute:images.delete", Target::Image, TENANT_ADMIN, true),
     m("audit.list", "compute:audit.list", Target::Tenant, MEMBER, false),
     m("fleet.audit.list", "compute:fleet.audit.list", Target::Fleet, TENANT_ADMIN, false),
     m("fleet.reservations.list", "compute:fleet.reservations.list", Target::Fleet, TENANT_ADMIN, false),

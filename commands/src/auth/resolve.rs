@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use bc_domain::id::{NodeId, PoolId, ReservationId, SiteId, TenantId};
+use bc_domain::id::{ImageId, NodeId, PoolId, ReservationId, SiteId, TenantId};
 use bc_eventstore::{Error, Result, Tx, sql};
 use sqlx::Row as _;
 use sqlx::postgres::PgRow;
@@ -124,6 +124,26 @@ pub async fn site_resource(tx: &mut Tx, id: &SiteId) -> Result<Option<Resource>>
         target: Target::Site,
         id: id.to_string(),
         tenant_id: tenant(row.try_get("owner_tenant_id")?)?,
+        pool: None,
+        attributes,
+    }))
+}
+
+/// An image: the tenant that owns it, whether it is public and whether a signature verified it.
+pub async fn image_resource(tx: &mut Tx, id: &ImageId) -> Result<Option<Resource>> {
+    let row = sql::query("SELECT tenant_id, visibility, signer IS NOT NULL AS verified FROM images WHERE id = $1")
+        .bind(id.as_str())
+        .fetch_optional(tx.conn())
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let attributes = BTreeMap::from([
+        ("visibility".to_owned(), Attribute::Text(row.try_get("visibility")?)),
+        ("verified".to_owned(), Attribute::Bool(row.try_get("verified")?)),
+    ]);
+    Ok(Some(Resource {
+        target: Target::Image,
+        id: id.to_string(),
+        tenant_id: tenant(row.try_get("tenant_id")?)?,
         pool: None,
         attributes,
     }))

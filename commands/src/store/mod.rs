@@ -18,6 +18,7 @@ pub mod facts;
 pub mod figures;
 pub mod hints;
 pub mod idempotency;
+pub mod images;
 pub mod liveness;
 pub mod node_commands;
 pub mod tenancy;
@@ -234,6 +235,14 @@ async fn folded_stream<E: DomainEvent, S>(
     }
     let version = recorded.last().map_or(0, |e| e.stream_version);
     Ok(state.map(|state| (state, version)))
+}
+
+/// An image as the fold of its stream, with the stream's version.
+pub async fn image_aggregate(
+    tx: &mut Tx,
+    id: &bc_domain::id::ImageId,
+) -> AppResult<Option<(bc_domain::image::Image, u32)>> {
+    folded_stream(tx, id.as_str(), bc_domain::image::evolve_image).await
 }
 
 /// A join token as the fold of its stream, with the stream's version.

@@ -9,6 +9,7 @@ pub mod bulk;
 use bc_domain::device::Device;
 use bc_domain::event::DomainEvent;
 use bc_domain::hardware::{HardwareKey, Identifier};
+use bc_domain::image::ImageEvent;
 use bc_domain::node::{
     Adapter, Condition, ConditionType, Connectivity, NodeEvent, ProvisionState, Role, SchedulingView, Trust,
     schedulability,
@@ -38,6 +39,7 @@ pub const TABLES: &[&str] = &[
     "identity_tokens",
     "pool_grants",
     "attribute_limits",
+    "images",
 ];
 
 fn json(value: &impl serde::Serialize) -> Result<String> {
@@ -63,6 +65,7 @@ pub async fn apply(tx: &mut Tx, stream_id: &str, event: &AnyEvent) -> Result<()>
         AnyEvent::Identity(e) => apply_identity(tx, e).await,
         AnyEvent::Grant(e) => apply_grant(tx, e).await,
         AnyEvent::Limit(e) => apply_limit(tx, e).await,
+        AnyEvent::Image(e) => apply_image(tx, e).await,
     }
 }
 
@@ -187,6 +190,35 @@ async fn apply_limit(tx: &mut Tx, event: &LimitEvent) -> Result<()> {
                 .bind(e.limit_id.as_str())
                 .execute(tx.conn())
                 .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn apply_image(tx: &mut Tx, event: &ImageEvent) -> Result<()> {
+    match event {
+        ImageEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO images (id, tenant_id, name, version, format, sha256, size_bytes, visibility, signer,
+                                     signature, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, ms_ts($11))",
+            )
+            .bind(e.image_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(&e.name)
+            .bind(&e.version)
+            .bind(e.format.as_str())
+            .bind(&e.sha256)
+            .bind(i64::try_from(e.size_bytes).map_err(|_| Error::Internal("an image's size overflows".into()))?)
+            .bind(e.visibility.as_str())
+            .bind(e.signed.as_ref().map(|s| s.signer.as_str()))
+            .bind(e.signed.as_ref().map(|s| s.signature.as_str()))
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        ImageEvent::Deleted(e) => {
+            sql::query("DELETE FROM images WHERE id = $1").bind(e.image_id.as_str()).execute(tx.conn()).await?;
         }
     }
     Ok(())
@@ -990,6 +1022,7 @@ pub fn handles(event_type: &str) -> bool {
         IdentityEvent::event_types(),
         GrantEvent::event_types(),
         LimitEvent::event_types(),
+        ImageEvent::event_types(),
     ]
     .iter()
     .any(|types| types.contains(&event_type))

@@ -60,6 +60,11 @@ async fn tenancy() {
     replay(include_str!("../../data/tenancy.jsonl"), expect_file!["../../snapshots/tenancy.txt"]).await;
 }
 
+#[tokio::test]
+async fn images() {
+    replay(include_str!("../../data/images.jsonl"), expect_file!["../../snapshots/images.txt"]).await;
+}
+
 /// The recorded logs, together, hold every event type this build knows: each type's `apply` in every read
 /// model is held against a checked-in snapshot.
 #[test]
@@ -71,6 +76,7 @@ fn every_event_type_appears_in_a_recorded_log() {
         include_str!("../../data/agent_life.jsonl"),
         include_str!("../../data/legacy_site.jsonl"),
         include_str!("../../data/tenancy.jsonl"),
+        include_str!("../../data/images.jsonl"),
     ];
     let recorded: std::collections::BTreeSet<String> =
         logs.iter().flat_map(|log| parse(log).expect("parse the log")).map(|line| line.event_type.clone()).collect();
