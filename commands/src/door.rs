@@ -134,6 +134,7 @@ impl App {
             Subject::Node(id) => resolve::node_resource(&mut tx, id).await?,
             Subject::Reservation(id) => resolve::reservation_resource(&mut tx, id).await?,
             Subject::Image(id) => resolve::image_resource(&mut tx, id).await?,
+            Subject::Profile(id) => resolve::profile_resource(&mut tx, id).await?,
         };
         tx.commit().await?;
         Ok(resource)

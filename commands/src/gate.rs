@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use bc_domain::id::{ImageId, NodeId, PoolId, ReservationId, SiteId, TenantId};
+use bc_domain::id::{ImageId, NodeId, PoolId, ProfileId, ReservationId, SiteId, TenantId};
 use bc_domain::reservation::ReservationRequest;
 
 use crate::Caller;
@@ -37,6 +37,7 @@ pub enum Subject<'a> {
     Node(&'a NodeId),
     Reservation(&'a ReservationId),
     Image(&'a ImageId),
+    Profile(&'a ProfileId),
 }
 
 impl Subject<'_> {
@@ -51,6 +52,7 @@ impl Subject<'_> {
             Subject::Node(id) => ("node", id.to_string()),
             Subject::Reservation(id) => ("reservation", id.to_string()),
             Subject::Image(id) => ("image", id.to_string()),
+            Subject::Profile(id) => ("profile", id.to_string()),
         }
     }
 }

@@ -486,16 +486,26 @@ impl App {
         })
     }
 
-    /// Deletes an image of the caller's tenant; its bytes go with it unless another image has the same.
+    /// Deletes an image of the caller's tenant that no live profile deploys; its bytes go with it unless another
+    /// image has the same. Serializable, with the profiles' creation: a profile created at the same moment either
+    /// sees the image gone or makes this deletion see it.
     pub async fn delete_image(&self, caller: &Caller, id: &ImageId) -> AppResult<Committed<()>> {
         let (done, upload) = self
             .db
-            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+            .transaction_with_retry(TxOptions::COMMAND_SERIALIZABLE, &self.retry, |tx| {
                 async move {
                     let (image, version) = match store::image_aggregate(tx, id).await? {
                         Some((image, version)) if image.created.tenant_id == caller.tenant_id => (Some(image), version),
                         _ => (None, 0),
                     };
+                    if image.as_ref().is_some_and(|i| i.deleted_at_ms.is_none())
+                        && let Some(profile) = store::profiles::profile_using_image(tx, id.as_str()).await?
+                    {
+                        return Err(Rejection::Conflict(format!(
+                            "image {id} is deployed by profile {profile}: delete that profile version first"
+                        ))
+                        .into());
+                    }
                     let now_ms = clock::compute_now_ms(tx).await?;
                     let events = image::delete_image(image.as_ref(), id, now_ms)?;
                     let sha256 = image.map(|i| i.created.sha256).unwrap_or_default();

@@ -18,6 +18,7 @@ pub mod liveness;
 pub mod log;
 pub mod node_commands;
 pub mod nodes;
+pub mod profiles;
 pub mod reads;
 pub mod reservations;
 mod store;

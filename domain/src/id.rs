@@ -195,6 +195,10 @@ generated_id!(
     ImageId, "img", "image id"
 );
 generated_id!(
+    /// A profile version: a provisioning template.
+    ProfileId, "prof", "profile id"
+);
+generated_id!(
     /// An agent's session: one run of `bcd` on a node, renewed by its heartbeats.
     SessionId, "ses", "session id"
 );

@@ -17,6 +17,7 @@ pub mod inventory;
 pub mod node;
 pub mod placement;
 pub mod pool;
+pub mod profile;
 pub mod region;
 pub mod rejection;
 pub mod reservation;

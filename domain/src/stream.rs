@@ -5,6 +5,7 @@ use crate::event::{DecodeError, DomainEvent, EncodeError};
 use crate::image::ImageEvent;
 use crate::node::NodeEvent;
 use crate::pool::PoolEvent;
+use crate::profile::ProfileEvent;
 use crate::reservation::ReservationEvent;
 use crate::site::{ProjectEvent, SiteEvent};
 use crate::tenancy::{GrantEvent, IdentityEvent, LimitEvent, TenantEvent};
@@ -22,6 +23,7 @@ pub enum AnyEvent {
     Grant(GrantEvent),
     Limit(LimitEvent),
     Image(ImageEvent),
+    Profile(ProfileEvent),
 }
 
 impl AnyEvent {
@@ -39,6 +41,7 @@ impl AnyEvent {
             "grant" => AnyEvent::Grant(GrantEvent::decode(event_type, schema_version, payload)?),
             "limit" => AnyEvent::Limit(LimitEvent::decode(event_type, schema_version, payload)?),
             "image" => AnyEvent::Image(ImageEvent::decode(event_type, schema_version, payload)?),
+            "profile" => AnyEvent::Profile(ProfileEvent::decode(event_type, schema_version, payload)?),
             _ => return Ok(None),
         }))
     }
@@ -55,6 +58,7 @@ impl AnyEvent {
             AnyEvent::Grant(e) => e.event_type(),
             AnyEvent::Limit(e) => e.event_type(),
             AnyEvent::Image(e) => e.event_type(),
+            AnyEvent::Profile(e) => e.event_type(),
         }
     }
 
@@ -70,6 +74,7 @@ impl AnyEvent {
             AnyEvent::Grant(e) => e.schema_version(),
             AnyEvent::Limit(e) => e.schema_version(),
             AnyEvent::Image(e) => e.schema_version(),
+            AnyEvent::Profile(e) => e.schema_version(),
         }
     }
 
@@ -85,6 +90,7 @@ impl AnyEvent {
             AnyEvent::Grant(e) => e.encode_payload(),
             AnyEvent::Limit(e) => e.encode_payload(),
             AnyEvent::Image(e) => e.encode_payload(),
+            AnyEvent::Profile(e) => e.encode_payload(),
         }
     }
 }
@@ -100,7 +106,7 @@ macro_rules! into_any {
 }
 
 into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation,
-    TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit, ImageEvent => Image);
+    TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit, ImageEvent => Image, ProfileEvent => Profile);
 
 impl AnyEvent {
     /// Every event type this build knows, family by family.
@@ -116,6 +122,7 @@ impl AnyEvent {
             GrantEvent::event_types(),
             LimitEvent::event_types(),
             ImageEvent::event_types(),
+            ProfileEvent::event_types(),
         ]
         .concat()
     }

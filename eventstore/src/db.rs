@@ -77,6 +77,11 @@ impl TxOptions {
     pub const READ_COMMITTED: TxOptions = TxOptions { isolation: Isolation::ReadCommitted, access: Access::ReadWrite };
     /// Repeatable read, read-write: every command.
     pub const COMMAND: TxOptions = TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadWrite };
+    /// Serializable, read-write: a command whose check reads rows another command's check must see written (a
+    /// profile naming an image, and the image's deletion that no profile may name): PostgreSQL's serializable
+    /// snapshot isolation fails one of two such commands that ran at once, and it is retried.
+    pub const COMMAND_SERIALIZABLE: TxOptions =
+        TxOptions { isolation: Isolation::Serializable, access: Access::ReadWrite };
     /// Read committed, read-only: log readers and queries.
     pub const READ_ONLY: TxOptions = TxOptions { isolation: Isolation::ReadCommitted, access: Access::ReadOnly };
 

@@ -76,6 +76,10 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
             let events = decoded.iter().filter_map(|e| if let AnyEvent::Image(i) = e { Some(i) } else { None });
             to_json(&events.fold(None, bc_domain::image::evolve_image))?
         }
+        Some(AnyEvent::Profile(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Profile(p) = e { Some(p) } else { None });
+            to_json(&events.fold(None, bc_domain::profile::evolve_profile))?
+        }
         None => json!({}),
     };
     if let Value::Object(map) = &mut state {

@@ -148,7 +148,8 @@ async fn fleet_basics(app: &App) -> anyhow::Result<()> {
 
 /// A customer onboarded through the API: its tenant and a child, identities with tokens (one revoked, one
 /// identity deleted), grants (one revoked), a limit on a pool (one deleted), and a suspension lifted.
-/// Images: a private one, the same bytes published signed, another version, and a deletion.
+/// Images (a private one, the same bytes published signed, another version, a deletion) and the profile
+/// versions that deploy one.
 async fn images(app: &App) -> anyhow::Result<()> {
     use bc_commands::images::{ImagePolicy, ImageSigners, UploadImage};
     use bc_domain::image::{ImageFormat, Visibility};
@@ -181,6 +182,27 @@ async fn images(app: &App) -> anyhow::Result<()> {
     let old = app.upload_image(&owner, upload("base", "0", Visibility::Public, second, false), body(second)).await?;
     clock::set_sim_clock(app.db(), T0 + 120_000).await?;
     app.delete_image(&owner, &old.image.id).await?;
+    let base = app.list_images(&owner, &bc_commands::reads::Page::first(10)).await?.items;
+    let base = base.iter().find(|i| i.name == "base").ok_or_else(|| anyhow::anyhow!("no base image"))?;
+    let spec = bc_domain::profile::ProfileSpec {
+        target: bc_domain::profile::ProfileTarget::Metal,
+        drivers: [
+            (bc_domain::profile::Concern::Power, "redfish".to_owned()),
+            (bc_domain::profile::Concern::Boot, "redfish".to_owned()),
+            (bc_domain::profile::Concern::Deploy, "bcd".to_owned()),
+        ]
+        .into(),
+        image_id: Some(base.id.clone()),
+        allow_unverified_image: false,
+        user_data: Some("#cloud-config\n".into()),
+        steps: Vec::new(),
+        host_config: [("hostname".to_owned(), "gpu-1".to_owned())].into(),
+        acceptance: vec!["gpu-count=8".into()],
+    };
+    let first = app.create_profile(&owner, "gpu-node", spec.clone()).await?.value;
+    clock::set_sim_clock(app.db(), T0 + 180_000).await?;
+    app.create_profile(&owner, "gpu-node", spec).await?;
+    app.delete_profile(&owner, &first.id).await?;
     Ok(())
 }
 

@@ -29,6 +29,7 @@ pub const CREATES: &[(&str, bool)] = &[
     ("identities.create", false),
     ("grants.create", false),
     ("limits.create", false),
+    ("profiles.create", false),
 ];
 
 /// The headers of an answer that a replay repeats.

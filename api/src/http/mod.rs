@@ -13,6 +13,7 @@ mod images;
 mod nodes;
 pub mod openapi;
 mod pki;
+mod profiles;
 mod projections;
 pub mod request;
 mod reservations;
@@ -229,6 +230,10 @@ routes! {
     images::get_image => "images.get";
     images::image_content => "images.content.get";
     images::delete_image => "images.delete";
+    profiles::create_profile => "profiles.create";
+    profiles::list_profiles => "profiles.list";
+    profiles::get_profile => "profiles.get";
+    profiles::delete_profile => "profiles.delete";
     fleet::audit => "audit.list";
     fleet::fleet_audit => "fleet.audit.list";
     events::event_stream => "events.stream";

@@ -2,8 +2,8 @@
 
 use axum::Json;
 use bc_domain::id::{
-    CommandId, GrantId, IdentityId, ImageId, LimitId, NodeId, PoolId, ProjectId, ReservationId, SessionId, SiteId,
-    TenantId, TokenId,
+    CommandId, GrantId, IdentityId, ImageId, LimitId, NodeId, PoolId, ProfileId, ProjectId, ReservationId, SessionId,
+    SiteId, TenantId, TokenId,
 };
 use bc_eventstore::Position;
 use utoipa::openapi::schema::{ArrayItems, Schema};
@@ -43,6 +43,7 @@ pub const IDEMPOTENT_CREATES: &[&str] = &[
     "create_identity",
     "create_grant",
     "create_limit",
+    "create_profile",
 ];
 
 impl Modify for IdempotentCreates {
@@ -94,6 +95,7 @@ fn pattern_of(name: &str) -> Option<&'static str> {
         "grantId" | "grant_id" => GrantId::PATTERN,
         "limitId" | "limit_id" => LimitId::PATTERN,
         "imageId" | "image_id" => ImageId::PATTERN,
+        "profileId" | "profile_id" => ProfileId::PATTERN,
         "after" | "X-Min-Position" | "Last-Event-ID" => Position::PATTERN,
         // URL-safe base64 without padding, as `encode_cursor` writes it.
         "cursor" | "nextCursor" => "^[A-Za-z0-9_-]+$",

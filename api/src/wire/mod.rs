@@ -8,6 +8,7 @@ pub mod fleet;
 pub mod images;
 pub mod nodes;
 pub mod ops;
+pub mod profiles;
 pub mod reservations;
 pub mod tenancy;
 
@@ -52,6 +53,10 @@ page!(
 page!(
     /// A page of images: the tenant's own and the public ones.
     ImagePage of images::ImageDto
+);
+page!(
+    /// A page of profile versions.
+    ProfilePage of profiles::ProfileDto
 );
 page!(
     /// A page of projects.

@@ -60,7 +60,7 @@ async fn rows(api: &Api) -> [i64; 4] {
 }
 
 /// Makes tenant `id` below root with an administrator, and answers the administrator's token.
-async fn customer(api: &Api, id: &str) -> String {
+pub(crate) async fn customer(api: &Api, id: &str) -> String {
     let made = api.post("/v1/tenants", ROOT, json!({ "tenantId": id, "name": format!("{id} inc.") })).await;
     assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
     let boss = api

@@ -14,6 +14,7 @@ mod investigate;
 mod metrics;
 mod outcomes;
 mod process;
+mod profiles;
 mod scale_out;
 mod sse;
 mod tenancy;

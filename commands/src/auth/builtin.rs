@@ -502,7 +502,8 @@ impl Snapshot {
             {
                 Decision::Allow
             }
-            (Target::Fleet | Target::Tenant | Target::Site | Target::Image, _) | (Target::Reservation, _)
+            (Target::Fleet | Target::Tenant | Target::Site | Target::Image | Target::Profile, _)
+            | (Target::Reservation, _)
                 if !matches!(method.requirement, Requirement::Pool(_)) =>
             {
                 if resource.tenant_id != principal.tenant_id {

@@ -76,6 +76,8 @@ pub enum Target {
     Reservation,
     /// An image: its tenant's, or every tenant's to read when public.
     Image,
+    /// A profile version: its tenant's.
+    Profile,
 }
 
 impl Target {
@@ -89,6 +91,7 @@ impl Target {
             Target::Node => "node",
             Target::Reservation => "reservation",
             Target::Image => "image",
+            Target::Profile => "profile",
         }
     }
 }
@@ -188,6 +191,10 @@ pub const METHODS: &[MethodSpec] = &[
     m("images.get", "compute:images.get", Target::Image, MEMBER, false),
     m("images.content.get", "compute:images.content.get", Target::Image, MEMBER, false),
     m("images.delete", "compute:images.delete", Target::Image, TENANT_ADMIN, true),
+    m("profiles.create", "compute:profiles.create", Target::Tenant, TENANT_ADMIN, true),
+    m("profiles.list", "compute:profiles.list", Target::Tenant, MEMBER, false),
+    m("profiles.get", "compute:profiles.get", Target::Profile, MEMBER, false),
+    m("profiles.delete", "compute:profiles.delete", Target::Profile, TENANT_ADMIN, true),
     m("audit.list", "compute:audit.list", Target::Tenant, MEMBER, false),
     m("fleet.audit.list", "compute:fleet.audit.list", Target::Fleet, TENANT_ADMIN, false),
     m("fleet.reservations.list", "compute:fleet.reservations.list", Target::Fleet, TENANT_ADMIN, false),

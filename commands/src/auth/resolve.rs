@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use bc_domain::id::{ImageId, NodeId, PoolId, ReservationId, SiteId, TenantId};
+use bc_domain::id::{ImageId, NodeId, PoolId, ProfileId, ReservationId, SiteId, TenantId};
 use bc_eventstore::{Error, Result, Tx, sql};
 use sqlx::Row as _;
 use sqlx::postgres::PgRow;
@@ -146,6 +146,23 @@ pub async fn image_resource(tx: &mut Tx, id: &ImageId) -> Result<Option<Resource
         tenant_id: tenant(row.try_get("tenant_id")?)?,
         pool: None,
         attributes,
+    }))
+}
+
+/// A live profile version: the tenant that owns it.
+pub async fn profile_resource(tx: &mut Tx, id: &ProfileId) -> Result<Option<Resource>> {
+    let owner: Option<String> =
+        sql::query_scalar("SELECT tenant_id FROM profiles WHERE id = $1 AND deleted_at IS NULL")
+            .bind(id.as_str())
+            .fetch_optional(tx.conn())
+            .await?;
+    let Some(owner) = owner else { return Ok(None) };
+    Ok(Some(Resource {
+        target: Target::Profile,
+        id: id.to_string(),
+        tenant_id: tenant(owner)?,
+        pool: None,
+        attributes: BTreeMap::new(),
     }))
 }
 

@@ -21,6 +21,7 @@ pub mod idempotency;
 pub mod images;
 pub mod liveness;
 pub mod node_commands;
+pub mod profiles;
 pub mod tenancy;
 
 /// A stored value that does not read back: an internal error naming what.
@@ -243,6 +244,14 @@ pub async fn image_aggregate(
     id: &bc_domain::id::ImageId,
 ) -> AppResult<Option<(bc_domain::image::Image, u32)>> {
     folded_stream(tx, id.as_str(), bc_domain::image::evolve_image).await
+}
+
+/// A profile version as the fold of its stream, with the stream's version.
+pub async fn profile_aggregate(
+    tx: &mut Tx,
+    id: &bc_domain::id::ProfileId,
+) -> AppResult<Option<(bc_domain::profile::Profile, u32)>> {
+    folded_stream(tx, id.as_str(), bc_domain::profile::evolve_profile).await
 }
 
 /// A join token as the fold of its stream, with the stream's version.

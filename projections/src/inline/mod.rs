@@ -15,6 +15,7 @@ use bc_domain::node::{
     schedulability,
 };
 use bc_domain::pool::PoolEvent;
+use bc_domain::profile::ProfileEvent;
 use bc_domain::reservation::{Allocation, ReservationEvent, ReservationState};
 use bc_domain::site::{ProjectEvent, SiteEvent};
 use bc_domain::stream::AnyEvent;
@@ -40,6 +41,7 @@ pub const TABLES: &[&str] = &[
     "pool_grants",
     "attribute_limits",
     "images",
+    "profiles",
 ];
 
 fn json(value: &impl serde::Serialize) -> Result<String> {
@@ -66,6 +68,7 @@ pub async fn apply(tx: &mut Tx, stream_id: &str, event: &AnyEvent) -> Result<()>
         AnyEvent::Grant(e) => apply_grant(tx, e).await,
         AnyEvent::Limit(e) => apply_limit(tx, e).await,
         AnyEvent::Image(e) => apply_image(tx, e).await,
+        AnyEvent::Profile(e) => apply_profile(tx, e).await,
     }
 }
 
@@ -219,6 +222,35 @@ async fn apply_image(tx: &mut Tx, event: &ImageEvent) -> Result<()> {
         }
         ImageEvent::Deleted(e) => {
             sql::query("DELETE FROM images WHERE id = $1").bind(e.image_id.as_str()).execute(tx.conn()).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn apply_profile(tx: &mut Tx, event: &ProfileEvent) -> Result<()> {
+    match event {
+        ProfileEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO profiles (id, tenant_id, name, version, target, image_id, spec, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, ms_ts($8))",
+            )
+            .bind(e.profile_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(&e.name)
+            .bind(i32::try_from(e.version).map_err(|_| Error::Internal("a profile's version overflows".into()))?)
+            .bind(text(&e.spec.target)?)
+            .bind(e.spec.image_id.as_ref().map(|i| i.as_str()))
+            .bind(json(&e.spec)?)
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        ProfileEvent::Deleted(e) => {
+            sql::query("UPDATE profiles SET deleted_at = ms_ts($2) WHERE id = $1")
+                .bind(e.profile_id.as_str())
+                .bind(e.at_ms)
+                .execute(tx.conn())
+                .await?;
         }
     }
     Ok(())
@@ -1023,6 +1055,7 @@ pub fn handles(event_type: &str) -> bool {
         GrantEvent::event_types(),
         LimitEvent::event_types(),
         ImageEvent::event_types(),
+        ProfileEvent::event_types(),
     ]
     .iter()
     .any(|types| types.contains(&event_type))
