@@ -1001,7 +1001,7 @@ pub fn check_certified(node: &NodeAuth, certified: Option<&str>) -> AppResult<()
 }
 
 /// What a sealed secret is bound to: a secret copied onto another row does not open there.
-fn secret_context(kind: &str, owner_id: &str) -> String {
+pub(crate) fn secret_context(kind: &str, owner_id: &str) -> String {
     format!("{kind}:{owner_id}")
 }
 

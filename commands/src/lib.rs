@@ -14,6 +14,7 @@ pub mod fleet;
 mod gate;
 pub mod idempotency;
 pub mod images;
+pub mod lifecycle;
 pub mod liveness;
 pub mod log;
 pub mod node_commands;

@@ -148,6 +148,10 @@ pub struct NodeView {
     pub hardware_trusted: bool,
     /// Its devices: GPUs and, below them, the atoms a pool books (MIG instances, slots).
     pub devices: Vec<bc_domain::device::Device>,
+    /// The BMC of a machine enrolled from it (never its credentials).
+    pub bmc: Option<bc_domain::node::NodeBmc>,
+    /// Since when it is in a transitional `provisionState` that has a time limit.
+    pub provision_since_ms: Option<i64>,
 }
 
 impl NodeView {
@@ -180,6 +184,8 @@ impl NodeView {
             hardware_key: node.hardware.as_ref().map(|h| h.key.clone()),
             hardware_trusted: node.hardware.as_ref().is_some_and(|h| h.trusted),
             devices: node.devices.clone(),
+            bmc: node.bmc.clone(),
+            provision_since_ms: node.provision_since_ms,
         }
     }
 }

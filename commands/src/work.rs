@@ -23,6 +23,8 @@ pub enum WorkKey {
     /// A node whose future bookings must be placed elsewhere, or whose drain may complete
     /// (`node:<id>:replace`).
     NodeReplace(NodeId),
+    /// A node whose transitional `provisionState` may outlast its limit (`node:<id>:lifecycle`).
+    NodeLifecycle(NodeId),
     /// A pool whose pending reservations should be tried again, because capacity freed
     /// (`pool:<id>:pending@<wake>`). Each wake has a key of its own: one shared key would be a row that every
     /// command freeing capacity updates, and repeatable-read commands updating one row abort each other. The
@@ -52,6 +54,7 @@ impl fmt::Display for WorkKey {
         match self {
             WorkKey::Reservation(id) => write!(f, "rsv:{id}"),
             WorkKey::NodeReplace(node) => write!(f, "node:{node}:replace"),
+            WorkKey::NodeLifecycle(node) => write!(f, "node:{node}:lifecycle"),
             WorkKey::PoolPending { pool, wake } => write!(f, "{}{wake}", WorkKey::pending_prefix(pool)),
         }
     }
@@ -75,6 +78,9 @@ impl FromStr for WorkKey {
         }
         if let Some(node) = key.strip_prefix("node:").and_then(|rest| rest.strip_suffix(":replace")) {
             return node.parse().map(WorkKey::NodeReplace).map_err(|err| unknown(format!("{err}")));
+        }
+        if let Some(node) = key.strip_prefix("node:").and_then(|rest| rest.strip_suffix(":lifecycle")) {
+            return node.parse().map(WorkKey::NodeLifecycle).map_err(|err| unknown(format!("{err}")));
         }
         if let Some((pool, wake)) = key.strip_prefix("pool:").and_then(|rest| rest.split_once(":pending@")) {
             if wake.is_empty() || !wake.bytes().all(|b| b.is_ascii_alphanumeric()) {
@@ -155,6 +161,7 @@ mod tests {
                 "k",
             )),
             WorkKey::NodeReplace(NodeId::generate()),
+            WorkKey::NodeLifecycle(NodeId::generate()),
             WorkKey::pool_pending(&PoolId::generate()),
         ];
         for key in keys {

@@ -253,6 +253,9 @@ impl Worker {
         match item.key.parse::<WorkKey>() {
             Ok(WorkKey::Reservation(id)) => return self.reconcile_reservation(item, &id, fence).await,
             Ok(WorkKey::NodeReplace(node)) => return self.app.run_node_item(&self.caller, item, &node, fence).await,
+            Ok(WorkKey::NodeLifecycle(node)) => {
+                return self.app.run_lifecycle_item(&self.caller, item, &node, fence).await;
+            }
             Ok(WorkKey::PoolPending { pool, .. }) => return self.retry_pending(item, &pool, fence).await,
             Err(unknown) => tracing::warn!(%unknown, "dropping a work item this build does not know"),
         }

@@ -120,6 +120,7 @@ pub struct Condition {
 }
 
 mod decide;
+pub mod lifecycle;
 mod state;
 
 pub use decide::{Disruption, NodeCommand, VerbState, decide, disruption_allowance};
@@ -418,6 +419,61 @@ pub struct NodeAt {
     pub at_ms: i64,
 }
 
+/// How the control plane reaches a machine's BMC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BmcDriver {
+    Redfish,
+    Ipmi,
+}
+
+impl BmcDriver {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BmcDriver::Redfish => "redfish",
+            BmcDriver::Ipmi => "ipmi",
+        }
+    }
+}
+
+/// A machine's BMC as the site reaches it, without its credentials (they are sealed, never in an event).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeBmc {
+    pub driver: BmcDriver,
+    /// `https://host[:port]` for Redfish, `host[:port]` for IPMI.
+    pub address: String,
+    /// The Redfish system's id or UUID, when the BMC has several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_id: Option<String>,
+    /// Accept the BMC's certificate without checking it (self-signed BMCs); otherwise the site's trust applies.
+    #[serde(default)]
+    pub insecure_tls: bool,
+    /// The driver bound to each concern of this machine.
+    pub drivers: BTreeMap<crate::profile::Concern, String>,
+}
+
+/// A machine was enrolled with its BMC (its first event after `node.registered` in `enrolling`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeBmcSet {
+    pub node_id: NodeId,
+    pub bmc: NodeBmc,
+    pub at_ms: i64,
+}
+
+/// A move of the node's lifecycle (`provisionState`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProvisionChanged {
+    pub node_id: NodeId,
+    pub from: ProvisionState,
+    pub to: ProvisionState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub at_ms: i64,
+}
+
 domain_events! {
     /// Events of a node's stream.
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -440,6 +496,8 @@ domain_events! {
         DrainStarted(NodeDrainStarted) = "node.drain_started",
         Drained(NodeAt) = "node.drained",
         Deleted(NodeDeleted) = "node.deleted",
+        BmcSet(NodeBmcSet) = "node.bmc_set",
+        ProvisionChanged(NodeProvisionChanged) = "node.provision_changed",
     }
 }
 
@@ -465,6 +523,8 @@ impl NodeEvent {
             NodeEvent::DrainStarted(e) => &e.node_id,
             NodeEvent::Drained(e) => &e.node_id,
             NodeEvent::Deleted(e) => &e.node_id,
+            NodeEvent::BmcSet(e) => &e.node_id,
+            NodeEvent::ProvisionChanged(e) => &e.node_id,
         }
     }
 }

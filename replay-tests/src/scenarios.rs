@@ -203,6 +203,44 @@ async fn images(app: &App) -> anyhow::Result<()> {
     clock::set_sim_clock(app.db(), T0 + 180_000).await?;
     app.create_profile(&owner, "gpu-node", spec).await?;
     app.delete_profile(&owner, &first.id).await?;
+    enrolled_machine(&app, &owner).await
+}
+
+/// A machine enrolled from its BMC, taken through its lifecycle, and failed by the controller when stuck.
+async fn enrolled_machine(app: &App, owner: &Caller) -> anyhow::Result<()> {
+    use bc_domain::node::lifecycle::default_drivers;
+    use bc_domain::node::{BmcDriver, NodeBmc, ProvisionState};
+    let dir = std::env::temp_dir().join(format!("bc-scenario-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    bc_pki::Bundle::init(&dir, &bc_pki::InitOptions::default())?;
+    let app = app.clone().with_pki(std::sync::Arc::new(bc_pki::Bundle::load(&dir)?));
+    let _ = std::fs::remove_dir_all(&dir);
+    let site = app
+        .create_site(owner, CreateSite { name: "ams1".into(), iam_region: "eu-west-1".into(), kind: SiteKind::Shared })
+        .await?
+        .value;
+    let metal = pool(&app, owner, &site, "metal", Sharing::Exclusive, None).await?;
+    let enrol = bc_commands::lifecycle::EnrolNode {
+        pool_id: metal,
+        name: "metal-1".into(),
+        bmc: NodeBmc {
+            driver: BmcDriver::Redfish,
+            address: "https://10.0.0.10".into(),
+            system_id: Some("1".into()),
+            insecure_tls: false,
+            drivers: default_drivers(BmcDriver::Redfish, &Default::default()),
+        },
+        username: "admin".into(),
+        password: "secret".into(),
+    };
+    let node = app.enrol_node(owner, enrol).await?.value;
+    clock::set_sim_clock(app.db(), T0 + 240_000).await?;
+    for state in [ProvisionState::Inspecting, ProvisionState::Commissioning] {
+        app.change_provision_state(owner, &node, state, Some("scenario".into())).await?;
+    }
+    // Commissioning outlasts its hour: the controller fails the node.
+    clock::set_sim_clock(app.db(), T0 + 240_000 + 3_600_000).await?;
+    Worker::new(app.clone(), WorkerConfig::default()).run_until_idle().await?;
     Ok(())
 }
 

@@ -23,6 +23,7 @@ pub const CREATES: &[(&str, bool)] = &[
     ("projects.create", false),
     ("pools.create", false),
     ("nodes.register", false),
+    ("nodes.enrol", false),
     ("nodes.commands.create", false),
     ("nodes.join_tokens.create", true),
     ("tenants.create", false),

@@ -10,6 +10,7 @@ mod fleet;
 mod health;
 pub mod idempotency;
 mod images;
+mod lifecycle;
 mod nodes;
 pub mod openapi;
 mod pki;
@@ -174,6 +175,8 @@ routes! {
     fleet::revoke_offer => "pools.offers.revoke";
     fleet::set_quota => "quotas.set";
     nodes::register_node => "nodes.register";
+    lifecycle::enrol_node => "nodes.enrol";
+    lifecycle::change_provision_state => "nodes.provision";
     nodes::list_nodes => "nodes.list";
     nodes::get_node => "nodes.get";
     nodes::node_devices => "nodes.get";

@@ -37,6 +37,7 @@ pub const IDEMPOTENT_CREATES: &[&str] = &[
     "create_project",
     "create_pool",
     "register_node",
+    "enrol_node",
     "create_command",
     "create_join_token",
     "create_tenant",

@@ -124,6 +124,84 @@ pub struct NodeDto {
     pub hardware_key: Option<String>,
     /// Whether enough identifier kinds survived for the key to be trusted.
     pub hardware_trusted: bool,
+    /// The BMC of a machine enrolled from it (its credentials are sealed and never shown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bmc: Option<BmcDto>,
+    /// Since when it is in a transitional `provisionState`; it goes to `failed` if it stays past the state's limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provision_since: Option<i64>,
+}
+
+/// A machine's BMC as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BmcDto {
+    /// `redfish` or `ipmi`.
+    pub driver: String,
+    pub address: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_id: Option<String>,
+    pub insecure_tls: bool,
+    /// The driver carrying each concern.
+    pub drivers: BTreeMap<String, String>,
+}
+
+impl From<&bc_domain::node::NodeBmc> for BmcDto {
+    fn from(b: &bc_domain::node::NodeBmc) -> Self {
+        BmcDto {
+            driver: b.driver.as_str().to_owned(),
+            address: b.address.clone(),
+            system_id: b.system_id.clone(),
+            insecure_tls: b.insecure_tls,
+            drivers: b.drivers.iter().map(|(c, d)| (c.as_str().to_owned(), d.clone())).collect(),
+        }
+    }
+}
+
+/// The body of `POST /v1/nodes/enrol`: a machine known by its BMC.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnrolBody {
+    pub pool_id: String,
+    pub name: String,
+    pub bmc: BmcBody,
+    /// The driver of a concern, where the default does not fit (the BMC's own driver for power, management and
+    /// boot, and virtual media with Redfish; `bcd` for deploy and inspect).
+    #[schema(value_type = BTreeMap<String, String>)]
+    #[serde(default)]
+    pub drivers: BTreeMap<bc_domain::profile::Concern, String>,
+}
+
+/// A BMC and its credentials.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BmcBody {
+    /// `redfish` or `ipmi`.
+    #[schema(value_type = String)]
+    pub driver: bc_domain::node::BmcDriver,
+    /// `https://host[:port]` for Redfish, `host[:port]` for IPMI.
+    pub address: String,
+    /// The Redfish system's id or UUID, when the BMC has several.
+    #[serde(default)]
+    pub system_id: Option<String>,
+    /// Accept the BMC's certificate unchecked (self-signed BMCs).
+    #[serde(default)]
+    pub insecure_tls: bool,
+    pub username: String,
+    /// Sealed with the control plane's key; never shown, never in an event.
+    pub password: String,
+}
+
+/// The body of `POST /v1/nodes/{id}/provision-state`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProvisionBody {
+    /// The state to go to: `inspecting`, `commissioning`, `ready`, `deploying`, `deployed`, `releasing`,
+    /// `rescue`, `failed`, `retiring`, `retired` (as the lifecycle allows from where the node is).
+    #[schema(value_type = String)]
+    pub state: bc_domain::node::ProvisionState,
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 impl From<&NodeView> for NodeDto {
@@ -154,6 +232,8 @@ impl From<&NodeView> for NodeDto {
             registered_at: n.registered_at_ms,
             hardware_key: n.hardware_key.clone(),
             hardware_trusted: n.hardware_trusted,
+            bmc: n.bmc.as_ref().map(Into::into),
+            provision_since: n.provision_since_ms,
         }
     }
 }

@@ -11,6 +11,7 @@ mod http_api;
 mod idempotency;
 mod images;
 mod investigate;
+mod lifecycle;
 mod metrics;
 mod outcomes;
 mod process;

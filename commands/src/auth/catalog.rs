@@ -163,6 +163,8 @@ pub const METHODS: &[MethodSpec] = &[
     m("projects.get", "compute:projects.get", Target::Tenant, MEMBER, false),
     m("projects.delete", "compute:projects.delete", Target::Tenant, TENANT_ADMIN, true),
     m("nodes.register", "compute:nodes.register", Target::Pool, OPERATOR, true),
+    m("nodes.enrol", "compute:nodes.enrol", Target::Pool, OPERATOR, true),
+    m("nodes.provision", "compute:nodes.provision", Target::Node, OPERATOR, true),
     m("nodes.list", "compute:nodes.list", Target::Tenant, MEMBER, false),
     m("nodes.get", "compute:nodes.get", Target::Node, MEMBER, false),
     m("nodes.cordon", "compute:nodes.cordon", Target::Node, OPERATOR, true),

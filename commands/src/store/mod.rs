@@ -254,6 +254,20 @@ pub async fn profile_aggregate(
     folded_stream(tx, id.as_str(), bc_domain::profile::evolve_profile).await
 }
 
+/// A node as the fold of its stream, with the stream's version.
+pub async fn node_aggregate(tx: &mut Tx, id: &NodeId) -> AppResult<Option<(bc_domain::node::Node, u32)>> {
+    folded_stream(tx, id.as_str(), bc_domain::node::evolve).await
+}
+
+/// The tenant that owns a pool.
+pub async fn pool_owner(tx: &mut Tx, pool_id: &PoolId) -> AppResult<TenantId> {
+    let owner: String = sql::query_scalar("SELECT owner_tenant_id FROM pools WHERE id = $1")
+        .bind(pool_id.as_str())
+        .fetch_one(tx.conn())
+        .await?;
+    owner.parse().map_err(|err| corrupt("pools.owner_tenant_id", err))
+}
+
 /// A join token as the fold of its stream, with the stream's version.
 pub async fn join_token_aggregate(
     tx: &mut Tx,

@@ -46,6 +46,12 @@ pub struct Node {
     pub registered_at_ms: i64,
     /// When it was deleted; a deleted node accepts nothing more.
     pub deleted_at_ms: Option<i64>,
+    /// The BMC of a machine enrolled from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmc: Option<super::NodeBmc>,
+    /// Since when it is in a transitional `provisionState` that has a time limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provision_since_ms: Option<i64>,
     /// Events folded.
     pub version: u32,
 }
@@ -121,6 +127,8 @@ pub fn evolve(state: Option<Node>, event: &NodeEvent) -> Option<Node> {
                 inventory_snapshot: None,
                 registered_at_ms: e.at_ms,
                 deleted_at_ms: None,
+                bmc: None,
+                provision_since_ms: e.provision_state.limit_ms().map(|_| e.at_ms),
                 version: 1,
             });
         }
@@ -150,6 +158,8 @@ pub fn evolve(state: Option<Node>, event: &NodeEvent) -> Option<Node> {
                 inventory_snapshot: None,
                 registered_at_ms: e.at_ms,
                 deleted_at_ms: None,
+                bmc: None,
+                provision_since_ms: None,
                 version: 1,
             });
         }
@@ -192,6 +202,11 @@ pub fn evolve(state: Option<Node>, event: &NodeEvent) -> Option<Node> {
         }
         NodeEvent::SpecObserved(e) => node.observed_generation = e.observed_generation,
         NodeEvent::Deleted(e) => node.deleted_at_ms = Some(e.at_ms),
+        NodeEvent::BmcSet(e) => node.bmc = Some(e.bmc.clone()),
+        NodeEvent::ProvisionChanged(e) => {
+            node.provision_state = e.to;
+            node.provision_since_ms = e.to.limit_ms().map(|_| e.at_ms);
+        }
     }
     Some(node)
 }

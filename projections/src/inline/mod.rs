@@ -42,6 +42,7 @@ pub const TABLES: &[&str] = &[
     "attribute_limits",
     "images",
     "profiles",
+    "node_bmcs",
 ];
 
 fn json(value: &impl serde::Serialize) -> Result<String> {
@@ -538,6 +539,13 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
                 },
             )
             .await?;
+            if e.provision_state.limit_ms().is_some() {
+                sql::query("UPDATE nodes SET provision_since = ms_ts($2) WHERE id = $1")
+                    .bind(node_id)
+                    .bind(e.at_ms)
+                    .execute(tx.conn())
+                    .await?;
+            }
             upsert_devices(tx, node_id, e.pool_id.as_str(), &e.devices).await?;
         }
         NodeEvent::Joined(e) => {
@@ -630,7 +638,38 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
                 .execute(tx.conn())
                 .await?;
         }
+        NodeEvent::BmcSet(e) => {
+            sql::query(
+                "INSERT INTO node_bmcs (node_id, driver, address, system_id, insecure_tls, drivers)
+                 VALUES ($1, $2, $3, $4, $5, $6::jsonb)
+                 ON CONFLICT (node_id) DO UPDATE SET driver = excluded.driver, address = excluded.address,
+                     system_id = excluded.system_id, insecure_tls = excluded.insecure_tls, drivers = excluded.drivers",
+            )
+            .bind(node_id)
+            .bind(e.bmc.driver.as_str())
+            .bind(&e.bmc.address)
+            .bind(e.bmc.system_id.as_deref())
+            .bind(e.bmc.insecure_tls)
+            .bind(json(&e.bmc.drivers)?)
+            .execute(tx.conn())
+            .await?;
+            return Ok(());
+        }
+        NodeEvent::ProvisionChanged(e) => {
+            sql::query(
+                "UPDATE nodes SET provision_state = $2,
+                     provision_since = CASE WHEN $3 THEN ms_ts($4) END
+                 WHERE id = $1",
+            )
+            .bind(node_id)
+            .bind(e.to.as_str())
+            .bind(e.to.limit_ms().is_some())
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
         NodeEvent::Deleted(_) => {
+            sql::query("DELETE FROM node_bmcs WHERE node_id = $1").bind(node_id).execute(tx.conn()).await?;
             for table in ["DELETE FROM node_identifiers WHERE node_id = $1", "DELETE FROM devices WHERE node_id = $1"] {
                 sql::query(table).bind(node_id).execute(tx.conn()).await?;
             }

@@ -91,6 +91,8 @@ pub(crate) const NODE_EVENT_TYPES: &[&str] = &[
     "node.drain_started",
     "node.drained",
     "node.deleted",
+    "node.bmc_set",
+    "node.provision_changed",
 ];
 
 /// What a node's first event says about it: `node.registered` or `node.joined`.
@@ -151,6 +153,7 @@ pub(crate) fn change_axes(axes: &mut Axes, event: &NodeEvent) -> Result<bool> {
         NodeEvent::MaintenanceStarted(_) => axes.maintenance = true,
         NodeEvent::MaintenanceEnded(_) => axes.maintenance = false,
         NodeEvent::Adopted(_) => axes.provision_state = text(&ProvisionState::Adopted)?,
+        NodeEvent::ProvisionChanged(e) => axes.provision_state = text(&e.to)?,
         NodeEvent::ConnectivityChanged(e) => axes.connectivity = text(&e.to)?,
         NodeEvent::SpecObserved(e) => axes.observed_generation = e.observed_generation as i64,
         NodeEvent::ConditionRaised(e) => axes.set_reason(e.condition.kind, true)?,

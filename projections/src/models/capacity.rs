@@ -34,6 +34,9 @@ const EVENT_TYPES: &[&str] = &[
     "node.spec_observed",
     "node.drain_started",
     "node.deleted",
+    // A move of the lifecycle changes whether the node is schedulable (it was never in a log before this
+    // version's first rebuild, so following it changes no existing rollup).
+    "node.provision_changed",
     "reservation.requested",
     "reservation.placed",
     "reservation.binding_started",
