@@ -6,6 +6,7 @@
 //! The agent links `bc-domain` for the protocol's types, never sqlx or axum.
 
 pub mod cdi;
+pub mod drivers;
 #[cfg(test)]
 mod fixture;
 pub mod host;

@@ -1,4 +1,6 @@
-//! The `bcd` binary as a process.
+//! The `bcd` binary as a process, and the BMC drivers against emulators (`bmc`).
+
+mod bmc;
 
 use std::process::Command;
 
