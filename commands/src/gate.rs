@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use bc_domain::id::{ImageId, NodeId, PoolId, ProfileId, ReservationId, SiteId, TenantId};
+use bc_domain::id::{ImageId, NodeId, PoolId, ProfileId, ReservationId, SiteId, TenantId, WorkflowId};
 use bc_domain::reservation::ReservationRequest;
 
 use crate::Caller;
@@ -38,6 +38,7 @@ pub enum Subject<'a> {
     Reservation(&'a ReservationId),
     Image(&'a ImageId),
     Profile(&'a ProfileId),
+    Workflow(&'a WorkflowId),
 }
 
 impl Subject<'_> {
@@ -53,6 +54,7 @@ impl Subject<'_> {
             Subject::Reservation(id) => ("reservation", id.to_string()),
             Subject::Image(id) => ("image", id.to_string()),
             Subject::Profile(id) => ("profile", id.to_string()),
+            Subject::Workflow(id) => ("workflow", id.to_string()),
         }
     }
 }

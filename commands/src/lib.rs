@@ -29,6 +29,7 @@ pub mod testing;
 pub mod tickets;
 pub mod work;
 pub mod worker;
+pub mod workflows;
 
 use std::sync::Arc;
 

@@ -25,6 +25,8 @@ pub enum WorkKey {
     NodeReplace(NodeId),
     /// A node whose transitional `provisionState` may outlast its limit (`node:<id>:lifecycle`).
     NodeLifecycle(NodeId),
+    /// A workflow to move on: its next step, a step's deadline, its end (`wf:<id>`).
+    Workflow(bc_domain::id::WorkflowId),
     /// A pool whose pending reservations should be tried again, because capacity freed
     /// (`pool:<id>:pending@<wake>`). Each wake has a key of its own: one shared key would be a row that every
     /// command freeing capacity updates, and repeatable-read commands updating one row abort each other. The
@@ -55,6 +57,7 @@ impl fmt::Display for WorkKey {
             WorkKey::Reservation(id) => write!(f, "rsv:{id}"),
             WorkKey::NodeReplace(node) => write!(f, "node:{node}:replace"),
             WorkKey::NodeLifecycle(node) => write!(f, "node:{node}:lifecycle"),
+            WorkKey::Workflow(id) => write!(f, "wf:{id}"),
             WorkKey::PoolPending { pool, wake } => write!(f, "{}{wake}", WorkKey::pending_prefix(pool)),
         }
     }
@@ -73,6 +76,9 @@ impl FromStr for WorkKey {
 
     fn from_str(key: &str) -> Result<Self, Self::Err> {
         let unknown = |reason: String| UnknownWorkKey { key: key.to_owned(), reason };
+        if let Some(id) = key.strip_prefix("wf:") {
+            return id.parse().map(WorkKey::Workflow).map_err(|err| unknown(format!("{err}")));
+        }
         if let Some(id) = key.strip_prefix("rsv:") {
             return id.parse().map(WorkKey::Reservation).map_err(|err| unknown(format!("{err}")));
         }
@@ -162,6 +168,7 @@ mod tests {
             )),
             WorkKey::NodeReplace(NodeId::generate()),
             WorkKey::NodeLifecycle(NodeId::generate()),
+            WorkKey::Workflow(bc_domain::id::WorkflowId::generate()),
             WorkKey::pool_pending(&PoolId::generate()),
         ];
         for key in keys {

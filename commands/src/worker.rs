@@ -256,6 +256,7 @@ impl Worker {
             Ok(WorkKey::NodeLifecycle(node)) => {
                 return self.app.run_lifecycle_item(&self.caller, item, &node, fence).await;
             }
+            Ok(WorkKey::Workflow(id)) => return self.app.run_workflow_item(&self.caller, item, &id, fence).await,
             Ok(WorkKey::PoolPending { pool, .. }) => return self.retry_pending(item, &pool, fence).await,
             Err(unknown) => tracing::warn!(%unknown, "dropping a work item this build does not know"),
         }

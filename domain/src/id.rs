@@ -199,6 +199,10 @@ generated_id!(
     ProfileId, "prof", "profile id"
 );
 generated_id!(
+    /// A workflow: a profile expanded for one machine into persisted steps.
+    WorkflowId, "wf", "workflow id"
+);
+generated_id!(
     /// An agent's session: one run of `bcd` on a node, renewed by its heartbeats.
     SessionId, "ses", "session id"
 );

@@ -26,6 +26,7 @@ pub mod stream;
 pub mod tenancy;
 pub mod testing;
 pub mod upcast;
+pub mod workflow;
 
 pub use rejection::Rejection;
 

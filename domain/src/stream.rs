@@ -9,6 +9,7 @@ use crate::profile::ProfileEvent;
 use crate::reservation::ReservationEvent;
 use crate::site::{ProjectEvent, SiteEvent};
 use crate::tenancy::{GrantEvent, IdentityEvent, LimitEvent, TenantEvent};
+use crate::workflow::WorkflowEvent;
 
 /// An event of any aggregate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +25,7 @@ pub enum AnyEvent {
     Limit(LimitEvent),
     Image(ImageEvent),
     Profile(ProfileEvent),
+    Workflow(WorkflowEvent),
 }
 
 impl AnyEvent {
@@ -42,6 +44,7 @@ impl AnyEvent {
             "limit" => AnyEvent::Limit(LimitEvent::decode(event_type, schema_version, payload)?),
             "image" => AnyEvent::Image(ImageEvent::decode(event_type, schema_version, payload)?),
             "profile" => AnyEvent::Profile(ProfileEvent::decode(event_type, schema_version, payload)?),
+            "workflow" => AnyEvent::Workflow(WorkflowEvent::decode(event_type, schema_version, payload)?),
             _ => return Ok(None),
         }))
     }
@@ -59,6 +62,7 @@ impl AnyEvent {
             AnyEvent::Limit(e) => e.event_type(),
             AnyEvent::Image(e) => e.event_type(),
             AnyEvent::Profile(e) => e.event_type(),
+            AnyEvent::Workflow(e) => e.event_type(),
         }
     }
 
@@ -75,6 +79,7 @@ impl AnyEvent {
             AnyEvent::Limit(e) => e.schema_version(),
             AnyEvent::Image(e) => e.schema_version(),
             AnyEvent::Profile(e) => e.schema_version(),
+            AnyEvent::Workflow(e) => e.schema_version(),
         }
     }
 
@@ -91,6 +96,7 @@ impl AnyEvent {
             AnyEvent::Limit(e) => e.encode_payload(),
             AnyEvent::Image(e) => e.encode_payload(),
             AnyEvent::Profile(e) => e.encode_payload(),
+            AnyEvent::Workflow(e) => e.encode_payload(),
         }
     }
 }
@@ -106,7 +112,7 @@ macro_rules! into_any {
 }
 
 into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation,
-    TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit, ImageEvent => Image, ProfileEvent => Profile);
+    TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit, ImageEvent => Image, ProfileEvent => Profile, WorkflowEvent => Workflow);
 
 impl AnyEvent {
     /// Every event type this build knows, family by family.
@@ -123,6 +129,7 @@ impl AnyEvent {
             LimitEvent::event_types(),
             ImageEvent::event_types(),
             ProfileEvent::event_types(),
+            WorkflowEvent::event_types(),
         ]
         .concat()
     }

@@ -80,6 +80,10 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
             let events = decoded.iter().filter_map(|e| if let AnyEvent::Profile(p) = e { Some(p) } else { None });
             to_json(&events.fold(None, bc_domain::profile::evolve_profile))?
         }
+        Some(AnyEvent::Workflow(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Workflow(w) = e { Some(w) } else { None });
+            to_json(&events.fold(None, bc_domain::workflow::evolve_workflow))?
+        }
         None => json!({}),
     };
     if let Value::Object(map) = &mut state {

@@ -210,6 +210,7 @@ async fn images(app: &App) -> anyhow::Result<()> {
 async fn enrolled_machine(app: &App, owner: &Caller) -> anyhow::Result<()> {
     use bc_domain::node::lifecycle::default_drivers;
     use bc_domain::node::{BmcDriver, NodeBmc, ProvisionState};
+    use bc_domain::workflow::{Report, StepState, WorkflowKind};
     let dir = std::env::temp_dir().join(format!("bc-scenario-pki-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     bc_pki::Bundle::init(&dir, &bc_pki::InitOptions::default())?;
@@ -234,13 +235,40 @@ async fn enrolled_machine(app: &App, owner: &Caller) -> anyhow::Result<()> {
         password: "secret".into(),
     };
     let node = app.enrol_node(owner, enrol).await?.value;
-    clock::set_sim_clock(app.db(), T0 + 240_000).await?;
-    for state in [ProvisionState::Inspecting, ProvisionState::Commissioning] {
-        app.change_provision_state(owner, &node, state, Some("scenario".into())).await?;
+    let worker = Worker::new(app.clone(), WorkerConfig::default());
+    let mut now = T0 + 240_000;
+    clock::set_sim_clock(app.db(), now).await?;
+    // An inspection whose first step times out once, then runs to the end: the machine is ready.
+    let inspect = app.start_workflow(owner, &node, WorkflowKind::Inspect, None).await?.value;
+    worker.run_until_idle().await?;
+    now += 121_000;
+    clock::set_sim_clock(app.db(), now).await?;
+    worker.run_until_idle().await?;
+    for _ in 0..8 {
+        let wf = app.workflow(&inspect).await?;
+        let Some((index, step, StepState::Running { attempt, .. })) = wf.current() else { break };
+        let detail = Some(format!("{} done", step.name));
+        app.report_step(owner, &inspect, index, *attempt, step.runs_on, Report::Succeeded { detail }).await?;
+        worker.run_until_idle().await?;
     }
-    // Commissioning outlasts its hour: the controller fails the node.
-    clock::set_sim_clock(app.db(), T0 + 240_000 + 3_600_000).await?;
-    Worker::new(app.clone(), WorkerConfig::default()).run_until_idle().await?;
+    // Rescued, then a release that the operator cancels: the machine is failed.
+    app.change_provision_state(owner, &node, ProvisionState::Rescue, Some("scenario".into())).await?;
+    let release = app.start_workflow(owner, &node, WorkflowKind::Release, None).await?.value;
+    worker.run_until_idle().await?;
+    app.cancel_workflow(owner, &release, Some("scenario".into())).await?;
+    // Inspected again, nobody answers: every attempt of the first step runs out, and the workflow fails.
+    app.start_workflow(owner, &node, WorkflowKind::Inspect, None).await?;
+    for _ in 0..4 {
+        worker.run_until_idle().await?;
+        now += 121_000;
+        clock::set_sim_clock(app.db(), now).await?;
+    }
+    worker.run_until_idle().await?;
+    // Taken out of failure by hand and left in commissioning: the lifecycle controller fails it after an hour.
+    app.change_provision_state(owner, &node, ProvisionState::Inspecting, Some("scenario".into())).await?;
+    app.change_provision_state(owner, &node, ProvisionState::Commissioning, Some("scenario".into())).await?;
+    clock::set_sim_clock(app.db(), now + 3_600_000).await?;
+    worker.run_until_idle().await?;
     Ok(())
 }
 

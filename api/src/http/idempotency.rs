@@ -24,6 +24,7 @@ pub const CREATES: &[(&str, bool)] = &[
     ("pools.create", false),
     ("nodes.register", false),
     ("nodes.enrol", false),
+    ("workflows.create", false),
     ("nodes.commands.create", false),
     ("nodes.join_tokens.create", true),
     ("tenants.create", false),

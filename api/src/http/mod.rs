@@ -19,6 +19,7 @@ mod projections;
 pub mod request;
 mod reservations;
 mod tenancy;
+mod workflows;
 
 use std::sync::Arc;
 
@@ -177,6 +178,10 @@ routes! {
     nodes::register_node => "nodes.register";
     lifecycle::enrol_node => "nodes.enrol";
     lifecycle::change_provision_state => "nodes.provision";
+    workflows::create_workflow => "workflows.create";
+    workflows::list_workflows => "workflows.list";
+    workflows::get_workflow => "workflows.get";
+    workflows::cancel_workflow => "workflows.cancel";
     nodes::list_nodes => "nodes.list";
     nodes::get_node => "nodes.get";
     nodes::node_devices => "nodes.get";

@@ -3,7 +3,7 @@
 use axum::Json;
 use bc_domain::id::{
     CommandId, GrantId, IdentityId, ImageId, LimitId, NodeId, PoolId, ProfileId, ProjectId, ReservationId, SessionId,
-    SiteId, TenantId, TokenId,
+    SiteId, TenantId, TokenId, WorkflowId,
 };
 use bc_eventstore::Position;
 use utoipa::openapi::schema::{ArrayItems, Schema};
@@ -38,6 +38,7 @@ pub const IDEMPOTENT_CREATES: &[&str] = &[
     "create_pool",
     "register_node",
     "enrol_node",
+    "create_workflow",
     "create_command",
     "create_join_token",
     "create_tenant",
@@ -97,6 +98,7 @@ fn pattern_of(name: &str) -> Option<&'static str> {
         "limitId" | "limit_id" => LimitId::PATTERN,
         "imageId" | "image_id" => ImageId::PATTERN,
         "profileId" | "profile_id" => ProfileId::PATTERN,
+        "workflowId" | "workflow_id" => WorkflowId::PATTERN,
         "after" | "X-Min-Position" | "Last-Event-ID" => Position::PATTERN,
         // URL-safe base64 without padding, as `encode_cursor` writes it.
         "cursor" | "nextCursor" => "^[A-Za-z0-9_-]+$",

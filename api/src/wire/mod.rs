@@ -11,6 +11,7 @@ pub mod ops;
 pub mod profiles;
 pub mod reservations;
 pub mod tenancy;
+pub mod workflows;
 
 use serde::Serialize;
 use utoipa::ToSchema;

@@ -20,3 +20,4 @@ mod scale_out;
 mod sse;
 mod tenancy;
 mod tidy;
+mod workflows;

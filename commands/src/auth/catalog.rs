@@ -60,6 +60,7 @@ pub const RESOURCE_TYPES: &[ResourceTypeSpec] = &[
     ty("instance", Some("pool"), &[], &["vcpu", "memoryGiB", "gpus", "imageId", "imageVerified", "projectId"], false),
     ty("image", None, &[], &["visibility", "verified"], false),
     ty("profile", None, &[], &[], false),
+    ty("workflow", Some("pool"), &[], &["kind"], false),
     ty("provider-account", None, &[], &[], false),
 ];
 
@@ -78,6 +79,8 @@ pub enum Target {
     Image,
     /// A profile version: its tenant's.
     Profile,
+    /// A workflow: its machine's pool decides.
+    Workflow,
 }
 
 impl Target {
@@ -92,6 +95,7 @@ impl Target {
             Target::Reservation => "reservation",
             Target::Image => "image",
             Target::Profile => "profile",
+            Target::Workflow => "workflow",
         }
     }
 }
@@ -165,6 +169,10 @@ pub const METHODS: &[MethodSpec] = &[
     m("nodes.register", "compute:nodes.register", Target::Pool, OPERATOR, true),
     m("nodes.enrol", "compute:nodes.enrol", Target::Pool, OPERATOR, true),
     m("nodes.provision", "compute:nodes.provision", Target::Node, OPERATOR, true),
+    m("workflows.create", "compute:workflows.create", Target::Node, OPERATOR, true),
+    m("workflows.list", "compute:workflows.list", Target::Node, OPERATOR, false),
+    m("workflows.get", "compute:workflows.get", Target::Workflow, OPERATOR, false),
+    m("workflows.cancel", "compute:workflows.cancel", Target::Workflow, OPERATOR, true),
     m("nodes.list", "compute:nodes.list", Target::Tenant, MEMBER, false),
     m("nodes.get", "compute:nodes.get", Target::Node, MEMBER, false),
     m("nodes.cordon", "compute:nodes.cordon", Target::Node, OPERATOR, true),

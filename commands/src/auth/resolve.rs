@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use bc_domain::id::{ImageId, NodeId, PoolId, ProfileId, ReservationId, SiteId, TenantId};
+use bc_domain::id::{ImageId, NodeId, PoolId, ProfileId, ReservationId, SiteId, TenantId, WorkflowId};
 use bc_eventstore::{Error, Result, Tx, sql};
 use sqlx::Row as _;
 use sqlx::postgres::PgRow;
@@ -164,6 +164,22 @@ pub async fn profile_resource(tx: &mut Tx, id: &ProfileId) -> Result<Option<Reso
         pool: None,
         attributes: BTreeMap::new(),
     }))
+}
+
+/// A workflow: it resolves as its machine does, in the machine's pool.
+pub async fn workflow_resource(tx: &mut Tx, id: &WorkflowId) -> Result<Option<Resource>> {
+    let row = sql::query("SELECT node_id, kind FROM workflows WHERE id = $1")
+        .bind(id.as_str())
+        .fetch_optional(tx.conn())
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let node: String = row.try_get("node_id")?;
+    let node: NodeId = node.parse().map_err(|err| Error::Internal(format!("a stored node id: {err}")))?;
+    let Some(mut resource) = node_resource(tx, &node).await? else { return Ok(None) };
+    resource.target = Target::Workflow;
+    resource.id = id.to_string();
+    resource.attributes = BTreeMap::from([("kind".to_owned(), Attribute::Text(row.try_get("kind")?))]);
+    Ok(Some(resource))
 }
 
 /// A node: it resolves in its pool's owner tenant, with the pool as its parent.

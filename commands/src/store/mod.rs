@@ -23,6 +23,7 @@ pub mod liveness;
 pub mod node_commands;
 pub mod profiles;
 pub mod tenancy;
+pub mod workflows;
 
 /// A stored value that does not read back: an internal error naming what.
 pub(crate) fn corrupt(what: &str, err: impl std::fmt::Display) -> AppError {
@@ -252,6 +253,14 @@ pub async fn profile_aggregate(
     id: &bc_domain::id::ProfileId,
 ) -> AppResult<Option<(bc_domain::profile::Profile, u32)>> {
     folded_stream(tx, id.as_str(), bc_domain::profile::evolve_profile).await
+}
+
+/// A workflow as the fold of its stream, with the stream's version.
+pub async fn workflow_aggregate(
+    tx: &mut Tx,
+    id: &bc_domain::id::WorkflowId,
+) -> AppResult<Option<(bc_domain::workflow::Workflow, u32)>> {
+    folded_stream(tx, id.as_str(), bc_domain::workflow::evolve_workflow).await
 }
 
 /// A node as the fold of its stream, with the stream's version.

@@ -20,6 +20,7 @@ use bc_domain::reservation::{Allocation, ReservationEvent, ReservationState};
 use bc_domain::site::{ProjectEvent, SiteEvent};
 use bc_domain::stream::AnyEvent;
 use bc_domain::tenancy::{GrantEvent, IdentityEvent, LimitEvent, TenantEvent};
+use bc_domain::workflow::WorkflowEvent;
 use bc_eventstore::{Error, Result, Tx, sql};
 use sqlx::Row as _;
 
@@ -43,6 +44,8 @@ pub const TABLES: &[&str] = &[
     "images",
     "profiles",
     "node_bmcs",
+    "workflows",
+    "workflow_steps",
 ];
 
 fn json(value: &impl serde::Serialize) -> Result<String> {
@@ -70,6 +73,7 @@ pub async fn apply(tx: &mut Tx, stream_id: &str, event: &AnyEvent) -> Result<()>
         AnyEvent::Limit(e) => apply_limit(tx, e).await,
         AnyEvent::Image(e) => apply_image(tx, e).await,
         AnyEvent::Profile(e) => apply_profile(tx, e).await,
+        AnyEvent::Workflow(e) => apply_workflow(tx, e).await,
     }
 }
 
@@ -249,6 +253,101 @@ async fn apply_profile(tx: &mut Tx, event: &ProfileEvent) -> Result<()> {
         ProfileEvent::Deleted(e) => {
             sql::query("UPDATE profiles SET deleted_at = ms_ts($2) WHERE id = $1")
                 .bind(e.profile_id.as_str())
+                .bind(e.at_ms)
+                .execute(tx.conn())
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// An attempt of a workflow step ended (`succeeded` or `failed`), with its detail or error.
+async fn end_step(
+    tx: &mut Tx,
+    workflow_id: &str,
+    index: u32,
+    attempt: u32,
+    state: &str,
+    detail: Option<&str>,
+    at_ms: i64,
+) -> Result<()> {
+    sql::query(
+        "UPDATE workflow_steps SET state = $3, attempt = $4, ended_at = ms_ts($5), deadline = NULL, detail = $6
+         WHERE workflow_id = $1 AND index = $2",
+    )
+    .bind(workflow_id)
+    .bind(index as i32)
+    .bind(state)
+    .bind(attempt as i32)
+    .bind(at_ms)
+    .bind(detail)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+async fn apply_workflow(tx: &mut Tx, event: &WorkflowEvent) -> Result<()> {
+    match event {
+        WorkflowEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO workflows (id, tenant_id, node_id, kind, profile_id, created_at)
+                 VALUES ($1, $2, $3, $4, $5, ms_ts($6))",
+            )
+            .bind(e.workflow_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(e.node_id.as_str())
+            .bind(e.kind.as_str())
+            .bind(e.profile_id.as_ref().map(|p| p.as_str()))
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+            for (index, s) in e.steps.iter().enumerate() {
+                sql::query(
+                    "INSERT INTO workflow_steps (workflow_id, index, name, action, runs_on, timeout_s, attempts, state)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending')",
+                )
+                .bind(e.workflow_id.as_str())
+                .bind(index as i32)
+                .bind(&s.name)
+                .bind(text(&s.action)?)
+                .bind(s.runs_on.as_str())
+                .bind(s.timeout_s as i32)
+                .bind(s.attempts as i32)
+                .execute(tx.conn())
+                .await?;
+            }
+        }
+        WorkflowEvent::StepStarted(e) => {
+            sql::query(
+                "UPDATE workflow_steps SET state = 'running', attempt = $3, started_at = ms_ts($4),
+                     deadline = ms_ts($5), ended_at = NULL, detail = NULL
+                 WHERE workflow_id = $1 AND index = $2",
+            )
+            .bind(e.workflow_id.as_str())
+            .bind(e.index as i32)
+            .bind(e.attempt as i32)
+            .bind(e.at_ms)
+            .bind(e.deadline_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        WorkflowEvent::StepSucceeded(e) => {
+            let detail = e.detail.as_deref();
+            end_step(tx, e.workflow_id.as_str(), e.index, e.attempt, "succeeded", detail, e.at_ms).await?;
+        }
+        WorkflowEvent::StepFailed(e) => {
+            end_step(tx, e.workflow_id.as_str(), e.index, e.attempt, "failed", Some(&e.error), e.at_ms).await?;
+        }
+        WorkflowEvent::Succeeded(e) | WorkflowEvent::Failed(e) | WorkflowEvent::Cancelled(e) => {
+            let outcome = match event {
+                WorkflowEvent::Succeeded(_) => "succeeded",
+                WorkflowEvent::Failed(_) => "failed",
+                _ => "cancelled",
+            };
+            sql::query("UPDATE workflows SET outcome = $2, reason = $3, ended_at = ms_ts($4) WHERE id = $1")
+                .bind(e.workflow_id.as_str())
+                .bind(outcome)
+                .bind(e.reason.as_deref())
                 .bind(e.at_ms)
                 .execute(tx.conn())
                 .await?;
@@ -1095,6 +1194,7 @@ pub fn handles(event_type: &str) -> bool {
         LimitEvent::event_types(),
         ImageEvent::event_types(),
         ProfileEvent::event_types(),
+        WorkflowEvent::event_types(),
     ]
     .iter()
     .any(|types| types.contains(&event_type))

@@ -1,0 +1,227 @@
+//! Workflows through the API: steps run in order and their reports move the workflow on; a step out of time is
+//! retried and then fails the workflow; the workflow's end moves its machine's lifecycle; a cancelled workflow
+//! takes no more reports; a report twice, elsewhere or late is answered clearly.
+
+use axum::http::StatusCode;
+use bc_commands::testing::T0;
+use bc_domain::profile::RunsOn;
+use bc_domain::workflow::Report;
+use serde_json::{Value, json};
+
+use crate::http_api::{Api, GUS, ROOT};
+
+async fn enrolled(api: &Api) -> String {
+    let pool = api.pool().await;
+    let body = json!({
+        "poolId": pool, "name": "metal-1",
+        "bmc": { "driver": "redfish", "address": "https://10.1.2.3", "username": "admin", "password": "pw" }
+    });
+    let made = api.post("/v1/nodes/enrol", ROOT, body).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    made.body["id"].as_str().expect("id").to_owned()
+}
+
+async fn node_state(api: &Api, node: &str) -> String {
+    bc_projections::testing::catch_up(&api.fleet.t.db).await;
+    api.get(&format!("/v1/nodes/{node}"), ROOT).await.body["provisionState"].as_str().unwrap_or("").to_owned()
+}
+
+async fn workflow(api: &Api, id: &str) -> Value {
+    let read = api.get(&format!("/v1/workflows/{id}"), ROOT).await;
+    assert_eq!(read.status, StatusCode::OK, "{:?}", read.body);
+    read.body
+}
+
+/// Reports every running step a success, running the worker between, until the workflow ends or `stop_at`
+/// steps are done.
+async fn run_steps(api: &Api, id: &str, stop_at: usize) {
+    let wf_id = id.parse().expect("workflow id");
+    for _ in 0..20 {
+        api.fleet.worker().run_until_idle().await.expect("worker");
+        let wf = workflow(api, id).await;
+        if wf["state"] != "running" || wf["progress"]["done"].as_u64() == Some(stop_at as u64) {
+            return;
+        }
+        let step = wf["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .find(|s| s["state"] == "running")
+            .cloned()
+            .expect("a running step");
+        let place: RunsOn = serde_json::from_value(step["runsOn"].clone()).expect("a place");
+        let (index, attempt) =
+            (step["index"].as_u64().expect("index") as u32, step["attempt"].as_u64().expect("attempt") as u32);
+        api.fleet
+            .app
+            .report_step(
+                &api.fleet.owner,
+                &wf_id,
+                index,
+                attempt,
+                place,
+                Report::Succeeded { detail: Some(format!("{} done", step["name"])) },
+            )
+            .await
+            .expect("report");
+    }
+    panic!("the workflow did not end");
+}
+
+#[tokio::test]
+async fn an_inspection_runs_its_steps_in_order_and_leaves_the_machine_ready() {
+    let api = Api::with_pki().await;
+    let node = enrolled(&api).await;
+    let started = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "inspect" })).await;
+    assert_eq!(started.status, StatusCode::CREATED, "{:?}", started.body);
+    assert_eq!(
+        (&started.body["state"], &started.body["progress"]),
+        (&json!("running"), &json!({ "done": 0, "total": 4 }))
+    );
+    let id = started.body["id"].as_str().expect("id").to_owned();
+    assert!(id.starts_with("wf_"), "{id}");
+    assert_eq!(node_state(&api, &node).await, "inspecting");
+    // One workflow at a time on a machine.
+    let second = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "inspect" })).await;
+    assert_eq!(second.status, StatusCode::CONFLICT, "{:?}", second.body);
+
+    api.fleet.worker().run_until_idle().await.expect("worker");
+    let wf = workflow(&api, &id).await;
+    assert_eq!(
+        (&wf["steps"][0]["state"], &wf["steps"][0]["attempt"], &wf["steps"][1]["state"]),
+        (&json!("running"), &json!(1), &json!("pending"))
+    );
+    run_steps(&api, &id, usize::MAX).await;
+    let wf = workflow(&api, &id).await;
+    assert_eq!((&wf["state"], &wf["progress"]["done"]), (&json!("succeeded"), &json!(4)), "{wf}");
+    assert_eq!(wf["steps"][2]["detail"], "\"inspect\" done");
+    assert_eq!(node_state(&api, &node).await, "ready");
+    let listed = api.get(&format!("/v1/nodes/{node}/workflows"), ROOT).await;
+    assert_eq!(listed.body["items"][0]["id"], json!(id));
+    // A tenant that only uses the pool does not operate its machines' workflows.
+    let theirs = api.get(&format!("/v1/workflows/{id}"), GUS).await;
+    assert_eq!(theirs.status, StatusCode::FORBIDDEN, "{:?}", theirs.body);
+    assert!(theirs.body["error"]["message"].as_str().unwrap_or("").contains("operator"), "{:?}", theirs.body);
+}
+
+#[tokio::test]
+async fn a_step_out_of_time_is_retried_then_fails_the_workflow_and_the_machine() {
+    let api = Api::with_pki().await;
+    let node = enrolled(&api).await;
+    let id = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "inspect" })).await.body["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    // The first step has 120 s an attempt and three attempts; nobody runs it.
+    api.fleet.advance_to(T0).await;
+    for (n, at) in [(1, T0 + 121_000), (2, T0 + 242_000)] {
+        api.fleet.advance_to(at).await;
+        let wf = workflow(&api, &id).await;
+        assert_eq!((&wf["steps"][0]["state"], &wf["steps"][0]["attempt"]), (&json!("running"), &json!(n + 1)), "{wf}");
+    }
+    api.fleet.advance_to(T0 + 363_000).await;
+    let wf = workflow(&api, &id).await;
+    assert_eq!(wf["state"], "failed", "{wf}");
+    assert!(wf["reason"].as_str().unwrap_or("").contains("after 3 attempt"), "{wf}");
+    assert_eq!(wf["steps"][0]["detail"], "no result within 120 s");
+    assert_eq!(node_state(&api, &node).await, "failed");
+}
+
+#[tokio::test]
+async fn a_deployment_runs_its_profile_and_a_cancelled_workflow_takes_no_more_reports() {
+    let api = Api::with_images(bc_commands::images::ImagePolicy::default()).await;
+    let node = enrolled(&api).await;
+    // Deploying needs a ready machine and a profile.
+    let early = api
+        .post(
+            &format!("/v1/nodes/{node}/workflows"),
+            ROOT,
+            json!({ "kind": "deploy", "profileId": "prof_00000000000000000000000000" }),
+        )
+        .await;
+    assert_eq!(early.status, StatusCode::CONFLICT, "{:?}", early.body);
+    assert!(early.body["error"]["message"].as_str().unwrap_or("").contains("is enrolling"), "{:?}", early.body);
+    let no_profile = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "deploy" })).await;
+    assert_eq!((no_profile.status, no_profile.field()), (StatusCode::BAD_REQUEST, "profileId"));
+    let inspect = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "inspect" })).await;
+    run_steps(&api, inspect.body["id"].as_str().expect("id"), usize::MAX).await;
+
+    let data = b"an image".to_vec();
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data));
+    let headers = [("content-type", "application/octet-stream")];
+    let (img, _) = api
+        .call_raw(
+            "POST",
+            &format!("/v1/images?name=os&version=1&format=raw&sha256={sha}"),
+            Some(ROOT),
+            &headers,
+            axum::body::Body::from(data),
+        )
+        .await;
+    let profile = api
+        .post(
+            "/v1/profiles",
+            ROOT,
+            json!({
+                "name": "gpu-node", "target": "metal", "allowUnverifiedImage": true,
+                "drivers": { "power": "redfish", "boot": "redfish", "deploy": "bcd" },
+                "imageId": img.body["id"],
+                "steps": [
+                    { "name": "net", "action": "boot-from-network" },
+                    { "name": "on", "action": "power-reset" },
+                    { "name": "write", "action": "write-image" },
+                    { "name": "disk", "action": "boot-from-disk" }
+                ]
+            }),
+        )
+        .await;
+    assert_eq!(profile.status, StatusCode::CREATED, "{:?}", profile.body);
+    let deploy = api
+        .post(
+            &format!("/v1/nodes/{node}/workflows"),
+            ROOT,
+            json!({ "kind": "deploy", "profileId": profile.body["id"] }),
+        )
+        .await;
+    assert_eq!(deploy.status, StatusCode::CREATED, "{:?}", deploy.body);
+    assert_eq!(deploy.body["steps"][2]["runsOn"], "ramdisk");
+    let id = deploy.body["id"].as_str().expect("id").to_owned();
+    run_steps(&api, &id, 2).await;
+    assert_eq!(node_state(&api, &node).await, "deploying");
+
+    // The ramdisk is writing when the operator cancels: the machine is failed, a late report is refused.
+    let wf_id = id.parse().expect("id");
+    let app = &api.fleet.app;
+    let wrong_place =
+        app.report_step(&api.fleet.owner, &wf_id, 2, 1, RunsOn::Site, Report::Succeeded { detail: None }).await;
+    assert!(wrong_place.is_err_and(|e| e.to_string().contains("runs on ramdisk")));
+    let cancelled = api.post(&format!("/v1/workflows/{id}/cancel"), ROOT, json!({ "reason": "wrong image" })).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{:?}", cancelled.body);
+    assert_eq!((&cancelled.body["state"], &cancelled.body["reason"]), (&json!("cancelled"), &json!("wrong image")));
+    assert_eq!(node_state(&api, &node).await, "failed");
+    let late =
+        app.report_step(&api.fleet.owner, &wf_id, 2, 1, RunsOn::Ramdisk, Report::Succeeded { detail: None }).await;
+    assert!(late.is_err_and(|e| e.to_string().contains("cancelled")));
+    let again = api.post(&format!("/v1/workflows/{id}/cancel"), ROOT, json!({})).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{:?}", again.body);
+
+    // From failed, a release wipes it back to ready.
+    let release = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "release" })).await;
+    assert_eq!(release.status, StatusCode::CREATED, "{:?}", release.body);
+    run_steps(&api, release.body["id"].as_str().expect("id"), usize::MAX).await;
+    assert_eq!(node_state(&api, &node).await, "ready");
+}
+
+#[tokio::test]
+async fn a_machine_registered_with_its_gpus_has_no_workflows() {
+    let api = Api::with_pki().await;
+    let pool = api.pool().await;
+    bc_projections::testing::catch_up(&api.fleet.t.db).await;
+    let nodes = api.get(&format!("/v1/nodes?poolId={pool}"), ROOT).await;
+    let node = nodes.body["items"][0]["id"].as_str().expect("a node").to_owned();
+    let refused = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "inspect" })).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{:?}", refused.body);
+    assert!(refused.body["error"]["message"].as_str().unwrap_or("").contains("not enrolled"), "{:?}", refused.body);
+    let bad = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "dance" })).await;
+    assert_eq!((bad.status, bad.field()), (StatusCode::BAD_REQUEST, "kind"), "{:?}", bad.body);
+}
