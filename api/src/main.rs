@@ -54,6 +54,20 @@ enum Command {
     /// The control plane's PKI bundle: its CA, server certificate and sealing key.
     #[command(subcommand)]
     Pki(PkiCommand),
+    /// Follow machines' workflows.
+    #[command(subcommand)]
+    Workflows(WorkflowsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum WorkflowsCommand {
+    /// Follow a workflow to its end with a progress bar; exits 1 when it failed or was cancelled.
+    Watch {
+        /// The workflow id (`wf_...`).
+        id: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -479,6 +493,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
         },
         Command::Pki(command) => pki(command),
+        Command::Workflows(WorkflowsCommand::Watch { id, database }) => {
+            bc_api::ops::workflows_watch(&connect(&database)?, &id).await
+        }
         Command::Dev(args) => {
             let data_dir = match args.data_dir {
                 Some(dir) => dir,

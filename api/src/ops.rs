@@ -1,5 +1,6 @@
 //! The operator's and investigator's commands: projection status, forced rebuilds, the daemon on its own, and
-//! reading the event log (`events tail`, `events show`, `events replay`).
+//! reading the event log (`events tail`, `events show`, `events replay`), and following a workflow
+//! (`workflows watch`).
 
 use std::io::Write as _;
 use std::time::Duration;
@@ -176,5 +177,70 @@ async fn refuse_beyond_log(db: &Db, flag: &str, position: Position) -> anyhow::R
         Ok(())
     } else {
         bail!("INVALID_ARGUMENT: {flag} {position} is beyond the end of this event log: it was not handed out by it")
+    }
+}
+
+/// `workflows watch ID`: follows a workflow to its end with a progress bar (a line per step as it ends, also
+/// when standard error is not a terminal); an error when it failed or was cancelled.
+pub async fn workflows_watch(db: &Db, id: &str) -> anyhow::Result<()> {
+    use bc_domain::workflow::{StepState, action_name};
+    let id: bc_domain::id::WorkflowId =
+        id.parse().map_err(|err| anyhow::anyhow!("INVALID_ARGUMENT: workflow id: {err}"))?;
+    let app = App::new(db.clone());
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} steps ({elapsed})")
+            .context("progress bar template")?
+            .progress_chars("=> "),
+    );
+    let mut reported: Vec<Option<String>> = Vec::new();
+    loop {
+        let wf = app.workflow(&id).await.with_context(|| format!("read workflow {id}"))?;
+        let steps = &wf.created.steps;
+        reported.resize(steps.len(), None);
+        bar.set_length(steps.len() as u64);
+        bar.set_position(wf.done() as u64);
+        for (n, (spec, state)) in steps.iter().zip(&wf.states).enumerate() {
+            let line = match state {
+                StepState::Succeeded { attempt, detail, .. } => Some(format!(
+                    "step {n} {} succeeded (attempt {attempt}){}",
+                    spec.name,
+                    detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default()
+                )),
+                StepState::Failed { attempt, error, .. } => {
+                    Some(format!("step {n} {} failed (attempt {attempt} of {}): {error}", spec.name, spec.attempts))
+                }
+                _ => None,
+            };
+            if line.is_some() && reported[n] != line {
+                bar.println(line.clone().unwrap_or_default());
+                reported[n] = line;
+            }
+        }
+        if let Some(outcome) = wf.outcome {
+            bar.finish_and_clear();
+            let reason = wf.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+            println!(
+                "workflow {id} ({} of node {}) {}{reason}",
+                wf.created.kind.as_str(),
+                wf.created.node_id,
+                outcome.as_str()
+            );
+            if outcome == bc_domain::workflow::Outcome::Succeeded {
+                return Ok(());
+            }
+            bail!("workflow {id} {}{reason}", outcome.as_str());
+        }
+        if let Some((n, spec, StepState::Running { attempt, .. })) = wf.current() {
+            bar.set_message(format!(
+                "{} {}: step {n} {} ({} on {}, attempt {attempt})",
+                wf.created.kind.as_str(),
+                wf.created.node_id,
+                spec.name,
+                action_name(spec.action),
+                spec.runs_on.as_str()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

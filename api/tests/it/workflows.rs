@@ -225,3 +225,42 @@ async fn a_machine_registered_with_its_gpus_has_no_workflows() {
     let bad = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "dance" })).await;
     assert_eq!((bad.status, bad.field()), (StatusCode::BAD_REQUEST, "kind"), "{:?}", bad.body);
 }
+
+#[tokio::test]
+async fn workflows_watch_follows_a_workflow_to_its_end_and_exits_by_its_outcome() {
+    let api = Api::with_pki().await;
+    let node = enrolled(&api).await;
+    let id = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "inspect" })).await.body["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let watch = |id: &str| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_better-compute"))
+            .args(["--log", "error", "workflows", "watch", id])
+            .env("BETTER_COMPUTE_DATABASE_URL", api.fleet.t.url())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the watcher")
+    };
+    let watcher = watch(&id);
+    run_steps(&api, &id, usize::MAX).await;
+    let done = watcher.wait_with_output().await.expect("the watcher's end");
+    let (stdout, stderr) = (String::from_utf8_lossy(&done.stdout), String::from_utf8_lossy(&done.stderr));
+    assert!(done.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("workflow {id} (inspect of node {node}) succeeded")), "{stdout}");
+
+    // A cancelled workflow: the watcher says so and exits 1.
+    let release = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "release" })).await;
+    assert_eq!(release.status, StatusCode::CONFLICT, "a ready machine is not released: {:?}", release.body);
+    api.post(&format!("/v1/nodes/{node}/provision-state"), ROOT, json!({ "state": "rescue" })).await;
+    let release = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "release" })).await;
+    let release_id = release.body["id"].as_str().expect("id").to_owned();
+    let watcher = watch(&release_id);
+    api.post(&format!("/v1/workflows/{release_id}/cancel"), ROOT, json!({ "reason": "changed my mind" })).await;
+    let done = watcher.wait_with_output().await.expect("the watcher's end");
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    assert_eq!(done.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("cancelled: changed my mind"), "{stdout}");
+}
