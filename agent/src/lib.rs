@@ -14,6 +14,7 @@ pub mod mig;
 pub mod nvml;
 pub mod run;
 pub mod simulate;
+pub mod site;
 
 /// The agent's version, as it reports it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -87,6 +87,8 @@ pub struct AgentConfig {
     pub inventory: InventorySource,
     /// How often the inventory is read again and reported when it changed, in heartbeats.
     pub inventory_every: u32,
+    /// Run as the site agent (`bcd site`): join with role `site`, and run the site's BMC steps.
+    pub site: Option<crate::site::SiteConfig>,
 }
 
 /// The credential file.
@@ -264,6 +266,21 @@ impl Client {
     pub async fn ack(&self, command: &AgentCommand, ack: &Ack) -> anyhow::Result<serde_json::Value> {
         self.call(reqwest::Method::POST, &format!("/v1/agent/commands/{}/ack", command.id), Some(ack)).await
     }
+
+    /// The site steps this site agent should run now.
+    pub async fn site_steps(&self) -> anyhow::Result<bc_domain::agent::SiteWork> {
+        self.call::<(), _>(reqwest::Method::GET, "/v1/agent/site/steps", None).await
+    }
+
+    /// Reports how an attempt of a site step ended.
+    pub async fn report_site_step(
+        &self,
+        step: &bc_domain::agent::SiteStep,
+        report: &bc_domain::agent::StepReport,
+    ) -> anyhow::Result<serde_json::Value> {
+        let path = format!("/v1/agent/site/steps/{}/{}", step.workflow_id, step.index);
+        self.call(reqwest::Method::POST, &path, Some(report)).await
+    }
 }
 
 /// The HTTP client for `base`: TLS trusting only the pinned CA, presenting `identity` when given.
@@ -339,6 +356,7 @@ async fn connect(config: &AgentConfig, client: &Client) -> anyhow::Result<State>
         agent_version: crate::VERSION.to_owned(),
         inventory: document.report(&SectionHashes::new()),
         csr: key.as_ref().map(|key| key.csr_pem.clone()),
+        role: config.site.as_ref().map(|_| bc_domain::node::Role::Site),
     };
     let joined = client.join(&request).await?;
     save(&config.state_dir, &Saved { node_id: joined.node_id.clone(), credential: joined.credential.clone() })?;
@@ -553,6 +571,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                     {
                         eprintln!("bcd: commands failed: {err:#}");
                     }
+                    if let Some(site) = &config.site
+                        && let Err(err) = run_site_steps(&state.client, site).await
+                    {
+                        eprintln!("bcd site: site steps failed: {err:#}");
+                    }
                 }
                 // The session was replaced or the credential revoked: connect again.
                 Err(err) if matches!(status_of(&err), Some(401 | 404 | 409)) => {
@@ -577,6 +600,26 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             }
         }
     }
+}
+
+/// Runs the site steps the control plane gives this site agent, one after another, and reports each (`bcd
+/// site`). Returns how many it ran.
+pub async fn run_site_steps(client: &Client, config: &crate::site::SiteConfig) -> anyhow::Result<usize> {
+    let work = client.site_steps().await?;
+    if !work.serving {
+        return Ok(0);
+    }
+    for step in &work.steps {
+        let (ok, message) = match crate::site::run_step(step, config).await {
+            Ok(message) => (true, message),
+            Err(message) => (false, message),
+        };
+        let report = bc_domain::agent::StepReport { attempt: step.attempt, ok, message: Some(message) };
+        if let Err(err) = client.report_site_step(step, &report).await {
+            eprintln!("bcd site: reporting step {} of {} failed: {err:#}", step.index, step.workflow_id);
+        }
+    }
+    Ok(work.steps.len())
 }
 
 /// The node id the saved credential belongs to, if the agent joined already.

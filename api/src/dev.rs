@@ -213,6 +213,7 @@ pub async fn start_demo_agents(
             state_dir,
             inventory,
             inventory_every: 60,
+            site: None,
         };
         let mut stopped = stopped.clone();
         tasks.push(tokio::spawn(bc_agent::run::run(config, async move {

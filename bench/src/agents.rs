@@ -325,6 +325,7 @@ pub async fn agents(config: AgentsBenchConfig) -> anyhow::Result<()> {
                     agent_version: bc_agent::VERSION.to_owned(),
                     inventory: document.report(&SectionHashes::new()),
                     csr: None,
+                    role: None,
                 };
                 let joined = app.join(request).await.with_context(|| format!("join {host}"))?;
                 anyhow::ensure!(!joined.rejoined, "{host} was taken for a machine that already joined");

@@ -426,6 +426,14 @@ impl App {
         })?;
         check_name("inventory.system.hostname", &document.system.hostname)?;
         check_inventory(&document)?;
+        let role = match request.role.unwrap_or(Role::Host) {
+            role @ (Role::Host | Role::Site) => role,
+            other => {
+                return Err(
+                    Rejection::invalid("role", format!("a machine joins as host or site, not {other:?}")).into()
+                );
+            }
+        };
         let token_hash = bc_domain::sha256_hex(&request.join_token);
         let (credential, credential_hash) = new_secret(CREDENTIAL_PREFIX)?;
         let lease = self.liveness.lease;
@@ -498,7 +506,9 @@ impl App {
                                 ))
                                 .into());
                             }
-                            let devices = devices_of(document, &pool);
+                            // A site agent's devices are its own: the pool books none of them.
+                            let devices = if role == Role::Site { Vec::new() } else { devices_of(document, &pool) };
+                            let conditions = if role == Role::Site { Vec::new() } else { conditions.clone() };
                             store::refuse_taken_devices(tx, &devices).await?;
                             let site_id = store::pool_site(tx, &pool_id).await?;
                             let events = vec![
@@ -507,7 +517,7 @@ impl App {
                                     pool_id: pool_id.clone(),
                                     site_id,
                                     name: name.clone(),
-                                    role: Role::Host,
+                                    role,
                                     trust: Trust::Platform,
                                     owner_tenant_id: None,
                                     join_token_id: token_id.clone(),

@@ -22,6 +22,7 @@ pub mod nodes;
 pub mod profiles;
 pub mod reads;
 pub mod reservations;
+pub mod site;
 mod store;
 pub mod tenancy;
 #[cfg(feature = "testing")]

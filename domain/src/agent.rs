@@ -27,6 +27,46 @@ pub struct JoinRequest {
     /// answers a certificate for it, and the node speaks mutual TLS with it from then on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub csr: Option<String>,
+    /// `host` (the default: a machine whose GPUs the pool books) or `site` (the site agent, `bcd site`: it
+    /// runs the site's BMC calls and serves its boot path; none of its devices are booked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<crate::node::Role>,
+}
+
+/// `GET /v1/agent/site/steps`: what a site agent should run now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteWork {
+    /// Whether this agent serves its site now (it holds `site:<id>:boot`); a standby gets no steps.
+    pub serving: bool,
+    pub steps: Vec<SiteStep>,
+}
+
+/// A running step of a machine's workflow that the site runs: a call to the machine's BMC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteStep {
+    pub workflow_id: crate::id::WorkflowId,
+    pub index: u32,
+    pub attempt: u32,
+    pub action: crate::profile::StepAction,
+    pub node_id: NodeId,
+    /// When the attempt runs out of time.
+    pub deadline_ms: i64,
+    pub bmc: crate::node::NodeBmc,
+    pub username: String,
+    pub password: String,
+}
+
+/// `POST /v1/agent/site/steps/{workflow}/{index}`: how an attempt of a site step ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepReport {
+    pub attempt: u32,
+    pub ok: bool,
+    /// What was done, or what went wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// What a join answers: the node, its credential (shown once), and a first session.

@@ -468,6 +468,7 @@ async fn agent_life(app: &App) -> anyhow::Result<()> {
         agent_version: "replay".into(),
         inventory: document.report(&SectionHashes::new()),
         csr: None,
+        role: None,
     };
 
     let token = app.create_join_token(&owner, &pool_id, 3600).await?.value.token;

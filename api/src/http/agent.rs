@@ -281,3 +281,42 @@ pub async fn ack_command(
     let command_state = state.app.acknowledge_command(&node, &id, &body).await?;
     Ok(Json(AckedDto { id: id.to_string(), state: command_state }).into_response())
 }
+
+/// `GET /v1/agent/site/steps`: the site steps this site agent should run now.
+#[utoipa::path(
+    get,
+    path = "/v1/agent/site/steps",
+    tag = "agent",
+    summary = "The running site steps of this site's machines (a site agent only; the serving one gets them)",
+    responses(CommonErrors, (status = 200, description = "The steps", body = crate::wire::agent::SiteWorkDto)),
+    security(("node" = [])),
+)]
+pub async fn site_steps(State(state): State<AppState>, NodeAuthed(node): NodeAuthed) -> Result<Response, ApiError> {
+    let work = state.app.site_work(&node).await?;
+    let dto =
+        crate::wire::agent::SiteWorkDto { serving: work.serving, steps: work.steps.iter().map(Into::into).collect() };
+    Ok(Json(dto).into_response())
+}
+
+/// `POST /v1/agent/site/steps/{workflow_id}/{index}`: how an attempt of a site step ended.
+#[utoipa::path(
+    post,
+    path = "/v1/agent/site/steps/{workflow_id}/{index}",
+    tag = "agent",
+    summary = "Report an attempt of a site step (idempotent; refused on another attempt, place or after the end)",
+    params(("workflow_id" = String, Path, description = "The workflow id"), ("index" = u32, Path, description = "The step's index")),
+    request_body(content = Object, description = "attempt, ok, message"),
+    responses(CommonErrors, (status = 200, description = "Recorded", body = crate::wire::agent::StepReportedDto)),
+    security(("node" = [])),
+)]
+pub async fn report_site_step(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+    Path((id, index)): Path<(String, String)>,
+    JsonBody(body): JsonBody<bc_domain::agent::StepReport>,
+) -> Result<Response, ApiError> {
+    let id: bc_domain::id::WorkflowId = path_id("workflowId", &id)?;
+    let index: u32 = index.parse().map_err(|_| ApiError::invalid_argument("index", "is not a step index"))?;
+    state.app.report_site_step(&node, &id, index, &body).await?;
+    Ok(Json(crate::wire::agent::StepReportedDto { workflow_id: id.to_string(), index }).into_response())
+}

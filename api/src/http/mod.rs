@@ -208,6 +208,8 @@ routes! {
     agent::report_inventory => open;
     agent::agent_commands => open;
     agent::ack_command => open;
+    agent::site_steps => open;
+    agent::report_site_step => open;
     reservations::create_reservation => "reservations.create";
     reservations::list_reservations => "reservations.list";
     reservations::list_fleet_reservations => "fleet.reservations.list";

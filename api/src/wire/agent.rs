@@ -224,3 +224,54 @@ pub struct AckedDto {
     /// `succeeded` or `failed`.
     pub state: String,
 }
+
+/// What a site agent should run now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteWorkDto {
+    /// Whether this agent serves its site now (it holds the site's lease); a standby gets no steps.
+    pub serving: bool,
+    pub steps: Vec<SiteStepDto>,
+}
+
+/// A running site step: a call to a machine's BMC, with the credentials to make it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteStepDto {
+    pub workflow_id: String,
+    pub index: u32,
+    pub attempt: u32,
+    /// Such as `power-reset` or `boot-from-network`.
+    pub action: String,
+    pub node_id: String,
+    pub deadline_ms: i64,
+    /// The BMC: driver, address, systemId, insecureTls and the driver of each concern.
+    #[schema(value_type = Object)]
+    pub bmc: serde_json::Value,
+    pub username: String,
+    pub password: String,
+}
+
+impl From<&bc_domain::agent::SiteStep> for SiteStepDto {
+    fn from(s: &bc_domain::agent::SiteStep) -> Self {
+        SiteStepDto {
+            workflow_id: s.workflow_id.to_string(),
+            index: s.index,
+            attempt: s.attempt,
+            action: bc_domain::workflow::action_name(s.action),
+            node_id: s.node_id.to_string(),
+            deadline_ms: s.deadline_ms,
+            bmc: serde_json::to_value(&s.bmc).unwrap_or_default(),
+            username: s.username.clone(),
+            password: s.password.clone(),
+        }
+    }
+}
+
+/// A step's report, recorded (or recorded before: the same report twice is recorded once).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepReportedDto {
+    pub workflow_id: String,
+    pub index: u32,
+}

@@ -47,7 +47,7 @@ where
 }
 
 /// A running agent: stop it to make its node go silent.
-struct RunningAgent {
+pub(crate) struct RunningAgent {
     host: String,
     state_dir: PathBuf,
     cdi_dir: PathBuf,
@@ -57,7 +57,7 @@ struct RunningAgent {
 }
 
 impl RunningAgent {
-    async fn stop(&mut self) {
+    pub(crate) async fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -68,10 +68,10 @@ impl RunningAgent {
 }
 
 /// The server, its worker, and the agents started against it.
-struct Cluster {
-    t: TestDb,
-    base: String,
-    pool: PoolId,
+pub(crate) struct Cluster {
+    pub(crate) t: TestDb,
+    pub(crate) base: String,
+    pub(crate) pool: PoolId,
     http: reqwest::Client,
     /// The CA the agents pin.
     ca: String,
@@ -105,7 +105,7 @@ mod tempdir {
 }
 
 impl Cluster {
-    async fn start(name: &str) -> Cluster {
+    pub(crate) async fn start(name: &str) -> Cluster {
         let t = TestDb::new().await;
         let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));
         // Through TLS, as in production: the server presents the bundle's certificate, clients pin its CA, and
@@ -196,7 +196,7 @@ impl Cluster {
         &self.t.db
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    pub(crate) async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
         let mut request = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(ROOT);
         if let Some(body) = body {
             request = request.json(&body);
@@ -241,6 +241,30 @@ impl Cluster {
             cdi_dir: cdi_dir.clone(),
             inventory: source,
             inventory_every: 5,
+            site: None,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(bc_agent::run::run(config, async move {
+            let _ = stopped.await;
+        }));
+        RunningAgent { host: host.to_owned(), state_dir, cdi_dir, machine, stop: Some(stop), task: Some(task) }
+    }
+
+    /// Starts a site agent (`bcd site`) for machine `host`, joining with a fresh token.
+    pub(crate) async fn site_agent(&self, host: &str, site: bc_agent::site::SiteConfig) -> RunningAgent {
+        let spec: simulate::Simulated = "1xH100".parse().expect("spec");
+        let (source, machine) = InventorySource::simulated(simulate::inventory(host, &spec));
+        let state_dir = self.root.path().join(host).join("state");
+        let cdi_dir = self.root.path().join(host).join("cdi");
+        let config = AgentConfig {
+            server: self.base.clone(),
+            trust: ServerTrust::PinnedCa(self.ca.clone()),
+            join_token: Some(self.join_token().await),
+            state_dir: state_dir.clone(),
+            cdi_dir: cdi_dir.clone(),
+            inventory: source,
+            inventory_every: 5,
+            site: Some(site),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(bc_agent::run::run(config, async move {

@@ -75,6 +75,7 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_schema() {
             agent_version: "test".into(),
             inventory: machine.report(&SectionHashes::new()),
             csr: Some(node_key.csr_pem.clone()),
+            role: None,
         })
         .await
         .expect("join");

@@ -1010,6 +1010,7 @@ async fn join_tokens_are_listed_without_their_secrets_and_an_unused_one_is_revok
         agent_version: "test".into(),
         inventory: simulate::inventory(host, &spec).report(&SectionHashes::new()),
         csr: None,
+        role: None,
     };
     let refused = api.fleet.app.join(join(revoked_secret, "sim-revoked")).await.expect_err("a revoked token");
     assert!(refused.to_string().contains("was revoked"), "{refused}");

@@ -17,6 +17,7 @@ mod outcomes;
 mod process;
 mod profiles;
 mod scale_out;
+mod site;
 mod sse;
 mod tenancy;
 mod tidy;

@@ -40,6 +40,7 @@ async fn join_with(fleet: &Fleet, token: &str, document: &NodeInventory) -> Resu
             agent_version: "test".into(),
             inventory: document.report(&SectionHashes::new()),
             csr: None,
+            role: None,
         })
         .await
 }

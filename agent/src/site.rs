@@ -1,0 +1,150 @@
+//! `bcd site`: the site agent. Besides a node's session and heartbeats, it asks the control plane for the
+//! running `site` steps of its site's machines (one agent serves a site at a time; a standby gets none) and
+//! carries each out through the machine's BMC driver, then reports how it ended.
+
+use std::time::Duration;
+
+use bc_domain::agent::SiteStep;
+use bc_domain::node::BmcDriver;
+use bc_domain::profile::StepAction;
+
+use crate::drivers::ipmi::{Ipmi, IpmiConfig};
+use crate::drivers::redfish::{Redfish, RedfishConfig, RedfishTls, SystemRef};
+use crate::drivers::{BmcError, BootDevice, PowerAction, PowerState};
+
+/// How the site agent reaches BMCs.
+#[derive(Debug, Clone, Default)]
+pub struct SiteConfig {
+    /// The CA (PEM) that signs the site's BMC certificates, for BMCs not enrolled with `insecureTls`.
+    pub bmc_ca: Option<String>,
+    /// The limit on each BMC call.
+    pub bmc_timeout: Option<Duration>,
+}
+
+/// One machine's BMC, through the driver its step's concern is bound to.
+enum Bmc {
+    Redfish(Redfish, SystemRef),
+    Ipmi(Ipmi),
+}
+
+fn driver_for(step: &SiteStep, config: &SiteConfig) -> Result<Bmc, String> {
+    let concern = step.action.concern().ok_or_else(|| format!("{:?} is not a BMC step", step.action))?;
+    let bound = step.bmc.drivers.get(&concern).map(String::as_str);
+    let timeout = config.bmc_timeout.unwrap_or(Duration::from_secs(30));
+    match (bound, step.bmc.driver) {
+        (Some("redfish"), BmcDriver::Redfish) => {
+            let plain = step.bmc.address.starts_with("http://");
+            let tls = match (&config.bmc_ca, step.bmc.insecure_tls || plain) {
+                (_, true) => RedfishTls::Insecure,
+                (Some(ca), false) => RedfishTls::CaPem(ca.clone()),
+                (None, false) => {
+                    return Err(format!(
+                        "{} is https and not enrolled with insecureTls, and this site agent has no CA for BMCs \
+                         (bcd site --bmc-ca)",
+                        step.bmc.address
+                    ));
+                }
+            };
+            let redfish = Redfish::new(RedfishConfig {
+                base_url: step.bmc.address.clone(),
+                username: step.username.clone(),
+                password: step.password.clone(),
+                tls,
+                timeout,
+            })
+            .map_err(|err| err.to_string())?;
+            let system = SystemRef::Id(step.bmc.system_id.clone().unwrap_or_else(|| "1".to_owned()));
+            Ok(Bmc::Redfish(redfish, system))
+        }
+        (Some("ipmi"), BmcDriver::Ipmi) => {
+            let (host, port) = match step.bmc.address.rsplit_once(':') {
+                Some((host, port)) => {
+                    (host, port.parse::<u16>().map_err(|_| format!("{}: not host:port", step.bmc.address))?)
+                }
+                None => (step.bmc.address.as_str(), 623),
+            };
+            let mut ipmi = IpmiConfig::new(host, &step.username, &step.password);
+            ipmi.port = port;
+            ipmi.timeout = timeout;
+            Ok(Bmc::Ipmi(Ipmi::new(ipmi)))
+        }
+        (bound, driver) => Err(format!(
+            "the {} concern is bound to {}, which this site agent cannot reach through a {} BMC",
+            concern.as_str(),
+            bound.unwrap_or("no driver"),
+            driver.as_str()
+        )),
+    }
+}
+
+impl Bmc {
+    async fn power_state(&self) -> Result<PowerState, BmcError> {
+        match self {
+            Bmc::Redfish(r, system) => r.power_state(system).await,
+            Bmc::Ipmi(i) => i.power_state().await,
+        }
+    }
+
+    async fn power(&self, action: PowerAction) -> Result<(), BmcError> {
+        match self {
+            Bmc::Redfish(r, system) => r.power(system, action).await,
+            Bmc::Ipmi(i) => i.power(action).await,
+        }
+    }
+
+    async fn boot(&self, device: BootDevice) -> Result<(), BmcError> {
+        match self {
+            Bmc::Redfish(r, system) => r.set_one_time_boot(system, device).await,
+            Bmc::Ipmi(i) => i.set_one_time_boot(device).await,
+        }
+    }
+}
+
+/// Carries out one site step: what was done, or what went wrong.
+pub async fn run_step(step: &SiteStep, config: &SiteConfig) -> Result<String, String> {
+    let bmc = driver_for(step, config)?;
+    let failed = |err: BmcError| err.to_string();
+    match step.action {
+        StepAction::PowerOn => {
+            bmc.power(PowerAction::On).await.map_err(failed)?;
+            Ok("powered on".to_owned())
+        }
+        StepAction::PowerOff => {
+            bmc.power(PowerAction::Off).await.map_err(failed)?;
+            Ok("powered off".to_owned())
+        }
+        StepAction::PowerReset => {
+            // A machine that is off is switched on: a reset of a machine that is off does nothing on many BMCs.
+            if bmc.power_state().await.map_err(failed)? == PowerState::Off {
+                bmc.power(PowerAction::On).await.map_err(failed)?;
+                Ok("was off: powered on".to_owned())
+            } else {
+                bmc.power(PowerAction::Reset).await.map_err(failed)?;
+                Ok("reset".to_owned())
+            }
+        }
+        StepAction::BootFromNetwork => {
+            bmc.boot(BootDevice::Pxe).await.map_err(failed)?;
+            Ok("next boot from the network".to_owned())
+        }
+        StepAction::BootFromDisk => {
+            bmc.boot(BootDevice::Disk).await.map_err(failed)?;
+            Ok("next boot from disk".to_owned())
+        }
+        StepAction::BootFromVirtualMedia => {
+            bmc.boot(BootDevice::Cd).await.map_err(failed)?;
+            Ok("next boot from virtual media".to_owned())
+        }
+        StepAction::EjectVirtualMedia => match &bmc {
+            Bmc::Redfish(r, system) => {
+                r.eject_virtual_media(system).await.map_err(failed)?;
+                Ok("virtual media ejected".to_owned())
+            }
+            Bmc::Ipmi(_) => Err("IPMI has no virtual media".to_owned()),
+        },
+        StepAction::InsertVirtualMedia => {
+            Err("no image to insert: the site agent does not serve boot images yet".to_owned())
+        }
+        other => Err(format!("{other:?} does not run on the site")),
+    }
+}
