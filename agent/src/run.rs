@@ -610,11 +610,11 @@ pub async fn run_site_steps(client: &Client, config: &crate::site::SiteConfig) -
         return Ok(0);
     }
     for step in &work.steps {
-        let (ok, message) = match crate::site::run_step(step, config).await {
-            Ok(message) => (true, message),
-            Err(message) => (false, message),
+        let (ok, message, power) = match crate::site::run_step(step, config).await {
+            Ok((message, power)) => (true, message, power),
+            Err(message) => (false, message, None),
         };
-        let report = bc_domain::agent::StepReport { attempt: step.attempt, ok, message: Some(message) };
+        let report = bc_domain::agent::StepReport { attempt: step.attempt, ok, message: Some(message), power };
         if let Err(err) = client.report_site_step(step, &report).await {
             eprintln!("bcd site: reporting step {} of {} failed: {err:#}", step.index, step.workflow_id);
         }

@@ -100,8 +100,43 @@ impl Bmc {
     }
 }
 
-/// Carries out one site step: what was done, or what went wrong.
-pub async fn run_step(step: &SiteStep, config: &SiteConfig) -> Result<String, String> {
+/// How long a power step waits for the BMC to show the power it asked for.
+const POWER_SETTLES: Duration = Duration::from_secs(20);
+
+/// The power a step leaves the machine in, if it is a power step.
+fn power_target(action: StepAction) -> Option<PowerState> {
+    match action {
+        StepAction::PowerOn | StepAction::PowerReset => Some(PowerState::On),
+        StepAction::PowerOff => Some(PowerState::Off),
+        _ => None,
+    }
+}
+
+/// Carries out one site step: what was done (with the power the BMC shows afterwards, for a power step), or
+/// what went wrong.
+pub async fn run_step(
+    step: &SiteStep,
+    config: &SiteConfig,
+) -> Result<(String, Option<bc_domain::node::Power>), String> {
+    let done = carry_out(step, config).await?;
+    let Some(target) = power_target(step.action) else { return Ok((done, None)) };
+    let bmc = driver_for(step, config)?;
+    // BMCs apply a power change a little later: wait a while for it to show, then report what is shown.
+    let deadline = tokio::time::Instant::now() + POWER_SETTLES;
+    let mut seen = bmc.power_state().await.ok();
+    while seen != Some(target) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        seen = bmc.power_state().await.ok();
+    }
+    let power = match seen {
+        Some(PowerState::On) => bc_domain::node::Power::On,
+        Some(PowerState::Off) => bc_domain::node::Power::Off,
+        _ => bc_domain::node::Power::Unknown,
+    };
+    Ok((done, Some(power)))
+}
+
+async fn carry_out(step: &SiteStep, config: &SiteConfig) -> Result<String, String> {
     let bmc = driver_for(step, config)?;
     let failed = |err: BmcError| err.to_string();
     match step.action {

@@ -170,6 +170,36 @@ impl App {
             .await
     }
 
+    /// Records the machine's power as its BMC reported it (nothing when it is what the node already shows): the
+    /// `power` axis is only ever what a BMC said.
+    pub async fn observe_power(
+        &self,
+        caller: &Caller,
+        node_id: &NodeId,
+        power: bc_domain::node::Power,
+    ) -> AppResult<()> {
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                async move {
+                    let Some((node, _)) = store::node_aggregate(tx, node_id).await? else { return Ok(()) };
+                    if node.power == power || node.deleted_at_ms.is_some() {
+                        return Ok(());
+                    }
+                    let at_ms = clock::compute_now_ms(tx).await?;
+                    let owner = store::pool_owner(tx, &node.pool_id).await?;
+                    let event = NodeEvent::PowerObserved(bc_domain::node::NodePowerObserved {
+                        node_id: node_id.clone(),
+                        power,
+                        at_ms,
+                    });
+                    record_node(tx, caller, node_id, &owner, vec![event]).await?;
+                    Ok(())
+                }
+                .scope_boxed()
+            })
+            .await
+    }
+
     /// The lifecycle controller's work item of one node: fails it when its transitional state outlasted its
     /// limit, or looks again when the limit ends.
     pub(crate) async fn run_lifecycle_item(

@@ -152,6 +152,8 @@ pub struct NodeView {
     pub bmc: Option<bc_domain::node::NodeBmc>,
     /// Since when it is in a transitional `provisionState` that has a time limit.
     pub provision_since_ms: Option<i64>,
+    /// Power as its BMC last reported it.
+    pub power: bc_domain::node::Power,
 }
 
 impl NodeView {
@@ -186,6 +188,7 @@ impl NodeView {
             devices: node.devices.clone(),
             bmc: node.bmc.clone(),
             provision_since_ms: node.provision_since_ms,
+            power: node.power,
         }
     }
 }

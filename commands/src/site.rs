@@ -111,6 +111,17 @@ impl App {
         } else {
             Report::Failed { error: report.message.clone().unwrap_or_else(|| "failed".to_owned()) }
         };
-        self.report_step(&agent.caller(), workflow_id, index, report.attempt, RunsOn::Site, outcome).await
+        let done = self.report_step(&agent.caller(), workflow_id, index, report.attempt, RunsOn::Site, outcome).await?;
+        if let Some(power) = report.power {
+            let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+            let node = store::workflows::node_of(&mut tx, workflow_id.as_str()).await?;
+            tx.commit().await?;
+            if let Some(node) = node {
+                let node: NodeId =
+                    node.parse().map_err(|e: bc_domain::id::IdError| store::corrupt("a node id", e.to_string()))?;
+                self.observe_power(&agent.caller(), &node, power).await?;
+            }
+        }
+        Ok(done)
     }
 }

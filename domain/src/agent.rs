@@ -67,6 +67,9 @@ pub struct StepReport {
     /// What was done, or what went wrong.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The machine's power as the BMC reported it after the step, when the site agent read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<crate::node::Power>,
 }
 
 /// What a join answers: the node, its credential (shown once), and a first session.

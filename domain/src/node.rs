@@ -427,6 +427,20 @@ pub enum BmcDriver {
     Ipmi,
 }
 
+impl Power {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Power::On => "on",
+            Power::Off => "off",
+            Power::Unknown => "unknown",
+        }
+    }
+
+    pub(crate) fn is_unknown(&self) -> bool {
+        *self == Power::Unknown
+    }
+}
+
 impl BmcDriver {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -459,6 +473,15 @@ pub struct NodeBmc {
 pub struct NodeBmcSet {
     pub node_id: NodeId,
     pub bmc: NodeBmc,
+    pub at_ms: i64,
+}
+
+/// The machine's power as its BMC reported it (after a site step changed or read it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePowerObserved {
+    pub node_id: NodeId,
+    pub power: Power,
     pub at_ms: i64,
 }
 
@@ -498,6 +521,7 @@ domain_events! {
         Deleted(NodeDeleted) = "node.deleted",
         BmcSet(NodeBmcSet) = "node.bmc_set",
         ProvisionChanged(NodeProvisionChanged) = "node.provision_changed",
+        PowerObserved(NodePowerObserved) = "node.power_observed",
     }
 }
 
@@ -525,6 +549,7 @@ impl NodeEvent {
             NodeEvent::Deleted(e) => &e.node_id,
             NodeEvent::BmcSet(e) => &e.node_id,
             NodeEvent::ProvisionChanged(e) => &e.node_id,
+            NodeEvent::PowerObserved(e) => &e.node_id,
         }
     }
 }

@@ -251,6 +251,8 @@ async fn enrolled_machine(app: &App, owner: &Caller) -> anyhow::Result<()> {
         app.report_step(owner, &inspect, index, *attempt, step.runs_on, Report::Succeeded { detail }).await?;
         worker.run_until_idle().await?;
     }
+    // The site agent reported the machine off after the inspection's last step.
+    app.observe_power(owner, &node, bc_domain::node::Power::Off).await?;
     // Rescued, then a release that the operator cancels: the machine is failed.
     app.change_provision_state(owner, &node, ProvisionState::Rescue, Some("scenario".into())).await?;
     let release = app.start_workflow(owner, &node, WorkflowKind::Release, None).await?.value;

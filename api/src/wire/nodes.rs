@@ -101,8 +101,8 @@ pub struct NodeDto {
     pub provision_state: String,
     pub maintenance: bool,
     pub cordoned: bool,
-    /// `on`, `off` or `unknown`, as a BMC's power driver reports it; `unknown` for every node until bare-metal
-    /// drivers exist (a node that runs `bcd` has no BMC driver bound).
+    /// `on`, `off` or `unknown`, as the machine's BMC last reported it to the site agent; `unknown` for a node
+    /// without a BMC (one that joined by running `bcd`).
     pub power: String,
     /// `connected`, `disconnected`, `unreachable` or `lost`.
     pub connectivity: String,
@@ -216,7 +216,7 @@ impl From<&NodeView> for NodeDto {
             trust: spelling(&n.trust),
             adapter: spelling(&n.adapter),
             provision_state: spelling(&n.provision_state),
-            power: spelling(&bc_domain::node::Power::default()),
+            power: n.power.as_str().to_owned(),
             maintenance: n.maintenance,
             cordoned: n.cordoned,
             connectivity: spelling(&n.connectivity),

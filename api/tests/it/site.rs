@@ -169,5 +169,6 @@ async fn a_site_agent_runs_an_inspection_s_bmc_steps_on_the_emulated_machine() {
     bc_projections::testing::catch_up(&cluster.t.db).await;
     let (_, read) = cluster.call(reqwest::Method::GET, &format!("/v1/nodes/{node}"), None).await;
     assert_eq!(read["provisionState"], "ready", "{read}");
+    assert_eq!(read["power"], "off", "the power the BMC last reported: {read}");
     site.stop().await;
 }

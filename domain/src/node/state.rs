@@ -52,6 +52,9 @@ pub struct Node {
     /// Since when it is in a transitional `provisionState` that has a time limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provision_since_ms: Option<i64>,
+    /// Power as its BMC last reported it (`unknown` for a machine without one).
+    #[serde(default, skip_serializing_if = "super::Power::is_unknown")]
+    pub power: super::Power,
     /// Events folded.
     pub version: u32,
 }
@@ -129,6 +132,7 @@ pub fn evolve(state: Option<Node>, event: &NodeEvent) -> Option<Node> {
                 deleted_at_ms: None,
                 bmc: None,
                 provision_since_ms: e.provision_state.limit_ms().map(|_| e.at_ms),
+                power: super::Power::Unknown,
                 version: 1,
             });
         }
@@ -160,6 +164,7 @@ pub fn evolve(state: Option<Node>, event: &NodeEvent) -> Option<Node> {
                 deleted_at_ms: None,
                 bmc: None,
                 provision_since_ms: None,
+                power: super::Power::Unknown,
                 version: 1,
             });
         }
@@ -203,6 +208,7 @@ pub fn evolve(state: Option<Node>, event: &NodeEvent) -> Option<Node> {
         NodeEvent::SpecObserved(e) => node.observed_generation = e.observed_generation,
         NodeEvent::Deleted(e) => node.deleted_at_ms = Some(e.at_ms),
         NodeEvent::BmcSet(e) => node.bmc = Some(e.bmc.clone()),
+        NodeEvent::PowerObserved(e) => node.power = e.power,
         NodeEvent::ProvisionChanged(e) => {
             node.provision_state = e.to;
             node.provision_since_ms = e.to.limit_ms().map(|_| e.at_ms);

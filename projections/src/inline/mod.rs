@@ -754,6 +754,14 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
             .await?;
             return Ok(());
         }
+        NodeEvent::PowerObserved(e) => {
+            sql::query("UPDATE nodes SET power = $2 WHERE id = $1")
+                .bind(node_id)
+                .bind(e.power.as_str())
+                .execute(tx.conn())
+                .await?;
+            return Ok(());
+        }
         NodeEvent::ProvisionChanged(e) => {
             sql::query(
                 "UPDATE nodes SET provision_state = $2,

@@ -93,6 +93,7 @@ pub(crate) const NODE_EVENT_TYPES: &[&str] = &[
     "node.deleted",
     "node.bmc_set",
     "node.provision_changed",
+    "node.power_observed",
 ];
 
 /// What a node's first event says about it: `node.registered` or `node.joined`.
