@@ -10,7 +10,7 @@ use bc_domain::profile::StepAction;
 
 use crate::drivers::ipmi::{Ipmi, IpmiConfig};
 use crate::drivers::redfish::{Redfish, RedfishConfig, RedfishTls, SystemRef};
-use crate::drivers::{BmcError, BootDevice, PowerAction, PowerState};
+use crate::drivers::{BmcError, BootDevice, Power, PowerAction};
 
 /// How the site agent reaches BMCs.
 #[derive(Debug, Clone, Default)]
@@ -78,7 +78,7 @@ fn driver_for(step: &SiteStep, config: &SiteConfig) -> Result<Bmc, String> {
 }
 
 impl Bmc {
-    async fn power_state(&self) -> Result<PowerState, BmcError> {
+    async fn power_state(&self) -> Result<Power, BmcError> {
         match self {
             Bmc::Redfish(r, system) => r.power_state(system).await,
             Bmc::Ipmi(i) => i.power_state().await,
@@ -104,23 +104,20 @@ impl Bmc {
 const POWER_SETTLES: Duration = Duration::from_secs(20);
 
 /// The power a step leaves the machine in, if it is a power step.
-fn power_target(action: StepAction) -> Option<PowerState> {
+fn power_target(action: StepAction) -> Option<Power> {
     match action {
-        StepAction::PowerOn | StepAction::PowerReset => Some(PowerState::On),
-        StepAction::PowerOff => Some(PowerState::Off),
+        StepAction::PowerOn | StepAction::PowerReset => Some(Power::On),
+        StepAction::PowerOff => Some(Power::Off),
         _ => None,
     }
 }
 
 /// Carries out one site step: what was done (with the power the BMC shows afterwards, for a power step), or
 /// what went wrong.
-pub async fn run_step(
-    step: &SiteStep,
-    config: &SiteConfig,
-) -> Result<(String, Option<bc_domain::node::Power>), String> {
-    let done = carry_out(step, config).await?;
-    let Some(target) = power_target(step.action) else { return Ok((done, None)) };
+pub async fn run_step(step: &SiteStep, config: &SiteConfig) -> Result<(String, Option<Power>), String> {
     let bmc = driver_for(step, config)?;
+    let done = carry_out(step, &bmc).await?;
+    let Some(target) = power_target(step.action) else { return Ok((done, None)) };
     // BMCs apply a power change a little later: wait a while for it to show, then report what is shown.
     let deadline = tokio::time::Instant::now() + POWER_SETTLES;
     let mut seen = bmc.power_state().await.ok();
@@ -128,16 +125,10 @@ pub async fn run_step(
         tokio::time::sleep(Duration::from_millis(500)).await;
         seen = bmc.power_state().await.ok();
     }
-    let power = match seen {
-        Some(PowerState::On) => bc_domain::node::Power::On,
-        Some(PowerState::Off) => bc_domain::node::Power::Off,
-        _ => bc_domain::node::Power::Unknown,
-    };
-    Ok((done, Some(power)))
+    Ok((done, Some(seen.unwrap_or(Power::Unknown))))
 }
 
-async fn carry_out(step: &SiteStep, config: &SiteConfig) -> Result<String, String> {
-    let bmc = driver_for(step, config)?;
+async fn carry_out(step: &SiteStep, bmc: &Bmc) -> Result<String, String> {
     let failed = |err: BmcError| err.to_string();
     match step.action {
         StepAction::PowerOn => {
@@ -150,7 +141,7 @@ async fn carry_out(step: &SiteStep, config: &SiteConfig) -> Result<String, Strin
         }
         StepAction::PowerReset => {
             // A machine that is off is switched on: a reset of a machine that is off does nothing on many BMCs.
-            if bmc.power_state().await.map_err(failed)? == PowerState::Off {
+            if bmc.power_state().await.map_err(failed)? == Power::Off {
                 bmc.power(PowerAction::On).await.map_err(failed)?;
                 Ok("was off: powered on".to_owned())
             } else {
@@ -170,7 +161,7 @@ async fn carry_out(step: &SiteStep, config: &SiteConfig) -> Result<String, Strin
             bmc.boot(BootDevice::Cd).await.map_err(failed)?;
             Ok("next boot from virtual media".to_owned())
         }
-        StepAction::EjectVirtualMedia => match &bmc {
+        StepAction::EjectVirtualMedia => match bmc {
             Bmc::Redfish(r, system) => {
                 r.eject_virtual_media(system).await.map_err(failed)?;
                 Ok("virtual media ejected".to_owned())

@@ -231,11 +231,6 @@ pub struct ImageContent {
 }
 
 impl App {
-    /// The image policy in force.
-    pub fn image_policy(&self) -> &ImagePolicy {
-        &self.images
-    }
-
     /// The same application, taking images under `policy`.
     pub fn with_image_policy(mut self, policy: ImagePolicy) -> Self {
         self.images = std::sync::Arc::new(policy);
@@ -412,14 +407,13 @@ impl App {
                         Created::New(events) => {
                             store::images::store_blob(tx, &input.sha256, size, upload_id).await?;
                             let stream = image_id.as_str();
+                            let image = events.iter().fold(None, image::evolve_image);
+                            let image = image.ok_or_else(|| store::corrupt("an image just created", "no fold"))?;
                             let position =
                                 record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, events)
                                     .await?;
-                            let row = store::images::image(tx, stream)
-                                .await?
-                                .ok_or_else(|| store::corrupt("an image just recorded", "missing"))?;
                             Ok(Committed {
-                                value: Uploaded { image: ImageView::of_row(row)?, created: true },
+                                value: Uploaded { image: ImageView::of_image(&image), created: true },
                                 position,
                             })
                         }
@@ -444,14 +438,9 @@ impl App {
         let rows =
             store::images::list(&mut tx, caller.tenant_id.as_str(), page.after_key.as_deref(), page.limit + 1).await?;
         tx.commit().await?;
-        let mut items = rows.into_iter().map(ImageView::of_row).collect::<AppResult<Vec<_>>>()?;
-        let next_key = if items.len() > page.limit as usize {
-            items.truncate(page.limit as usize);
-            items.last().map(|i| i.id.to_string())
-        } else {
-            None
-        };
-        Ok(crate::reads::Listed { items, next_key })
+        let found =
+            rows.into_iter().map(|row| Ok((row.id.clone(), ImageView::of_row(row)?))).collect::<AppResult<_>>()?;
+        Ok(crate::reads::paged(found, page))
     }
 
     /// One image (the door has decided the caller may see it).

@@ -3,14 +3,14 @@
 //! node stuck in a transitional state (a work item per node, due when the state's limit ends).
 
 use bc_domain::Rejection;
-use bc_domain::id::{NodeId, PoolId};
+use bc_domain::id::{NodeId, PoolId, TenantId};
 use bc_domain::node::lifecycle::{self, enrolled_bmc};
-use bc_domain::node::{Adapter, Connectivity, NodeBmc, NodeEvent, NodeRegistered, ProvisionState, Role, Trust};
+use bc_domain::node::{Adapter, Connectivity, Node, NodeBmc, NodeEvent, NodeRegistered, ProvisionState, Role, Trust};
 use bc_domain::site::check_name;
 use bc_eventstore::events::ExpectedVersion;
 use bc_eventstore::lease::Lease;
 use bc_eventstore::queue::{self, WorkItem};
-use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
+use bc_eventstore::{Position, ScopedFutureExt as _, Tx, TxOptions, clock};
 
 use crate::fleet::owned_pool;
 use crate::store::{self, NamedTable};
@@ -41,6 +41,10 @@ pub struct BmcCredentials {
     pub password: String,
 }
 
+fn credentials_of(bytes: &[u8]) -> AppResult<BmcCredentials> {
+    serde_json::from_slice(bytes).map_err(|err| store::corrupt("BMC credentials", err))
+}
+
 fn check_credential(field: &str, text: &str) -> Result<(), Rejection> {
     if text.is_empty() || text.chars().count() > MAX_CREDENTIAL_CHARS || text.chars().any(char::is_control) {
         return Err(Rejection::invalid(
@@ -49,6 +53,36 @@ fn check_credential(field: &str, text: &str) -> Result<(), Rejection> {
         ));
     }
     Ok(())
+}
+
+/// Records moves of a node's lifecycle (`node` as it was before them) with what every move brings: the
+/// controller's next look at the new state's limit, and, when the node stops or starts being schedulable, its
+/// future bookings moved elsewhere or its pool's pending reservations tried again. Every path that moves the
+/// lifecycle (operators, workflows, the controller) records through here.
+pub(crate) async fn record_moves(
+    tx: &mut Tx,
+    caller: &Caller,
+    node: &Node,
+    owner: &TenantId,
+    events: Vec<NodeEvent>,
+) -> AppResult<Option<Position>> {
+    if events.is_empty() {
+        return Ok(None);
+    }
+    let after = events.iter().fold(Some(node.clone()), bc_domain::node::evolve);
+    let position = record_node(tx, caller, &node.id, owner, events).await?;
+    let Some(after) = after else { return Ok(position) };
+    if let Some(at) = lifecycle::next_look(&after) {
+        work::wake_at(tx, &WorkKey::NodeLifecycle(node.id.clone()), at).await?;
+    }
+    let (was, is) = (node.provision_state.schedulable(), after.provision_state.schedulable());
+    if was && !is {
+        work::wake_now(tx, &WorkKey::NodeReplace(node.id.clone())).await?;
+    }
+    if is && !was {
+        work::wake_now(tx, &WorkKey::pool_pending(&node.pool_id)).await?;
+    }
+    Ok(position)
 }
 
 impl App {
@@ -125,9 +159,14 @@ impl App {
     /// The BMC credentials of an enrolled node, opened (for the site agent's driver calls).
     pub async fn bmc_credentials(&self, node_id: &NodeId) -> AppResult<Option<BmcCredentials>> {
         let secret = self.open_secret(BMC_CREDENTIALS, node_id.as_str()).await?;
-        secret
-            .map(|bytes| serde_json::from_slice(&bytes).map_err(|err| store::corrupt("BMC credentials", err)))
-            .transpose()
+        secret.map(|bytes| credentials_of(&bytes)).transpose()
+    }
+
+    /// Opens BMC credentials sealed for `node_id`, read already (with the site's steps).
+    pub(crate) fn open_bmc_credentials(&self, node_id: &NodeId, sealed: &[u8]) -> AppResult<BmcCredentials> {
+        let context = crate::agents::secret_context(BMC_CREDENTIALS, node_id.as_str());
+        let opened = self.sealer()?.open(sealed, &context).map_err(crate::agents::pki_failure)?;
+        credentials_of(&opened)
     }
 
     /// Moves a node of a pool the caller's tenant owns to `to`, as its lifecycle allows; leaving a schedulable
@@ -150,19 +189,7 @@ impl App {
                     let pool = owned_pool(tx, caller, &node.pool_id).await.map_err(|_| not_found())?;
                     let now_ms = clock::compute_now_ms(tx).await?;
                     let events = lifecycle::change_provision(&node, to, reason.clone(), now_ms)?;
-                    let position = record_node(tx, caller, node_id, &pool.owner_tenant_id, events.clone()).await?;
-                    let after = events.iter().fold(Some(node.clone()), bc_domain::node::evolve);
-                    if let Some(at) = after.as_ref().and_then(lifecycle::next_look) {
-                        work::wake_at(tx, &WorkKey::NodeLifecycle(node_id.clone()), at).await?;
-                    }
-                    let schedulable =
-                        |s: ProvisionState| matches!(s, ProvisionState::Adopted | ProvisionState::Deployed);
-                    if schedulable(node.provision_state) && !schedulable(to) {
-                        work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
-                    }
-                    if schedulable(to) {
-                        work::wake_now(tx, &WorkKey::pool_pending(&node.pool_id)).await?;
-                    }
+                    let position = record_moves(tx, caller, &node, &pool.owner_tenant_id, events).await?;
                     Ok(Committed { value: (), position })
                 }
                 .scope_boxed()
@@ -221,7 +248,7 @@ impl App {
                     let events = lifecycle::fail_if_stuck(&node, now_ms);
                     if !events.is_empty() {
                         let owner = store::pool_owner(tx, &node.pool_id).await?;
-                        record_node(tx, caller, node_id, &owner, events).await?;
+                        record_moves(tx, caller, &node, &owner, events).await?;
                         queue::complete(tx, item).await?;
                         return Ok(());
                     }

@@ -2,7 +2,7 @@
 
 use bc_domain::Rejection;
 use bc_domain::id::{ProfileId, TenantId};
-use bc_domain::profile::{self, ImageFacts, ProfileSpec};
+use bc_domain::profile::{self, ImageFacts, ProfileCreated, ProfileEvent, ProfileSpec};
 use bc_eventstore::events::ExpectedVersion;
 use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
 
@@ -22,6 +22,17 @@ pub struct ProfileView {
 }
 
 impl ProfileView {
+    fn of_created(e: &ProfileCreated) -> ProfileView {
+        ProfileView {
+            id: e.profile_id.clone(),
+            tenant_id: e.tenant_id.clone(),
+            name: e.name.clone(),
+            version: e.version,
+            spec: (*e.spec).clone(),
+            created_at_ms: e.at_ms,
+        }
+    }
+
     fn of_row(row: ProfileRow) -> AppResult<ProfileView> {
         let bad = |err: String| store::corrupt("a profiles row", err);
         Ok(ProfileView {
@@ -73,13 +84,14 @@ impl App {
                         image,
                         now_ms,
                     )?;
+                    let view = match events.first() {
+                        Some(ProfileEvent::Created(e)) => ProfileView::of_created(e),
+                        _ => return Err(store::corrupt("a profile just created", "no creation event")),
+                    };
                     let position =
                         record(tx, caller, profile_id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events)
                             .await?;
-                    let row = store::profiles::profile(tx, profile_id.as_str())
-                        .await?
-                        .ok_or_else(|| store::corrupt("a profile just recorded", "missing"))?;
-                    Ok(Committed { value: ProfileView::of_row(row)?, position })
+                    Ok(Committed { value: view, position })
                 }
                 .scope_boxed()
             })
@@ -115,14 +127,11 @@ impl App {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let rows = store::profiles::list(&mut tx, caller.tenant_id.as_str(), name, after, page.limit + 1).await?;
         tx.commit().await?;
-        let mut items = rows.into_iter().map(ProfileView::of_row).collect::<AppResult<Vec<_>>>()?;
-        let next_key = if items.len() > page.limit as usize {
-            items.truncate(page.limit as usize);
-            items.last().map(|p| format!("{}@{}", p.name, p.version))
-        } else {
-            None
-        };
-        Ok(Listed { items, next_key })
+        let found = rows
+            .into_iter()
+            .map(|row| Ok((format!("{}@{}", row.name, row.version), ProfileView::of_row(row)?)))
+            .collect::<AppResult<_>>()?;
+        Ok(crate::reads::paged(found, page))
     }
 
     /// One live profile version (the door has decided the caller may see it).

@@ -52,7 +52,7 @@ impl App {
             return Ok(SiteWork { serving: false, steps: Vec::new() });
         }
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let rows = store::site::running_steps(&mut tx, &site).await?;
+        let rows = store::site::running_steps(&mut tx, &site, crate::lifecycle::BMC_CREDENTIALS).await?;
         tx.commit().await?;
         let mut steps = Vec::with_capacity(rows.len());
         for row in rows {
@@ -68,10 +68,11 @@ impl App {
                 insecure_tls: row.insecure_tls,
                 drivers: serde_json::from_str(&row.drivers).map_err(|e| corrupt("a node's drivers", e.to_string()))?,
             };
-            let Some(credentials) = self.bmc_credentials(&node_id).await? else {
+            let Some(sealed) = &row.sealed else {
                 tracing::warn!(node = %node_id, "an enrolled node has no sealed BMC credentials; its site steps wait");
                 continue;
             };
+            let credentials = self.open_bmc_credentials(&node_id, sealed)?;
             steps.push(SiteStep {
                 workflow_id: row
                     .workflow_id
@@ -101,11 +102,12 @@ impl App {
     ) -> AppResult<Committed<()>> {
         let site = self.agent_site(agent).await?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let machine_site = store::site::workflow_site(&mut tx, workflow_id.as_str()).await?;
+        let machine = store::site::workflow_machine(&mut tx, workflow_id.as_str()).await?;
         tx.commit().await?;
-        if machine_site.as_deref() != Some(site.as_str()) {
-            return Err(Rejection::NotFound { kind: "workflow", id: workflow_id.to_string() }.into());
-        }
+        let node = match machine {
+            Some((node, machine_site)) if machine_site == site => node,
+            _ => return Err(Rejection::NotFound { kind: "workflow", id: workflow_id.to_string() }.into()),
+        };
         let outcome = if report.ok {
             Report::Succeeded { detail: report.message.clone() }
         } else {
@@ -113,14 +115,9 @@ impl App {
         };
         let done = self.report_step(&agent.caller(), workflow_id, index, report.attempt, RunsOn::Site, outcome).await?;
         if let Some(power) = report.power {
-            let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-            let node = store::workflows::node_of(&mut tx, workflow_id.as_str()).await?;
-            tx.commit().await?;
-            if let Some(node) = node {
-                let node: NodeId =
-                    node.parse().map_err(|e: bc_domain::id::IdError| store::corrupt("a node id", e.to_string()))?;
-                self.observe_power(&agent.caller(), &node, power).await?;
-            }
+            let node: NodeId =
+                node.parse().map_err(|e: bc_domain::id::IdError| store::corrupt("a node id", e.to_string()))?;
+            self.observe_power(&agent.caller(), &node, power).await?;
         }
         Ok(done)
     }

@@ -17,14 +17,10 @@ use bc_eventstore::queue::{self, WorkItem};
 use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock};
 
 use crate::fleet::owned_pool;
+use crate::lifecycle::record_moves;
 use crate::store;
 use crate::work::{self, WorkKey, fenced};
-use crate::{App, AppResult, Caller, Committed, record, record_node};
-
-/// A workflow's fold and its stream's version.
-async fn workflow_aggregate(tx: &mut Tx, id: &WorkflowId) -> AppResult<Option<(Workflow, u32)>> {
-    store::workflow_aggregate(tx, id).await
-}
+use crate::{App, AppResult, Caller, Committed, record};
 
 /// Whether the machine's agent joined or rejoined at or after `since_ms`.
 async fn joined_since(tx: &mut Tx, node: &NodeId, since_ms: i64) -> AppResult<bool> {
@@ -178,7 +174,7 @@ impl App {
                         steps,
                         at_ms: now_ms,
                     });
-                    record_node(tx, caller, node_id, &pool.owner_tenant_id, moved).await?;
+                    record_moves(tx, caller, &node, &pool.owner_tenant_id, moved).await?;
                     let position = record(
                         tx,
                         caller,
@@ -213,7 +209,7 @@ impl App {
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 let report = report.clone();
                 async move {
-                    let Some((wf, version)) = workflow_aggregate(tx, workflow_id).await? else {
+                    let Some((wf, version)) = store::workflow_aggregate(tx, workflow_id).await? else {
                         return Err(Rejection::NotFound { kind: "workflow", id: workflow_id.to_string() }.into());
                     };
                     let now_ms = clock::compute_now_ms(tx).await?;
@@ -240,17 +236,12 @@ impl App {
         workflow_id: &WorkflowId,
         reason: Option<String>,
     ) -> AppResult<Committed<()>> {
-        if let Some(reason) = &reason
-            && (reason.chars().count() > 512 || reason.contains('\0'))
-        {
-            return Err(Rejection::invalid("reason", "at most 512 characters, no NUL").into());
-        }
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 let reason = reason.clone();
                 async move {
                     let not_found = || Rejection::NotFound { kind: "workflow", id: workflow_id.to_string() };
-                    let Some((wf, version)) = workflow_aggregate(tx, workflow_id).await? else {
+                    let Some((wf, version)) = store::workflow_aggregate(tx, workflow_id).await? else {
                         return Err(not_found().into());
                     };
                     let Some((node, _)) = store::node_aggregate(tx, &wf.created.node_id).await? else {
@@ -266,7 +257,7 @@ impl App {
                             .await?;
                     let moves =
                         lifecycle_after(&node, wf.created.kind, Outcome::Cancelled, ended.reason.as_deref(), now_ms)?;
-                    record_node(tx, caller, &node.id, &tenant, moves).await?;
+                    record_moves(tx, caller, &node, &tenant, moves).await?;
                     Ok(Committed { value: (), position })
                 }
                 .scope_boxed()
@@ -287,7 +278,7 @@ impl App {
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 async move {
                     fenced(tx, fence).await?;
-                    let Some((wf, version)) = workflow_aggregate(tx, workflow_id).await? else {
+                    let Some((wf, version)) = store::workflow_aggregate(tx, workflow_id).await? else {
                         queue::complete(tx, item).await?;
                         return Ok(());
                     };
@@ -312,7 +303,7 @@ impl App {
                         {
                             let moves =
                                 lifecycle_after(&node, wf.created.kind, outcome, after.reason.as_deref(), now_ms)?;
-                            record_node(tx, caller, &node.id, &tenant, moves).await?;
+                            record_moves(tx, caller, &node, &tenant, moves).await?;
                         }
                     }
                     match next {
@@ -330,7 +321,7 @@ impl App {
     /// A workflow of a machine in a pool the caller's tenant owns (the door decided the caller may see it).
     pub async fn workflow(&self, id: &WorkflowId) -> AppResult<Workflow> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let found = workflow_aggregate(&mut tx, id).await?;
+        let found = store::workflow_aggregate(&mut tx, id).await?;
         tx.commit().await?;
         found.map(|(wf, _)| wf).ok_or_else(|| Rejection::NotFound { kind: "workflow", id: id.to_string() }.into())
     }
@@ -342,7 +333,7 @@ impl App {
         let mut found = Vec::with_capacity(ids.len());
         for id in ids {
             let id: WorkflowId = id.parse().map_err(|err| store::corrupt("a workflow id", err))?;
-            if let Some((wf, _)) = workflow_aggregate(&mut tx, &id).await? {
+            if let Some((wf, _)) = store::workflow_aggregate(&mut tx, &id).await? {
                 found.push(wf);
             }
         }

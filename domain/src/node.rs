@@ -173,7 +173,7 @@ impl fmt::Display for Unschedulable {
 /// fails; empty means schedulable.
 pub fn schedulability(view: &SchedulingView<'_>) -> Vec<Unschedulable> {
     let mut failed = Vec::new();
-    if !matches!(view.provision_state, ProvisionState::Adopted | ProvisionState::Deployed) {
+    if !view.provision_state.schedulable() {
         failed.push(Unschedulable::ProvisionState(view.provision_state));
     }
     if view.role != Role::Host {

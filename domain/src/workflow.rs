@@ -454,6 +454,10 @@ pub fn report(
 
 /// Cancels a workflow that has not ended.
 pub fn cancel(wf: &Workflow, reason: Option<String>, now_ms: i64) -> Result<Vec<WorkflowEvent>, Rejection> {
+    let max = crate::node::lifecycle::MAX_REASON_CHARS;
+    if reason.as_ref().is_some_and(|r| r.chars().count() > max || r.contains('\0')) {
+        return Err(Rejection::invalid("reason", format!("at most {max} characters, no NUL")));
+    }
     if let Some(outcome) = wf.outcome {
         return Err(Rejection::Conflict(format!(
             "workflow {} has ended ({}): there is nothing to cancel",
@@ -572,6 +576,8 @@ mod tests {
         let wf = workflow(WorkflowKind::Inspect);
         let (events, _) = advance(&wf, 0, Facts::default());
         let wf = apply(wf, &events);
+        let long = Some("x".repeat(513));
+        assert!(matches!(cancel(&wf, long, 1), Err(Rejection::InvalidArgument { field, .. }) if field == "reason"));
         let wf = apply(wf.clone(), &cancel(&wf, None, 1).expect("cancel"));
         assert!(matches!(cancel(&wf, None, 2), Err(Rejection::Conflict(_))));
         let late = report(&wf, 0, 1, RunsOn::Site, Report::Succeeded { detail: None }, 3).expect_err("late");

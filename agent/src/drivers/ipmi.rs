@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use super::{BmcError, BootDevice, PowerAction, PowerState, excerpt, scrub};
+use super::{BmcError, BootDevice, Power, PowerAction, excerpt, scrub};
 
 /// How to reach one BMC over IPMI.
 #[derive(Clone)]
@@ -87,7 +87,7 @@ impl Ipmi {
     }
 
     /// The chassis' power state (`power status`).
-    pub async fn power_state(&self) -> Result<PowerState, BmcError> {
+    pub async fn power_state(&self) -> Result<Power, BmcError> {
         let (context, printed) = self.run(&["power", "status"], "read the power state").await?;
         parse_power_status(&printed.stdout).ok_or_else(|| unconfirmed(&context, &printed))
     }
@@ -169,13 +169,13 @@ impl Ipmi {
 }
 
 /// The power state in `power status`'s answer (`Chassis Power is on`).
-fn parse_power_status(stdout: &str) -> Option<PowerState> {
+fn parse_power_status(stdout: &str) -> Option<Power> {
     stdout.lines().find_map(|line| {
         let state = line.trim().strip_prefix("Chassis Power is ")?;
         Some(match state.trim() {
-            "on" => PowerState::On,
-            "off" => PowerState::Off,
-            _ => PowerState::Unknown,
+            "on" => Power::On,
+            "off" => Power::Off,
+            _ => Power::Unknown,
         })
     })
 }
@@ -265,9 +265,9 @@ mod tests {
 
     #[test]
     fn power_status_reads_on_and_off() {
-        assert_eq!(parse_power_status("Chassis Power is on\n"), Some(PowerState::On));
-        assert_eq!(parse_power_status("Chassis Power is off\n"), Some(PowerState::Off));
-        assert_eq!(parse_power_status("Chassis Power is sideways\n"), Some(PowerState::Unknown));
+        assert_eq!(parse_power_status("Chassis Power is on\n"), Some(Power::On));
+        assert_eq!(parse_power_status("Chassis Power is off\n"), Some(Power::Off));
+        assert_eq!(parse_power_status("Chassis Power is sideways\n"), Some(Power::Unknown));
         assert_eq!(parse_power_status("Set Boot Device to pxe\n"), None);
     }
 

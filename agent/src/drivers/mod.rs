@@ -9,15 +9,9 @@ pub mod redfish;
 
 use serde::{Deserialize, Serialize};
 
-/// Whether a machine is powered, as its BMC says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PowerState {
-    On,
-    Off,
-    /// Neither on nor off: on its way (`PoweringOn`, `PoweringOff`), paused, or not reported.
-    Unknown,
-}
+/// Whether a machine is powered, as its BMC says: the node's `power` axis itself (`unknown` is neither on nor
+/// off: on its way, paused, or not reported).
+pub use bc_domain::node::Power;
 
 /// What to do with a machine's power.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -53,7 +47,7 @@ pub struct Inventory {
     pub memory_gib: Option<f64>,
     /// The network interfaces' MAC addresses, lower case, sorted, each once.
     pub macs: Vec<String>,
-    pub power_state: PowerState,
+    pub power_state: Power,
 }
 
 /// Why a BMC call failed, in the kinds a caller acts on differently. Every message names the BMC and what
@@ -107,7 +101,7 @@ mod tests {
 
     #[test]
     fn the_shared_enums_use_kebab_case_on_the_wire() {
-        assert_eq!(serde_json::to_string(&PowerState::Unknown).expect("json"), "\"unknown\"");
+        assert_eq!(serde_json::to_string(&Power::Unknown).expect("json"), "\"unknown\"");
         assert_eq!(serde_json::to_string(&PowerAction::GracefulOff).expect("json"), "\"graceful-off\"");
         assert_eq!(serde_json::from_str::<BootDevice>("\"pxe\"").expect("json"), BootDevice::Pxe);
     }

@@ -21,7 +21,7 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{BmcError, BootDevice, Inventory, PowerAction, PowerState, excerpt, scrub};
+use super::{BmcError, BootDevice, Inventory, Power, PowerAction, excerpt, scrub};
 
 /// The most bytes one answer may take: Redfish resources weigh a few KiB, so more is a BMC gone wrong.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -88,7 +88,7 @@ pub struct SystemSummary {
     pub id: String,
     pub uuid: Option<String>,
     pub name: Option<String>,
-    pub power_state: PowerState,
+    pub power_state: Power,
 }
 
 /// A system's boot override, in Redfish's spellings (`Pxe`, `Cd`, `Hdd`; `Once`, `Continuous`, `Disabled`).
@@ -204,7 +204,7 @@ impl Redfish {
     }
 
     /// The system's power state.
-    pub async fn power_state(&self, system: &SystemRef) -> Result<PowerState, BmcError> {
+    pub async fn power_state(&self, system: &SystemRef) -> Result<Power, BmcError> {
         let resource = self.system(system, &format!("read the power state of {system}")).await?;
         Ok(power_state(&resource.body["PowerState"]))
     }
@@ -562,11 +562,11 @@ fn reset_types(action: PowerAction) -> &'static [&'static str] {
     }
 }
 
-fn power_state(value: &Value) -> PowerState {
+fn power_state(value: &Value) -> Power {
     match value.as_str() {
-        Some("On") => PowerState::On,
-        Some("Off") => PowerState::Off,
-        _ => PowerState::Unknown,
+        Some("On") => Power::On,
+        Some("Off") => Power::Off,
+        _ => Power::Unknown,
     }
 }
 
@@ -731,10 +731,10 @@ mod tests {
 
     #[test]
     fn power_states_other_than_on_and_off_are_unknown() {
-        assert_eq!(power_state(&json!("On")), PowerState::On);
-        assert_eq!(power_state(&json!("Off")), PowerState::Off);
-        assert_eq!(power_state(&json!("PoweringOn")), PowerState::Unknown);
-        assert_eq!(power_state(&Value::Null), PowerState::Unknown);
+        assert_eq!(power_state(&json!("On")), Power::On);
+        assert_eq!(power_state(&json!("Off")), Power::Off);
+        assert_eq!(power_state(&json!("PoweringOn")), Power::Unknown);
+        assert_eq!(power_state(&Value::Null), Power::Unknown);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bc_agent::drivers::ipmi::{Ipmi, IpmiConfig};
 use bc_agent::drivers::redfish::{MAX_BODY_BYTES, Redfish, RedfishConfig, RedfishTls, SystemRef};
-use bc_agent::drivers::{BmcError, BootDevice, PowerAction, PowerState};
+use bc_agent::drivers::{BmcError, BootDevice, Power, PowerAction};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SLOW_TESTS: &str = "BETTER_COMPUTE_SLOW_TESTS";
@@ -253,7 +253,7 @@ SUSHY_EMULATOR_FAKE_SYSTEMS = [
     }
 }
 
-async fn wait_for_power(client: &Redfish, system: &SystemRef, wanted: PowerState) {
+async fn wait_for_power(client: &Redfish, system: &SystemRef, wanted: Power) {
     let what = format!("{system} powering to {wanted:?}");
     wait_for(&what, POWER_CHANGE, || client.power_state(system), |s| matches!(s, Ok(s) if *s == wanted)).await;
 }
@@ -272,14 +272,14 @@ async fn redfish_drives_the_fake_systems_of_sushy_emulator() {
     systems.sort_by(|a, b| a.id.cmp(&b.id));
     let listed: Vec<_> = systems.iter().map(|s| (s.id.as_str(), s.uuid.as_deref(), s.name.as_deref())).collect();
     assert_eq!(listed, [(NODE_1, Some(NODE_1), Some("gpu-node-1")), (NODE_2, Some(NODE_2), Some("gpu-node-2"))]);
-    assert_eq!(systems[0].power_state, PowerState::Off);
-    assert_eq!(systems[1].power_state, PowerState::On);
+    assert_eq!(systems[0].power_state, Power::Off);
+    assert_eq!(systems[1].power_state, Power::On);
 
     // One system, by its id or by its UUID in any case; an unknown one is not found.
     let node = SystemRef::Uuid(NODE_1.to_uppercase());
     let by_id = SystemRef::Id(NODE_1.to_owned());
     let other = SystemRef::Id(NODE_2.to_owned());
-    assert_eq!(client.power_state(&node).await.expect("power state"), PowerState::Off);
+    assert_eq!(client.power_state(&node).await.expect("power state"), Power::Off);
     for missing in [SystemRef::Id("gpu-node-9".into()), SystemRef::Uuid("00000000-0000-0000-0000-000000000000".into())]
     {
         let err = client.power_state(&missing).await.expect_err("no such system");
@@ -290,15 +290,15 @@ async fn redfish_drives_the_fake_systems_of_sushy_emulator() {
     // switched-off machine into On, so the reset is seen working from Off.
     let first = async {
         client.power(&node, PowerAction::Reset).await.expect("reset");
-        wait_for_power(&client, &node, PowerState::On).await;
+        wait_for_power(&client, &node, Power::On).await;
         client.power(&by_id, PowerAction::Off).await.expect("power off");
-        wait_for_power(&client, &node, PowerState::Off).await;
+        wait_for_power(&client, &node, Power::Off).await;
         client.power(&node, PowerAction::On).await.expect("power on");
-        wait_for_power(&client, &by_id, PowerState::On).await;
+        wait_for_power(&client, &by_id, Power::On).await;
     };
     let second = async {
         client.power(&other, PowerAction::GracefulOff).await.expect("graceful power off");
-        wait_for_power(&client, &other, PowerState::Off).await;
+        wait_for_power(&client, &other, Power::Off).await;
     };
     tokio::join!(first, second);
 
@@ -335,7 +335,7 @@ async fn redfish_drives_the_fake_systems_of_sushy_emulator() {
     assert_eq!(inventory.uuid.as_deref(), Some(NODE_1));
     assert_eq!(inventory.macs, ["52:54:00:aa:00:01", "52:54:00:aa:00:02"]);
     assert_eq!(inventory.manufacturer.as_deref(), Some("Sushy Emulator"));
-    assert_eq!(inventory.power_state, PowerState::On);
+    assert_eq!(inventory.power_state, Power::On);
     assert_eq!((inventory.cpu_count, inventory.memory_gib, inventory.serial), (None, None, None));
 
     // A wrong password is refused, and said so without either password.
@@ -600,18 +600,18 @@ async fn ipmi_drives_the_chassis_of_ipmi_sim() {
         Ipmi::new(config).power_state().await.expect_err("nobody answers")
     };
     let drive = async {
-        assert_eq!(ipmi.power_state().await.expect("power status"), PowerState::Off);
+        assert_eq!(ipmi.power_state().await.expect("power status"), Power::Off);
         ipmi.power(PowerAction::On).await.expect("power on");
         assert_eq!(sim.recorded("power"), "1");
-        assert_eq!(ipmi.power_state().await.expect("power status"), PowerState::On);
+        assert_eq!(ipmi.power_state().await.expect("power status"), Power::On);
         ipmi.power(PowerAction::Reset).await.expect("power reset");
         assert!(sim.recorded("changes").lines().any(|l| l == "reset 1"), "{}", sim.recorded("changes"));
         ipmi.power(PowerAction::GracefulOff).await.expect("power soft");
-        assert_eq!(ipmi.power_state().await.expect("power status"), PowerState::Off);
+        assert_eq!(ipmi.power_state().await.expect("power status"), Power::Off);
         ipmi.power(PowerAction::On).await.expect("power on");
         ipmi.power(PowerAction::Off).await.expect("power off");
         assert_eq!(sim.recorded("power"), "0");
-        assert_eq!(ipmi.power_state().await.expect("power status"), PowerState::Off);
+        assert_eq!(ipmi.power_state().await.expect("power status"), Power::Off);
 
         // One-time boot devices, in ipmi_sim's names ("default" is the disk).
         for (device, recorded) in [(BootDevice::Pxe, "pxe"), (BootDevice::Cd, "cdrom"), (BootDevice::Disk, "default")] {

@@ -188,7 +188,9 @@ async fn bad_enrolments_are_refused_naming_the_field_and_record_nothing() {
     }
     // A pool the caller does not operate.
     let theirs = api.post("/v1/nodes/enrol", GUS, enrolment(&pool, "metal-1")).await;
-    assert!(matches!(theirs.status, StatusCode::FORBIDDEN | StatusCode::NOT_FOUND), "{:?}", theirs.body);
+    // A tenant that only uses the pool does not operate it.
+    assert_eq!(theirs.status, StatusCode::FORBIDDEN, "{:?}", theirs.body);
+    assert!(theirs.body["error"]["message"].as_str().unwrap_or("").contains("operator"), "{:?}", theirs.body);
     let bad_state = api
         .post(
             &format!("/v1/nodes/{}/provision-state", "node_00000000000000000000000000"),
@@ -196,6 +198,6 @@ async fn bad_enrolments_are_refused_naming_the_field_and_record_nothing() {
             json!({ "state": "flying" }),
         )
         .await;
-    assert_eq!(bad_state.status, StatusCode::BAD_REQUEST, "{:?}", bad_state.body);
+    assert_eq!((bad_state.status, bad_state.field()), (StatusCode::BAD_REQUEST, "state"), "{:?}", bad_state.body);
     assert_eq!(api.events().await, events, "nothing recorded");
 }

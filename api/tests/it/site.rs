@@ -6,7 +6,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use bc_agent::drivers::PowerState;
+use bc_agent::drivers::Power;
 use bc_agent::drivers::redfish::{Redfish, RedfishConfig, RedfishTls, SystemRef};
 use bc_domain::profile::RunsOn;
 use bc_domain::workflow::Report;
@@ -133,7 +133,7 @@ async fn a_site_agent_runs_an_inspection_s_bmc_steps_on_the_emulated_machine() {
     assert_eq!(bmc.boot_override(&system).await.expect("boot override").target.as_deref(), Some("Pxe"));
     eventually("the machine to be on", || {
         let (bmc, system) = (&bmc, &system);
-        async move { (bmc.power_state(system).await.ok() == Some(PowerState::On)).then_some(()) }
+        async move { (bmc.power_state(system).await.ok() == Some(Power::On)).then_some(()) }
     })
     .await;
 
@@ -163,7 +163,7 @@ async fn a_site_agent_runs_an_inspection_s_bmc_steps_on_the_emulated_machine() {
     assert_eq!(done["steps"][3]["detail"], "powered off", "{done}");
     eventually("the machine to be off", || {
         let (bmc, system) = (&bmc, &system);
-        async move { (bmc.power_state(system).await.ok() == Some(PowerState::Off)).then_some(()) }
+        async move { (bmc.power_state(system).await.ok() == Some(Power::Off)).then_some(()) }
     })
     .await;
     bc_projections::testing::catch_up(&cluster.t.db).await;

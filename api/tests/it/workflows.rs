@@ -146,43 +146,9 @@ async fn a_deployment_runs_its_profile_and_a_cancelled_workflow_takes_no_more_re
     let inspect = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "inspect" })).await;
     run_steps(&api, inspect.body["id"].as_str().expect("id"), usize::MAX).await;
 
-    let data = b"an image".to_vec();
-    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data));
-    let headers = [("content-type", "application/octet-stream")];
-    let (img, _) = api
-        .call_raw(
-            "POST",
-            &format!("/v1/images?name=os&version=1&format=raw&sha256={sha}"),
-            Some(ROOT),
-            &headers,
-            axum::body::Body::from(data),
-        )
-        .await;
-    let profile = api
-        .post(
-            "/v1/profiles",
-            ROOT,
-            json!({
-                "name": "gpu-node", "target": "metal", "allowUnverifiedImage": true,
-                "drivers": { "power": "redfish", "boot": "redfish", "deploy": "bcd" },
-                "imageId": img.body["id"],
-                "steps": [
-                    { "name": "net", "action": "boot-from-network" },
-                    { "name": "on", "action": "power-reset" },
-                    { "name": "write", "action": "write-image" },
-                    { "name": "disk", "action": "boot-from-disk" }
-                ]
-            }),
-        )
-        .await;
-    assert_eq!(profile.status, StatusCode::CREATED, "{:?}", profile.body);
-    let deploy = api
-        .post(
-            &format!("/v1/nodes/{node}/workflows"),
-            ROOT,
-            json!({ "kind": "deploy", "profileId": profile.body["id"] }),
-        )
-        .await;
+    let profile = deploy_profile(&api).await;
+    let deploy =
+        api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "deploy", "profileId": profile })).await;
     assert_eq!(deploy.status, StatusCode::CREATED, "{:?}", deploy.body);
     assert_eq!(deploy.body["steps"][2]["runsOn"], "ramdisk");
     let id = deploy.body["id"].as_str().expect("id").to_owned();
@@ -263,4 +229,90 @@ async fn workflows_watch_follows_a_workflow_to_its_end_and_exits_by_its_outcome(
     let stdout = String::from_utf8_lossy(&done.stdout);
     assert_eq!(done.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("cancelled: changed my mind"), "{stdout}");
+}
+
+/// A metal profile of four steps (network boot, power, the image written, disk boot) deploying an unsigned
+/// image: its id.
+async fn deploy_profile(api: &Api) -> String {
+    let data = b"an image".to_vec();
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data));
+    let headers = [("content-type", "application/octet-stream")];
+    let (img, _) = api
+        .call_raw(
+            "POST",
+            &format!("/v1/images?name=os&version=1&format=raw&sha256={sha}"),
+            Some(ROOT),
+            &headers,
+            axum::body::Body::from(data),
+        )
+        .await;
+    let profile = api
+        .post(
+            "/v1/profiles",
+            ROOT,
+            json!({
+                "name": "gpu-node", "target": "metal", "allowUnverifiedImage": true,
+                "drivers": { "power": "redfish", "boot": "redfish", "deploy": "bcd" },
+                "imageId": img.body["id"],
+                "steps": [
+                    { "name": "net", "action": "boot-from-network" },
+                    { "name": "on", "action": "power-reset" },
+                    { "name": "write", "action": "write-image" },
+                    { "name": "disk", "action": "boot-from-disk" }
+                ]
+            }),
+        )
+        .await;
+    assert_eq!(profile.status, StatusCode::CREATED, "{:?}", profile.body);
+    profile.body["id"].as_str().expect("id").to_owned()
+}
+
+/// Work items queued under `key` (a prefix when it ends with `%`).
+async fn queued(api: &Api, key: &str) -> i64 {
+    let mut tx = api.fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let n: i64 = bc_eventstore::sql::query_scalar("SELECT count(*) FROM work_queue WHERE key LIKE $1")
+        .bind(key)
+        .fetch_one(tx.conn())
+        .await
+        .expect("count");
+    tx.commit().await.expect("commit");
+    n
+}
+
+#[tokio::test]
+async fn a_machine_a_workflow_deploys_or_releases_has_its_pool_and_bookings_looked_at() {
+    let api = Api::with_images(bc_commands::images::ImagePolicy::default()).await;
+    let node = enrolled(&api).await;
+    let inspect = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "inspect" })).await;
+    run_steps(&api, inspect.body["id"].as_str().expect("id"), usize::MAX).await;
+    assert_eq!(node_state(&api, &node).await, "ready");
+    let pool: String =
+        api.get(&format!("/v1/nodes/{node}"), ROOT).await.body["poolId"].as_str().expect("pool").to_owned();
+    api.fleet.worker().run_until_idle().await.expect("worker");
+    let pending = format!("pool:{pool}:pending@%");
+    assert_eq!(queued(&api, &pending).await, 0);
+
+    // Deployed, the machine is schedulable: its pool's pending reservations are tried again.
+    let profile = deploy_profile(&api).await;
+    let deploy =
+        api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "deploy", "profileId": profile })).await;
+    let deploy_id = deploy.body["id"].as_str().expect("id").to_owned();
+    run_steps(&api, &deploy_id, 3).await;
+    // The last step's report, then one round of the worker: it ends the workflow, and only queues what follows.
+    let last = workflow(&api, &deploy_id).await["steps"][3]["attempt"].as_u64().expect("attempt") as u32;
+    let report = Report::Succeeded { detail: None };
+    let wf_id = deploy_id.parse().expect("id");
+    api.fleet.app.report_step(&api.fleet.owner, &wf_id, 3, last, RunsOn::Site, report).await.expect("report");
+    api.fleet.worker().run_once().await.expect("a round");
+    assert_eq!(workflow(&api, &deploy_id).await["state"], "succeeded");
+    assert_eq!(node_state(&api, &node).await, "deployed");
+    assert!(queued(&api, &pending).await > 0, "the pool's pending reservations were not woken");
+
+    // Released, it no longer is: its future bookings are looked at to move them elsewhere.
+    api.fleet.worker().run_until_idle().await.expect("worker");
+    let replace = format!("node:{node}:replace");
+    assert_eq!(queued(&api, &replace).await, 0);
+    let release = api.post(&format!("/v1/nodes/{node}/workflows"), ROOT, json!({ "kind": "release" })).await;
+    assert_eq!(release.status, StatusCode::CREATED, "{:?}", release.body);
+    assert_eq!(queued(&api, &replace).await, 1, "the machine's bookings were not looked at");
 }

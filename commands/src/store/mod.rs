@@ -231,13 +231,21 @@ async fn folded_stream<E: DomainEvent, S>(
     stream_id: &str,
     evolve: fn(Option<S>, &E) -> Option<S>,
 ) -> AppResult<Option<(S, u32)>> {
-    let recorded = events::read_stream(tx, stream_id, 0, 1_000).await?;
+    // Page by page to the stream's end: a stream longer than one page (a long-lived node, a workflow of many
+    // retried steps) is folded whole, and its version is its real head.
+    const PAGE: u32 = 1_000;
     let mut state = None;
-    for event in &recorded {
-        state = evolve(state, &E::decode(&event.event_type, event.schema_version, &event.payload)?);
+    let mut version = 0;
+    loop {
+        let recorded = events::read_stream(tx, stream_id, version, PAGE).await?;
+        for event in &recorded {
+            state = evolve(state, &E::decode(&event.event_type, event.schema_version, &event.payload)?);
+        }
+        version = recorded.last().map_or(version, |e| e.stream_version);
+        if recorded.len() < PAGE as usize {
+            return Ok(state.map(|state| (state, version)));
+        }
     }
-    let version = recorded.last().map_or(0, |e| e.stream_version);
-    Ok(state.map(|state| (state, version)))
 }
 
 /// An image as the fold of its stream, with the stream's version.

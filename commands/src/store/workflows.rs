@@ -20,11 +20,3 @@ pub async fn of_node(tx: &mut Tx, node_id: &str, limit: u32) -> AppResult<Vec<St
         .fetch_all(tx.conn())
         .await?)
 }
-
-/// The machine a workflow runs on.
-pub async fn node_of(tx: &mut Tx, workflow_id: &str) -> AppResult<Option<String>> {
-    Ok(sql::query_scalar("SELECT node_id FROM workflows WHERE id = $1")
-        .bind(workflow_id)
-        .fetch_optional(tx.conn())
-        .await?)
-}

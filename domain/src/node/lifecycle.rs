@@ -55,6 +55,12 @@ impl ProvisionState {
         }
     }
 
+    /// Whether a node in this state may be scheduled on (`adopted` or `deployed`; the other seven conditions
+    /// of the rule apply too).
+    pub fn schedulable(self) -> bool {
+        matches!(self, Adopted | Deployed)
+    }
+
     /// Whether a node in this state may move to `to`.
     pub fn may_go_to(self, to: ProvisionState) -> bool {
         self != to && (self.next().contains(&to) || (self != Retired && matches!(to, Failed | Rescue)))
