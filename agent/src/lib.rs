@@ -3,8 +3,10 @@
 //! simulated ones), holds a session whose heartbeats keep the node connected, applies its NodeSpec and carries
 //! out commands, writing CDI spec files for bound reservations.
 //!
-//! The agent links `bc-domain` for the protocol's types, never sqlx or axum.
+//! The agent links `bc-domain` for the protocol's types, never sqlx. The site agent serves its boot path (iPXE
+//! scripts, the ramdisk, images by hash) with axum; `bcd ramdisk` is the machine's side of that path.
 
+pub mod boot;
 pub mod cdi;
 pub mod drivers;
 #[cfg(test)]
@@ -12,6 +14,7 @@ mod fixture;
 pub mod host;
 pub mod mig;
 pub mod nvml;
+pub mod ramdisk;
 pub mod run;
 pub mod simulate;
 pub mod site;

@@ -202,7 +202,40 @@ impl Client {
         Client { credential: Some(credential.to_owned()), ..self.clone() }
     }
 
-    async fn call<B: Serialize, R: for<'de> Deserialize<'de>>(
+    /// The control plane's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// How the control plane is trusted.
+    pub fn trust(&self) -> &ServerTrust {
+        &self.trust
+    }
+
+    /// A GET whose answer is read as a stream by the caller (image bytes): an error answer becomes an
+    /// [`ApiError`].
+    pub(crate) async fn get_raw(&self, path: &str) -> anyhow::Result<reqwest::Response> {
+        let mut request = self.http.get(format!("{}{path}", self.base)).timeout(Duration::from_secs(3600));
+        if let Some(credential) = &self.credential {
+            request = request.bearer_auth(credential);
+        }
+        let response = request.send().await.with_context(|| format!("call {path}"))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let bytes = response.bytes().await.unwrap_or_default();
+        let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+        let error = &value["error"];
+        Err(ApiError {
+            status: status.as_u16(),
+            code: error["code"].as_str().unwrap_or("UNKNOWN").to_owned(),
+            message: error["message"].as_str().unwrap_or_default().to_owned(),
+        }
+        .into())
+    }
+
+    pub(crate) async fn call<B: Serialize, R: for<'de> Deserialize<'de>>(
         &self,
         method: reqwest::Method,
         path: &str,

@@ -252,3 +252,102 @@ mod tests {
         assert_eq!(probe.kind, CommandKind::Probe { note: None });
     }
 }
+
+/// `GET /v1/agent/site/boot?mac=&uuid=`: what a machine of the site that boots from the network should boot,
+/// as the site agent asks on the machine's behalf.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootAnswer {
+    /// The enrolled machine the address belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<NodeId>,
+    /// The running workflow whose ramdisk steps the machine boots for; none: it boots from its own disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<crate::id::WorkflowId>,
+    /// The single-use credential the ramdisk claims its session with (`rbt_...`), for the workflow only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_token: Option<String>,
+}
+
+/// `POST /v1/ramdisk/sessions`: a ramdisk claims its session with the boot credential it was started with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RamdiskClaim {
+    pub boot_token: String,
+}
+
+/// The session a claim answers: a bearer credential (`rds_...`) for one workflow of one machine, valid until
+/// that workflow ends or a later boot of the machine claims another.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RamdiskSession {
+    pub workflow_id: crate::id::WorkflowId,
+    pub node_id: NodeId,
+    pub token: String,
+}
+
+/// `GET /v1/ramdisk/work`: where the ramdisk's workflow is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RamdiskWork {
+    pub workflow_id: crate::id::WorkflowId,
+    pub node_id: NodeId,
+    /// The workflow has ended: the ramdisk has nothing more to do.
+    pub ended: bool,
+    /// The running `ramdisk` step, if the workflow is at one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<RamdiskStep>,
+}
+
+/// A running step for the ramdisk, with what it needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RamdiskStep {
+    pub index: u32,
+    pub attempt: u32,
+    pub action: crate::profile::StepAction,
+    pub deadline_ms: i64,
+    /// For `write-image`: the image to write, fetched from the site agent by its hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageToWrite>,
+    /// For `write-config`: what the deployed machine starts with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<DeployedConfig>,
+}
+
+/// An image a ramdisk writes to the machine's disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageToWrite {
+    pub image_id: crate::id::ImageId,
+    /// Lowercase hex; the bytes written must hash to it.
+    pub sha256: String,
+    pub size: u64,
+    pub format: crate::image::ImageFormat,
+}
+
+/// The configuration a deployed machine starts with: its host configuration, the profile's user data, and
+/// how its `bcd` joins (a single-use join token for the machine's pool).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeployedConfig {
+    pub hostname: String,
+    #[serde(default)]
+    pub host_config: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data: Option<String>,
+    pub join_token: String,
+}
+
+/// `POST /v1/ramdisk/steps/{index}`: how an attempt of a ramdisk step ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RamdiskReport {
+    pub attempt: u32,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// For `inspect`: the machine's whole inventory (every section), as `bcd` reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inventory: Option<InventoryReport>,
+}

@@ -1,0 +1,1 @@
+//! The site agent's boot path: see the module's functions.

@@ -1,0 +1,1 @@
+//! `bcd ramdisk`: see the module's functions.
