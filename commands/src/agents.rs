@@ -72,7 +72,7 @@ impl NodeAuth {
     }
 }
 
-fn node_caller(node_id: &NodeId, tenant: &TenantId) -> Caller {
+pub(crate) fn node_caller(node_id: &NodeId, tenant: &TenantId) -> Caller {
     let identity: Identity = format!("node:{node_id}").parse().expect("a node id makes a valid identity");
     Caller::new(tenant.clone(), identity, "agent")
 }
@@ -307,6 +307,27 @@ fn list(ids: &[DeviceId]) -> String {
     ids.iter().map(DeviceId::as_str).collect::<Vec<_>>().join(", ")
 }
 
+/// Records join token `id` (its secret's hash `hash`) for a pool, valid for `ttl_s` seconds, in the caller's
+/// transaction: when it expires, and the position of its event.
+pub(crate) async fn record_join_token(
+    tx: &mut Tx,
+    caller: &Caller,
+    pool_id: &PoolId,
+    tenant: &TenantId,
+    id: &JoinTokenId,
+    hash: &str,
+    ttl_s: u64,
+) -> AppResult<(i64, Option<bc_eventstore::Position>)> {
+    let at_ms = clock::compute_now_ms(tx).await?;
+    let events = bc_domain::pool::issue_join_token(pool_id, id, ttl_s, MAX_JOIN_TOKEN_TTL_S, at_ms)?;
+    let expires_at_ms = at_ms + ttl_s as i64 * 1000;
+    agents::insert_join_token(tx, id, hash, pool_id, caller.identity.as_str(), expires_at_ms).await?;
+    // Each token is a stream of its own, so that tokens issued at once for one pool never race for the pool
+    // stream's next version.
+    let position = record(tx, caller, id.as_str(), tenant, ExpectedVersion::Exact(0), events).await?;
+    Ok((expires_at_ms, position))
+}
+
 impl App {
     /// Issues a single-use join token for a pool the caller operates, valid for `ttl_s` seconds.
     pub async fn create_join_token(
@@ -322,15 +343,8 @@ impl App {
                 let (token, hash, id) = (&token, &hash, &id);
                 async move {
                     let pool = owned_pool(tx, caller, pool_id).await?;
-                    let at_ms = clock::compute_now_ms(tx).await?;
-                    let events = bc_domain::pool::issue_join_token(pool_id, id, ttl_s, MAX_JOIN_TOKEN_TTL_S, at_ms)?;
-                    let expires_at_ms = at_ms + ttl_s as i64 * 1000;
-                    agents::insert_join_token(tx, id, hash, pool_id, caller.identity.as_str(), expires_at_ms).await?;
-                    // Each token is a stream of its own, so that tokens issued at once for one pool never race
-                    // for the pool stream's next version.
-                    let position =
-                        record(tx, caller, id.as_str(), &pool.owner_tenant_id, ExpectedVersion::Exact(0), events)
-                            .await?;
+                    let (expires_at_ms, position) =
+                        record_join_token(tx, caller, pool_id, &pool.owner_tenant_id, id, hash, ttl_s).await?;
                     Ok(Committed {
                         value: IssuedJoinToken {
                             id: id.clone(),
@@ -493,6 +507,11 @@ impl App {
                                 work::wake_now(tx, &WorkKey::NodeReplace(node_id.clone())).await?;
                             }
                             agents::revoke_credentials(tx, &node_id).await?;
+                            // A deployment waiting for this machine's agent goes on now.
+                            if let Some(running) = store::workflows::running_on(tx, node_id.as_str()).await? {
+                                let running = running.parse().map_err(|err| corrupt("a workflow id", err))?;
+                                work::wake_now(tx, &WorkKey::Workflow(running)).await?;
+                            }
                             let number = agents::latest_snapshot(tx, &node_id).await?.map_or(0, |s| s.number);
                             agents::store_snapshot(tx, &node_id, number + 1, document).await?;
                             (node_id, true)
@@ -1018,4 +1037,68 @@ pub(crate) fn secret_context(kind: &str, owner_id: &str) -> String {
 /// A PKI failure where there is nothing the caller can fix: the bundle's key does not open what it sealed.
 pub(crate) fn pki_failure(err: bc_pki::PkiError) -> AppError {
     AppError::Store(bc_eventstore::Error::Internal(format!("sealed secret: {err}")))
+}
+
+/// What a ramdisk's inspection found, checked as a join checks its inventory: the whole document.
+pub(crate) fn inspected_document(report: &InventoryReport) -> Result<NodeInventory, Rejection> {
+    if report.schema != bc_domain::inventory::SCHEMA {
+        return Err(Rejection::invalid(
+            "inventory.schema",
+            format!("expected {}, got {:?}", bc_domain::inventory::SCHEMA, report.schema),
+        ));
+    }
+    let document = report.clone().apply(None).map_err(|err| match err {
+        ReportError::Missing(section) => {
+            Rejection::invalid(format!("inventory.{}", section_name(section)), "an inspection sends every section")
+        }
+        other => Rejection::invalid("inventory", other.to_string()),
+    })?;
+    check_name("inventory.system.hostname", &document.system.hostname)?;
+    check_inventory(&document)?;
+    Ok(document)
+}
+
+/// Records what the inspection of an enrolled machine found, in the caller's transaction: its GPUs, devices
+/// and hardware identity (so the agent of the deployed machine is recognised as this node when it joins), and
+/// the inventory snapshot. Devices of another node refuse it.
+pub(crate) async fn record_inspection(
+    tx: &mut Tx,
+    caller: &Caller,
+    node_id: &NodeId,
+    document: &NodeInventory,
+) -> AppResult<String> {
+    let state = agents::node_state(tx, node_id).await?;
+    let pool = store::pool(tx, &state.pool_id).await?.ok_or_else(|| corrupt("the node's pool", "missing"))?;
+    let at_ms = clock::compute_now_ms(tx).await?;
+    let hardware = hardware_key(&document.hardware_identity());
+    if let Some((holder, _, _)) = agents::matching_node(tx, &hardware).await?
+        && holder != *node_id
+    {
+        return Err(Rejection::Conflict(format!(
+            "this machine's hardware identifiers are node {holder}'s: delete that node before inspecting it as \
+             {node_id}"
+        ))
+        .into());
+    }
+    let gpus = gpus_of(document);
+    let devices = devices_of(document, &pool);
+    let kept: BTreeSet<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+    let held = agents::node_devices(tx, node_id, false).await?;
+    let own: BTreeSet<&str> = held.iter().map(DeviceId::as_str).collect();
+    let fresh: Vec<Device> = devices.iter().filter(|d| !own.contains(d.id.as_str())).cloned().collect();
+    store::refuse_taken_devices(tx, &fresh).await?;
+    let removed_devices: Vec<DeviceId> = held.iter().filter(|id| !kept.contains(id.as_str())).cloned().collect();
+    let summary = format!("{} GPUs, host {}", gpus.len(), document.system.hostname);
+    let event = NodeEvent::HardwareChanged(NodeHardwareChanged {
+        node_id: node_id.clone(),
+        gpus,
+        devices,
+        removed_devices,
+        hardware,
+        at_ms,
+    });
+    record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
+    let number = agents::latest_snapshot(tx, node_id).await?.map_or(0, |s| s.number);
+    agents::store_snapshot(tx, node_id, number + 1, document).await?;
+    Ok(summary)
 }

@@ -113,6 +113,11 @@ impl App {
                         ))
                         .into());
                     }
+                    if let Some(mac) = &input.bmc.boot_mac
+                        && let Some(holder) = store::site::boot_mac_holder(tx, mac).await?
+                    {
+                        return Err(Rejection::Conflict(format!("node {holder} already boots with MAC {mac}")).into());
+                    }
                     let site_id = store::pool_site(tx, &input.pool_id).await?;
                     let at_ms = clock::compute_now_ms(tx).await?;
                     let registered = NodeEvent::Registered(NodeRegistered {
@@ -154,6 +159,9 @@ impl App {
                 .scope_boxed()
             })
             .await
+            .map_err(|err: crate::AppError| {
+                err.on_unique_violation(|| "another machine was enrolled with the same boot MAC at the same moment".into())
+            })
     }
 
     /// The BMC credentials of an enrolled node, opened (for the site agent's driver calls).

@@ -27,7 +27,7 @@ pub fn site_lease(site: &str) -> String {
 
 impl App {
     /// The site of a `site` agent, or `FORBIDDEN` for any other node.
-    async fn agent_site(&self, agent: &NodeAuth) -> AppResult<String> {
+    pub(crate) async fn agent_site(&self, agent: &NodeAuth) -> AppResult<String> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let found = store::site::role_and_site(&mut tx, agent.node_id.as_str()).await?;
         tx.commit().await?;
@@ -67,6 +67,7 @@ impl App {
                 system_id: row.system_id,
                 insecure_tls: row.insecure_tls,
                 drivers: serde_json::from_str(&row.drivers).map_err(|e| corrupt("a node's drivers", e.to_string()))?,
+                boot_mac: row.boot_mac,
             };
             let Some(sealed) = &row.sealed else {
                 tracing::warn!(node = %node_id, "an enrolled node has no sealed BMC credentials; its site steps wait");

@@ -465,6 +465,10 @@ pub struct NodeBmc {
     pub insecure_tls: bool,
     /// The driver bound to each concern of this machine.
     pub drivers: BTreeMap<crate::profile::Concern, String>,
+    /// The MAC address (lowercase, colon-separated) the machine boots from the network with: how the site agent
+    /// tells which machine asks for its boot script.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_mac: Option<String>,
 }
 
 /// A machine was enrolled with its BMC (its first event after `node.registered` in `enrolling`).

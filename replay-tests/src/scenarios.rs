@@ -230,6 +230,7 @@ async fn enrolled_machine(app: &App, owner: &Caller) -> anyhow::Result<()> {
             system_id: Some("1".into()),
             insecure_tls: false,
             drivers: default_drivers(BmcDriver::Redfish, &Default::default()),
+            boot_mac: None,
         },
         username: "admin".into(),
         password: "secret".into(),

@@ -320,3 +320,56 @@ pub async fn report_site_step(
     state.app.report_site_step(&node, &id, index, &body).await?;
     Ok(Json(crate::wire::agent::StepReportedDto { workflow_id: id.to_string(), index }).into_response())
 }
+
+/// The query of `GET /v1/agent/site/boot`.
+#[derive(Debug, Clone, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct BootParams {
+    /// The MAC address the machine boots with.
+    pub mac: Option<String>,
+    /// The machine's SMBIOS UUID (its Redfish system id).
+    pub uuid: Option<String>,
+}
+
+/// `GET /v1/agent/site/boot`: what a machine of this site that boots from the network boots.
+#[utoipa::path(
+    get,
+    path = "/v1/agent/site/boot",
+    tag = "agent",
+    summary = "What a machine of this site booting from the network boots (a site agent only): the ramdisk with a \
+               single-use boot credential while its workflow has ramdisk steps ahead, its own disk otherwise",
+    params(BootParams),
+    responses(CommonErrors, (status = 200, description = "The answer", body = crate::wire::agent::BootAnswerDto)),
+    security(("node" = [])),
+)]
+pub async fn site_boot(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+    QueryParams(params): QueryParams<BootParams>,
+) -> Result<Response, ApiError> {
+    let answer = state.app.site_boot(&node, params.mac.as_deref(), params.uuid.as_deref()).await?;
+    Ok(Json(crate::wire::agent::BootAnswerDto::from(&answer)).into_response())
+}
+
+/// `GET /v1/agent/site/images/{sha256}`: the bytes of an image a deployment at this site writes.
+#[utoipa::path(
+    get,
+    path = "/v1/agent/site/images/{sha256}",
+    tag = "agent",
+    summary = "The bytes of an image by its SHA-256, for the site agent's cache: only an image that a running \
+               deployment on a machine of the agent's site writes",
+    params(("sha256" = String, Path, description = "The image's SHA-256, lowercase hex")),
+    responses(CommonErrors, (status = 200, description = "The bytes", content_type = "application/octet-stream", body = String)),
+    security(("node" = [])),
+)]
+pub async fn site_image(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+    Path(sha256): Path<String>,
+) -> Result<Response, ApiError> {
+    if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Err(ApiError::invalid_argument("sha256", "64 lowercase hex digits"));
+    }
+    let content = state.app.site_image(&node, &sha256).await?;
+    Ok(super::images::stream_content(&state, content))
+}

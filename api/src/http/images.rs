@@ -189,6 +189,11 @@ pub async fn image_content(
     let id: ImageId = path_id("imageId", &id)?;
     state.app.authorize(&who.0, "images.content.get", Subject::Image(&id)).await?;
     let content = state.app.image_content(&id).await?;
+    Ok(stream_content(&state, content))
+}
+
+/// An image's bytes as a streamed answer, with their length and `ETag: "sha256:..."`.
+pub(super) fn stream_content(state: &AppState, content: ImageContent) -> Response {
     let (size, etag) = (content.image.size_bytes, format!("\"sha256:{}\"", content.image.sha256));
     let app = state.app.clone();
     let chunks = futures_util::stream::unfold(
@@ -213,7 +218,7 @@ pub async fn image_content(
     if let Ok(value) = HeaderValue::from_str(&etag) {
         headers.insert(header::ETAG, value);
     }
-    Ok(response)
+    response
 }
 
 /// No query parameters.

@@ -41,6 +41,7 @@ pub async fn enrol_node(
         system_id: body.bmc.system_id,
         insecure_tls: body.bmc.insecure_tls,
         drivers: default_drivers(body.bmc.driver, &body.drivers),
+        boot_mac: body.boot_mac.as_deref().map(bc_domain::node::lifecycle::normalize_mac).transpose()?,
     };
     let input = EnrolNode { pool_id, name: body.name, bmc, username: body.bmc.username, password: body.bmc.password };
     let done = state.app.enrol_node(&caller, input).await?;

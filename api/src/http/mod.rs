@@ -16,6 +16,7 @@ pub mod openapi;
 mod pki;
 mod profiles;
 mod projections;
+mod ramdisk;
 pub mod request;
 mod reservations;
 mod tenancy;
@@ -210,6 +211,12 @@ routes! {
     agent::ack_command => open;
     agent::site_steps => open;
     agent::report_site_step => open;
+    agent::site_boot => open;
+    agent::site_image => open;
+    // The ramdisk's routes: its boot credential or its session, never a tenant's principal.
+    ramdisk::claim_session => open;
+    ramdisk::work => open;
+    ramdisk::report_step => open;
     reservations::create_reservation => "reservations.create";
     reservations::list_reservations => "reservations.list";
     reservations::list_fleet_reservations => "fleet.reservations.list";

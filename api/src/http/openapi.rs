@@ -25,6 +25,8 @@ impl Modify for BearerAuth {
         components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
         // Node agents authenticate with the credential their node got at join (`nc_...`), as a bearer token.
         components.add_security_scheme("node", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        // A ramdisk speaks with the session its boot credential claimed (`rds_...`).
+        components.add_security_scheme("ramdisk", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
     }
 }
 

@@ -275,3 +275,92 @@ pub struct StepReportedDto {
     pub workflow_id: String,
     pub index: u32,
 }
+
+/// What a machine booting from the network boots, as the site agent asks for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootAnswerDto {
+    /// The enrolled machine the MAC or UUID belongs to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// The workflow the machine boots the ramdisk for; none: it boots from its own disk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow_id: Option<String>,
+    /// The single-use credential (`rbt_...`) the ramdisk claims its session with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_token: Option<String>,
+}
+
+impl From<&bc_domain::agent::BootAnswer> for BootAnswerDto {
+    fn from(a: &bc_domain::agent::BootAnswer) -> Self {
+        BootAnswerDto {
+            node_id: a.node_id.as_ref().map(ToString::to_string),
+            workflow_id: a.workflow_id.as_ref().map(ToString::to_string),
+            boot_token: a.boot_token.clone(),
+        }
+    }
+}
+
+/// A ramdisk's session: a bearer credential (`rds_...`) for one workflow of one machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RamdiskSessionDto {
+    pub workflow_id: String,
+    pub node_id: String,
+    pub token: String,
+}
+
+impl From<&bc_domain::agent::RamdiskSession> for RamdiskSessionDto {
+    fn from(s: &bc_domain::agent::RamdiskSession) -> Self {
+        RamdiskSessionDto { workflow_id: s.workflow_id.to_string(), node_id: s.node_id.to_string(), token: s.token.clone() }
+    }
+}
+
+/// Where a ramdisk's workflow is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RamdiskWorkDto {
+    pub workflow_id: String,
+    pub node_id: String,
+    /// The workflow has ended: nothing more to do.
+    pub ended: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<RamdiskStepDto>,
+}
+
+/// A running ramdisk step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RamdiskStepDto {
+    pub index: u32,
+    pub attempt: u32,
+    /// `inspect`, `wipe-disks`, `write-image` or `write-config`.
+    pub action: String,
+    pub deadline_ms: i64,
+    /// For `write-image`: imageId, sha256, size and format.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub image: Option<serde_json::Value>,
+    /// For `write-config`: hostname, hostConfig, userData and the deployed agent's joinToken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<serde_json::Value>,
+}
+
+impl From<&bc_domain::agent::RamdiskWork> for RamdiskWorkDto {
+    fn from(w: &bc_domain::agent::RamdiskWork) -> Self {
+        RamdiskWorkDto {
+            workflow_id: w.workflow_id.to_string(),
+            node_id: w.node_id.to_string(),
+            ended: w.ended,
+            step: w.step.as_ref().map(|s| RamdiskStepDto {
+                index: s.index,
+                attempt: s.attempt,
+                action: bc_domain::workflow::action_name(s.action),
+                deadline_ms: s.deadline_ms,
+                image: s.image.as_ref().map(|i| serde_json::to_value(i).unwrap_or_default()),
+                config: s.config.as_ref().map(|c| serde_json::to_value(c).unwrap_or_default()),
+            }),
+        }
+    }
+}

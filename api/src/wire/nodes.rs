@@ -144,6 +144,8 @@ pub struct BmcDto {
     pub insecure_tls: bool,
     /// The driver carrying each concern.
     pub drivers: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_mac: Option<String>,
 }
 
 impl From<&bc_domain::node::NodeBmc> for BmcDto {
@@ -154,6 +156,7 @@ impl From<&bc_domain::node::NodeBmc> for BmcDto {
             system_id: b.system_id.clone(),
             insecure_tls: b.insecure_tls,
             drivers: b.drivers.iter().map(|(c, d)| (c.as_str().to_owned(), d.clone())).collect(),
+            boot_mac: b.boot_mac.clone(),
         }
     }
 }
@@ -170,6 +173,10 @@ pub struct EnrolBody {
     #[schema(value_type = BTreeMap<String, String>)]
     #[serde(default)]
     pub drivers: BTreeMap<bc_domain::profile::Concern, String>,
+    /// The MAC address the machine boots from the network with (`aa:bb:cc:dd:ee:ff`): the site agent answers
+    /// its boot script by it. Unique among the enrolled machines.
+    #[serde(default)]
+    pub boot_mac: Option<String>,
 }
 
 /// A BMC and its credentials.

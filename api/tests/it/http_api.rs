@@ -709,14 +709,22 @@ async fn the_openapi_document_lists_every_route_and_only_routed_paths() {
                     assert!(typed, "{method} {path} {status} {media}: an untyped schema {schema}");
                 }
             }
-            // The join carries its join token in the body; the other agent routes use the node credential.
+            // The join carries its join token in the body, and a ramdisk's claim its boot credential; the other
+            // agent routes use the node credential, the ramdisk's its session.
             let open = path == "/v1/healthz"
                 || path == "/v1/openapi.json"
                 || path == "/v1/agent/join"
+                || path == "/v1/ramdisk/sessions"
                 || path.starts_with("/v1/pki/");
             assert_eq!(operation.get("security").is_none(), open, "{method} {path}: bearer security unless open");
             if let Some(security) = operation.get("security") {
-                let scheme = if path.starts_with("/v1/agent/") { "node" } else { "bearer" };
+                let scheme = if path.starts_with("/v1/agent/") {
+                    "node"
+                } else if path.starts_with("/v1/ramdisk/") {
+                    "ramdisk"
+                } else {
+                    "bearer"
+                };
                 assert!(security[0].get(scheme).is_some(), "{method} {path}: {scheme} security");
             }
         }

@@ -26,6 +26,7 @@ pub struct SiteStepRow {
     pub system_id: Option<String>,
     pub insecure_tls: bool,
     pub drivers: String,
+    pub boot_mac: Option<String>,
     /// The machine's sealed BMC credentials, if it has them.
     pub sealed: Option<Vec<u8>>,
 }
@@ -36,7 +37,7 @@ pub async fn running_steps(tx: &mut Tx, site: &str, secret_kind: &str) -> AppRes
     let rows = sql::query(
         "SELECT s.workflow_id, s.index, s.attempt, s.action,
                 (extract(epoch FROM s.deadline) * 1000)::int8 AS deadline_ms,
-                w.node_id, b.driver, b.address, b.system_id, b.insecure_tls, b.drivers::text AS drivers,
+                w.node_id, b.driver, b.address, b.system_id, b.insecure_tls, b.drivers::text AS drivers, b.boot_mac,
                 k.sealed
          FROM workflow_steps AS s
          JOIN workflows AS w ON w.id = s.workflow_id
@@ -64,6 +65,7 @@ pub async fn running_steps(tx: &mut Tx, site: &str, secret_kind: &str) -> AppRes
             system_id: row.try_get("system_id")?,
             insecure_tls: row.try_get("insecure_tls")?,
             drivers: row.try_get("drivers")?,
+            boot_mac: row.try_get("boot_mac")?,
             sealed: row.try_get("sealed")?,
         })
     };
@@ -79,4 +81,152 @@ pub async fn workflow_machine(tx: &mut Tx, workflow_id: &str) -> AppResult<Optio
     .fetch_optional(tx.conn())
     .await?;
     Ok(row.map(|row| Ok::<_, sqlx::Error>((row.try_get("node_id")?, row.try_get("site_id")?))).transpose()?)
+}
+
+/// The node that boots with `mac`, if one does.
+pub async fn boot_mac_holder(tx: &mut Tx, mac: &str) -> AppResult<Option<String>> {
+    Ok(sql::query_scalar("SELECT node_id FROM node_bmcs WHERE boot_mac = $1")
+        .bind(mac)
+        .fetch_optional(tx.conn())
+        .await?)
+}
+
+/// The machine of `site` that boots with `mac`, or whose Redfish system id is `uuid` (the MAC first).
+pub async fn machine_booting(
+    tx: &mut Tx,
+    site: &str,
+    mac: Option<&str>,
+    uuid: Option<&str>,
+) -> AppResult<Option<String>> {
+    Ok(sql::query_scalar(
+        "SELECT b.node_id FROM node_bmcs AS b JOIN nodes AS n ON n.id = b.node_id
+         WHERE n.site_id = $1 AND (b.boot_mac = $2 OR lower(b.system_id) = lower($3))
+         ORDER BY (b.boot_mac = $2) IS TRUE DESC, b.node_id
+         LIMIT 1",
+    )
+    .bind(site)
+    .bind(mac)
+    .bind(uuid)
+    .fetch_optional(tx.conn())
+    .await?)
+}
+
+/// The image with bytes `sha256` that a running deployment on a machine of `site` writes, if any: the only
+/// images a site agent may fetch.
+pub async fn image_deployed_at(tx: &mut Tx, site: &str, sha256: &str) -> AppResult<Option<String>> {
+    Ok(sql::query_scalar(
+        "SELECT i.id FROM workflows AS w
+         JOIN nodes AS n ON n.id = w.node_id
+         JOIN profiles AS p ON p.id = w.profile_id
+         JOIN images AS i ON i.id = p.image_id
+         WHERE w.outcome IS NULL AND n.site_id = $1 AND i.sha256 = $2
+         LIMIT 1",
+    )
+    .bind(site)
+    .bind(sha256)
+    .fetch_optional(tx.conn())
+    .await?)
+}
+
+/// A ramdisk credential's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RamdiskCredential {
+    /// Handed to one boot in its iPXE script; claimed once.
+    Boot,
+    /// What a claim answers.
+    Session,
+}
+
+impl RamdiskCredential {
+    fn as_str(self) -> &'static str {
+        match self {
+            RamdiskCredential::Boot => "boot",
+            RamdiskCredential::Session => "session",
+        }
+    }
+}
+
+/// Stores a ramdisk credential's hash for a workflow's machine, until `expires_at_ms`.
+pub async fn insert_ramdisk_credential(
+    tx: &mut Tx,
+    secret_sha256: &str,
+    kind: RamdiskCredential,
+    workflow_id: &str,
+    node_id: &str,
+    expires_at_ms: i64,
+) -> AppResult<()> {
+    sql::query(
+        "INSERT INTO ramdisk_credentials (secret_sha256, kind, workflow_id, node_id, expires_at)
+         VALUES ($1, $2, $3, $4, ms_ts($5))",
+    )
+    .bind(secret_sha256)
+    .bind(kind.as_str())
+    .bind(workflow_id)
+    .bind(node_id)
+    .bind(expires_at_ms)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// A ramdisk credential as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RamdiskCredentialRow {
+    pub workflow_id: String,
+    pub node_id: String,
+    pub expired: bool,
+    pub claimed: bool,
+}
+
+/// The credential of `kind` with hash `secret_sha256`, locked (a claim marks it).
+pub async fn lock_ramdisk_credential(
+    tx: &mut Tx,
+    secret_sha256: &str,
+    kind: RamdiskCredential,
+) -> AppResult<Option<RamdiskCredentialRow>> {
+    let row = sql::query(
+        "SELECT workflow_id, node_id, expires_at <= compute_now() AS expired, claimed_at IS NOT NULL AS claimed
+         FROM ramdisk_credentials WHERE secret_sha256 = $1 AND kind = $2 FOR UPDATE",
+    )
+    .bind(secret_sha256)
+    .bind(kind.as_str())
+    .fetch_optional(tx.conn())
+    .await?;
+    let read = |row: sqlx::postgres::PgRow| -> Result<RamdiskCredentialRow, sqlx::Error> {
+        Ok(RamdiskCredentialRow {
+            workflow_id: row.try_get("workflow_id")?,
+            node_id: row.try_get("node_id")?,
+            expired: row.try_get("expired")?,
+            claimed: row.try_get("claimed")?,
+        })
+    };
+    Ok(row.map(read).transpose()?)
+}
+
+/// Marks a boot credential claimed, ends the earlier sessions of its workflow, and forgets expired credentials.
+pub async fn claim_boot_credential(tx: &mut Tx, secret_sha256: &str, workflow_id: &str) -> AppResult<()> {
+    sql::query("UPDATE ramdisk_credentials SET claimed_at = compute_now() WHERE secret_sha256 = $1")
+        .bind(secret_sha256)
+        .execute(tx.conn())
+        .await?;
+    sql::query(
+        "DELETE FROM ramdisk_credentials
+         WHERE (kind = 'session' AND workflow_id = $1) OR expires_at <= compute_now()",
+    )
+    .bind(workflow_id)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// The live ramdisk session with hash `secret_sha256`: its workflow and machine.
+pub async fn ramdisk_session(tx: &mut Tx, secret_sha256: &str) -> AppResult<Option<(String, String)>> {
+    let row = sql::query(
+        "SELECT workflow_id, node_id FROM ramdisk_credentials
+         WHERE secret_sha256 = $1 AND kind = 'session' AND expires_at > compute_now()",
+    )
+    .bind(secret_sha256)
+    .fetch_optional(tx.conn())
+    .await?;
+    Ok(row.map(|row| Ok::<_, sqlx::Error>((row.try_get("workflow_id")?, row.try_get("node_id")?))).transpose()?)
 }

@@ -173,6 +173,11 @@ pub fn check_bmc(bmc: &NodeBmc) -> Result<(), Rejection> {
     {
         return Err(Rejection::invalid("bmc.systemId", "1 to 255 printable characters"));
     }
+    if let Some(mac) = &bmc.boot_mac
+        && normalize_mac(mac).as_deref() != Ok(mac.as_str())
+    {
+        return Err(Rejection::invalid("bootMac", "a MAC address in lowercase, colon-separated (aa:bb:cc:dd:ee:ff)"));
+    }
     for (concern, driver) in &bmc.drivers {
         let field = format!("drivers.{}", concern.as_str());
         let Some((_, concerns)) = DRIVERS.iter().find(|(name, _)| name == driver) else {
@@ -189,6 +194,17 @@ pub fn check_bmc(bmc: &NodeBmc) -> Result<(), Rejection> {
         }
     }
     Ok(())
+}
+
+/// A MAC address as the boot path keys it: six hex pairs, separated by `:` or `-`, any case, answered in
+/// lowercase with colons.
+pub fn normalize_mac(text: &str) -> Result<String, Rejection> {
+    let refuse = || Rejection::invalid("bootMac", format!("{text:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"));
+    let pairs: Vec<&str> = text.split([':', '-']).collect();
+    if text.len() != 17 || pairs.len() != 6 || !pairs.iter().all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return Err(refuse());
+    }
+    Ok(pairs.join(":").to_ascii_lowercase())
 }
 
 /// The driver bindings of a machine enrolled with `driver` and `given` bindings: the BMC's driver for power,
@@ -218,6 +234,15 @@ pub fn enrolled_bmc(node_id: &NodeId, bmc: NodeBmc, now_ms: i64) -> Result<NodeE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mac_addresses_are_normalized_and_anything_else_is_refused() {
+        assert_eq!(normalize_mac("00-5C-52-31-3A-9C").expect("dashes"), "00:5c:52:31:3a:9c");
+        assert_eq!(normalize_mac("00:5c:52:31:3a:9c").expect("colons"), "00:5c:52:31:3a:9c");
+        for bad in ["", "00:5c:52:31:3a", "00:5c:52:31:3a:9g", "005c.5231.3a9c", "00:5c:52:31:3a:9c:00"] {
+            assert!(normalize_mac(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn the_bare_metal_path_runs_in_order_and_every_state_but_retired_may_fail() {
@@ -259,6 +284,7 @@ mod tests {
             system_id: None,
             insecure_tls: false,
             drivers: drivers.iter().map(|(c, d)| (*c, (*d).to_owned())).collect(),
+            boot_mac: None,
         };
         assert!(check_bmc(&bmc(BmcDriver::Redfish, "https://10.0.0.1:8443", &[])).is_ok());
         assert!(check_bmc(&bmc(BmcDriver::Ipmi, "10.0.0.1:623", &[])).is_ok());

@@ -739,10 +739,11 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
         }
         NodeEvent::BmcSet(e) => {
             sql::query(
-                "INSERT INTO node_bmcs (node_id, driver, address, system_id, insecure_tls, drivers)
-                 VALUES ($1, $2, $3, $4, $5, $6::jsonb)
+                "INSERT INTO node_bmcs (node_id, driver, address, system_id, insecure_tls, drivers, boot_mac)
+                 VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)
                  ON CONFLICT (node_id) DO UPDATE SET driver = excluded.driver, address = excluded.address,
-                     system_id = excluded.system_id, insecure_tls = excluded.insecure_tls, drivers = excluded.drivers",
+                     system_id = excluded.system_id, insecure_tls = excluded.insecure_tls, drivers = excluded.drivers,
+                     boot_mac = excluded.boot_mac",
             )
             .bind(node_id)
             .bind(e.bmc.driver.as_str())
@@ -750,6 +751,7 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
             .bind(e.bmc.system_id.as_deref())
             .bind(e.bmc.insecure_tls)
             .bind(json(&e.bmc.drivers)?)
+            .bind(e.bmc.boot_mac.as_deref())
             .execute(tx.conn())
             .await?;
             return Ok(());
