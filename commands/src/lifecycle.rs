@@ -160,7 +160,9 @@ impl App {
             })
             .await
             .map_err(|err: crate::AppError| {
-                err.on_unique_violation(|| "another machine was enrolled with the same boot MAC at the same moment".into())
+                err.on_unique_violation(|| {
+                    "another machine was enrolled with the same boot MAC at the same moment".into()
+                })
             })
     }
 

@@ -9,7 +9,9 @@
 //! workflow's steps and reports on them, nothing else.
 
 use bc_domain::Rejection;
-use bc_domain::agent::{BootAnswer, DeployedConfig, ImageToWrite, RamdiskReport, RamdiskSession, RamdiskStep, RamdiskWork};
+use bc_domain::agent::{
+    BootAnswer, DeployedConfig, ImageToWrite, RamdiskReport, RamdiskSession, RamdiskStep, RamdiskWork,
+};
 use bc_domain::id::{JoinTokenId, NodeId, TenantId, WorkflowId};
 use bc_domain::node::lifecycle::normalize_mac;
 use bc_domain::profile::{ProfileSpec, RunsOn, StepAction};
@@ -272,7 +274,8 @@ impl App {
         };
         let caller = {
             let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-            let tenant = store::workflow_aggregate(&mut tx, &auth.workflow_id).await?.map(|(wf, _)| wf.created.tenant_id);
+            let tenant =
+                store::workflow_aggregate(&mut tx, &auth.workflow_id).await?.map(|(wf, _)| wf.created.tenant_id);
             tx.commit().await?;
             let tenant = tenant.ok_or_else(|| corrupt("a ramdisk session's workflow", "missing"))?;
             self.ramdisk_caller(&auth.node_id, &tenant)
@@ -288,8 +291,11 @@ impl App {
                     let inspection = action == Some(StepAction::Inspect) && report.ok;
                     match (inspection, document.is_some()) {
                         (true, false) => {
-                            return Err(Rejection::invalid("inventory", "an inspection reports the machine's inventory")
-                                .into());
+                            return Err(Rejection::invalid(
+                                "inventory",
+                                "an inspection reports the machine's inventory",
+                            )
+                            .into());
                         }
                         (false, true) => {
                             return Err(

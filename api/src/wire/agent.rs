@@ -312,7 +312,11 @@ pub struct RamdiskSessionDto {
 
 impl From<&bc_domain::agent::RamdiskSession> for RamdiskSessionDto {
     fn from(s: &bc_domain::agent::RamdiskSession) -> Self {
-        RamdiskSessionDto { workflow_id: s.workflow_id.to_string(), node_id: s.node_id.to_string(), token: s.token.clone() }
+        RamdiskSessionDto {
+            workflow_id: s.workflow_id.to_string(),
+            node_id: s.node_id.to_string(),
+            token: s.token.clone(),
+        }
     }
 }
 

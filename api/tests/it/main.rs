@@ -16,6 +16,7 @@ mod metrics;
 mod outcomes;
 mod process;
 mod profiles;
+mod ramdisk;
 mod scale_out;
 mod site;
 mod sse;

@@ -201,7 +201,10 @@ pub fn check_bmc(bmc: &NodeBmc) -> Result<(), Rejection> {
 pub fn normalize_mac(text: &str) -> Result<String, Rejection> {
     let refuse = || Rejection::invalid("bootMac", format!("{text:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"));
     let pairs: Vec<&str> = text.split([':', '-']).collect();
-    if text.len() != 17 || pairs.len() != 6 || !pairs.iter().all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit())) {
+    if text.len() != 17
+        || pairs.len() != 6
+        || !pairs.iter().all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
         return Err(refuse());
     }
     Ok(pairs.join(":").to_ascii_lowercase())
