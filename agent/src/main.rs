@@ -31,6 +31,29 @@ enum Command {
     },
     /// Join the control plane (once, with a join token) and run: heartbeats, inventory, commands.
     Run(RunArgs),
+    /// Run as the ramdisk a machine boots from the network: claim a session with the boot credential on the
+    /// kernel command line (`bc.server`, `bc.token`, `bc.site`, `bc.ca_sha256`) and carry out the workflow's
+    /// ramdisk steps: inspect, wipe the disk, write an image, write the deployed machine's configuration.
+    Ramdisk {
+        /// The kernel command line to read the `bc.*` keys from.
+        #[arg(long, default_value = "/proc/cmdline")]
+        cmdline: PathBuf,
+        /// The disk to wipe and write an image to: a block device (or a plain file standing for one).
+        #[arg(long)]
+        disk: PathBuf,
+        /// The deployed system's configuration partition, mounted: where `write-config` writes.
+        #[arg(long)]
+        config_dir: PathBuf,
+        /// Simulated GPUs instead of NVML: `<count>x<model>[:<MIG profile>*<n>,...]`, such as `8xH100:1g.10gb*7`.
+        #[arg(long)]
+        simulate: Option<simulate::Simulated>,
+        /// The host name to report.
+        #[arg(long)]
+        hostname: Option<String>,
+        /// How often to ask for work while the workflow is not at a ramdisk step, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        poll_ms: u64,
+    },
     /// Run as the site agent: join with role `site` and carry out the site's BMC steps of machines' workflows
     /// (one agent serves a site at a time; more wait as standbys).
     Site {
@@ -39,6 +62,23 @@ enum Command {
         /// The CA (PEM) that signs the site's BMC certificates, for BMCs not enrolled with `insecureTls`.
         #[arg(long, env = "BCD_BMC_CA")]
         bmc_ca: Option<PathBuf>,
+        /// Serve the site's machines that boot from the network on this address, such as `0.0.0.0:8089`
+        /// (iPXE scripts, the ramdisk, images by hash); without it, no boot server.
+        #[arg(long, env = "BCD_BOOT_LISTEN")]
+        boot_listen: Option<std::net::SocketAddr>,
+        /// How the machines reach the boot server, such as `http://10.0.0.2:8089` (default:
+        /// `http://<boot-listen>`).
+        #[arg(long, env = "BCD_BOOT_URL", requires = "boot_listen")]
+        boot_url: Option<String>,
+        /// The ramdisk's kernel, served to the machines that boot into it.
+        #[arg(long, env = "BCD_RAMDISK_KERNEL", requires = "boot_listen")]
+        ramdisk_kernel: Option<PathBuf>,
+        /// The ramdisk's initramfs.
+        #[arg(long, env = "BCD_RAMDISK_INITRD", requires = "boot_listen")]
+        ramdisk_initrd: Option<PathBuf>,
+        /// The image cache (default: `<state-dir>/images`).
+        #[arg(long, env = "BCD_CACHE_DIR", requires = "boot_listen")]
+        cache_dir: Option<PathBuf>,
     },
 }
 
@@ -51,7 +91,7 @@ struct RunArgs {
     #[arg(long, env = "BCD_CA", required_unless_present = "insecure_http")]
     ca: Option<PathBuf>,
     /// Talk plain HTTP to an http:// server instead (join tokens and credentials cross in the clear).
-    #[arg(long, conflicts_with = "ca")]
+    #[arg(long, env = "BCD_INSECURE_HTTP", conflicts_with = "ca", value_parser = clap::builder::BoolishValueParser::new())]
     insecure_http: bool,
     /// The join token (`jt_...`), needed only until the node has its credential.
     #[arg(long, env = "BCD_JOIN_TOKEN", hide_env_values = true)]
@@ -66,7 +106,7 @@ struct RunArgs {
     #[arg(long)]
     simulate: Option<simulate::Simulated>,
     /// The host name to report.
-    #[arg(long)]
+    #[arg(long, env = "BCD_HOSTNAME")]
     hostname: Option<String>,
 }
 
@@ -106,13 +146,57 @@ fn start() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run_agent(args, None),
-        Command::Site { run, bmc_ca } => {
+        Command::Ramdisk { cmdline, disk, config_dir, simulate, hostname, poll_ms } => {
+            let text = std::fs::read_to_string(&cmdline)
+                .with_context(|| format!("read the kernel command line {}", cmdline.display()))?;
+            let config = bc_agent::ramdisk::RamdiskConfig {
+                cmdline: bc_agent::ramdisk::Cmdline::parse(&text)?,
+                disk,
+                config_dir,
+                inventory: source(simulate, hostname),
+                poll: std::time::Duration::from_millis(poll_ms.max(10)),
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .context("listen for SIGTERM")?;
+                let stop = async move {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = terminate.recv() => {}
+                    }
+                };
+                bc_agent::ramdisk::run(config, stop).await
+            })
+        }
+        Command::Site { run, bmc_ca, boot_listen, boot_url, ramdisk_kernel, ramdisk_initrd, cache_dir } => {
             let bmc_ca = bmc_ca
                 .map(|path| {
                     std::fs::read_to_string(&path).with_context(|| format!("read the BMC CA {}", path.display()))
                 })
                 .transpose()?;
-            run_agent(run, Some(bc_agent::site::SiteConfig { bmc_ca, bmc_timeout: None }))
+            for path in [&ramdisk_kernel, &ramdisk_initrd].into_iter().flatten() {
+                std::fs::File::open(path).with_context(|| format!("read the ramdisk file {}", path.display()))?;
+            }
+            let boot = boot_listen
+                .map(|listen| {
+                    if boot_url.is_none() && listen.ip().is_unspecified() {
+                        eprintln!("bcd site: machines cannot reach http://{listen}: give --boot-url");
+                    }
+                    let url = boot_url.unwrap_or_else(|| format!("http://{listen}"));
+                    if !url.starts_with("http://") && !url.starts_with("https://") {
+                        anyhow::bail!("--boot-url {url:?} is not an http:// or https:// URL");
+                    }
+                    Ok(bc_agent::boot::BootConfig {
+                        listen,
+                        url: url.trim_end_matches('/').to_owned(),
+                        kernel: ramdisk_kernel,
+                        initrd: ramdisk_initrd,
+                        cache_dir: cache_dir.unwrap_or_else(|| run.state_dir.join("images")),
+                    })
+                })
+                .transpose()?;
+            run_agent(run, Some(bc_agent::site::SiteConfig { bmc_ca, bmc_timeout: None, boot }))
         }
     }
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use bc_domain::agent::{
-    Ack, AgentCommand, CertificateRequest, CommandKind, Commands, Heartbeat, HeartbeatReply, InventoryAccepted,
-    JoinRequest, Joined, NodeCertificate, Session, SessionRequest,
+    Ack, AgentCommand, BootAnswer, CertificateRequest, CommandKind, Commands, Heartbeat, HeartbeatReply,
+    InventoryAccepted, JoinRequest, Joined, NodeCertificate, Session, SessionRequest,
 };
 use bc_domain::id::NodeId;
 use bc_domain::inventory::{NodeInventory, SectionHashes};
@@ -305,6 +305,23 @@ impl Client {
         self.call::<(), _>(reqwest::Method::GET, "/v1/agent/site/steps", None).await
     }
 
+    /// What a machine of the site that boots from the network should boot, asked on its behalf by its MAC
+    /// address or SMBIOS UUID.
+    pub async fn site_boot(&self, mac: Option<&str>, uuid: Option<&str>) -> anyhow::Result<BootAnswer> {
+        let query: Vec<String> = [("mac", mac), ("uuid", uuid)]
+            .into_iter()
+            .filter_map(|(name, value)| value.map(|value| format!("{name}={}", query_component(value))))
+            .collect();
+        let path = format!("/v1/agent/site/boot?{}", query.join("&"));
+        self.call::<(), _>(reqwest::Method::GET, &path, None).await
+    }
+
+    /// The image whose SHA-256 is `sha256` (lower-case hex), to be read as a stream; an unknown hash is a 404
+    /// [`ApiError`].
+    pub async fn site_image(&self, sha256: &str) -> anyhow::Result<reqwest::Response> {
+        self.get_raw(&format!("/v1/agent/site/images/{sha256}")).await
+    }
+
     /// Reports how an attempt of a site step ended.
     pub async fn report_site_step(
         &self,
@@ -314,6 +331,19 @@ impl Client {
         let path = format!("/v1/agent/site/steps/{}/{}", step.workflow_id, step.index);
         self.call(reqwest::Method::POST, &path, Some(report)).await
     }
+}
+
+/// `value` percent-encoded for a URL's query: everything but letters, digits and `-._~`.
+fn query_component(value: &str) -> String {
+    let mut encoded = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
 }
 
 /// The HTTP client for `base`: TLS trusting only the pinned CA, presenting `identity` when given.
@@ -559,6 +589,22 @@ fn now_ms() -> i64 {
 /// configuration that can never work (no credential and no token, a refused join token) ends it.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let client = Client::new(&config.server, &config.trust)?;
+    // The site's boot server asks the control plane through the agent's current client, which changes at each
+    // connection and renewal; it runs until this function returns.
+    let (clients, _) = tokio::sync::watch::channel(None::<Client>);
+    let mut boot_server = tokio::task::JoinSet::new();
+    if let Some(boot) = config.site.as_ref().and_then(|site| site.boot.clone()) {
+        let listener = tokio::net::TcpListener::bind(boot.listen)
+            .await
+            .with_context(|| format!("listen for booting machines on {} (--boot-listen)", boot.listen))?;
+        eprintln!("bcd site: boot server on {}, reached as {}", boot.listen, boot.url);
+        let server = crate::boot::BootServer::new(boot, clients.subscribe());
+        boot_server.spawn(async move {
+            if let Err(err) = crate::boot::serve(listener, server).await {
+                eprintln!("bcd site: the boot server stopped: {err}");
+            }
+        });
+    }
     tokio::pin!(shutdown);
     let mut backoff = Duration::from_millis(200);
     'connect: loop {
@@ -580,6 +626,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             },
         };
         backoff = Duration::from_millis(200);
+        clients.send_replace(Some(state.client.clone()));
         eprintln!("bcd: node {} connected, session {}", state.node_id, state.session.session_id);
         let (generation, spec) = (state.session.generation, state.session.spec.clone());
         state.apply_spec(&config.state_dir, generation, spec);
@@ -620,6 +667,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             beats = beats.wrapping_add(1);
             if beats.is_multiple_of(CERTIFICATE_CHECK_EVERY) {
                 state.client = renew_certificate(&config, state.client.clone(), false).await;
+                clients.send_replace(Some(state.client.clone()));
             }
             if config.inventory_every > 0
                 && beats.is_multiple_of(config.inventory_every)

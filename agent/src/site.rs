@@ -19,6 +19,8 @@ pub struct SiteConfig {
     pub bmc_ca: Option<String>,
     /// The limit on each BMC call.
     pub bmc_timeout: Option<Duration>,
+    /// Serve the site's machines that boot from the network (`--boot-listen`).
+    pub boot: Option<crate::boot::BootConfig>,
 }
 
 /// One machine's BMC, through the driver its step's concern is bound to.
