@@ -171,7 +171,8 @@ async fn carry_out(step: &SiteStep, bmc: &Bmc) -> Result<String, String> {
             Bmc::Ipmi(_) => Err("IPMI has no virtual media".to_owned()),
         },
         StepAction::InsertVirtualMedia => {
-            Err("no image to insert: the site agent does not serve boot images yet".to_owned())
+            Err("no image to insert: the site agent serves the ramdisk over the network, not as virtual media"
+                .to_owned())
         }
         other => Err(format!("{other:?} does not run on the site")),
     }

@@ -284,10 +284,12 @@ impl App {
                     };
                     let now_ms = clock::compute_now_ms(tx).await?;
                     let joined_since_step = match wf.current() {
-                        Some((_, step, workflow::StepState::Running { started_at_ms, .. }))
-                            if step.action == bc_domain::profile::StepAction::AwaitJoin =>
-                        {
-                            joined_since(tx, &wf.created.node_id, *started_at_ms).await?
+                        // Pending too: the agent may have joined before the step starts (after the reboot).
+                        Some((index, step, _)) if step.action == bc_domain::profile::StepAction::AwaitJoin => {
+                            match wf.joins_count_from(index) {
+                                Some(since) => joined_since(tx, &wf.created.node_id, since).await?,
+                                None => false,
+                            }
                         }
                         _ => false,
                     };

@@ -176,6 +176,9 @@ pub enum StepState {
     #[serde(rename_all = "camelCase")]
     Succeeded {
         attempt: u32,
+        /// When the attempt that succeeded started.
+        #[serde(default)]
+        started_at_ms: i64,
         at_ms: i64,
         detail: Option<String>,
     },
@@ -236,6 +239,14 @@ pub fn evolve_workflow(state: Option<Workflow>, event: &WorkflowEvent) -> Option
         (None, _) => return None,
         (Some(wf), _) => wf,
     };
+    let started_at = |index: u32| match wf.states.get(index as usize) {
+        Some(StepState::Running { started_at_ms, .. }) => *started_at_ms,
+        _ => 0,
+    };
+    let started_at_ms = match event {
+        WorkflowEvent::StepSucceeded(e) => started_at(e.index),
+        _ => 0,
+    };
     let mut set = |index: u32, state: StepState| {
         if let Some(slot) = wf.states.get_mut(index as usize) {
             *slot = state;
@@ -246,9 +257,10 @@ pub fn evolve_workflow(state: Option<Workflow>, event: &WorkflowEvent) -> Option
         WorkflowEvent::StepStarted(e) => {
             set(e.index, StepState::Running { attempt: e.attempt, started_at_ms: e.at_ms, deadline_ms: e.deadline_ms })
         }
-        WorkflowEvent::StepSucceeded(e) => {
-            set(e.index, StepState::Succeeded { attempt: e.attempt, at_ms: e.at_ms, detail: e.detail.clone() })
-        }
+        WorkflowEvent::StepSucceeded(e) => set(
+            e.index,
+            StepState::Succeeded { attempt: e.attempt, started_at_ms, at_ms: e.at_ms, detail: e.detail.clone() },
+        ),
         WorkflowEvent::StepFailed(e) => {
             set(e.index, StepState::Failed { attempt: e.attempt, at_ms: e.at_ms, error: e.error.clone() })
         }
@@ -268,7 +280,7 @@ pub fn evolve_workflow(state: Option<Workflow>, event: &WorkflowEvent) -> Option
 /// What the driver of a workflow knows besides the workflow: facts the control plane's own steps wait on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Facts {
-    /// The machine's agent joined (or rejoined) after the current step started.
+    /// The machine's agent joined (or rejoined) since [`Workflow::joins_count_from`] the current step.
     pub joined_since_step: bool,
 }
 
@@ -288,6 +300,21 @@ impl Workflow {
             .enumerate()
             .find(|(_, s)| !matches!(s, StepState::Succeeded { .. }))
             .map(|(i, s)| (i as u32, &self.created.steps[i], s))
+    }
+
+    /// From when a join of the machine's agent counts for the control-plane step `index`: the start of the
+    /// latest step before it that ends the agent's boot (`await: rejoin`; the agent may be back before that
+    /// step's report), else the start of `index` itself.
+    pub fn joins_count_from(&self, index: u32) -> Option<i64> {
+        let rejoin = self.created.steps[..(index as usize).min(self.states.len())]
+            .iter()
+            .rposition(|step| step.wait_for == Some(Await::Rejoin));
+        match rejoin.map(|i| &self.states[i]).unwrap_or(self.states.get(index as usize)?) {
+            StepState::Running { started_at_ms, .. } | StepState::Succeeded { started_at_ms, .. } => {
+                Some(*started_at_ms)
+            }
+            _ => None,
+        }
     }
 
     /// Steps that succeeded.
@@ -558,16 +585,22 @@ mod tests {
         let mut wf = workflow(WorkflowKind::Deploy);
         let last = wf.created.steps.len() as u32 - 1;
         for index in 0..last {
-            let (events, _) = advance(&wf, 0, Facts::default());
+            let (events, _) = advance(&wf, i64::from(index) * 10, Facts::default());
             wf = apply(wf, &events);
             let place = wf.created.steps[index as usize].runs_on;
-            wf = apply(
-                wf.clone(),
-                &report(&wf, index, 1, place, Report::Succeeded { detail: None }, 0).expect("report"),
-            );
+            let done = report(&wf, index, 1, place, Report::Succeeded { detail: None }, i64::from(index) * 10 + 5);
+            wf = apply(wf.clone(), &done.expect("report"));
         }
-        let (events, _) = advance(&wf, 0, Facts::default());
+        let (events, _) = advance(&wf, i64::from(last) * 10, Facts::default());
         wf = apply(wf, &events);
+        // The reboot's start counts: the agent may be back before the reboot was reported.
+        let reboot = wf.created.steps.iter().position(|s| s.wait_for == Some(Await::Rejoin)).expect("reboot");
+        assert_eq!(last as usize, reboot + 1);
+        let reboot_started = reboot as i64 * 10;
+        assert!(
+            matches!(wf.states[reboot], StepState::Succeeded { started_at_ms, .. } if started_at_ms == reboot_started)
+        );
+        assert_eq!(wf.joins_count_from(last), Some(reboot_started));
         let (waiting, next) = advance(&wf, 1, Facts::default());
         assert!(waiting.is_empty() && matches!(next, NextLook::At(_)));
         let (joined, _) = advance(&wf, 2, Facts { joined_since_step: true });

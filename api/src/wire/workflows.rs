@@ -106,7 +106,7 @@ impl From<&Workflow> for WorkflowDto {
                     StepState::Running { attempt, started_at_ms, deadline_ms } => {
                         ("running", *attempt, Some(*started_at_ms), Some(*deadline_ms), None, None)
                     }
-                    StepState::Succeeded { attempt, at_ms, detail } => {
+                    StepState::Succeeded { attempt, at_ms, detail, .. } => {
                         ("succeeded", *attempt, None, None, Some(*at_ms), detail.clone())
                     }
                     StepState::Failed { attempt, at_ms, error } => {

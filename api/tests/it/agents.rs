@@ -72,14 +72,14 @@ pub(crate) struct Cluster {
     pub(crate) t: TestDb,
     pub(crate) base: String,
     pub(crate) pool: PoolId,
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     /// The CA the agents pin.
-    ca: String,
-    root: tempdir::Dir,
+    pub(crate) ca: String,
+    pub(crate) root: tempdir::Dir,
     shutdown: watch::Sender<bool>,
 }
 
-mod tempdir {
+pub(crate) mod tempdir {
     use std::path::{Path, PathBuf};
 
     /// A temporary folder removed on drop.
@@ -192,7 +192,7 @@ impl Cluster {
         (agents, nodes)
     }
 
-    fn db(&self) -> &Db {
+    pub(crate) fn db(&self) -> &Db {
         &self.t.db
     }
 
@@ -329,7 +329,7 @@ impl Cluster {
         state
     }
 
-    async fn await_reservation(&self, id: &str, state: &str) {
+    pub(crate) async fn await_reservation(&self, id: &str, state: &str) {
         eventually(&format!("reservation {id} {state}"), || async {
             (self.reservation_state(id).await == state).then_some(())
         })
@@ -337,7 +337,7 @@ impl Cluster {
     }
 
     /// Reserves `count` GPUs over HTTP now, for an hour; returns the reservation's id and its nodes.
-    async fn reserve(&self, key: &str, count: u32) -> (String, Vec<String>) {
+    pub(crate) async fn reserve(&self, key: &str, count: u32) -> (String, Vec<String>) {
         let body = json!({
             "poolId": self.pool, "devices": { "class": "gpu", "count": count }, "duration": 3600,
         });

@@ -12,6 +12,7 @@ mod idempotency;
 mod images;
 mod investigate;
 mod lifecycle;
+mod metal;
 mod metrics;
 mod outcomes;
 mod process;

@@ -14,17 +14,19 @@ use serde_json::{Value, json};
 
 use crate::agents::{Cluster, eventually};
 
-const MACHINE: &str = "5c1a2b3d-0000-4e5f-8a9b-00000000e2e1";
-const USER: &str = "admin";
-const PASSWORD: &str = "sushy-test-password";
+pub(crate) const MACHINE: &str = "5c1a2b3d-0000-4e5f-8a9b-00000000e2e1";
+/// The MAC address the emulated machine boots from the network with.
+pub(crate) const MAC: &str = "52:54:00:e2:e1:01";
+pub(crate) const USER: &str = "admin";
+pub(crate) const PASSWORD: &str = "sushy-test-password";
 /// `PASSWORD` under bcrypt (sushy's auth file takes bcrypt only), as `python3 -c "import bcrypt;
 /// print(bcrypt.hashpw(b'sushy-test-password', bcrypt.gensalt(4)).decode())"` made it.
 const PASSWORD_BCRYPT: &str = "$2b$04$4xv75.tnge7e.fYqcSRwGO.ZTwGv1hl8ldma0yb23yl.IFFF/xvM6";
 
 /// A sushy-emulator with one fake machine, switched off; killed on drop.
-struct Sushy {
+pub(crate) struct Sushy {
     child: Child,
-    base_url: String,
+    pub(crate) base_url: String,
     dir: std::path::PathBuf,
 }
 
@@ -38,6 +40,16 @@ impl Drop for Sushy {
 
 impl Sushy {
     fn start() -> Sushy {
+        Sushy::start_notifying(None)
+    }
+
+    /// The emulator with the machine's power and boot changes sent to `notify` (sushy's external notifier: a
+    /// PUT of the system's state on each change), which a machine simulator follows.
+    pub(crate) fn start_notifying(notify: Option<&str>) -> Sushy {
+        let notifier = match notify {
+            Some(url) => format!("EXTERNAL_NOTIFICATION_URL = '{url}'\n"),
+            None => String::new(),
+        };
         let dir = std::env::temp_dir().join(format!("bc-site-e2e-{}", bc_domain::id::new_id("t")));
         std::fs::create_dir_all(&dir).expect("scratch");
         let auth = dir.join("htpasswd");
@@ -49,7 +61,8 @@ impl Sushy {
             format!(
                 "SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_STATE_DIR = {state:?}\nSUSHY_EMULATOR_AUTH_FILE = {auth:?}\n\
                  SUSHY_EMULATOR_FAKE_SYSTEMS = [{{'uuid': '{MACHINE}', 'name': 'metal-1', 'power_state': 'Off', \
-                 'nics': [{{'mac': '52:54:00:e2:e1:01', 'ip': '10.0.0.9'}}]}}]\n"
+                 'external_notifier': {}, 'nics': [{{'mac': '{MAC}', 'ip': '10.0.0.9'}}]}}]\n{notifier}",
+                if notify.is_some() { "True" } else { "False" }
             ),
         )
         .expect("config");
@@ -70,7 +83,7 @@ impl Sushy {
         Sushy { child, base_url: format!("http://127.0.0.1:{port}"), dir }
     }
 
-    fn client(&self) -> Redfish {
+    pub(crate) fn client(&self) -> Redfish {
         Redfish::new(RedfishConfig {
             base_url: self.base_url.clone(),
             username: USER.to_owned(),

@@ -1,0 +1,326 @@
+//! A machine from bare metal to a deployed host and back, end to end: a machine on sushy-tools' Redfish
+//! emulator is enrolled; the site agent (`bcd site`, in process) runs its BMC steps and serves its boot path;
+//! a small machine simulator stands for the firmware, following the emulator's power and boot changes (its
+//! external notifier): powered on with a network boot, it fetches its iPXE script from the site agent and
+//! starts `bcd ramdisk` with the script's kernel command line; powered on from disk, it starts the deployed
+//! system's `bcd` with the configuration the ramdisk wrote. The inspection, the deployment (the image written to
+//! a file standing for the disk, its SHA-256 checked), a reservation bound on the deployed host, and the release
+//! that wipes it all run through the real services. A slow test: it needs `sushy-emulator`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use bc_agent::run::{AgentConfig, InventorySource, ServerTrust};
+use bc_agent::{cdi, simulate};
+use serde_json::{Value, json};
+use sha2::Digest as _;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::agents::Cluster;
+use crate::site::{MAC, MACHINE, PASSWORD, Sushy, USER};
+
+/// How long one workflow may take: each power change on the emulator takes up to 11 s to show.
+const WORKFLOW_PATIENCE: Duration = Duration::from_secs(180);
+
+/// What runs on the simulated machine.
+#[derive(Default)]
+struct Running {
+    /// `ramdisk` or `disk`, and its task (aborted when the power goes off, as a power cut would).
+    system: Option<(&'static str, JoinHandle<()>)>,
+    /// Every system booted, in order.
+    boots: Vec<&'static str>,
+}
+
+/// The simulated machine: its disk and configuration partition, and what runs on it.
+#[derive(Clone)]
+struct Machine {
+    disk: PathBuf,
+    config: PathBuf,
+    boot_url: String,
+    server: String,
+    ca: String,
+    state: PathBuf,
+    running: Arc<Mutex<Running>>,
+}
+
+fn inventory() -> InventorySource {
+    let spec: simulate::Simulated = "2xH100".parse().expect("spec");
+    InventorySource::simulated(simulate::inventory("metal-1", &spec)).0
+}
+
+impl Machine {
+    fn power_off(&self) {
+        let mut running = self.running.lock().expect("lock");
+        if let Some((_, task)) = running.system.take() {
+            task.abort();
+        }
+    }
+
+    /// The firmware: boots from the network or from the disk, as the BMC set it.
+    async fn power_on(&self, boot_device: &str) {
+        self.power_off();
+        let (name, task) = if boot_device == "Pxe" { self.network_boot().await } else { self.disk_boot() };
+        let mut running = self.running.lock().expect("lock");
+        running.boots.push(name);
+        running.system = Some((name, task));
+    }
+
+    /// Fetches the iPXE script and starts the kernel it names: the ramdisk, with the script's command line.
+    async fn network_boot(&self) -> (&'static str, JoinHandle<()>) {
+        let url = format!("{}/boot/ipxe?mac={MAC}&uuid={MACHINE}", self.boot_url);
+        let script = reqwest::get(&url).await.expect("the iPXE script").text().await.expect("script");
+        let Some(kernel) = script.lines().find(|l| l.starts_with("kernel ")) else {
+            // `exit`: the firmware goes on to the disk.
+            return self.disk_boot();
+        };
+        let cmdline = kernel.split_whitespace().skip(2).collect::<Vec<_>>().join(" ");
+        let config = bc_agent::ramdisk::RamdiskConfig {
+            cmdline: bc_agent::ramdisk::Cmdline::parse(&cmdline).expect("the ramdisk's command line"),
+            disk: self.disk.clone(),
+            config_dir: self.config.clone(),
+            inventory: inventory(),
+            poll: Duration::from_millis(100),
+        };
+        let task = tokio::spawn(async move {
+            if let Err(err) = bc_agent::ramdisk::run(config, std::future::pending()).await {
+                eprintln!("simulated machine: the ramdisk stopped: {err:#}");
+            }
+        });
+        ("ramdisk", task)
+    }
+
+    /// Boots what the disk holds: the deployed system's `bcd`, configured from `bcd.env`, if it was deployed.
+    fn disk_boot(&self) -> (&'static str, JoinHandle<()>) {
+        let env = std::fs::read_to_string(self.config.join("bcd.env")).unwrap_or_default();
+        let value = |key: &str| env.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).map(str::to_owned);
+        let Some(join_token) = value("BCD_JOIN_TOKEN") else {
+            return ("nothing to boot", tokio::spawn(async {}));
+        };
+        assert_eq!(value("BCD_SERVER").as_deref(), Some(self.server.as_str()), "{env}");
+        let ca = std::fs::read_to_string(self.config.join("ca.pem")).expect("the CA the ramdisk wrote");
+        assert_eq!(ca, self.ca, "the ramdisk trusts the control plane's CA and hands it on");
+        let config = AgentConfig {
+            server: self.server.clone(),
+            trust: ServerTrust::PinnedCa(ca),
+            join_token: Some(join_token),
+            state_dir: self.state.join("bcd"),
+            cdi_dir: self.state.join("cdi"),
+            inventory: inventory(),
+            inventory_every: 5,
+            site: None,
+        };
+        let task = tokio::spawn(async move {
+            if let Err(err) = bc_agent::run::run(config, std::future::pending()).await {
+                eprintln!("simulated machine: the deployed agent stopped: {err:#}");
+            }
+        });
+        ("disk", task)
+    }
+
+    fn boots(&self) -> Vec<&'static str> {
+        self.running.lock().expect("lock").boots.clone()
+    }
+}
+
+/// Follows the emulator's notifications: a machine that goes from off to on boots.
+async fn follow(machine: Machine, mut changes: mpsc::UnboundedReceiver<Value>) {
+    let mut power = "Off".to_owned();
+    while let Some(system) = changes.recv().await {
+        let now = system["power_state"].as_str().unwrap_or("Off").to_owned();
+        match (power.as_str(), now.as_str()) {
+            ("Off", "On") => machine.power_on(system["boot_device"].as_str().unwrap_or("Hdd")).await,
+            ("On", "Off") => machine.power_off(),
+            _ => {}
+        }
+        power = now;
+    }
+}
+
+async fn notified(State(sender): State<mpsc::UnboundedSender<Value>>, axum::Json(system): axum::Json<Value>) {
+    let _ = sender.send(system);
+}
+
+async fn await_workflow(cluster: &Cluster, id: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + WORKFLOW_PATIENCE;
+    loop {
+        let wf = cluster.call(reqwest::Method::GET, &format!("/v1/workflows/{id}"), None).await.1;
+        if wf["state"] != "running" {
+            return wf;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "workflow {id} still runs: {wf}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn start_workflow(cluster: &Cluster, node: &str, body: Value) -> String {
+    let (status, started) =
+        cluster.call(reqwest::Method::POST, &format!("/v1/nodes/{node}/workflows"), Some(body)).await;
+    assert_eq!(status, 201, "{started}");
+    started["id"].as_str().expect("id").to_owned()
+}
+
+async fn node(cluster: &Cluster, node: &str) -> Value {
+    bc_projections::testing::catch_up(cluster.db()).await;
+    cluster.call(reqwest::Method::GET, &format!("/v1/nodes/{node}"), None).await.1
+}
+
+fn sha256_of(path: &Path, len: usize) -> String {
+    let bytes = std::fs::read(path).expect("the disk");
+    hex::encode(sha2::Sha256::digest(&bytes[..len.min(bytes.len())]))
+}
+
+#[tokio::test]
+async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_is_wiped_at_release() {
+    if !crate::hostile::slow_tests_enabled("bare metal end to end against sushy-emulator") {
+        return;
+    }
+    bc_pki::tls::install_default_provider();
+    // The machine simulator listens for the emulator's notifications.
+    let (changes, follow_changes) = mpsc::unbounded_channel::<Value>();
+    let notifications = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let notify_url = format!("http://{}/notify", notifications.local_addr().expect("addr"));
+    let app = axum::Router::new().route("/notify", axum::routing::put(notified)).with_state(changes);
+    tokio::spawn(async move { axum::serve(notifications, app).await });
+    let sushy = Sushy::start_notifying(Some(&notify_url));
+    let bmc = sushy.client();
+    let system = bc_agent::drivers::redfish::SystemRef::Id(MACHINE.to_owned());
+    crate::agents::eventually("sushy-emulator to answer", || {
+        let (bmc, system) = (&bmc, &system);
+        async move { bmc.power_state(system).await.ok() }
+    })
+    .await;
+
+    let cluster = Cluster::start("metal-e2e").await;
+    let scratch = cluster.root.path().join("machine");
+    std::fs::create_dir_all(scratch.join("config")).expect("scratch");
+    let kernel = scratch.join("vmlinuz");
+    std::fs::write(&kernel, b"a kernel").expect("kernel");
+    std::fs::write(scratch.join("initrd"), b"an initramfs").expect("initrd");
+    let boot_port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+    let boot = bc_agent::boot::BootConfig {
+        listen: format!("127.0.0.1:{boot_port}").parse().expect("addr"),
+        url: format!("http://127.0.0.1:{boot_port}"),
+        kernel: Some(kernel),
+        initrd: Some(scratch.join("initrd")),
+        cache_dir: scratch.join("cache"),
+    };
+    let site_config = bc_agent::site::SiteConfig { boot: Some(boot.clone()), ..Default::default() };
+    let mut site = cluster.site_agent("site-1", site_config).await;
+    // A 4 MiB disk of old data.
+    let disk = scratch.join("disk.img");
+    std::fs::write(&disk, vec![0x5a; 4 << 20]).expect("disk");
+    let machine = Machine {
+        disk: disk.clone(),
+        config: scratch.join("config"),
+        boot_url: boot.url.clone(),
+        server: cluster.base.clone(),
+        ca: cluster.ca.clone(),
+        state: scratch.clone(),
+        running: Arc::default(),
+    };
+    tokio::spawn(follow(machine.clone(), follow_changes));
+
+    let (status, enrolled) = cluster
+        .call(
+            reqwest::Method::POST,
+            "/v1/nodes/enrol",
+            Some(json!({
+                "poolId": cluster.pool.to_string(), "name": "metal-1", "bootMac": MAC,
+                "bmc": { "driver": "redfish", "address": sushy.base_url, "systemId": MACHINE,
+                         "username": USER, "password": PASSWORD }
+            })),
+        )
+        .await;
+    assert_eq!(status, 201, "{enrolled}");
+    let node_id = enrolled["id"].as_str().expect("id").to_owned();
+
+    // Inspection: boot from the network into the ramdisk, which reports the machine's inventory.
+    let inspect = start_workflow(&cluster, &node_id, json!({ "kind": "inspect" })).await;
+    let done = await_workflow(&cluster, &inspect).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert!(done["steps"][2]["detail"].as_str().unwrap_or("").contains("2 GPUs"), "{done}");
+    let inspected = node(&cluster, &node_id).await;
+    assert_eq!(
+        (&inspected["provisionState"], &inspected["gpuCount"], &inspected["power"]),
+        (&json!("ready"), &json!(2), &json!("off")),
+        "{inspected}"
+    );
+
+    // Deployment of a profile's image.
+    let image: Vec<u8> = (0..(3 << 20) + 12_345).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let sha = hex::encode(sha2::Sha256::digest(&image));
+    let uploaded = cluster
+        .http
+        .post(format!("{}/v1/images?name=gpu-os&version=1&format=raw&sha256={sha}", cluster.base))
+        .bearer_auth(crate::http_api::ROOT)
+        .header("content-type", "application/octet-stream")
+        .body(image.clone())
+        .send()
+        .await
+        .expect("upload");
+    assert_eq!(uploaded.status().as_u16(), 201);
+    let image_id = uploaded.json::<Value>().await.expect("body")["id"].clone();
+    let (status, profile) = cluster
+        .call(
+            reqwest::Method::POST,
+            "/v1/profiles",
+            Some(json!({
+                "name": "gpu-node", "target": "metal", "imageId": image_id, "allowUnverifiedImage": true,
+                "drivers": { "power": "redfish", "boot": "redfish", "deploy": "bcd" },
+                "userData": "#cloud-config\n", "hostConfig": { "hostname": "metal-1" }
+            })),
+        )
+        .await;
+    assert_eq!(status, 201, "{profile}");
+    let deploy = start_workflow(&cluster, &node_id, json!({ "kind": "deploy", "profileId": profile["id"] })).await;
+    let done = await_workflow(&cluster, &deploy).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(sha256_of(&disk, image.len()), sha, "the disk holds the image");
+    assert!(
+        std::fs::read(&disk).expect("disk")[image.len()..].iter().all(|&b| b == 0x5a),
+        "nothing past the image was written"
+    );
+    assert_eq!(
+        std::fs::read_to_string(scratch.join("config").join("user-data")).expect("user data"),
+        "#cloud-config\n"
+    );
+    let cached = scratch.join("cache").join("sha256").join(&sha);
+    assert_eq!(sha256_of(&cached, usize::MAX), sha, "the site agent's cache holds the image by its hash");
+    let deployed = node(&cluster, &node_id).await;
+    assert_eq!(
+        (&deployed["provisionState"], &deployed["connectivity"], &deployed["schedulable"]),
+        (&json!("deployed"), &json!("connected"), &json!(true)),
+        "{deployed}"
+    );
+    assert_eq!(machine.boots(), vec!["ramdisk", "ramdisk", "disk"], "inspect, deploy, then the deployed disk");
+
+    // A reservation runs on the deployed host: its agent binds it.
+    let (reservation, on) = cluster.reserve("metal-1", 2).await;
+    assert_eq!(on, vec![node_id.clone()]);
+    cluster.await_reservation(&reservation, "active").await;
+    crate::agents::eventually("the bound reservation's CDI spec", || {
+        let (dir, id) = (scratch.join("cdi"), reservation.clone());
+        async move { cdi::read_spec(&dir, &id).ok() }
+    })
+    .await;
+    let (status, body) =
+        cluster.call(reqwest::Method::POST, &format!("/v1/reservations/{reservation}/release"), Some(json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+    cluster.await_reservation(&reservation, "released").await;
+
+    // Release: back into the ramdisk, which wipes the disk; the machine ends off and ready.
+    let release = start_workflow(&cluster, &node_id, json!({ "kind": "release" })).await;
+    let done = await_workflow(&cluster, &release).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let wiped = std::fs::read(&disk).expect("disk");
+    assert!(wiped[..1 << 20].iter().all(|&b| b == 0), "the start of the disk is wiped");
+    assert!(wiped[wiped.len() - (1 << 20)..].iter().all(|&b| b == 0), "the end of the disk is wiped");
+    assert_eq!(std::fs::read_dir(scratch.join("config")).expect("config").count(), 0, "the configuration is gone");
+    let released = node(&cluster, &node_id).await;
+    assert_eq!((&released["provisionState"], &released["power"]), (&json!("ready"), &json!("off")), "{released}");
+    machine.power_off();
+    site.stop().await;
+}
