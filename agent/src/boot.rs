@@ -19,7 +19,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 
-use crate::run::{Client, ServerTrust, status_of};
+use crate::client::{Client, ServerTrust, status_of};
 
 /// How the boot server is set up.
 #[derive(Debug, Clone)]
@@ -660,32 +660,6 @@ mod tests {
         }
         assert_eq!(h.text(&format!("/images/sha256/{}", "0".repeat(64))).await.0, StatusCode::NOT_FOUND);
         assert_eq!(h.image_hits(), 1);
-    }
-
-    #[tokio::test]
-    async fn the_site_agent_does_not_start_when_the_boot_address_is_taken() {
-        let dir = Fixture::new("boot-bind-taken");
-        let (taken, _) = listen().await;
-        let listen = taken.local_addr().expect("local address");
-        let boot = BootConfig {
-            listen,
-            url: format!("http://{listen}"),
-            kernel: None,
-            initrd: None,
-            cache_dir: dir.0.join("images"),
-        };
-        let config = crate::run::AgentConfig {
-            server: "http://127.0.0.1:1".into(),
-            trust: ServerTrust::InsecureHttp,
-            join_token: Some("jt_unused".into()),
-            state_dir: dir.0.join("state"),
-            cdi_dir: dir.0.join("cdi"),
-            inventory: crate::run::InventorySource::Local { hostname: None },
-            inventory_every: 0,
-            site: Some(crate::site::SiteConfig { boot: Some(boot), ..Default::default() }),
-        };
-        let err = crate::run::run(config, std::future::pending()).await.expect_err("the address is taken");
-        assert!(format!("{err:#}").contains("--boot-listen"), "{err:#}");
     }
 
     #[tokio::test]

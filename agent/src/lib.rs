@@ -8,6 +8,7 @@
 
 pub mod boot;
 pub mod cdi;
+pub mod client;
 pub mod drivers;
 #[cfg(test)]
 mod fixture;

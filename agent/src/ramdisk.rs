@@ -23,7 +23,8 @@ use bc_domain::profile::StepAction;
 use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncWriteExt as _;
 
-use crate::run::{Client, InventorySource, ServerTrust, status_of};
+use crate::client::{Client, ServerTrust, status_of};
+use crate::run::InventorySource;
 
 /// A mebibyte: how much of each end of the disk a wipe zeroes.
 const MIB: u64 = 1 << 20;

@@ -198,7 +198,7 @@ impl App {
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 async move {
                     let Some((wf, _)) = store::workflow_aggregate(tx, &auth.workflow_id).await? else {
-                        return Err(corrupt("a ramdisk session's workflow", "missing").into());
+                        return Err(corrupt("a ramdisk session's workflow", "missing"));
                     };
                     let mut work = RamdiskWork {
                         workflow_id: auth.workflow_id.clone(),
@@ -237,7 +237,7 @@ impl App {
     async fn deployed_config(&self, tx: &mut Tx, wf: &Workflow) -> AppResult<DeployedConfig> {
         let node = &wf.created.node_id;
         let Some((state, _)) = store::node_aggregate(tx, node).await? else {
-            return Err(corrupt("a workflow's node", "missing").into());
+            return Err(corrupt("a workflow's node", "missing"));
         };
         let spec = profile_of(tx, wf).await?;
         let (token, hash) = new_secret(bc_domain::agent::JOIN_TOKEN_PREFIX)?;
@@ -285,7 +285,7 @@ impl App {
                 let (outcome, document, caller) = (outcome.clone(), &document, &caller);
                 async move {
                     let Some((wf, version)) = store::workflow_aggregate(tx, &auth.workflow_id).await? else {
-                        return Err(corrupt("a ramdisk session's workflow", "missing").into());
+                        return Err(corrupt("a ramdisk session's workflow", "missing"));
                     };
                     let action = wf.created.steps.get(index as usize).map(|s| s.action);
                     let inspection = action == Some(StepAction::Inspect) && report.ok;
@@ -328,7 +328,7 @@ impl App {
 async fn profile_of(tx: &mut Tx, wf: &Workflow) -> AppResult<Option<ProfileSpec>> {
     let Some(profile_id) = &wf.created.profile_id else { return Ok(None) };
     let Some(row) = store::profiles::profile(tx, profile_id.as_str()).await? else {
-        return Err(corrupt("a workflow's profile", "missing").into());
+        return Err(corrupt("a workflow's profile", "missing"));
     };
     Ok(Some(serde_json::from_str(&row.spec).map_err(|err| corrupt("a profile's spec", err))?))
 }

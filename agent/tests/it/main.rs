@@ -1,6 +1,7 @@
 //! The `bcd` binary as a process, and the BMC drivers against emulators (`bmc`).
 
 mod bmc;
+mod boot;
 
 use std::process::Command;
 
