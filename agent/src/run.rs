@@ -367,17 +367,21 @@ fn now_ms() -> i64 {
 /// configuration that can never work (no credential and no token, a refused join token) ends it.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let client = Client::new(&config.server, &config.trust)?;
-    // The site's boot server asks the control plane through the agent's current client, which changes at each
-    // connection and renewal; it runs until this function returns.
+    // The site's steps and boot server ask the control plane through the agent's current client, which changes
+    // at each connection and renewal.
     let (clients, _) = tokio::sync::watch::channel(None::<Client>);
-    let mut boot_server = tokio::task::JoinSet::new();
+    // The site agent's own tasks (its steps, its boot server) run until this function returns.
+    let mut site_tasks = tokio::task::JoinSet::new();
+    if let Some(site) = &config.site {
+        site_tasks.spawn(crate::site::serve_steps(clients.subscribe(), site.clone()));
+    }
     if let Some(boot) = config.site.as_ref().and_then(|site| site.boot.clone()) {
         let listener = tokio::net::TcpListener::bind(boot.listen)
             .await
             .with_context(|| format!("listen for booting machines on {} (--boot-listen)", boot.listen))?;
         eprintln!("bcd site: boot server on {}, reached as {}", boot.listen, boot.url);
         let server = crate::boot::BootServer::new(boot, clients.subscribe());
-        boot_server.spawn(async move {
+        site_tasks.spawn(async move {
             if let Err(err) = crate::boot::serve(listener, server).await {
                 eprintln!("bcd site: the boot server stopped: {err}");
             }
@@ -429,11 +433,6 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                     {
                         eprintln!("bcd: commands failed: {err:#}");
                     }
-                    if let Some(site) = &config.site
-                        && let Err(err) = run_site_steps(&state.client, site).await
-                    {
-                        eprintln!("bcd site: site steps failed: {err:#}");
-                    }
                 }
                 // The session was replaced or the credential revoked: connect again.
                 Err(err) if matches!(status_of(&err), Some(401 | 404 | 409)) => {
@@ -459,26 +458,6 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
             }
         }
     }
-}
-
-/// Runs the site steps the control plane gives this site agent, one after another, and reports each (`bcd
-/// site`). Returns how many it ran.
-pub async fn run_site_steps(client: &Client, config: &crate::site::SiteConfig) -> anyhow::Result<usize> {
-    let work = client.site_steps().await?;
-    if !work.serving {
-        return Ok(0);
-    }
-    for step in &work.steps {
-        let (ok, message, power) = match crate::site::run_step(step, config).await {
-            Ok((message, power)) => (true, message, power),
-            Err(message) => (false, message, None),
-        };
-        let report = bc_domain::agent::StepReport { attempt: step.attempt, ok, message: Some(message), power };
-        if let Err(err) = client.report_site_step(step, &report).await {
-            eprintln!("bcd site: reporting step {} of {} failed: {err:#}", step.index, step.workflow_id);
-        }
-    }
-    Ok(work.steps.len())
 }
 
 /// The node id the saved credential belongs to, if the agent joined already.

@@ -1,13 +1,18 @@
 //! `bcd site`: the site agent. Besides a node's session and heartbeats, it asks the control plane for the
 //! running `site` steps of its site's machines (one agent serves a site at a time; a standby gets none) and
-//! carries each out through the machine's BMC driver, then reports how it ended.
+//! carries each out through the machine's BMC driver, then reports how it ended. Steps run side by side (a
+//! power change can take many seconds to show), apart from the heartbeats.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bc_domain::agent::SiteStep;
+use bc_domain::agent::{SiteStep, StepReport};
+use bc_domain::id::WorkflowId;
 use bc_domain::node::BmcDriver;
 use bc_domain::profile::StepAction;
 
+use crate::client::Client;
 use crate::drivers::ipmi::{Ipmi, IpmiConfig};
 use crate::drivers::redfish::{Redfish, RedfishConfig, RedfishTls, SystemRef};
 use crate::drivers::{BmcError, BootDevice, Power, PowerAction};
@@ -175,5 +180,59 @@ async fn carry_out(step: &SiteStep, bmc: &Bmc) -> Result<String, String> {
                 .to_owned())
         }
         other => Err(format!("{other:?} does not run on the site")),
+    }
+}
+
+/// How often the site agent asks for site steps.
+pub const STEPS_POLL: Duration = Duration::from_millis(500);
+/// The most site steps carried out at once.
+pub const STEPS_AT_ONCE: usize = 64;
+
+/// Serves the site's steps for as long as it runs: each poll (through the agent's current client, once it has
+/// one) asks for the running site steps and starts each attempt not already under way here, at most
+/// [`STEPS_AT_ONCE`] at a time; each is reported when it ends. A step whose report is lost is still running
+/// for the control plane, so a later poll carries it out again: every site step may run twice.
+pub async fn serve_steps(clients: tokio::sync::watch::Receiver<Option<Client>>, config: SiteConfig) {
+    let under_way: Arc<Mutex<HashSet<(WorkflowId, u32, u32)>>> = Arc::default();
+    let limit = Arc::new(tokio::sync::Semaphore::new(STEPS_AT_ONCE));
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let client = clients.borrow().clone();
+        if let Some(client) = client {
+            match client.site_steps().await {
+                Ok(work) if work.serving => {
+                    for step in work.steps {
+                        let key = (step.workflow_id.clone(), step.index, step.attempt);
+                        if !under_way.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
+                            continue;
+                        }
+                        let (client, config, limit, under_way) =
+                            (client.clone(), config.clone(), limit.clone(), under_way.clone());
+                        tasks.spawn(async move {
+                            let Ok(_permit) = limit.acquire_owned().await else { return };
+                            let report = match run_step(&step, &config).await {
+                                Ok((message, power)) => {
+                                    StepReport { attempt: step.attempt, ok: true, message: Some(message), power }
+                                }
+                                Err(message) => {
+                                    StepReport { attempt: step.attempt, ok: false, message: Some(message), power: None }
+                                }
+                            };
+                            if let Err(err) = client.report_site_step(&step, &report).await {
+                                eprintln!(
+                                    "bcd site: reporting step {} of {} failed: {err:#}",
+                                    step.index, step.workflow_id
+                                );
+                            }
+                            under_way.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+                        });
+                    }
+                }
+                Ok(_) => {}
+                Err(err) => eprintln!("bcd site: asking for site steps failed: {err:#}"),
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+        tokio::time::sleep(STEPS_POLL).await;
     }
 }

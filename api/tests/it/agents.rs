@@ -57,6 +57,13 @@ pub(crate) struct RunningAgent {
 }
 
 impl RunningAgent {
+    /// Ends the agent at once, as a SIGKILL would: nothing of its own shutdown runs.
+    pub(crate) fn kill(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+
     pub(crate) async fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

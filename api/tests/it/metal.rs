@@ -5,7 +5,8 @@
 //! starts `bcd ramdisk` with the script's kernel command line; powered on from disk, it starts the deployed
 //! system's `bcd` with the configuration the ramdisk wrote. The inspection, the deployment (the image written to
 //! a file standing for the disk, its SHA-256 checked), a reservation bound on the deployed host, and the release
-//! that wipes it all run through the real services. A slow test: it needs `sushy-emulator`.
+//! that wipes it all run through the real services. The site agent that serves the site is killed during the
+//! release: its standby takes the site over and the release ends once. A slow test: it needs `sushy-emulator`.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -39,7 +40,8 @@ struct Running {
 struct Machine {
     disk: PathBuf,
     config: PathBuf,
-    boot_url: String,
+    /// The site agents' boot servers, tried in order (as a DHCP server with two next servers would).
+    boot_urls: Vec<String>,
     server: String,
     ca: String,
     state: PathBuf,
@@ -70,8 +72,15 @@ impl Machine {
 
     /// Fetches the iPXE script and starts the kernel it names: the ramdisk, with the script's command line.
     async fn network_boot(&self) -> (&'static str, JoinHandle<()>) {
-        let url = format!("{}/boot/ipxe?mac={MAC}&uuid={MACHINE}", self.boot_url);
-        let script = reqwest::get(&url).await.expect("the iPXE script").text().await.expect("script");
+        let mut script = None;
+        for base in &self.boot_urls {
+            let url = format!("{base}/boot/ipxe?mac={MAC}&uuid={MACHINE}");
+            if let Ok(answer) = reqwest::get(&url).await.and_then(reqwest::Response::error_for_status) {
+                script = Some(answer.text().await.expect("the iPXE script"));
+                break;
+            }
+        }
+        let script = script.expect("a boot server answers");
         let Some(kernel) = script.lines().find(|l| l.starts_with("kernel ")) else {
             // `exit`: the firmware goes on to the disk.
             return self.disk_boot();
@@ -199,23 +208,29 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
     let kernel = scratch.join("vmlinuz");
     std::fs::write(&kernel, b"a kernel").expect("kernel");
     std::fs::write(scratch.join("initrd"), b"an initramfs").expect("initrd");
-    let boot_port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
-    let boot = bc_agent::boot::BootConfig {
-        listen: format!("127.0.0.1:{boot_port}").parse().expect("addr"),
-        url: format!("http://127.0.0.1:{boot_port}"),
-        kernel: Some(kernel),
-        initrd: Some(scratch.join("initrd")),
-        cache_dir: scratch.join("cache"),
+    let boot = |name: &str| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        bc_agent::boot::BootConfig {
+            listen: format!("127.0.0.1:{port}").parse().expect("addr"),
+            url: format!("http://127.0.0.1:{port}"),
+            kernel: Some(kernel.clone()),
+            initrd: Some(scratch.join("initrd")),
+            cache_dir: scratch.join(name).join("cache"),
+        }
     };
-    let site_config = bc_agent::site::SiteConfig { boot: Some(boot.clone()), ..Default::default() };
-    let mut site = cluster.site_agent("site-1", site_config).await;
+    let (boot_1, boot_2) = (boot("site-1"), boot("site-2"));
+    let site_config = |boot: &bc_agent::boot::BootConfig| bc_agent::site::SiteConfig {
+        boot: Some(boot.clone()),
+        ..Default::default()
+    };
+    let mut site_1 = cluster.site_agent("site-1", site_config(&boot_1)).await;
     // A 4 MiB disk of old data.
     let disk = scratch.join("disk.img");
     std::fs::write(&disk, vec![0x5a; 4 << 20]).expect("disk");
     let machine = Machine {
         disk: disk.clone(),
         config: scratch.join("config"),
-        boot_url: boot.url.clone(),
+        boot_urls: vec![boot_1.url.clone(), boot_2.url.clone()],
         server: cluster.base.clone(),
         ca: cluster.ca.clone(),
         state: scratch.clone(),
@@ -242,6 +257,8 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
     let done = await_workflow(&cluster, &inspect).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert!(done["steps"][2]["detail"].as_str().unwrap_or("").contains("2 GPUs"), "{done}");
+    // A standby site agent, once the first serves the site.
+    let mut site_2 = cluster.site_agent("site-2", site_config(&boot_2)).await;
     let inspected = node(&cluster, &node_id).await;
     assert_eq!(
         (&inspected["provisionState"], &inspected["gpuCount"], &inspected["power"]),
@@ -287,7 +304,7 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
         std::fs::read_to_string(scratch.join("config").join("user-data")).expect("user data"),
         "#cloud-config\n"
     );
-    let cached = scratch.join("cache").join("sha256").join(&sha);
+    let cached = scratch.join("site-1").join("cache").join("sha256").join(&sha);
     assert_eq!(sha256_of(&cached, usize::MAX), sha, "the site agent's cache holds the image by its hash");
     let deployed = node(&cluster, &node_id).await;
     assert_eq!(
@@ -312,9 +329,34 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
     cluster.await_reservation(&reservation, "released").await;
 
     // Release: back into the ramdisk, which wipes the disk; the machine ends off and ready.
+    // The serving site agent dies once the machine was reset into the ramdisk: the standby takes the site over
+    // when its lease lapses, and the release ends once.
     let release = start_workflow(&cluster, &node_id, json!({ "kind": "release" })).await;
+    crate::agents::eventually("the release's reset", || {
+        let (cluster, path) = (&cluster, format!("/v1/workflows/{release}"));
+        async move {
+            let wf = cluster.call(reqwest::Method::GET, &path, None).await.1;
+            (wf["steps"][1]["state"] == "succeeded").then_some(())
+        }
+    })
+    .await;
+    site_1.kill();
     let done = await_workflow(&cluster, &release).await;
     assert_eq!(done["state"], "succeeded", "{done}");
+    let ends: i64 = {
+        let mut tx = cluster.db().begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+        let n = bc_eventstore::sql::query_scalar(
+            "SELECT count(*) FROM events WHERE stream_id = $1 AND event_type LIKE 'workflow.%' \
+             AND event_type NOT LIKE 'workflow.step_%' AND event_type <> 'workflow.created'",
+        )
+        .bind(&release)
+        .fetch_one(tx.conn())
+        .await
+        .expect("count");
+        tx.commit().await.expect("commit");
+        n
+    };
+    assert_eq!(ends, 1, "the release ended exactly once");
     let wiped = std::fs::read(&disk).expect("disk");
     assert!(wiped[..1 << 20].iter().all(|&b| b == 0), "the start of the disk is wiped");
     assert!(wiped[wiped.len() - (1 << 20)..].iter().all(|&b| b == 0), "the end of the disk is wiped");
@@ -322,5 +364,5 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
     let released = node(&cluster, &node_id).await;
     assert_eq!((&released["provisionState"], &released["power"]), (&json!("ready"), &json!("off")), "{released}");
     machine.power_off();
-    site.stop().await;
+    site_2.stop().await;
 }

@@ -185,3 +185,64 @@ async fn a_site_agent_runs_an_inspection_s_bmc_steps_on_the_emulated_machine() {
     assert_eq!(read["power"], "off", "the power the BMC last reported: {read}");
     site.stop().await;
 }
+
+#[tokio::test]
+async fn wrong_bmc_credentials_and_an_unreachable_bmc_fail_the_workflow_and_the_machine_naming_the_problem() {
+    if !crate::hostile::slow_tests_enabled("site agent against sushy-emulator") {
+        return;
+    }
+    let sushy = Sushy::start();
+    let bmc = sushy.client();
+    let system = SystemRef::Id(MACHINE.to_owned());
+    eventually("sushy-emulator to answer", || {
+        let (bmc, system) = (&bmc, &system);
+        async move { bmc.power_state(system).await.ok() }
+    })
+    .await;
+    let cluster = Cluster::start("site-bad-bmc").await;
+    let mut site = cluster.site_agent("site-1", bc_agent::site::SiteConfig::default()).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("addr").port();
+    let mut workflows = Vec::new();
+    for (name, address, password, problem) in [
+        ("wrong-password", sushy.base_url.clone(), "not-the-password", "refused the credentials"),
+        ("unreachable", format!("http://127.0.0.1:{closed}"), PASSWORD, "unreachable"),
+    ] {
+        let (status, enrolled) = cluster
+            .call(
+                reqwest::Method::POST,
+                "/v1/nodes/enrol",
+                Some(json!({
+                    "poolId": cluster.pool.to_string(), "name": name,
+                    "bmc": { "driver": "redfish", "address": address, "systemId": MACHINE,
+                             "username": USER, "password": password }
+                })),
+            )
+            .await;
+        assert_eq!(status, 201, "{enrolled}");
+        let node = enrolled["id"].as_str().expect("id").to_owned();
+        let (status, started) = cluster
+            .call(reqwest::Method::POST, &format!("/v1/nodes/{node}/workflows"), Some(json!({ "kind": "inspect" })))
+            .await;
+        assert_eq!(status, 201, "{started}");
+        workflows.push((node, started["id"].as_str().expect("id").to_owned(), problem));
+    }
+    for (node, id, problem) in workflows {
+        let ended: Value = eventually("the workflow's end", || {
+            let (cluster, path) = (&cluster, format!("/v1/workflows/{id}"));
+            async move {
+                let wf = cluster.call(reqwest::Method::GET, &path, None).await.1;
+                (wf["state"] != "running").then_some(wf)
+            }
+        })
+        .await;
+        assert_eq!(ended["state"], "failed", "{ended}");
+        let reason = ended["reason"].as_str().unwrap_or("");
+        assert!(reason.contains("after 3 attempt") && reason.contains(problem), "{problem}: {ended}");
+        bc_projections::testing::catch_up(&cluster.t.db).await;
+        let (_, read) = cluster.call(reqwest::Method::GET, &format!("/v1/nodes/{node}"), None).await;
+        assert_eq!(read["provisionState"], "failed", "{read}");
+    }
+    // The machine behind the refused credentials was never touched.
+    assert_eq!(bmc.power_state(&system).await.expect("power"), Power::Off);
+    site.stop().await;
+}
