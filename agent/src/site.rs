@@ -119,11 +119,35 @@ fn power_target(action: StepAction) -> Option<Power> {
     }
 }
 
+/// How long the site agent waits before asking a busy BMC (HTTP 503) again, when it does not say.
+const BUSY_WAIT: Duration = Duration::from_secs(2);
+/// The longest it waits for a busy BMC at a time, whatever the BMC says.
+const BUSY_WAIT_MAX: Duration = Duration::from_secs(30);
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or_default()
+}
+
 /// Carries out one site step: what was done (with the power the BMC shows afterwards, for a power step), or
-/// what went wrong.
+/// what went wrong. A BMC that answers it is busy (HTTP 503, as many do while the host powers up or down) is
+/// asked again after the wait it names, for as long as the attempt's deadline leaves time; other errors end
+/// the attempt at once.
 pub async fn run_step(step: &SiteStep, config: &SiteConfig) -> Result<(String, Option<Power>), String> {
     let bmc = driver_for(step, config)?;
-    let done = carry_out(step, &bmc).await?;
+    let done = loop {
+        match carry_out(step, &bmc).await {
+            Ok(done) => break done,
+            Err(BmcError::Unavailable { retry_after_s, message }) => {
+                let wait = retry_after_s.map_or(BUSY_WAIT, Duration::from_secs).min(BUSY_WAIT_MAX);
+                if now_ms() + wait.as_millis() as i64 >= step.deadline_ms {
+                    return Err(format!("the BMC stayed busy until the step's deadline: {message}"));
+                }
+                eprintln!("bcd site: {message}; asking again in {} s", wait.as_secs());
+                tokio::time::sleep(wait).await;
+            }
+            Err(err) => return Err(err.to_string()),
+        }
+    };
     let Some(target) = power_target(step.action) else { return Ok((done, None)) };
     // BMCs apply a power change a little later: wait a while for it to show, then report what is shown.
     let deadline = tokio::time::Instant::now() + POWER_SETTLES;
@@ -135,51 +159,49 @@ pub async fn run_step(step: &SiteStep, config: &SiteConfig) -> Result<(String, O
     Ok((done, Some(seen.unwrap_or(Power::Unknown))))
 }
 
-async fn carry_out(step: &SiteStep, bmc: &Bmc) -> Result<String, String> {
-    let failed = |err: BmcError| err.to_string();
+async fn carry_out(step: &SiteStep, bmc: &Bmc) -> Result<String, BmcError> {
     match step.action {
         StepAction::PowerOn => {
-            bmc.power(PowerAction::On).await.map_err(failed)?;
+            bmc.power(PowerAction::On).await?;
             Ok("powered on".to_owned())
         }
         StepAction::PowerOff => {
-            bmc.power(PowerAction::Off).await.map_err(failed)?;
+            bmc.power(PowerAction::Off).await?;
             Ok("powered off".to_owned())
         }
         StepAction::PowerReset => {
             // A machine that is off is switched on: a reset of a machine that is off does nothing on many BMCs.
-            if bmc.power_state().await.map_err(failed)? == Power::Off {
-                bmc.power(PowerAction::On).await.map_err(failed)?;
+            if bmc.power_state().await? == Power::Off {
+                bmc.power(PowerAction::On).await?;
                 Ok("was off: powered on".to_owned())
             } else {
-                bmc.power(PowerAction::Reset).await.map_err(failed)?;
+                bmc.power(PowerAction::Reset).await?;
                 Ok("reset".to_owned())
             }
         }
         StepAction::BootFromNetwork => {
-            bmc.boot(BootDevice::Pxe).await.map_err(failed)?;
+            bmc.boot(BootDevice::Pxe).await?;
             Ok("next boot from the network".to_owned())
         }
         StepAction::BootFromDisk => {
-            bmc.boot(BootDevice::Disk).await.map_err(failed)?;
+            bmc.boot(BootDevice::Disk).await?;
             Ok("next boot from disk".to_owned())
         }
         StepAction::BootFromVirtualMedia => {
-            bmc.boot(BootDevice::Cd).await.map_err(failed)?;
+            bmc.boot(BootDevice::Cd).await?;
             Ok("next boot from virtual media".to_owned())
         }
         StepAction::EjectVirtualMedia => match bmc {
             Bmc::Redfish(r, system) => {
-                r.eject_virtual_media(system).await.map_err(failed)?;
+                r.eject_virtual_media(system).await?;
                 Ok("virtual media ejected".to_owned())
             }
-            Bmc::Ipmi(_) => Err("IPMI has no virtual media".to_owned()),
+            Bmc::Ipmi(_) => Err(BmcError::Config("IPMI has no virtual media".to_owned())),
         },
-        StepAction::InsertVirtualMedia => {
-            Err("no image to insert: the site agent serves the ramdisk over the network, not as virtual media"
-                .to_owned())
-        }
-        other => Err(format!("{other:?} does not run on the site")),
+        StepAction::InsertVirtualMedia => Err(BmcError::Config(
+            "no image to insert: the site agent serves the ramdisk over the network, not as virtual media".to_owned(),
+        )),
+        other => Err(BmcError::Config(format!("{other:?} does not run on the site"))),
     }
 }
 
@@ -234,5 +256,100 @@ pub async fn serve_steps(clients: tokio::sync::watch::Receiver<Option<Client>>, 
         }
         while tasks.try_join_next().is_some() {}
         tokio::time::sleep(STEPS_POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::{get, post};
+    use bc_domain::node::{BmcDriver, NodeBmc};
+    use bc_domain::profile::Concern;
+    use serde_json::json;
+
+    use super::*;
+
+    /// A BMC with one system that answers its first reset with 503 and `Retry-After: 1`, then obeys.
+    async fn busy_once_bmc() -> (String, Arc<AtomicU32>) {
+        let resets = Arc::new(AtomicU32::new(0));
+        let power = Arc::new(Mutex::new("On"));
+        let (seen, state) = (resets.clone(), power.clone());
+        let app = axum::Router::new()
+            .route(
+                "/redfish/v1/Systems",
+                get(|| async { axum::Json(json!({ "Members": [{ "@odata.id": "/redfish/v1/Systems/1" }] })) }),
+            )
+            .route(
+                "/redfish/v1/Systems/1",
+                get(move || {
+                    let state = state.clone();
+                    async move {
+                        let power = *state.lock().expect("lock");
+                        axum::Json(json!({
+                            "Id": "1", "PowerState": power,
+                            "Actions": { "#ComputerSystem.Reset": {
+                                "target": "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset" } }
+                        }))
+                    }
+                }),
+            )
+            .route(
+                "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset",
+                post(move || {
+                    let (seen, power) = (seen.clone(), power.clone());
+                    async move {
+                        if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                            let mut headers = HeaderMap::new();
+                            headers.insert("retry-after", "1".parse().expect("header"));
+                            return (StatusCode::SERVICE_UNAVAILABLE, headers);
+                        }
+                        *power.lock().expect("lock") = "Off";
+                        (StatusCode::NO_CONTENT, HeaderMap::new())
+                    }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (base, resets)
+    }
+
+    fn power_off(address: &str, deadline_ms: i64) -> SiteStep {
+        SiteStep {
+            workflow_id: WorkflowId::generate(),
+            index: 3,
+            attempt: 1,
+            action: StepAction::PowerOff,
+            node_id: bc_domain::id::NodeId::generate(),
+            deadline_ms,
+            bmc: NodeBmc {
+                driver: BmcDriver::Redfish,
+                address: address.to_owned(),
+                system_id: Some("1".into()),
+                insecure_tls: false,
+                drivers: [(Concern::Power, "redfish".to_owned())].into_iter().collect(),
+                boot_mac: None,
+            },
+            username: "admin".into(),
+            password: "pw".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_busy_bmc_is_asked_again_after_the_wait_it_names_within_the_attempts_deadline() {
+        let (base, resets) = busy_once_bmc().await;
+        let step = power_off(&base, now_ms() + 60_000);
+        let done = run_step(&step, &SiteConfig::default()).await.expect("the second try succeeds");
+        assert_eq!(done, ("powered off".to_owned(), Some(Power::Off)));
+        assert_eq!(resets.load(Ordering::SeqCst), 2, "asked once more after the 503");
+
+        // With no time left before the deadline, the busy answer ends the attempt.
+        let (base, resets) = busy_once_bmc().await;
+        let step = power_off(&base, now_ms() + 500);
+        let err = run_step(&step, &SiteConfig::default()).await.expect_err("no time to wait");
+        assert!(err.contains("stayed busy until the step's deadline") && err.contains("503"), "{err}");
+        assert_eq!(resets.load(Ordering::SeqCst), 1);
     }
 }
