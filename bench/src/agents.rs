@@ -73,7 +73,7 @@ impl SimAgent {
 }
 
 /// Runs `task(i)` for every `i` below `count` from `tasks` concurrent tasks. Returns the results in order of `i`.
-async fn each<T, F, Fut>(count: usize, tasks: usize, task: F) -> anyhow::Result<Vec<T>>
+pub(crate) async fn each<T, F, Fut>(count: usize, tasks: usize, task: F) -> anyhow::Result<Vec<T>>
 where
     T: Send + 'static,
     F: Fn(usize) -> Fut + Clone + Send + 'static,

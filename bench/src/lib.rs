@@ -7,6 +7,7 @@ mod fanout;
 pub mod fleet;
 pub mod http;
 pub mod projections;
+pub mod provision;
 pub mod reserve;
 
 use std::future::Future;
@@ -25,6 +26,7 @@ pub use append::{AppendBenchConfig, append};
 pub use fleet::{FleetBenchConfig, fleet};
 pub use http::{HttpBenchConfig, http};
 pub use projections::{ProjectionsBenchConfig, projections};
+pub use provision::{ProvisionBenchConfig, provision};
 pub use reserve::{ReserveBenchConfig, reserve};
 
 /// Stops the benchmark's cluster (and removes its folder) however the benchmark ends.

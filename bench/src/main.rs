@@ -41,6 +41,29 @@ enum BenchCommand {
     /// with bulk SQL): placement, the earliest-start query, the capacity rollup, SSE fan-out and catch-up, and the
     /// tables' sizes, beside baselines measured in the same run.
     Fleet(BenchFleetArgs),
+    /// Machines on sushy-tools' Redfish emulator enrolled and inspected at once through the site agent, its boot
+    /// path and in-process ramdisks: the time until all are ready and the control plane's cost per machine,
+    /// beside pgbench's one-row INSERT.
+    Provision(BenchProvisionArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchProvisionArgs {
+    /// Machines on the emulator.
+    #[arg(long, default_value_t = 1_000)]
+    machines: usize,
+
+    /// The sushy-tools emulator to run (`python3 -m pip install sushy-tools==2.2.0`).
+    #[arg(long, env = "BETTER_COMPUTE_SUSHY_EMULATOR", default_value = "sushy-emulator")]
+    sushy: String,
+
+    /// Keep the cluster here instead of a temporary folder.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+
+    /// Keep the cluster's folder afterwards.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Debug, Args)]
@@ -261,6 +284,16 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
                 run_for: Duration::from_secs(args.seconds.max(1)),
                 lease: Duration::from_millis(args.lease_ms.max(100)),
                 samples: args.samples.max(1),
+                data_dir: args.data_dir,
+                keep: args.keep,
+            })
+            .await
+        }
+
+        BenchCommand::Provision(args) => {
+            bc_bench::provision(bc_bench::ProvisionBenchConfig {
+                machines: args.machines,
+                sushy: args.sushy,
                 data_dir: args.data_dir,
                 keep: args.keep,
             })
