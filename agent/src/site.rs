@@ -207,12 +207,13 @@ async fn carry_out(step: &SiteStep, bmc: &Bmc) -> Result<String, BmcError> {
 
 /// How often the site agent asks for site steps.
 pub const STEPS_POLL: Duration = Duration::from_millis(500);
-/// The most site steps carried out at once.
-pub const STEPS_AT_ONCE: usize = 64;
+/// The most site steps carried out at once: most of a step is waiting for a BMC, so many fit.
+pub const STEPS_AT_ONCE: usize = 256;
 
 /// Serves the site's steps for as long as it runs: each poll (through the agent's current client, once it has
 /// one) asks for the running site steps and starts each attempt not already under way here, at most
-/// [`STEPS_AT_ONCE`] at a time; each is reported when it ends. A step whose report is lost is still running
+/// [`STEPS_AT_ONCE`] at a time; each is reported when it ends, and one whose deadline passed while it waited
+/// for its turn is left to the worker's retry. A step whose report is lost is still running
 /// for the control plane, so a later poll carries it out again: every site step may run twice.
 pub async fn serve_steps(clients: tokio::sync::watch::Receiver<Option<Client>>, config: SiteConfig) {
     let under_way: Arc<Mutex<HashSet<(WorkflowId, u32, u32)>>> = Arc::default();
@@ -232,6 +233,11 @@ pub async fn serve_steps(clients: tokio::sync::watch::Receiver<Option<Client>>, 
                             (client.clone(), config.clone(), limit.clone(), under_way.clone());
                         tasks.spawn(async move {
                             let Ok(_permit) = limit.acquire_owned().await else { return };
+                            // An attempt whose time ran out while it waited here is the worker's to retry.
+                            if now_ms() >= step.deadline_ms {
+                                under_way.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+                                return;
+                            }
                             let report = match run_step(&step, &config).await {
                                 Ok((message, power)) => {
                                     StepReport { attempt: step.attempt, ok: true, message: Some(message), power }

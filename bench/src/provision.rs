@@ -114,6 +114,7 @@ fn start_sushy(program: &str, dir: &std::path::Path, machines: usize, notify: &s
 #[derive(Clone)]
 struct Firmware {
     boot_url: String,
+    bmc_url: String,
     scratch: PathBuf,
     running: Arc<Mutex<HashMap<String, JoinHandle<()>>>>,
 }
@@ -163,6 +164,20 @@ async fn follow(firmware: Firmware, mut changes: mpsc::UnboundedReceiver<Value>)
     let mut power: HashMap<String, String> = HashMap::new();
     while let Some(system) = changes.recv().await {
         let Some(uuid) = system["uuid"].as_str().map(str::to_owned) else { continue };
+        // The fake driver applies a power change only when the system is read after it is due; real machines
+        // change by themselves, so the firmware reads the system once the change is due.
+        if let Some(due) = system["pending_power"]["apply_time"].as_f64() {
+            let url = format!("{}/redfish/v1/Systems/{uuid}", firmware.bmc_url);
+            tokio::spawn(async move {
+                let wait = due
+                    - std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_secs_f64();
+                tokio::time::sleep(Duration::from_secs_f64(wait.max(0.0) + 0.2)).await;
+                let _ = reqwest::get(&url).await;
+            });
+        }
         let now = system["power_state"].as_str().unwrap_or("Off").to_owned();
         let before = power.insert(uuid.clone(), now.clone()).unwrap_or_else(|| "Off".to_owned());
         match (before.as_str(), now.as_str()) {
@@ -282,7 +297,12 @@ pub async fn provision(config: ProvisionBenchConfig) -> anyhow::Result<()> {
             eprintln!("site agent: {err:#}");
         }
     });
-    let firmware = Firmware { boot_url: boot.url.clone(), scratch: scratch.join("machines"), running: Arc::default() };
+    let firmware = Firmware {
+        boot_url: boot.url.clone(),
+        bmc_url: bmc_url.clone(),
+        scratch: scratch.join("machines"),
+        running: Arc::default(),
+    };
     tokio::spawn(follow(firmware, follow_changes));
     // The emulator answers once it has read its 1,000 systems.
     let http = reqwest::Client::new();
@@ -326,15 +346,16 @@ pub async fn provision(config: ProvisionBenchConfig) -> anyhow::Result<()> {
     println!("    enrolled and started {machines} inspections in {:.1} s", enrolled.as_secs_f64());
     let mut last_print = Instant::now();
     loop {
-        let ready = scalar(&db, "SELECT count(*) FROM nodes WHERE provision_state = 'ready'").await?;
-        let failed = scalar(&db, "SELECT count(*) FROM nodes WHERE provision_state = 'failed'").await?;
+        let ready = scalar(&db, "SELECT count(*) FROM nodes WHERE role = 'host' AND provision_state = 'ready'").await?;
+        let failed =
+            scalar(&db, "SELECT count(*) FROM nodes WHERE role = 'host' AND provision_state = 'failed'").await?;
         if ready + failed >= nodes.len() as i64 {
             anyhow::ensure!(failed == 0, "{failed} machines failed their inspection");
             break;
         }
         anyhow::ensure!(started.elapsed() < PATIENCE, "only {ready} of {machines} machines are ready");
         if last_print.elapsed() > Duration::from_secs(30) {
-            println!("      {:>5.0} s: {ready} ready", started.elapsed().as_secs_f64());
+            println!("      {:>5.0} s: {ready} ready, {failed} failed", started.elapsed().as_secs_f64());
             last_print = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
