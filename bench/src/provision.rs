@@ -76,9 +76,18 @@ fn mac(i: usize) -> String {
     format!("52:54:00:{:02x}:{:02x}:{:02x}", (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff)
 }
 
-fn start_sushy(program: &str, dir: &std::path::Path, machines: usize, notify: &str) -> anyhow::Result<(Sushy, String)> {
+/// Machines per emulator process: a site's BMCs are separate machines, and one emulator serving a thousand
+/// systems at once runs out of its own resources before the control plane does.
+const MACHINES_PER_EMULATOR: usize = 100;
+
+fn start_sushy(
+    program: &str,
+    dir: &std::path::Path,
+    machines: std::ops::Range<usize>,
+    notify: &str,
+) -> anyhow::Result<(Sushy, String)> {
     std::fs::create_dir_all(dir)?;
-    let systems: Vec<String> = (0..machines)
+    let systems: Vec<String> = machines
         .map(|i| {
             format!(
                 "{{'uuid': '{}', 'name': 'm-{i:05}', 'power_state': 'Off', 'external_notifier': True, \
@@ -114,7 +123,8 @@ fn start_sushy(program: &str, dir: &std::path::Path, machines: usize, notify: &s
 #[derive(Clone)]
 struct Firmware {
     boot_url: String,
-    bmc_url: String,
+    /// Each emulator's base URL, by machine number / [`MACHINES_PER_EMULATOR`].
+    bmc_urls: Vec<String>,
     scratch: PathBuf,
     running: Arc<Mutex<HashMap<String, JoinHandle<()>>>>,
 }
@@ -167,7 +177,9 @@ async fn follow(firmware: Firmware, mut changes: mpsc::UnboundedReceiver<Value>)
         // The fake driver applies a power change only when the system is read after it is due; real machines
         // change by themselves, so the firmware reads the system once the change is due.
         if let Some(due) = system["pending_power"]["apply_time"].as_f64() {
-            let url = format!("{}/redfish/v1/Systems/{uuid}", firmware.bmc_url);
+            let number = usize::from_str_radix(uuid.rsplit('-').next().unwrap_or("0"), 16).unwrap_or(0);
+            let base = firmware.bmc_urls.get(number / MACHINES_PER_EMULATOR).cloned().unwrap_or_default();
+            let url = format!("{base}/redfish/v1/Systems/{uuid}");
             tokio::spawn(async move {
                 let wait = due
                     - std::time::SystemTime::now()
@@ -239,7 +251,8 @@ pub async fn provision(config: ProvisionBenchConfig) -> anyhow::Result<()> {
     }
     println!(
         "provision benchmark: PostgreSQL {}, durable cluster in {}, {} CPUs, {machines} machines on sushy-tools' \
-         fake driver (power changes show 1-11 s after they are asked for), each inspected by an in-process ramdisk",
+         fake driver ({MACHINES_PER_EMULATOR} per emulator; power changes show 1-11 s after they are asked for), each \
+         inspected by an in-process ramdisk",
         bench.version,
         bench.root.display(),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
@@ -270,7 +283,14 @@ pub async fn provision(config: ProvisionBenchConfig) -> anyhow::Result<()> {
     let notify = format!("http://{}/notify", notifications.local_addr()?);
     let receiver = axum::Router::new().route("/notify", axum::routing::put(notified)).with_state(changes);
     tokio::spawn(async move { axum::serve(notifications, receiver).await });
-    let (_sushy, bmc_url) = start_sushy(&config.sushy, &scratch.join("sushy"), machines, &notify)?;
+    let mut emulators = Vec::new();
+    let mut bmc_urls = Vec::new();
+    for first in (0..machines).step_by(MACHINES_PER_EMULATOR) {
+        let range = first..(first + MACHINES_PER_EMULATOR).min(machines);
+        let (emulator, url) = start_sushy(&config.sushy, &scratch.join(format!("sushy-{first}")), range, &notify)?;
+        emulators.push(emulator);
+        bmc_urls.push(url);
+    }
 
     let boot_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let boot = BootConfig {
@@ -299,7 +319,7 @@ pub async fn provision(config: ProvisionBenchConfig) -> anyhow::Result<()> {
     });
     let firmware = Firmware {
         boot_url: boot.url.clone(),
-        bmc_url: bmc_url.clone(),
+        bmc_urls: bmc_urls.clone(),
         scratch: scratch.join("machines"),
         running: Arc::default(),
     };
@@ -307,18 +327,21 @@ pub async fn provision(config: ProvisionBenchConfig) -> anyhow::Result<()> {
     // The emulator answers once it has read its 1,000 systems.
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while http.get(format!("{bmc_url}/redfish/v1/Systems")).send().await.is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "sushy-emulator did not answer");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    for url in &bmc_urls {
+        while http.get(format!("{url}/redfish/v1/Systems")).send().await.is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "sushy-emulator did not answer");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     let (commits_before, exec_before) = spent(&db).await?;
     let events_before = scalar(&db, "SELECT count(*) FROM events").await?;
     let started = Instant::now();
     let nodes = {
-        let (app, owner, pool, bmc_url) = (app.clone(), owner.clone(), pool.clone(), bmc_url.clone());
+        let (app, owner, pool, bmc_urls) = (app.clone(), owner.clone(), pool.clone(), bmc_urls.clone());
         each(machines, SETUP_TASKS, move |i| {
-            let (app, owner, pool, bmc_url) = (app.clone(), owner.clone(), pool.clone(), bmc_url.clone());
+            let (app, owner, pool) = (app.clone(), owner.clone(), pool.clone());
+            let bmc_url = bmc_urls[i / MACHINES_PER_EMULATOR].clone();
             async move {
                 let bmc = bc_domain::node::NodeBmc {
                     driver: BmcDriver::Redfish,
@@ -377,5 +400,6 @@ pub async fn provision(config: ProvisionBenchConfig) -> anyhow::Result<()> {
         events as f64 / machines as f64,
     );
     let _ = stop_worker.send(true);
+    drop(emulators);
     Ok(())
 }
