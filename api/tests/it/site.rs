@@ -95,6 +95,41 @@ impl Sushy {
     }
 }
 
+/// Enrols a machine of the emulator with the BMC `address` and `password`, and starts its inspection: the node and
+/// the workflow.
+async fn enrol_and_inspect(cluster: &Cluster, name: &str, address: &str, password: &str) -> (String, String) {
+    let (status, enrolled) = cluster
+        .call(
+            reqwest::Method::POST,
+            "/v1/nodes/enrol",
+            Some(json!({
+                "poolId": cluster.pool.to_string(), "name": name,
+                "bmc": { "driver": "redfish", "address": address, "systemId": MACHINE,
+                         "username": USER, "password": password }
+            })),
+        )
+        .await;
+    assert_eq!(status, 201, "{enrolled}");
+    let node = enrolled["id"].as_str().expect("id").to_owned();
+    let (status, started) = cluster
+        .call(reqwest::Method::POST, &format!("/v1/nodes/{node}/workflows"), Some(json!({ "kind": "inspect" })))
+        .await;
+    assert_eq!(status, 201, "{started}");
+    (node, started["id"].as_str().expect("id").to_owned())
+}
+
+/// The workflow once it ended.
+async fn ended(cluster: &Cluster, id: &str) -> Value {
+    eventually("the workflow's end", || {
+        let path = format!("/v1/workflows/{id}");
+        async move {
+            let wf = cluster.call(reqwest::Method::GET, &path, None).await.1;
+            (wf["state"] != "running").then_some(wf)
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_site_agent_runs_an_inspection_s_bmc_steps_on_the_emulated_machine() {
     if !crate::hostile::slow_tests_enabled("site agent against sushy-emulator") {
@@ -112,24 +147,7 @@ async fn a_site_agent_runs_an_inspection_s_bmc_steps_on_the_emulated_machine() {
 
     let cluster = Cluster::start("site-e2e").await;
     let mut site = cluster.site_agent("site-1", bc_agent::site::SiteConfig::default()).await;
-    let (status, enrolled) = cluster
-        .call(
-            reqwest::Method::POST,
-            "/v1/nodes/enrol",
-            Some(json!({
-                "poolId": cluster.pool.to_string(), "name": "metal-1",
-                "bmc": { "driver": "redfish", "address": sushy.base_url, "systemId": MACHINE,
-                         "username": USER, "password": PASSWORD }
-            })),
-        )
-        .await;
-    assert_eq!(status, 201, "{enrolled}");
-    let node = enrolled["id"].as_str().expect("id").to_owned();
-    let (status, started) = cluster
-        .call(reqwest::Method::POST, &format!("/v1/nodes/{node}/workflows"), Some(json!({ "kind": "inspect" })))
-        .await;
-    assert_eq!(status, 201, "{started}");
-    let id = started["id"].as_str().expect("id").to_owned();
+    let (node, id) = enrol_and_inspect(&cluster, "metal-1", &sushy.base_url, PASSWORD).await;
 
     // The site agent sets the next boot from the network and powers the machine on.
     let at_inspect: Value = eventually("the site steps before the inspection", || {
@@ -164,14 +182,7 @@ async fn a_site_agent_runs_an_inspection_s_bmc_steps_on_the_emulated_machine() {
     )
     .await
     .expect("report the inspection");
-    let done: Value = eventually("the workflow's end", || {
-        let (cluster, path) = (&cluster, format!("/v1/workflows/{id}"));
-        async move {
-            let wf = cluster.call(reqwest::Method::GET, &path, None).await.1;
-            (wf["state"] != "running").then_some(wf)
-        }
-    })
-    .await;
+    let done = ended(&cluster, &id).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(done["steps"][3]["detail"], "powered off", "{done}");
     eventually("the machine to be off", || {
@@ -207,37 +218,14 @@ async fn wrong_bmc_credentials_and_an_unreachable_bmc_fail_the_workflow_and_the_
         ("wrong-password", sushy.base_url.clone(), "not-the-password", "refused the credentials"),
         ("unreachable", format!("http://127.0.0.1:{closed}"), PASSWORD, "unreachable"),
     ] {
-        let (status, enrolled) = cluster
-            .call(
-                reqwest::Method::POST,
-                "/v1/nodes/enrol",
-                Some(json!({
-                    "poolId": cluster.pool.to_string(), "name": name,
-                    "bmc": { "driver": "redfish", "address": address, "systemId": MACHINE,
-                             "username": USER, "password": password }
-                })),
-            )
-            .await;
-        assert_eq!(status, 201, "{enrolled}");
-        let node = enrolled["id"].as_str().expect("id").to_owned();
-        let (status, started) = cluster
-            .call(reqwest::Method::POST, &format!("/v1/nodes/{node}/workflows"), Some(json!({ "kind": "inspect" })))
-            .await;
-        assert_eq!(status, 201, "{started}");
-        workflows.push((node, started["id"].as_str().expect("id").to_owned(), problem));
+        let (node, id) = enrol_and_inspect(&cluster, name, &address, password).await;
+        workflows.push((node, id, problem));
     }
     for (node, id, problem) in workflows {
-        let ended: Value = eventually("the workflow's end", || {
-            let (cluster, path) = (&cluster, format!("/v1/workflows/{id}"));
-            async move {
-                let wf = cluster.call(reqwest::Method::GET, &path, None).await.1;
-                (wf["state"] != "running").then_some(wf)
-            }
-        })
-        .await;
-        assert_eq!(ended["state"], "failed", "{ended}");
-        let reason = ended["reason"].as_str().unwrap_or("");
-        assert!(reason.contains("after 3 attempt") && reason.contains(problem), "{problem}: {ended}");
+        let failed = ended(&cluster, &id).await;
+        assert_eq!(failed["state"], "failed", "{failed}");
+        let reason = failed["reason"].as_str().unwrap_or("");
+        assert!(reason.contains("after 3 attempt") && reason.contains(problem), "{problem}: {failed}");
         bc_projections::testing::catch_up(&cluster.t.db).await;
         let (_, read) = cluster.call(reqwest::Method::GET, &format!("/v1/nodes/{node}"), None).await;
         assert_eq!(read["provisionState"], "failed", "{read}");
