@@ -12,7 +12,7 @@ use bc_domain::Rejection;
 use bc_domain::agent::{
     BootAnswer, DeployedConfig, ImageToWrite, RamdiskReport, RamdiskSession, RamdiskStep, RamdiskWork,
 };
-use bc_domain::id::{JoinTokenId, NodeId, TenantId, WorkflowId};
+use bc_domain::id::{JoinTokenId, NodeId, WorkflowId};
 use bc_domain::node::lifecycle::normalize_mac;
 use bc_domain::profile::{ProfileSpec, RunsOn, StepAction};
 use bc_domain::workflow::{self, Report, StepState, Workflow};
@@ -23,7 +23,7 @@ use crate::agents::{NodeAuth, new_secret, node_caller, record_inspection, record
 use crate::store::site::{self, RamdiskCredential};
 use crate::store::{self, corrupt};
 use crate::work::{self, WorkKey};
-use crate::{App, AppResult, Caller, Committed, record};
+use crate::{App, AppResult, Committed, record};
 
 /// How a boot credential starts.
 pub const BOOT_TOKEN_PREFIX: &str = "rbt_";
@@ -51,8 +51,7 @@ fn unauthenticated(message: impl Into<String>) -> Rejection {
 /// of it (or running).
 fn boots_ramdisk(wf: &Workflow) -> bool {
     let Some((current, _, _)) = wf.current() else { return false };
-    wf.outcome.is_none()
-        && wf.created.steps.iter().enumerate().skip(current as usize).any(|(_, step)| step.runs_on == RunsOn::Ramdisk)
+    wf.outcome.is_none() && wf.created.steps.iter().skip(current as usize).any(|step| step.runs_on == RunsOn::Ramdisk)
 }
 
 fn workflow_id(text: &str) -> AppResult<WorkflowId> {
@@ -241,7 +240,7 @@ impl App {
         };
         let spec = profile_of(tx, wf).await?;
         let (token, hash) = new_secret(bc_domain::agent::JOIN_TOKEN_PREFIX)?;
-        let caller = self.ramdisk_caller(node, &wf.created.tenant_id);
+        let caller = node_caller(node, &wf.created.tenant_id);
         let id = JoinTokenId::generate();
         record_join_token(tx, &caller, &state.pool_id, &wf.created.tenant_id, &id, &hash, DEPLOY_JOIN_TOKEN_TTL_S)
             .await?;
@@ -251,10 +250,6 @@ impl App {
             user_data: spec.and_then(|s| s.user_data),
             join_token: token,
         })
-    }
-
-    fn ramdisk_caller(&self, node: &NodeId, tenant: &TenantId) -> Caller {
-        node_caller(node, tenant)
     }
 
     /// A ramdisk's report on attempt `report.attempt` of step `index` of its workflow. An inspection's report
@@ -272,21 +267,14 @@ impl App {
         } else {
             Report::Failed { error: report.message.clone().unwrap_or_else(|| "failed".to_owned()) }
         };
-        let caller = {
-            let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-            let tenant =
-                store::workflow_aggregate(&mut tx, &auth.workflow_id).await?.map(|(wf, _)| wf.created.tenant_id);
-            tx.commit().await?;
-            let tenant = tenant.ok_or_else(|| corrupt("a ramdisk session's workflow", "missing"))?;
-            self.ramdisk_caller(&auth.node_id, &tenant)
-        };
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
-                let (outcome, document, caller) = (outcome.clone(), &document, &caller);
+                let (outcome, document) = (outcome.clone(), &document);
                 async move {
                     let Some((wf, version)) = store::workflow_aggregate(tx, &auth.workflow_id).await? else {
                         return Err(corrupt("a ramdisk session's workflow", "missing"));
                     };
+                    let caller = &node_caller(&auth.node_id, &wf.created.tenant_id);
                     let action = wf.created.steps.get(index as usize).map(|s| s.action);
                     let inspection = action == Some(StepAction::Inspect) && report.ok;
                     match (inspection, document.is_some()) {

@@ -25,11 +25,10 @@ async fn join(api: &Api, pool: &str, token: Option<String>, host: &str, role: Ro
             made.body["token"].as_str().expect("token").to_owned()
         }
     };
-    let spec: simulate::Simulated = "2xH100".parse().expect("spec");
     let request = JoinRequest {
         join_token: token,
         agent_version: "test".into(),
-        inventory: simulate::inventory(host, &spec).report(&SectionHashes::default()),
+        inventory: inventory(host),
         csr: None,
         role: Some(role),
     };
@@ -160,9 +159,7 @@ async fn a_ramdisk_inspects_a_machine_with_a_single_use_boot_credential_and_its_
     // An inspection reports the inventory; a report on a site step is refused; the same report twice is one.
     let bare = as_(&api, "POST", "/v1/ramdisk/steps/2", &session, Some(json!({ "attempt": 1, "ok": true }))).await;
     assert_eq!((bare.status, &bare.body["error"]["details"]["field"]), (StatusCode::BAD_REQUEST, &json!("inventory")));
-    let spec: simulate::Simulated = "2xH100".parse().expect("spec");
-    let inventory = simulate::inventory("metal-1", &spec).report(&SectionHashes::default());
-    let report = json!({ "attempt": 1, "ok": true, "message": "inspected", "inventory": inventory });
+    let report = json!({ "attempt": 1, "ok": true, "message": "inspected", "inventory": inventory("metal-1") });
     for _ in 0..2 {
         let done = as_(&api, "POST", "/v1/ramdisk/steps/2", &session, Some(report.clone())).await;
         assert_eq!(done.status, StatusCode::OK, "{:?}", done.body);
