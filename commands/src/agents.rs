@@ -106,7 +106,7 @@ fn gpus_of(document: &NodeInventory) -> Vec<GpuInfo> {
 
 /// The devices a machine's GPUs give under the pool's sharing mode. A GPU in MIG mode without instances can run
 /// nothing until it is partitioned, so it is never an atom.
-fn devices_of(document: &NodeInventory, pool: &PoolRow) -> Vec<Device> {
+fn devices_of(node_id: &NodeId, document: &NodeInventory, pool: &PoolRow) -> Vec<Device> {
     let (mut devices, _) = devices_for(&gpus_of(document), pool.sharing, pool.policy.replicas());
     let idle: BTreeSet<&DeviceId> = document
         .gpus
@@ -118,6 +118,9 @@ fn devices_of(document: &NodeInventory, pool: &PoolRow) -> Vec<Device> {
         if idle.contains(&device.id) || device.parent.as_ref().is_some_and(|p| idle.contains(p)) {
             device.bookable = false;
         }
+    }
+    if pool.policy.tenant_root {
+        bc_domain::device::whole_node(node_id, &mut devices, &pool.gpu_model);
     }
     devices
 }
@@ -276,7 +279,7 @@ async fn hardware_events(
         return Ok((events, false));
     }
     let pool = store::pool(tx, &state.pool_id).await?.ok_or_else(|| corrupt("the node's pool", "missing"))?;
-    let devices = devices_of(document, &pool);
+    let devices = devices_of(node_id, document, &pool);
     let kept: BTreeSet<&str> = devices.iter().map(|d| d.id.as_str()).collect();
     let removed_devices: Vec<DeviceId> =
         agents::node_devices(tx, node_id, false).await?.into_iter().filter(|id| !kept.contains(id.as_str())).collect();
@@ -526,7 +529,7 @@ impl App {
                                 .into());
                             }
                             // A site agent's devices are its own: the pool books none of them.
-                            let devices = if role == Role::Site { Vec::new() } else { devices_of(document, &pool) };
+                            let devices = if role == Role::Site { Vec::new() } else { devices_of(&node_id, document, &pool) };
                             let conditions = if role == Role::Site { Vec::new() } else { conditions.clone() };
                             store::refuse_taken_devices(tx, &devices).await?;
                             let site_id = store::pool_site(tx, &pool_id).await?;
@@ -1081,7 +1084,7 @@ pub(crate) async fn record_inspection(
         .into());
     }
     let gpus = gpus_of(document);
-    let devices = devices_of(document, &pool);
+    let devices = devices_of(node_id, document, &pool);
     let kept: BTreeSet<&str> = devices.iter().map(|d| d.id.as_str()).collect();
     let held = agents::node_devices(tx, node_id, false).await?;
     let own: BTreeSet<&str> = held.iter().map(DeviceId::as_str).collect();

@@ -347,7 +347,11 @@ async fn with_facts(
         Some(name) => store::name_taken(tx, NamedTable::Pools, caller.tenant_id.as_str(), name).await?,
         None => false,
     };
-    let nodes = if delete || change.sharing.is_some() { store::pool_node_count(tx, pool_id).await?.max(0) } else { 0 };
+    let nodes = if delete || change.sharing.is_some() || change.policy.is_some() {
+        store::pool_node_count(tx, pool_id).await?.max(0)
+    } else {
+        0
+    };
     let live = if delete { store::live_reservations_of_pool(tx, pool_id).await?.max(0) } else { 0 };
     let facts = pool::UpdateFacts { name_taken, nodes: nodes as u64, live_reservations: live as u64 };
     Ok(if delete { PoolCommand::Delete { facts, now_ms } } else { PoolCommand::Update { change, facts, now_ms } })

@@ -29,6 +29,7 @@ pub mod tenancy;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tickets;
+mod whole_nodes;
 pub mod work;
 pub mod worker;
 pub mod workflows;

@@ -6,12 +6,12 @@
 
 use bc_domain::agent::CommandKind;
 use bc_domain::id::NodeId;
-use bc_domain::reservation::{Allocation, Reservation, ReservationEvent, ReservationState};
+use bc_domain::reservation::{Allocation, Binding, Reservation, ReservationEvent, ReservationState};
 use bc_eventstore::Tx;
 
-use super::AppResult;
 pub use super::store::node_commands::{CommandRecord, Delivery};
 pub(crate) use super::store::node_commands::{acknowledge, agent_nodes, all_succeeded, deliverable, enqueue, list};
+use super::{AppResult, Caller};
 
 /// The agent nodes a reservation's allocations are on.
 pub(crate) async fn awaiting_for(tx: &mut Tx, allocations: &[Allocation]) -> AppResult<Vec<NodeId>> {
@@ -25,10 +25,14 @@ pub(crate) async fn awaiting_for(tx: &mut Tx, allocations: &[Allocation]) -> App
 /// `agents` are the agent nodes of its allocations when the caller read them already.
 pub(crate) async fn follow_hand_overs(
     tx: &mut Tx,
+    caller: &Caller,
     before: &Reservation,
     events: &[ReservationEvent],
     agents: Option<&[NodeId]>,
 ) -> AppResult<()> {
+    if before.request.binding == Binding::Node {
+        return super::whole_nodes::follow(tx, caller, before, events).await;
+    }
     let bound_before = matches!(before.state, ReservationState::Binding | ReservationState::Active);
     for event in events {
         let (nodes, bind) = match event {
@@ -63,11 +67,19 @@ pub(crate) async fn with_awaiting(
 ) -> AppResult<bc_domain::reservation::Command> {
     use bc_domain::reservation::Command;
     Ok(match command {
+        Command::StartBinding { .. } | Command::Release { .. } if r.request.binding == Binding::Node => {
+            with_agents(command, whole_nodes(r))
+        }
         Command::StartBinding { .. } | Command::Release { .. } => {
             with_agents(command, awaiting_for(tx, &r.allocations).await?)
         }
         other => other,
     })
+}
+
+/// The machines a `binding: node` reservation hands over: every node of its allocations, agent or not.
+pub(crate) fn whole_nodes(r: &Reservation) -> Vec<NodeId> {
+    r.allocations.iter().map(|a| a.node_id.clone()).collect()
 }
 
 /// [`with_awaiting`] when the agent nodes of the reservation's allocations are known.

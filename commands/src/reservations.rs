@@ -6,8 +6,8 @@ use bc_domain::id::{NodeId, ReservationId, TenantId};
 use bc_domain::placement::{self, NodeCandidate, PlannedAllocation};
 use bc_domain::pool::PoolOffered;
 use bc_domain::reservation::{
-    self, AdmissionFacts, Allocation, Command, DeviceRequest, ExpiryCause, NewRequest, Reservation, ReservationEvent,
-    ReservationRequest, Waiting, placed_start,
+    self, AdmissionFacts, Allocation, Binding, Command, DeviceRequest, ExpiryCause, NewRequest, Reservation,
+    ReservationEvent, ReservationRequest, Waiting, placed_start,
 };
 use bc_eventstore::events::{self, ExpectedVersion};
 use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock};
@@ -104,6 +104,26 @@ pub(crate) async fn try_place(
         store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
     }
     store::lock_pool(tx, &pool.id).await?;
+    if request.binding == Binding::Node {
+        // Whole machines: few, slow to hand over, and mostly not schedulable (a `ready` machine runs no agent), so
+        // they are read straight from their node atoms' bookings rather than from the free-capacity summary.
+        let candidates = store::whole_nodes::candidates(tx, &pool.id, &request.devices, start_ms, end_ms).await?;
+        let Some(plan) = placement::plan_spread(&r.id, &request.devices, &candidates, spread) else {
+            return Ok(None);
+        };
+        let nodes: Vec<&str> = plan.iter().map(|a| a.node_id.as_str()).collect();
+        let atoms: Vec<&str> = plan.iter().flat_map(|a| a.devices.iter().map(|d| d.as_str())).collect();
+        if !store::whole_nodes::lock(tx, &pool.id, &nodes, &atoms).await? {
+            return Ok(None);
+        }
+        if let Some(quota) = quota {
+            let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, start_ms, end_ms).await?;
+            if !reservation::within_quota(peak, request.devices.count, quota) {
+                return Ok(None);
+            }
+        }
+        return Ok(Some(allocations(plan)));
+    }
     // The summary answers most requests from the first nodes it reads; the exact query (the nodes that can hold the
     // atoms until the window's end, then the atoms free over the window) finds what the summary cannot see, atoms
     // booked only after the window.
@@ -387,7 +407,11 @@ impl App {
                     Some((r, _)) if r.tenant_id == caller.tenant_id => r,
                     _ => return Err(Rejection::NotFound { kind: "reservation", id: id.to_string() }.into()),
                 };
-                let command = super::node_commands::with_agents(command(facts.now_ms), facts.agents.clone());
+                let agents = match r.request.binding {
+                    Binding::Node => super::node_commands::whole_nodes(&r),
+                    Binding::Hold | Binding::Instance => facts.agents.clone(),
+                };
+                let command = super::node_commands::with_agents(command(facts.now_ms), agents);
                 let events = reservation::decide(&r, &command)?;
                 let known = Known { agents: Some(&facts.agents), draining: Some(&facts.draining), with_commit: true };
                 apply_and_schedule_known(&mut tx, caller, r, events, facts.now_ms, &known).await
@@ -410,7 +434,8 @@ impl App {
         gate: Option<&Call>,
     ) -> AppResult<Committed<Reserved>> {
         let (place, spread) = match placement {
-            Placement::Try { spread } => (true, spread),
+            // Whole machines are placed statement by statement (`try_place`), not from the facts' summary read.
+            Placement::Try { spread } => (request.binding != Binding::Node, spread),
             Placement::Skip => (false, 0),
         };
         let call = store::facts::reserve_facts_call(id, &caller.tenant_id, request, place, spread)?;
@@ -485,7 +510,7 @@ pub(crate) async fn record_reservation_known(
 ) -> AppResult<(Reservation, Option<Position>)> {
     let frees_capacity =
         events.iter().any(|e| e.ends_bookings_at().is_some() || matches!(e, ReservationEvent::Replaced(_)));
-    super::node_commands::follow_hand_overs(tx, &r, &events, known.agents).await?;
+    super::node_commands::follow_hand_overs(tx, caller, &r, &events, known.agents).await?;
     let state = events.iter().fold(Some(r.clone()), reservation::evolve).unwrap_or_else(|| r.clone());
     let position = record(tx, caller, r.id.as_str(), &r.tenant_id, ExpectedVersion::Exact(r.version), events).await?;
     if frees_capacity {
@@ -572,6 +597,7 @@ async fn reserve_decided(
         pool_id: &pool.id,
         pool_owner: &pool.owner_tenant_id,
         sharing: pool.sharing,
+        tenant_root: pool.policy.tenant_root,
         gpu_model: &pool.gpu_model,
         offers: &facts.offers,
         tenant: &caller.tenant_id,
@@ -579,6 +605,11 @@ async fn reserve_decided(
         project_in_tenant: facts.project_in_tenant,
     };
     let admitted = reservation::admit(request, &admission)?;
+    if let Some(profile_id) = &request.profile_id {
+        // The profile its machines will be deployed with: a live metal profile of the caller's tenant.
+        crate::workflows::profile_steps(tx, profile_id, &caller.tenant_id, bc_domain::workflow::WorkflowKind::Deploy)
+            .await?;
+    }
     let mut events = reservation::request(None, new(admitted.priority, admitted.quota_holder))?;
     let mut state = reservation::fold(&events)
         .ok_or_else(|| AppError::Store(bc_eventstore::Error::Internal("no state after a request".into())))?;
@@ -608,7 +639,12 @@ async fn reserve_decided(
             let (holders, pending) = match waiting {
                 Some(known) => known,
                 None => (
-                    store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?,
+                    match request.binding {
+                        Binding::Node => store::whole_nodes::holders(tx, &pool.id, &request.devices).await?,
+                        Binding::Hold | Binding::Instance => {
+                            store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?
+                        }
+                    },
                     store::pending_count(tx, &pool.id).await?,
                 ),
             };

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bc_domain::id::{PoolId, ReservationId};
-use bc_domain::reservation::{self, Command, Due, ReservationState};
+use bc_domain::reservation::{self, Binding, Command, Due, ReservationState};
 use bc_eventstore::lease::{self, Lease};
 use bc_eventstore::queue::{self, Backoff, WorkItem};
 use bc_eventstore::shards::OwnedShards;
@@ -284,7 +284,13 @@ impl Worker {
                     let mut answering: Option<Caller> = None;
                     // A few steps at most: placed → binding → active happen together at the start.
                     for _ in 0..4 {
-                        let command = match reservation::due(&r, now_ms) {
+                        let handing_over = matches!(r.state, ReservationState::Binding | ReservationState::Releasing);
+                        let whole = if handing_over && r.request.binding == Binding::Node {
+                            super::whole_nodes::step(tx, caller, &r, now_ms).await?
+                        } else {
+                            None
+                        };
+                        let command = match whole.map(Due::Apply).unwrap_or_else(|| reservation::due(&r, now_ms)) {
                             Due::Done => {
                                 queue::complete(tx, item).await?;
                                 return Ok(());

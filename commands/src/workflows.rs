@@ -4,10 +4,10 @@
 
 use bc_domain::Rejection;
 use bc_domain::event::DomainEvent as _;
-use bc_domain::id::{NodeId, ProfileId, WorkflowId};
+use bc_domain::id::{NodeId, ProfileId, ReservationId, TenantId, WorkflowId};
 use bc_domain::node::lifecycle;
 use bc_domain::node::{NodeEvent, ProvisionState};
-use bc_domain::profile::{ProfileTarget, RunsOn};
+use bc_domain::profile::{ProfileTarget, RunsOn, StepSpec};
 use bc_domain::workflow::{
     self, Facts, NextLook, Outcome, Report, Workflow, WorkflowCreated, WorkflowEvent, WorkflowKind,
 };
@@ -71,9 +71,138 @@ fn lifecycle_after(
     Ok(events)
 }
 
+/// What a workflow about to start runs, and the reservation that starts it, if one does.
+pub(crate) struct NewWorkflow {
+    pub kind: WorkflowKind,
+    pub profile_id: Option<ProfileId>,
+    pub reservation_id: Option<ReservationId>,
+    pub steps: Vec<StepSpec>,
+}
+
+/// The steps a deployment of `profile_id` runs: the profile's own, or the built-in ones when it gives none. The
+/// profile must be a live metal profile of `tenant`.
+pub(crate) async fn profile_steps(
+    tx: &mut Tx,
+    profile_id: &ProfileId,
+    tenant: &TenantId,
+    kind: WorkflowKind,
+) -> AppResult<Vec<StepSpec>> {
+    let profile = store::profiles::profile(tx, profile_id.as_str()).await?;
+    let profile = profile
+        .filter(|p| p.tenant_id == tenant.as_str())
+        .ok_or_else(|| Rejection::invalid("profileId", format!("profile {profile_id} was not found")))?;
+    let spec: bc_domain::profile::ProfileSpec =
+        serde_json::from_str(&profile.spec).map_err(|err| store::corrupt("a profile's spec", err))?;
+    if spec.target != ProfileTarget::Metal {
+        return Err(Rejection::invalid("profileId", "a machine is deployed with a metal profile").into());
+    }
+    Ok(if spec.steps.is_empty() { kind.default_steps() } else { spec.steps })
+}
+
+/// Starts a workflow on an enrolled machine, in the caller's transaction: checks that the machine may run it (its
+/// lifecycle state, no other workflow running, a driver bound for every step that needs one), moves the machine
+/// into the state the workflow runs in, records the workflow on a stream of `owner` (the pool's owner) and has the
+/// worker drive it.
+pub(crate) async fn begin_workflow(
+    tx: &mut Tx,
+    caller: &Caller,
+    node: &bc_domain::node::Node,
+    owner: &TenantId,
+    workflow_id: &WorkflowId,
+    new: NewWorkflow,
+) -> AppResult<Option<bc_eventstore::Position>> {
+    let node_id = &node.id;
+    let kind = new.kind;
+    let Some(bmc) = &node.bmc else {
+        return Err(
+            Rejection::Conflict(format!("node {node_id} was not enrolled from a BMC: it has no workflows")).into()
+        );
+    };
+    let (from, runs_in) = kind.lifecycle();
+    if !from.contains(&node.provision_state) {
+        let allowed: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+        return Err(Rejection::Conflict(format!(
+            "node {node_id} is {}: a {} workflow starts from {}",
+            node.provision_state.as_str(),
+            kind.as_str(),
+            allowed.join(" or ")
+        ))
+        .into());
+    }
+    if let Some(running) = store::workflows::running_on(tx, node_id.as_str()).await? {
+        return Err(Rejection::Conflict(format!("workflow {running} is running on node {node_id}")).into());
+    }
+    for (n, step) in new.steps.iter().enumerate() {
+        if let Some(concern) = step.action.concern()
+            && !bmc.drivers.contains_key(&concern)
+        {
+            return Err(Rejection::Conflict(format!(
+                "step {n} ({}) needs a driver for {}, and node {node_id} has none bound",
+                step.name,
+                concern.as_str()
+            ))
+            .into());
+        }
+    }
+    let now_ms = clock::compute_now_ms(tx).await?;
+    let moved =
+        lifecycle::change_provision(node, runs_in, Some(format!("{} workflow {workflow_id}", kind.as_str())), now_ms)?;
+    let created = WorkflowEvent::Created(WorkflowCreated {
+        workflow_id: workflow_id.clone(),
+        tenant_id: owner.clone(),
+        node_id: node_id.clone(),
+        kind,
+        profile_id: new.profile_id,
+        reservation_id: new.reservation_id,
+        steps: new.steps,
+        at_ms: now_ms,
+    });
+    record_moves(tx, caller, node, owner, moved).await?;
+    let position = record(tx, caller, workflow_id.as_str(), owner, ExpectedVersion::NO_STREAM, vec![created]).await?;
+    work::wake_now(tx, &WorkKey::Workflow(workflow_id.clone())).await?;
+    Ok(position)
+}
+
+/// Cancels a running workflow in the caller's transaction, moving its machine to `failed` (what the workflow did so
+/// far is unknown). `None` when it had already ended.
+pub(crate) async fn end_workflow(
+    tx: &mut Tx,
+    caller: &Caller,
+    workflow_id: &WorkflowId,
+    reason: Option<String>,
+) -> AppResult<Option<bc_eventstore::Position>> {
+    let not_found = || Rejection::NotFound { kind: "workflow", id: workflow_id.to_string() };
+    let Some((wf, version)) = store::workflow_aggregate(tx, workflow_id).await? else {
+        return Err(not_found().into());
+    };
+    if wf.outcome.is_some() {
+        return Ok(None);
+    }
+    let Some((node, _)) = store::node_aggregate(tx, &wf.created.node_id).await? else {
+        return Err(not_found().into());
+    };
+    let now_ms = clock::compute_now_ms(tx).await?;
+    let events = workflow::cancel(&wf, reason, now_ms)?;
+    let ended = events.iter().fold(Some(wf.clone()), workflow::evolve_workflow).unwrap_or(wf.clone());
+    let tenant = wf.created.tenant_id.clone();
+    let position = record(tx, caller, workflow_id.as_str(), &tenant, ExpectedVersion::Exact(version), events).await?;
+    let moves = lifecycle_after(&node, wf.created.kind, Outcome::Cancelled, ended.reason.as_deref(), now_ms)?;
+    record_moves(tx, caller, &node, &tenant, moves).await?;
+    wake_reservation(tx, &wf).await?;
+    Ok(position)
+}
+
+/// Wakes the reservation that started a workflow, so its hand-over sees the workflow's end.
+async fn wake_reservation(tx: &mut Tx, wf: &Workflow) -> AppResult<()> {
+    if let Some(reservation) = &wf.created.reservation_id {
+        work::wake_now(tx, &WorkKey::Reservation(reservation.clone())).await?;
+    }
+    Ok(())
+}
+
 impl App {
-    /// Starts a workflow of `kind` on an enrolled machine of a pool the caller's tenant owns, moving it into the
-    /// state the workflow runs in. A deployment runs the steps of `profile` (its built-in steps when the profile
+    /// Starts a workflow of `kind` on an enrolled machine of a pool the caller's tenant owns (see
+    /// [`begin_workflow`]). A deployment runs the steps of `profile` (its built-in steps when the profile
     /// gives none); an inspection and a release run built-in steps.
     pub async fn start_workflow(
         &self,
@@ -104,87 +233,12 @@ impl App {
                         return Err(not_found().into());
                     }
                     let pool = owned_pool(tx, caller, &node.pool_id).await.map_err(|_| not_found())?;
-                    let Some(bmc) = &node.bmc else {
-                        return Err(Rejection::Conflict(format!(
-                            "node {node_id} was not enrolled from a BMC: it has no workflows"
-                        ))
-                        .into());
-                    };
-                    let (from, runs_in) = kind.lifecycle();
-                    if !from.contains(&node.provision_state) {
-                        let allowed: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
-                        return Err(Rejection::Conflict(format!(
-                            "node {node_id} is {}: a {} workflow starts from {}",
-                            node.provision_state.as_str(),
-                            kind.as_str(),
-                            allowed.join(" or ")
-                        ))
-                        .into());
-                    }
-                    if let Some(running) = store::workflows::running_on(tx, node_id.as_str()).await? {
-                        return Err(
-                            Rejection::Conflict(format!("workflow {running} is running on node {node_id}")).into()
-                        );
-                    }
                     let steps = match profile_id {
-                        Some(profile_id) => {
-                            let profile = store::profiles::profile(tx, profile_id.as_str()).await?;
-                            let profile =
-                                profile.filter(|p| p.tenant_id == pool.owner_tenant_id.as_str()).ok_or_else(|| {
-                                    Rejection::invalid("profileId", format!("profile {profile_id} was not found"))
-                                })?;
-                            let spec: bc_domain::profile::ProfileSpec = serde_json::from_str(&profile.spec)
-                                .map_err(|err| store::corrupt("a profile's spec", err))?;
-                            if spec.target != ProfileTarget::Metal {
-                                return Err(Rejection::invalid(
-                                    "profileId",
-                                    "a machine is deployed with a metal profile",
-                                )
-                                .into());
-                            }
-                            if spec.steps.is_empty() { kind.default_steps() } else { spec.steps }
-                        }
+                        Some(profile_id) => profile_steps(tx, profile_id, &pool.owner_tenant_id, kind).await?,
                         None => kind.default_steps(),
                     };
-                    for (n, step) in steps.iter().enumerate() {
-                        if let Some(concern) = step.action.concern()
-                            && !bmc.drivers.contains_key(&concern)
-                        {
-                            return Err(Rejection::Conflict(format!(
-                                "step {n} ({}) needs a driver for {}, and node {node_id} has none bound",
-                                step.name,
-                                concern.as_str()
-                            ))
-                            .into());
-                        }
-                    }
-                    let now_ms = clock::compute_now_ms(tx).await?;
-                    let moved = lifecycle::change_provision(
-                        &node,
-                        runs_in,
-                        Some(format!("{} workflow {workflow_id}", kind.as_str())),
-                        now_ms,
-                    )?;
-                    let created = WorkflowEvent::Created(WorkflowCreated {
-                        workflow_id: workflow_id.clone(),
-                        tenant_id: pool.owner_tenant_id.clone(),
-                        node_id: node_id.clone(),
-                        kind,
-                        profile_id: profile_id.cloned(),
-                        steps,
-                        at_ms: now_ms,
-                    });
-                    record_moves(tx, caller, &node, &pool.owner_tenant_id, moved).await?;
-                    let position = record(
-                        tx,
-                        caller,
-                        workflow_id.as_str(),
-                        &pool.owner_tenant_id,
-                        ExpectedVersion::NO_STREAM,
-                        vec![created],
-                    )
-                    .await?;
-                    work::wake_now(tx, &WorkKey::Workflow(workflow_id.clone())).await?;
+                    let new = NewWorkflow { kind, profile_id: profile_id.cloned(), reservation_id: None, steps };
+                    let position = begin_workflow(tx, caller, &node, &pool.owner_tenant_id, workflow_id, new).await?;
                     Ok(Committed { value: workflow_id.clone(), position })
                 }
                 .scope_boxed()
@@ -241,23 +295,19 @@ impl App {
                 let reason = reason.clone();
                 async move {
                     let not_found = || Rejection::NotFound { kind: "workflow", id: workflow_id.to_string() };
-                    let Some((wf, version)) = store::workflow_aggregate(tx, workflow_id).await? else {
+                    let Some((wf, _)) = store::workflow_aggregate(tx, workflow_id).await? else {
                         return Err(not_found().into());
                     };
                     let Some((node, _)) = store::node_aggregate(tx, &wf.created.node_id).await? else {
                         return Err(not_found().into());
                     };
                     owned_pool(tx, caller, &node.pool_id).await.map_err(|_| not_found())?;
-                    let now_ms = clock::compute_now_ms(tx).await?;
-                    let events = workflow::cancel(&wf, reason, now_ms)?;
-                    let ended = events.iter().fold(Some(wf.clone()), workflow::evolve_workflow).unwrap_or(wf.clone());
-                    let tenant = wf.created.tenant_id.clone();
-                    let position =
-                        record(tx, caller, workflow_id.as_str(), &tenant, ExpectedVersion::Exact(version), events)
-                            .await?;
-                    let moves =
-                        lifecycle_after(&node, wf.created.kind, Outcome::Cancelled, ended.reason.as_deref(), now_ms)?;
-                    record_moves(tx, caller, &node, &tenant, moves).await?;
+                    if wf.outcome.is_some() {
+                        // The domain names the state it refuses from.
+                        let now_ms = clock::compute_now_ms(tx).await?;
+                        workflow::cancel(&wf, reason.clone(), now_ms)?;
+                    }
+                    let position = end_workflow(tx, caller, workflow_id, reason).await?;
                     Ok(Committed { value: (), position })
                 }
                 .scope_boxed()
@@ -306,6 +356,9 @@ impl App {
                             let moves =
                                 lifecycle_after(&node, wf.created.kind, outcome, after.reason.as_deref(), now_ms)?;
                             record_moves(tx, caller, &node, &tenant, moves).await?;
+                        }
+                        if after.outcome.is_some() && wf.outcome.is_none() {
+                            wake_reservation(tx, &wf).await?;
                         }
                     }
                     match next {

@@ -205,6 +205,30 @@ impl Sharing {
     }
 }
 
+/// Turns a node's devices into those of a pool that hands out whole machines (`policy.tenantRoot`): its GPUs
+/// stay listed but are never booked on their own, and the node itself becomes the one atom, of class `node`,
+/// with its GPUs' model and product (the pool's model when it has none) and their count as `gpus`.
+pub fn whole_node(node_id: &crate::id::NodeId, devices: &mut Vec<Device>, pool_gpu_model: &str) {
+    let gpus: Vec<&Device> = devices.iter().filter(|d| d.class == DeviceClass::Gpu).collect();
+    let (gpu_model, gpu_product) = match gpus.first() {
+        Some(first) => (first.gpu_model.clone(), first.gpu_product.clone()),
+        None => (pool_gpu_model.to_owned(), String::new()),
+    };
+    let atom = Device {
+        id: DeviceId::whole_node(node_id),
+        class: DeviceClass::Node,
+        parent: None,
+        bookable: true,
+        gpu_model,
+        gpu_product,
+        attributes: BTreeMap::from([("gpus".to_owned(), AttrValue::Int(gpus.len() as i64))]),
+    };
+    for device in devices.iter_mut() {
+        device.bookable = false;
+    }
+    devices.push(atom);
+}
+
 /// The devices of a node's GPUs under a pool's sharing mode, and the NVML names this build does not know
 /// (their GPUs get `gpuModel: other`, and the node the `GpuModelUnknown` condition).
 pub fn devices_for(gpus: &[GpuInfo], sharing: Sharing, replicas: u32) -> (Vec<Device>, Vec<String>) {

@@ -322,6 +322,11 @@ impl DeviceId {
         DeviceId(format!("{}/gi{gpu_instance}/ci{compute_instance}", gpu.0))
     }
 
+    /// The whole-node atom `<node>/node` of a node in a `tenantRoot` pool.
+    pub fn whole_node(node: &NodeId) -> DeviceId {
+        DeviceId(format!("{}/node", node.0))
+    }
+
     /// The time-slice or MPS slot `<gpu>/s<k>`.
     pub fn slot(gpu: &DeviceId, slot: u32) -> DeviceId {
         DeviceId(format!("{}/s{slot}", gpu.0))

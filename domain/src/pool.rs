@@ -145,10 +145,10 @@ impl PoolPolicy {
                 "is not acted on yet: hardware profiles come with bare-metal provisioning (leave it out)",
             ));
         }
-        if self.tenant_root {
+        if self.tenant_root && sharing != Sharing::Exclusive {
             return Err(Rejection::invalid(
                 "policy.tenantRoot",
-                "is not acted on yet: whole-node reservations are not offered (leave it out or false)",
+                "applies to exclusive pools only: a whole machine is handed over with every GPU it has",
             ));
         }
         for (resource, ratio) in &self.overcommit {
@@ -178,11 +178,11 @@ impl PoolPolicy {
 pub const MAX_LOST_AFTER_S: u64 = 30 * 24 * 3600;
 
 /// The resources a quota can name.
-pub const QUOTA_RESOURCES: &[&str] = &["gpu", "gpu.mig", "gpu.slot", "vcpu", "memoryGiB", "nic.vf", "disk"];
+pub const QUOTA_RESOURCES: &[&str] = &["gpu", "gpu.mig", "gpu.slot", "node", "vcpu", "memoryGiB", "nic.vf", "disk"];
 
 /// The resources placement accounts today (the atoms); the scalar ones are refused in a quota until nodes report
 /// them.
-pub const ACCOUNTED_RESOURCES: &[&str] = &["gpu", "gpu.mig", "gpu.slot"];
+pub const ACCOUNTED_RESOURCES: &[&str] = &["gpu", "gpu.mig", "gpu.slot", "node"];
 
 /// Atoms per resource that a tenant may hold in a pool at any instant. A resource missing from it grants zero.
 pub type Quota = BTreeMap<String, u32>;

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::Rejection;
 use crate::device::{AttrValue, DeviceClass};
 use crate::domain_events;
-use crate::id::{AllocationId, DeviceId, Identity, NodeId, PoolId, ProjectId, ReservationId, TenantId};
+use crate::id::{AllocationId, DeviceId, Identity, NodeId, PoolId, ProfileId, ProjectId, ReservationId, TenantId};
 
 /// The furthest ahead a window may start, and the longest a window may last.
 pub const MAX_AHEAD_MS: i64 = 366 * 24 * 3600 * 1000;
@@ -22,6 +22,8 @@ pub const MAX_AHEAD_MS: i64 = 366 * 24 * 3600 * 1000;
 pub const DEFAULT_PENDING_WAIT_MS: i64 = 24 * 3600 * 1000;
 /// The most atoms one reservation may ask for.
 pub const MAX_COUNT: u32 = 4096;
+/// The most whole nodes one `binding: node` reservation may ask for.
+pub const MAX_NODES: u32 = 256;
 
 /// A reservation's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -113,7 +115,8 @@ pub enum Binding {
     Hold,
     /// A VPS instance's allocation (not supported yet).
     Instance,
-    /// A whole node deployed with the tenant's profile (not supported yet).
+    /// Whole nodes of a `tenantRoot` pool, deployed with the tenant's profile at the window's start and wiped
+    /// at its end.
     Node,
 }
 
@@ -164,8 +167,11 @@ pub struct DeviceRequest {
 }
 
 impl DeviceRequest {
-    /// How many nodes the atoms spread over.
+    /// How many nodes the atoms spread over (for whole nodes, the count).
     pub fn nodes(&self) -> u32 {
+        if self.class == DeviceClass::Node {
+            return self.count.max(1);
+        }
         match self.topology {
             Topology::SameNode => 1,
             Topology::Gang { nodes } => nodes.max(1),
@@ -199,6 +205,9 @@ pub struct ReservationRequest {
     pub deadline_ms: Option<i64>,
     /// Whether it may wait in `pending` for capacity; `false` answers `CAPACITY_UNAVAILABLE` instead.
     pub wait: bool,
+    /// The tenant's metal profile a `binding: node` reservation deploys on its nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_id: Option<ProfileId>,
 }
 
 impl ReservationRequest {
@@ -215,14 +224,50 @@ impl ReservationRequest {
             project_id: None,
             deadline_ms: None,
             wait: true,
+            profile_id: None,
         }
     }
 
     /// Checks the request against the rules that need no lookup. `now_ms` is the command's time.
     pub fn check(&self, now_ms: i64) -> Result<(), Rejection> {
         let devices = &self.devices;
-        if !matches!(devices.class, DeviceClass::Gpu | DeviceClass::GpuMig | DeviceClass::GpuSlot) {
-            return Err(Rejection::invalid("devices.class", "only gpu, gpu.mig and gpu.slot atoms can be reserved"));
+        match (self.binding, devices.class) {
+            (Binding::Instance, _) => {
+                return Err(Rejection::invalid("binding", "instance bindings are not supported yet (hold or node)"));
+            }
+            (Binding::Node, DeviceClass::Node) => {
+                if devices.count == 0 || devices.count > MAX_NODES {
+                    return Err(Rejection::invalid("devices.count", format!("must be from 1 to {MAX_NODES} nodes")));
+                }
+                if devices.topology != Topology::SameNode {
+                    return Err(Rejection::invalid(
+                        "devices.topology",
+                        "does not apply to whole nodes: each node is one atom (leave it out)",
+                    ));
+                }
+                if self.profile_id.is_none() {
+                    return Err(Rejection::invalid(
+                        "profileId",
+                        "a node binding names the metal profile its nodes are deployed with",
+                    ));
+                }
+            }
+            (Binding::Node, _) => {
+                return Err(Rejection::invalid("devices.class", "a node binding reserves whole nodes: class node"));
+            }
+            (Binding::Hold, DeviceClass::Node) => {
+                return Err(Rejection::invalid("binding", "whole nodes are reserved with binding node"));
+            }
+            (Binding::Hold, DeviceClass::Gpu | DeviceClass::GpuMig | DeviceClass::GpuSlot) => {}
+            (Binding::Hold, _) => {
+                return Err(Rejection::invalid(
+                    "devices.class",
+                    "only gpu, gpu.mig and gpu.slot atoms, or whole nodes, can be reserved",
+                ));
+            }
+        }
+        if self.binding != Binding::Node && self.profile_id.is_some() {
+            return Err(Rejection::invalid("profileId", "only a node binding deploys a profile"));
         }
         if devices.count == 0 || devices.count > MAX_COUNT {
             return Err(Rejection::invalid("devices.count", format!("must be from 1 to {MAX_COUNT}")));
@@ -247,12 +292,6 @@ impl ReservationRequest {
             }
         }
         crate::device::check_no_nul("devices.selector", &devices.selector)?;
-        if self.binding != Binding::Hold {
-            return Err(Rejection::invalid(
-                "binding",
-                "only hold bindings are supported; instance and node are not yet",
-            ));
-        }
         if self.duration_s == 0 || self.duration_s as i64 > MAX_AHEAD_MS / 1000 {
             return Err(Rejection::invalid("duration", "must be from 1 second to 366 days"));
         }
@@ -997,6 +1036,28 @@ pub fn decide(r: &Reservation, command: &Command) -> Result<Vec<ReservationEvent
 
 /// How long agents have to confirm a binding (then it fails) or a release (then it completes unconfirmed).
 pub const HAND_OVER_TIMEOUT_MS: i64 = 120_000;
+/// How long whole nodes have to be deployed (a binding) or wiped (a release): the workflows' own step timeouts
+/// end them sooner when a step hangs; this bounds the wait for a node still being wiped after its previous
+/// tenant.
+pub const NODE_HAND_OVER_TIMEOUT_MS: i64 = 3 * 3600 * 1000;
+
+/// When a hand-over waiting until `deadline` looks again: whole nodes are looked at every
+/// [`whole_nodes::NODE_POLL_MS`] (their workflows wake it sooner), agents' hand-overs only at the deadline (their
+/// acknowledgements wake it).
+fn poll_whole_nodes(r: &Reservation, now_ms: i64, deadline: i64) -> i64 {
+    match r.request.binding {
+        Binding::Node => deadline.min(now_ms + whole_nodes::NODE_POLL_MS),
+        Binding::Hold | Binding::Instance => deadline,
+    }
+}
+
+/// How long a reservation's hand-overs may take.
+pub fn hand_over_timeout_ms(r: &Reservation) -> i64 {
+    match r.request.binding {
+        Binding::Node => NODE_HAND_OVER_TIMEOUT_MS,
+        Binding::Hold | Binding::Instance => HAND_OVER_TIMEOUT_MS,
+    }
+}
 
 /// What the reservation's work-queue job should do at `now_ms`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1054,11 +1115,11 @@ pub fn due(r: &Reservation, now_ms: i64) -> Due {
         // it, and it fails when they do not come in time.
         S::Binding if r.awaiting.is_empty() => Due::Apply(Command::Activate { now_ms }),
         S::Binding => {
-            let deadline = r.hand_over_at_ms.unwrap_or(now_ms) + HAND_OVER_TIMEOUT_MS;
+            let deadline = r.hand_over_at_ms.unwrap_or(now_ms) + hand_over_timeout_ms(r);
             if now_ms >= deadline {
                 Due::Apply(Command::Fail { reason: FailureReason::BindingTimedOut, now_ms })
             } else {
-                Due::WakeAt(deadline)
+                Due::WakeAt(poll_whole_nodes(r, now_ms, deadline))
             }
         }
         S::Active => {
@@ -1074,11 +1135,11 @@ pub fn due(r: &Reservation, now_ms: i64) -> Due {
         }
         S::Releasing if r.awaiting.is_empty() => Due::Apply(Command::CompleteRelease { now_ms, unconfirmed: false }),
         S::Releasing => {
-            let deadline = r.hand_over_at_ms.unwrap_or(now_ms) + HAND_OVER_TIMEOUT_MS;
+            let deadline = r.hand_over_at_ms.unwrap_or(now_ms) + hand_over_timeout_ms(r);
             if now_ms >= deadline {
                 Due::Apply(Command::CompleteRelease { now_ms, unconfirmed: true })
             } else {
-                Due::WakeAt(deadline)
+                Due::WakeAt(poll_whole_nodes(r, now_ms, deadline))
             }
         }
         S::Draft | S::AwaitingConfirmation => Due::WakeAt(r.pending_deadline_ms),
@@ -1087,6 +1148,7 @@ pub fn due(r: &Reservation, now_ms: i64) -> Due {
 }
 
 mod admission;
+pub mod whole_nodes;
 
 pub use admission::{AdmissionFacts, Admitted, Waiting, admit, may_wait, quota_of, within_quota};
 

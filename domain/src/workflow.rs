@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Rejection;
 use crate::domain_events;
-use crate::id::{NodeId, ProfileId, TenantId, WorkflowId};
+use crate::id::{NodeId, ProfileId, ReservationId, TenantId, WorkflowId};
 use crate::node::ProvisionState;
 use crate::profile::{Await, RunsOn, StepAction, StepSpec};
 
@@ -99,6 +99,9 @@ pub struct WorkflowCreated {
     pub kind: WorkflowKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_id: Option<ProfileId>,
+    /// The `binding: node` reservation the workflow deploys or wipes the machine for, when one started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<ReservationId>,
     pub steps: Vec<StepSpec>,
     pub at_ms: i64,
 }
@@ -510,6 +513,7 @@ mod tests {
             node_id: NodeId::generate(),
             kind,
             profile_id: None,
+            reservation_id: None,
             steps: kind.default_steps(),
             at_ms: 0,
         };

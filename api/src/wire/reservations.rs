@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use bc_domain::Rejection;
 use bc_domain::device::{AttrValue, DeviceClass};
-use bc_domain::id::{PoolId, ProjectId};
+use bc_domain::id::{PoolId, ProfileId, ProjectId};
 use bc_domain::reservation::{Allocation, Binding, DeviceRequest, Reservation, ReservationRequest, Selector, Topology};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -149,10 +149,14 @@ pub struct ReserveBody {
     /// The window's length in whole seconds, 1 to 31622400 (366 days).
     #[schema(minimum = 1, maximum = 31_622_400)]
     pub duration: u64,
-    /// `hold` (the default); `instance` and `node` are not offered yet.
+    /// `hold` (the default): GPUs handed to a workload manager on the node; `node`: whole machines of a
+    /// `tenantRoot` pool (`devices.class` `node`, `devices.count` machines), deployed with `profileId`. `instance` is
+    /// not offered yet.
     #[serde(default)]
     #[schema(value_type = String, example = "hold")]
     pub binding: Binding,
+    /// With `binding: node`: the caller's metal profile its machines are deployed with (`prof_...`).
+    pub profile_id: Option<String>,
     pub lease_seconds: Option<u64>,
     pub project_id: Option<String>,
     /// The latest time it may still be placed (epoch milliseconds).
@@ -179,6 +183,7 @@ impl ReserveBody {
             project_id: self.project_id.as_deref().map(|p| parse_id::<ProjectId>("projectId", p)).transpose()?,
             deadline_ms: self.deadline,
             wait: self.wait.unwrap_or(true),
+            profile_id: self.profile_id.as_deref().map(|p| parse_id::<ProfileId>("profileId", p)).transpose()?,
         })
     }
 }
@@ -209,6 +214,8 @@ pub struct RequestDto {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline: Option<i64>,
     pub wait: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile_id: Option<String>,
 }
 
 impl From<&ReservationRequest> for RequestDto {
@@ -223,6 +230,7 @@ impl From<&ReservationRequest> for RequestDto {
             project_id: r.project_id.as_ref().map(ToString::to_string),
             deadline: r.deadline_ms,
             wait: r.wait,
+            profile_id: r.profile_id.as_ref().map(ToString::to_string),
         }
     }
 }

@@ -74,6 +74,9 @@ pub struct WorkflowDto {
     pub kind: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile_id: Option<String>,
+    /// The `binding: node` reservation that deploys or wipes the machine with this workflow.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
     /// `running`, `succeeded`, `failed` or `cancelled`.
     pub state: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -136,6 +139,7 @@ impl From<&Workflow> for WorkflowDto {
             node_id: c.node_id.to_string(),
             kind: c.kind.as_str().to_owned(),
             profile_id: c.profile_id.as_ref().map(ToString::to_string),
+            reservation_id: c.reservation_id.as_ref().map(ToString::to_string),
             state: wf.outcome.map_or("running", |o| o.as_str()).to_owned(),
             reason: wf.reason.clone(),
             progress: ProgressDto { done: wf.done() as u32, total: c.steps.len() as u32 },

@@ -1377,7 +1377,6 @@ async fn policy_keys_and_quota_resources_the_service_does_not_act_on_yet_are_ref
     let pool = api.pool().await;
     let before = api.events().await;
     let cases = [
-        ("PATCH", format!("/v1/pools/{pool}"), json!({ "policy": { "tenantRoot": true } }), "policy.tenantRoot"),
         (
             "PATCH",
             format!("/v1/pools/{pool}"),
@@ -1419,5 +1418,17 @@ async fn policy_keys_and_quota_resources_the_service_does_not_act_on_yet_are_ref
         let reply = api.call(method, &uri, Some(ROOT), &[], Some(body.to_string())).await;
         assert_eq!((reply.status, reply.field()), (StatusCode::BAD_REQUEST, field), "{method} {uri}: {:?}", reply.body);
     }
+    // Whether a pool hands out whole machines decides what its atoms are: it changes only while it has no nodes.
+    let whole = api
+        .call(
+            "PATCH",
+            &format!("/v1/pools/{pool}"),
+            Some(ROOT),
+            &[],
+            Some(json!({ "policy": { "tenantRoot": true } }).to_string()),
+        )
+        .await;
+    assert_eq!(whole.status, StatusCode::CONFLICT, "{:?}", whole.body);
+    assert!(whole.body["error"]["message"].as_str().unwrap_or("").contains("policy.tenantRoot"), "{:?}", whole.body);
     assert_eq!(api.events().await, before, "nothing was written");
 }

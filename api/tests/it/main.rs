@@ -23,4 +23,5 @@ mod site;
 mod sse;
 mod tenancy;
 mod tidy;
+mod whole_nodes;
 mod workflows;

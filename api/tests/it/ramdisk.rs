@@ -13,10 +13,10 @@ use serde_json::{Value, json};
 
 use crate::http_api::{Api, ROOT, Reply};
 
-const MAC: &str = "52:54:00:aa:bb:01";
+pub(crate) const MAC: &str = "52:54:00:aa:bb:01";
 
 /// A joined agent's credential.
-async fn join(api: &Api, pool: &str, token: Option<String>, host: &str, role: Role) -> (String, Value) {
+pub(crate) async fn join(api: &Api, pool: &str, token: Option<String>, host: &str, role: Role) -> (String, Value) {
     let token = match token {
         Some(token) => token,
         None => {
@@ -38,24 +38,24 @@ async fn join(api: &Api, pool: &str, token: Option<String>, host: &str, role: Ro
     (joined.body["credential"].as_str().expect("credential").to_owned(), joined.body)
 }
 
-async fn as_(api: &Api, method: &str, uri: &str, token: &str, body: Option<Value>) -> Reply {
+pub(crate) async fn as_(api: &Api, method: &str, uri: &str, token: &str, body: Option<Value>) -> Reply {
     api.call(method, uri, Some(token), &[], body.map(|b| b.to_string())).await
 }
 
-async fn workflow(api: &Api, id: &str) -> Value {
+pub(crate) async fn workflow(api: &Api, id: &str) -> Value {
     api.fleet.worker().run_until_idle().await.expect("worker");
     let read = api.get(&format!("/v1/workflows/{id}"), ROOT).await;
     assert_eq!(read.status, StatusCode::OK, "{:?}", read.body);
     read.body
 }
 
-async fn node(api: &Api, id: &str) -> Value {
+pub(crate) async fn node(api: &Api, id: &str) -> Value {
     bc_projections::testing::catch_up(&api.fleet.t.db).await;
     api.get(&format!("/v1/nodes/{id}"), ROOT).await.body
 }
 
 /// Reports the running site step of a workflow a success, through the site agent's route.
-async fn site_step_done(api: &Api, site: &str, wf: &str) {
+pub(crate) async fn site_step_done(api: &Api, site: &str, wf: &str) {
     let body = workflow(api, wf).await;
     let step = body["steps"].as_array().expect("steps").iter().find(|s| s["state"] == "running").cloned();
     let step = step.expect("a running step");
@@ -67,7 +67,7 @@ async fn site_step_done(api: &Api, site: &str, wf: &str) {
 }
 
 /// A ramdisk session for the machine's running workflow, as its boot gets it.
-async fn boot_ramdisk(api: &Api, site: &str) -> (String, String) {
+pub(crate) async fn boot_ramdisk(api: &Api, site: &str) -> (String, String) {
     let answer = as_(api, "GET", &format!("/v1/agent/site/boot?mac={MAC}"), site, None).await;
     assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.body);
     let token = answer.body["bootToken"].as_str().expect("a boot credential").to_owned();
@@ -183,14 +183,20 @@ async fn a_ramdisk_inspects_a_machine_with_a_single_use_boot_credential_and_its_
 }
 
 /// The inventory of the simulated machine `host` (two H100s), as its ramdisk or agent reports it.
-fn inventory(host: &str) -> bc_domain::inventory::InventoryReport {
+pub(crate) fn inventory(host: &str) -> bc_domain::inventory::InventoryReport {
     let spec: simulate::Simulated = "2xH100".parse().expect("spec");
     simulate::inventory(host, &spec).report(&SectionHashes::default())
 }
 
 /// Runs a workflow to its end: site steps reported by the site agent, ramdisk steps by `ramdisk` (which says
 /// what each returns), until it ends or reaches a step of another place.
-async fn drive(api: &Api, site: &str, session: &str, wf: &str, ramdisk: &mut dyn FnMut(&Value) -> Value) -> Value {
+pub(crate) async fn drive(
+    api: &Api,
+    site: &str,
+    session: &str,
+    wf: &str,
+    ramdisk: &mut dyn FnMut(&Value) -> Value,
+) -> Value {
     for _ in 0..20 {
         let body = workflow(api, wf).await;
         let Some(step) = body["steps"].as_array().expect("steps").iter().find(|s| s["state"] == "running").cloned()

@@ -24,6 +24,7 @@ pub mod node_commands;
 pub mod profiles;
 pub mod site;
 pub mod tenancy;
+pub mod whole_nodes;
 pub mod workflows;
 
 /// A stored value that does not read back: an internal error naming what.

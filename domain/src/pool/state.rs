@@ -226,6 +226,13 @@ pub fn decide(pool: &Pool, command: &PoolCommand) -> Result<Vec<PoolEvent>, Reje
                     pool.id, facts.nodes
                 )));
             }
+            if change.policy.as_ref().is_some_and(|p| p.tenant_root != pool.policy.tenant_root) && facts.nodes > 0 {
+                return Err(Rejection::Conflict(format!(
+                    "pool {} has {} nodes: policy.tenantRoot changes only while it has none (it decides whether \
+                     the pool's atoms are GPUs or whole nodes)",
+                    pool.id, facts.nodes
+                )));
+            }
             change.policy.as_ref().unwrap_or(&pool.policy).check(sharing)?;
             Ok(vec![PoolEvent::Updated(PoolUpdated {
                 pool_id: pool.id.clone(),

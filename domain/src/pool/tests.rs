@@ -50,7 +50,10 @@ fn policy_keys_and_quota_resources_not_acted_on_yet_are_refused_naming_them() {
         "policy.admission.budgetCheck",
     );
     refused(PoolPolicy { hardware_profile: Some("dgx".into()), ..PoolPolicy::default() }, "policy.hardwareProfile");
-    refused(PoolPolicy { tenant_root: true, ..PoolPolicy::default() }, "policy.tenantRoot");
+    let whole = PoolPolicy { tenant_root: true, ..PoolPolicy::default() };
+    assert_eq!(whole.check(Sharing::Exclusive), Ok(()), "a pool of whole machines");
+    let sliced = whole.check(Sharing::Mig).expect_err("whole machines are handed over with every GPU");
+    assert!(matches!(&sliced, Rejection::InvalidArgument { field, .. } if field == "policy.tenantRoot"), "{sliced:?}");
     for resource in ["vcpu", "memoryGiB", "nic.vf", "disk"] {
         let err = check_quota("quota", &[(resource.to_owned(), 1)].into()).expect_err(resource);
         assert!(

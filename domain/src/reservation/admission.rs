@@ -7,7 +7,7 @@ use crate::device::{DeviceClass, Sharing};
 use crate::id::{PoolId, TenantId};
 use crate::pool::{PoolOffered, governing_offer};
 
-use super::ReservationRequest;
+use super::{Binding, ReservationRequest};
 
 /// What admitting a request reads about its pool and its caller.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,6 +15,8 @@ pub struct AdmissionFacts<'a> {
     pub pool_id: &'a PoolId,
     pub pool_owner: &'a TenantId,
     pub sharing: Sharing,
+    /// Whether the pool hands out whole machines (`policy.tenantRoot`): then its atoms are nodes.
+    pub tenant_root: bool,
     pub gpu_model: &'a str,
     pub offers: &'a [PoolOffered],
     /// The caller's tenant and its ancestors, parent first (offers with `includeDescendants` reach down).
@@ -57,7 +59,20 @@ pub fn admit(request: &ReservationRequest, facts: &AdmissionFacts<'_>) -> Result
     {
         return Err(Rejection::invalid("projectId", format!("{project} is not a project of tenant {}", facts.tenant)));
     }
-    let atom_class: DeviceClass = facts.sharing.atom_class();
+    if facts.tenant_root != (request.binding == Binding::Node) {
+        return Err(Rejection::CapacityUnavailable(if facts.tenant_root {
+            format!(
+                "pool {} hands out whole machines (policy.tenantRoot): reserve them with binding node",
+                facts.pool_id
+            )
+        } else {
+            format!(
+                "pool {} does not hand out whole machines: binding node needs a policy.tenantRoot pool",
+                facts.pool_id
+            )
+        }));
+    }
+    let atom_class: DeviceClass = if facts.tenant_root { DeviceClass::Node } else { facts.sharing.atom_class() };
     if request.devices.class != atom_class {
         return Err(Rejection::CapacityUnavailable(format!(
             "pool {} shares its GPUs as {}, so it books {atom_class} atoms, not {}",

@@ -34,6 +34,7 @@ fn request_with(start_ms: Option<i64>, lease_seconds: Option<u64>) -> Reservatio
         project_id: None,
         deadline_ms: None,
         wait: true,
+        profile_id: None,
     }
 }
 
@@ -188,6 +189,10 @@ fn terminal_states_accept_nothing() {
 #[test]
 fn a_request_is_checked_field_by_field() {
     let base = request_with(None, None);
+    let whole = |count| DeviceRequest { class: DeviceClass::Node, count, ..base.devices.clone() };
+    let profile = || "prof_01jd8w2k3m4n5p6q7r8s9t0v1w".parse::<ProfileId>().expect("profile");
+    let node =
+        ReservationRequest { binding: Binding::Node, devices: whole(3), profile_id: Some(profile()), ..base.clone() };
     let cases: Vec<(&str, ReservationRequest)> = vec![
         (
             "devices.class",
@@ -215,7 +220,18 @@ fn a_request_is_checked_field_by_field() {
             },
         ),
         ("binding", ReservationRequest { binding: Binding::Instance, ..base.clone() }),
-        ("binding", ReservationRequest { binding: Binding::Node, ..base.clone() }),
+        ("devices.class", ReservationRequest { binding: Binding::Node, ..base.clone() }),
+        ("binding", ReservationRequest { devices: whole(1), ..base.clone() }),
+        ("profileId", ReservationRequest { binding: Binding::Node, devices: whole(1), ..base.clone() }),
+        ("profileId", ReservationRequest { profile_id: Some(profile()), ..base.clone() }),
+        ("devices.count", ReservationRequest { devices: whole(MAX_NODES + 1), ..node.clone() }),
+        (
+            "devices.topology",
+            ReservationRequest {
+                devices: DeviceRequest { topology: Topology::Gang { nodes: 2 }, ..whole(2) },
+                ..node.clone()
+            },
+        ),
         ("duration", ReservationRequest { duration_s: 0, ..base.clone() }),
         ("duration", ReservationRequest { duration_s: 367 * 86_400, ..base.clone() }),
         ("start", ReservationRequest { start_ms: Some(T0 + 1_500), ..base.clone() }),
@@ -235,6 +251,8 @@ fn a_request_is_checked_field_by_field() {
         }
     }
     assert!(base.check(T0).is_ok());
+    assert_eq!(node.check(T0), Ok(()));
+    assert_eq!((node.devices.nodes(), node.devices.per_node()), (3, 1), "each whole machine is one atom");
     let gang = ReservationRequest {
         devices: DeviceRequest { count: 16, topology: Topology::Gang { nodes: 2 }, ..base.devices.clone() },
         ..base.clone()
@@ -559,6 +577,7 @@ mod admission {
             pool_id: &POOL.0,
             pool_owner: &POOL.1,
             sharing: Sharing::Exclusive,
+            tenant_root: false,
             gpu_model: "H100",
             offers,
             tenant,

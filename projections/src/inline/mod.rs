@@ -290,8 +290,8 @@ async fn apply_workflow(tx: &mut Tx, event: &WorkflowEvent) -> Result<()> {
     match event {
         WorkflowEvent::Created(e) => {
             sql::query(
-                "INSERT INTO workflows (id, tenant_id, node_id, kind, profile_id, created_at)
-                 VALUES ($1, $2, $3, $4, $5, ms_ts($6))",
+                "INSERT INTO workflows (id, tenant_id, node_id, kind, profile_id, created_at, reservation_id)
+                 VALUES ($1, $2, $3, $4, $5, ms_ts($6), $7)",
             )
             .bind(e.workflow_id.as_str())
             .bind(e.tenant_id.as_str())
@@ -299,6 +299,7 @@ async fn apply_workflow(tx: &mut Tx, event: &WorkflowEvent) -> Result<()> {
             .bind(e.kind.as_str())
             .bind(e.profile_id.as_ref().map(|p| p.as_str()))
             .bind(e.at_ms)
+            .bind(e.reservation_id.as_ref().map(|r| r.as_str()))
             .execute(tx.conn())
             .await?;
             for (index, s) in e.steps.iter().enumerate() {

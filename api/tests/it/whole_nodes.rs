@@ -1,0 +1,233 @@
+//! Whole machines for tenants through the API: a `binding: node` reservation in a `policy.tenantRoot` pool books
+//! a machine's node atom, deploys the tenant's profile on it when the window starts (the reservation is `active`
+//! once the deployment succeeded), and wipes it with a release workflow when the tenant releases it (`released`
+//! once the wipe succeeded, the machine `ready` again). Requests that do not fit the pool are refused naming why.
+
+use axum::http::StatusCode;
+use bc_domain::device::Sharing;
+use bc_domain::node::Role;
+use bc_domain::pool::PoolPolicy;
+use serde_json::{Value, json};
+
+use crate::http_api::{ALICE, Api, ROOT};
+use crate::ramdisk::{MAC, boot_ramdisk, drive, inventory, join, node, workflow};
+
+/// The machine's workflows, newest first.
+async fn workflows_of(api: &Api, node_id: &str) -> Vec<Value> {
+    api.fleet.worker().run_until_idle().await.expect("worker");
+    let listed = api.get(&format!("/v1/nodes/{node_id}/workflows"), ROOT).await;
+    assert_eq!(listed.status, StatusCode::OK, "{:?}", listed.body);
+    listed.body["items"].as_array().expect("items").clone()
+}
+
+async fn reservation(api: &Api, id: &str) -> Value {
+    api.fleet.worker().run_until_idle().await.expect("worker");
+    let read = api.get(&format!("/v1/reservations/{id}?consistency=strong"), ROOT).await;
+    assert_eq!(read.status, StatusCode::OK, "{:?}", read.body);
+    read.body
+}
+
+/// Runs a reservation's workflow on the machine to its end (the ramdisk answering `report`), and answers it.
+async fn run_through(api: &Api, site: &str, wf: &str, report: &mut dyn FnMut(&Value) -> Value) -> Value {
+    workflow(api, wf).await;
+    let (_, session) = boot_ramdisk(api, site).await;
+    drive(api, site, &session, wf, report).await
+}
+
+#[tokio::test]
+async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_wipes_it_at_the_release() {
+    let api = Api::with_pki().await;
+    let policy = PoolPolicy { tenant_root: true, ..PoolPolicy::default() };
+    let pool = api.fleet.pool_with("whole", Sharing::Exclusive, policy).await.to_string();
+    api.fleet.offer(&pool.parse().expect("pool"), "acme", 16).await;
+    let enrol = json!({
+        "poolId": pool, "name": "metal-1", "bootMac": MAC,
+        "bmc": { "driver": "redfish", "address": "https://10.1.2.3", "username": "admin", "password": "pw" }
+    });
+    let made = api.post("/v1/nodes/enrol", ROOT, enrol).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let node_id = made.body["id"].as_str().expect("id").to_owned();
+    let (site, _) = join(&api, &pool, None, "site-1", Role::Site).await;
+
+    // Inspected, the machine is one `node` atom; its GPUs are listed but never booked alone.
+    let inspect = api.post(&format!("/v1/nodes/{node_id}/workflows"), ROOT, json!({ "kind": "inspect" })).await;
+    let inspect = inspect.body["id"].as_str().expect("id").to_owned();
+    let inspected = run_through(
+        &api,
+        &site,
+        &inspect,
+        &mut |step| json!({ "attempt": step["attempt"], "ok": true, "inventory": inventory("metal-1") }),
+    )
+    .await;
+    assert_eq!(inspected["state"], "succeeded", "{inspected}");
+    bc_projections::testing::catch_up(&api.fleet.t.db).await;
+    let devices = api.get(&format!("/v1/pools/{pool}/devices"), ROOT).await;
+    let atoms: Vec<(&Value, &Value)> = devices.body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .flat_map(|n| n["items"].as_array().expect("a node's devices"))
+        .filter(|d| d["bookable"] == json!(true))
+        .map(|d| (&d["id"], &d["class"]))
+        .collect();
+    assert_eq!(atoms, vec![(&json!(format!("{node_id}/node")), &json!("node"))], "{:?}", devices.body);
+
+    let data = b"the tenant's own operating system".repeat(100);
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data));
+    let uri = format!("/v1/images?name=os&version=1&format=raw&sha256={sha}");
+    let headers = [("content-type", "application/octet-stream")];
+    let (img, _) = api.call_raw("POST", &uri, Some(ROOT), &headers, axum::body::Body::from(data)).await;
+    assert_eq!(img.status, StatusCode::CREATED, "{:?}", img.body);
+    let profile = api
+        .post(
+            "/v1/profiles",
+            ROOT,
+            json!({
+                "name": "tenant-os", "target": "metal", "allowUnverifiedImage": true,
+                "drivers": { "power": "redfish", "boot": "redfish", "deploy": "bcd" },
+                "imageId": img.body["id"], "userData": "#cloud-config\n", "hostConfig": { "hostname": "t-1" }
+            }),
+        )
+        .await;
+    assert_eq!(profile.status, StatusCode::CREATED, "{:?}", profile.body);
+    let profile_id = profile.body["id"].as_str().expect("id").to_owned();
+    let whole = |profile: Option<&str>| {
+        let mut body = json!({
+            "poolId": pool, "devices": { "class": "node", "count": 1 }, "duration": 3600, "binding": "node",
+            "wait": false
+        });
+        if let Some(profile) = profile {
+            body["profileId"] = json!(profile);
+        }
+        body
+    };
+
+    // What does not fit a pool of whole machines is refused, naming why, and records nothing.
+    let before = api.events().await;
+    let refusals = [
+        (ROOT, json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 60 }), "binding node"),
+        (ROOT, whole(None), "profileId"),
+        (
+            ROOT,
+            {
+                let mut b = whole(Some(&profile_id));
+                b["binding"] = json!("hold");
+                b
+            },
+            "binding node",
+        ),
+        (ROOT, whole(Some("prof_01jd8w2k3m4n5p6q7r8s9t0v1w")), "was not found"),
+        (ALICE, whole(Some(&profile_id)), "quota for node"),
+    ];
+    for (token, body, names) in refusals {
+        let refused = api
+            .call("POST", "/v1/reservations", Some(token), &[("idempotency-key", "k")], Some(body.to_string()))
+            .await;
+        assert!(refused.status.is_client_error(), "{body}: {:?}", refused.body);
+        let said = refused.body["error"].to_string();
+        assert!(said.contains(names), "{body}: {said}");
+    }
+    assert_eq!(api.events().await, before, "a refusal records nothing");
+    let elsewhere = api.pool().await;
+    let mut body = whole(Some(&profile_id));
+    body["poolId"] = json!(elsewhere);
+    let refused =
+        api.call("POST", "/v1/reservations", Some(ROOT), &[("idempotency-key", "x")], Some(body.to_string())).await;
+    assert!(refused.body["error"].to_string().contains("tenantRoot"), "{:?}", refused.body);
+
+    // The reservation books the machine, and its window's start deploys the profile on it.
+    let made = api
+        .call(
+            "POST",
+            "/v1/reservations",
+            Some(ROOT),
+            &[("idempotency-key", "r1")],
+            Some(whole(Some(&profile_id)).to_string()),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let id = made.body["id"].as_str().expect("id").to_owned();
+    assert_eq!(made.body["allocations"][0]["devices"], json!([format!("{node_id}/node")]), "{:?}", made.body);
+    let second = api
+        .call(
+            "POST",
+            "/v1/reservations",
+            Some(ROOT),
+            &[("idempotency-key", "r2")],
+            Some(whole(Some(&profile_id)).to_string()),
+        )
+        .await;
+    assert!(second.status.is_client_error(), "one machine, one tenant at a time: {:?}", second.body);
+    assert_eq!(reservation(&api, &id).await["state"], "binding");
+    let deploy = workflows_of(&api, &node_id).await[0].clone();
+    assert_eq!(
+        (&deploy["kind"], &deploy["reservationId"], &deploy["profileId"], &deploy["state"]),
+        (&json!("deploy"), &json!(id), &json!(profile_id), &json!("running")),
+        "{deploy}"
+    );
+    let mut join_token = None;
+    let waiting = run_through(&api, &site, deploy["id"].as_str().expect("id"), &mut |step| {
+        if step["action"] == "write-config" {
+            join_token = step["config"]["joinToken"].as_str().map(str::to_owned);
+        }
+        json!({ "attempt": step["attempt"], "ok": true })
+    })
+    .await;
+    assert_eq!(waiting["state"], "running", "it awaits the deployed agent: {waiting}");
+    assert_eq!(reservation(&api, &id).await["state"], "binding", "not handed over before the deployment ends");
+    join(&api, &pool, join_token, "metal-1", Role::Host).await;
+    assert_eq!(workflow(&api, deploy["id"].as_str().expect("id")).await["state"], "succeeded");
+    assert_eq!(reservation(&api, &id).await["state"], "active");
+    assert_eq!(node(&api, &node_id).await["provisionState"], "deployed");
+
+    // The release wipes the machine; the reservation is released once the wipe succeeded.
+    let released = api.post(&format!("/v1/reservations/{id}/release"), ROOT, json!({})).await;
+    assert_eq!(released.status, StatusCode::OK, "{:?}", released.body);
+    assert_eq!(reservation(&api, &id).await["state"], "releasing");
+    let wipe = workflows_of(&api, &node_id).await[0].clone();
+    assert_eq!((&wipe["kind"], &wipe["reservationId"]), (&json!("release"), &json!(id)), "{wipe}");
+    let wiped = run_through(
+        &api,
+        &site,
+        wipe["id"].as_str().expect("id"),
+        &mut |step| json!({ "attempt": step["attempt"], "ok": true }),
+    )
+    .await;
+    assert_eq!(wiped["state"], "succeeded", "{wiped}");
+    let ended = reservation(&api, &id).await;
+    assert_eq!(ended["state"], "released", "{ended}");
+    assert_eq!(node(&api, &node_id).await["provisionState"], "ready");
+    let again = api
+        .call(
+            "POST",
+            "/v1/reservations",
+            Some(ROOT),
+            &[("idempotency-key", "r3")],
+            Some(whole(Some(&profile_id)).to_string()),
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::CREATED, "the wiped machine is free again: {:?}", again.body);
+    let again = again.body["id"].as_str().expect("id").to_owned();
+
+    // A deployment that fails fails the binding, and the machine it left half-written is wiped.
+    let deploy = workflows_of(&api, &node_id).await[0].clone();
+    assert_eq!((&deploy["kind"], &deploy["reservationId"]), (&json!("deploy"), &json!(again)), "{deploy}");
+    let broken = run_through(&api, &site, deploy["id"].as_str().expect("id"), &mut |step| {
+        json!({ "attempt": step["attempt"], "ok": step["action"] != "write-image", "message": "disk error" })
+    })
+    .await;
+    assert_eq!(broken["state"], "failed", "{broken}");
+    let failed = reservation(&api, &again).await;
+    assert_eq!((&failed["state"], &failed["outcome"]), (&json!("failed"), &json!("binding-failed")), "{failed}");
+    let wipe = workflows_of(&api, &node_id).await[0].clone();
+    assert_eq!((&wipe["kind"], &wipe["reservationId"]), (&json!("release"), &json!(again)), "{wipe}");
+    let wiped = run_through(
+        &api,
+        &site,
+        wipe["id"].as_str().expect("id"),
+        &mut |step| json!({ "attempt": step["attempt"], "ok": true }),
+    )
+    .await;
+    assert_eq!(wiped["state"], "succeeded", "{wiped}");
+    assert_eq!(node(&api, &node_id).await["provisionState"], "ready");
+}
