@@ -31,6 +31,7 @@ use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock};
 use super::fleet::owned_pool;
 use super::node_commands as commands;
 use super::reservations::apply_and_schedule;
+use super::sealed::{pki_failure, secret_context};
 pub use super::store::agents::JoinTokenInfo;
 use super::store::agents::{self, NodeState};
 use super::store::certificates;
@@ -1030,16 +1031,6 @@ pub fn check_certified(node: &NodeAuth, certified: Option<&str>) -> AppResult<()
         .into()),
         _ => Ok(()),
     }
-}
-
-/// What a sealed secret is bound to: a secret copied onto another row does not open there.
-pub(crate) fn secret_context(kind: &str, owner_id: &str) -> String {
-    format!("{kind}:{owner_id}")
-}
-
-/// A PKI failure where there is nothing the caller can fix: the bundle's key does not open what it sealed.
-pub(crate) fn pki_failure(err: bc_pki::PkiError) -> AppError {
-    AppError::Store(bc_eventstore::Error::Internal(format!("sealed secret: {err}")))
 }
 
 /// What a ramdisk's inspection found, checked as a join checks its inventory: the whole document.

@@ -2,6 +2,7 @@
 //! reservations need it: a tenant plans with the answer, then reserves with it.
 
 use bc_domain::Rejection;
+use bc_domain::device::DeviceClass;
 use bc_domain::id::{DeviceId, NodeId, PoolId};
 use bc_domain::placement;
 use bc_domain::pool::governing_offer;
@@ -53,8 +54,18 @@ impl Ask<'_> {
     /// Whether the request fits the pool over `[start, start + duration)`, within the caller's quota.
     async fn fits(&self, tx: &mut bc_eventstore::Tx, start: i64) -> AppResult<bool> {
         let end = start + self.duration_ms;
-        let summary = store::summary_candidates(tx, &self.pool.id, self.devices, start, 0).await?;
-        if placement::plan(self.probe, self.devices, &summary).is_none() {
+        if self.devices.class == DeviceClass::Node {
+            let machines = store::whole_nodes::candidates(tx, &self.pool.id, self.devices, start, end).await?;
+            if placement::plan(self.probe, self.devices, &machines).is_none() {
+                return Ok(false);
+            }
+        } else if placement::plan(
+            self.probe,
+            self.devices,
+            &store::summary_candidates(tx, &self.pool.id, self.devices, start, 0).await?,
+        )
+        .is_none()
+        {
             let candidates = store::candidates(tx, &self.pool.id, self.devices, start, end).await?;
             if placement::plan(self.probe, self.devices, &candidates).is_none() {
                 return Ok(false);
@@ -148,9 +159,24 @@ impl App {
         }
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let pool = store::pool(&mut tx, pool_id).await?;
-        let class = pool.as_ref().map(|p| p.sharing.atom_class()).unwrap_or(bc_domain::device::DeviceClass::Gpu);
+        let class = match &pool {
+            Some(pool) if pool.policy.tenant_root => DeviceClass::Node,
+            Some(pool) => pool.sharing.atom_class(),
+            None => DeviceClass::Gpu,
+        };
         let (pool, _) = self.visible_pool(&mut tx, caller, pool_id, class.as_str()).await?;
-        let candidates = store::all_free_atoms(&mut tx, &pool.id, class.as_str(), start_ms, end_ms).await?;
+        let candidates = if class == DeviceClass::Node {
+            // Whole machines are atoms whether or not they run an agent: every one in service that is free.
+            let every = DeviceRequest {
+                class,
+                count: 1,
+                selector: Default::default(),
+                topology: bc_domain::reservation::Topology::SameNode,
+            };
+            store::whole_nodes::candidates(&mut tx, &pool.id, &every, start_ms, end_ms).await?
+        } else {
+            store::all_free_atoms(&mut tx, &pool.id, class.as_str(), start_ms, end_ms).await?
+        };
         tx.commit().await?;
         Ok(candidates.into_iter().map(|c| FreeAtoms { node_id: c.node_id, atoms: c.free_atoms }).collect())
     }

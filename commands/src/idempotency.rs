@@ -47,7 +47,7 @@ impl App {
             (Some(status), Some(answer)) => {
                 let answer = if sealed {
                     let sealer = self.sealer()?;
-                    sealer.open(&answer, &context(principal, key)).map_err(crate::agents::pki_failure)?
+                    sealer.open(&answer, &context(principal, key)).map_err(crate::sealed::pki_failure)?
                 } else {
                     answer
                 };
@@ -78,7 +78,7 @@ impl App {
         let (tenant, identity) = (principal.tenant_id.as_str(), principal.identity.as_str());
         let sealed = match self.pki.as_ref() {
             Some(bundle) => {
-                Some(bundle.sealer().seal(answer, &context(principal, key)).map_err(crate::agents::pki_failure)?)
+                Some(bundle.sealer().seal(answer, &context(principal, key)).map_err(crate::sealed::pki_failure)?)
             }
             None => None,
         };

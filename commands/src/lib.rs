@@ -23,6 +23,7 @@ pub mod profiles;
 pub mod ramdisk;
 pub mod reads;
 pub mod reservations;
+mod sealed;
 pub mod site;
 mod store;
 pub mod tenancy;

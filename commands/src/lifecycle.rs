@@ -99,8 +99,8 @@ impl App {
         let secret = serde_json::to_vec(&credentials).map_err(|err| store::corrupt("BMC credentials", err))?;
         let sealed = self
             .sealer()?
-            .seal(&secret, &crate::agents::secret_context(BMC_CREDENTIALS, node_id.as_str()))
-            .map_err(crate::agents::pki_failure)?;
+            .seal(&secret, &crate::sealed::secret_context(BMC_CREDENTIALS, node_id.as_str()))
+            .map_err(crate::sealed::pki_failure)?;
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
                 let (input, node_id, sealed) = (&input, &node_id, &sealed);
@@ -174,8 +174,8 @@ impl App {
 
     /// Opens BMC credentials sealed for `node_id`, read already (with the site's steps).
     pub(crate) fn open_bmc_credentials(&self, node_id: &NodeId, sealed: &[u8]) -> AppResult<BmcCredentials> {
-        let context = crate::agents::secret_context(BMC_CREDENTIALS, node_id.as_str());
-        let opened = self.sealer()?.open(sealed, &context).map_err(crate::agents::pki_failure)?;
+        let context = crate::sealed::secret_context(BMC_CREDENTIALS, node_id.as_str());
+        let opened = self.sealer()?.open(sealed, &context).map_err(crate::sealed::pki_failure)?;
         credentials_of(&opened)
     }
 

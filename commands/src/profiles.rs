@@ -1,10 +1,12 @@
-//! Profiles: creating a name's next version, reading versions, deleting one.
+//! Profiles: creating a name's next version, reading versions, deleting one, and the steps a deployment of one
+//! runs.
 
 use bc_domain::Rejection;
 use bc_domain::id::{ProfileId, TenantId};
-use bc_domain::profile::{self, ImageFacts, ProfileCreated, ProfileEvent, ProfileSpec};
+use bc_domain::profile::{self, ImageFacts, ProfileCreated, ProfileEvent, ProfileSpec, ProfileTarget, StepSpec};
+use bc_domain::workflow::WorkflowKind;
 use bc_eventstore::events::ExpectedVersion;
-use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
+use bc_eventstore::{ScopedFutureExt as _, Tx, TxOptions, clock};
 
 use crate::reads::{Listed, Page};
 use crate::store::{self, profiles::ProfileRow};
@@ -162,4 +164,24 @@ impl App {
             })
             .await
     }
+}
+
+/// The steps a deployment of `profile_id` runs: the profile's own, or the built-in ones when it gives none. The
+/// profile must be a live metal profile of `tenant`.
+pub(crate) async fn deploy_steps(
+    tx: &mut Tx,
+    profile_id: &ProfileId,
+    tenant: &TenantId,
+    kind: WorkflowKind,
+) -> AppResult<Vec<StepSpec>> {
+    let profile = store::profiles::profile(tx, profile_id.as_str()).await?;
+    let profile = profile
+        .filter(|p| p.tenant_id == tenant.as_str())
+        .ok_or_else(|| Rejection::invalid("profileId", format!("profile {profile_id} was not found")))?;
+    let spec: ProfileSpec =
+        serde_json::from_str(&profile.spec).map_err(|err| store::corrupt("a profile's spec", err))?;
+    if spec.target != ProfileTarget::Metal {
+        return Err(Rejection::invalid("profileId", "a machine is deployed with a metal profile").into());
+    }
+    Ok(if spec.steps.is_empty() { kind.default_steps() } else { spec.steps })
 }

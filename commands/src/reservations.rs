@@ -607,7 +607,7 @@ async fn reserve_decided(
     let admitted = reservation::admit(request, &admission)?;
     if let Some(profile_id) = &request.profile_id {
         // The profile its machines will be deployed with: a live metal profile of the caller's tenant.
-        crate::workflows::profile_steps(tx, profile_id, &caller.tenant_id, bc_domain::workflow::WorkflowKind::Deploy)
+        crate::profiles::deploy_steps(tx, profile_id, &caller.tenant_id, bc_domain::workflow::WorkflowKind::Deploy)
             .await?;
     }
     let mut events = reservation::request(None, new(admitted.priority, admitted.quota_holder))?;

@@ -11,7 +11,7 @@ use bc_domain::reservation::{self, Command, FailureReason, Reservation, Reservat
 use bc_domain::workflow::WorkflowKind;
 use bc_eventstore::Tx;
 
-use crate::workflows::{NewWorkflow, begin_workflow, end_workflow, profile_steps};
+use crate::workflows::{NewWorkflow, begin_workflow, end_workflow};
 use crate::{AppError, AppResult, Caller, store};
 
 async fn machines(tx: &mut Tx, r: &Reservation) -> AppResult<Vec<whole_nodes::MachineFacts>> {
@@ -83,15 +83,11 @@ async fn carry_out(
         };
         let Some((node, _)) = store::node_aggregate(tx, &node_id).await? else { continue };
         let Some(pool) = store::pool(tx, &node.pool_id).await? else { continue };
-        let (steps, profile_id) = match (kind, &r.request.profile_id) {
-            (WorkflowKind::Deploy, Some(profile_id)) => match profile_steps(tx, profile_id, &r.tenant_id, kind).await {
-                Ok(steps) => (steps, Some(profile_id.clone())),
-                Err(AppError::Rejected(refused)) => return Ok(Some(refused)),
-                Err(other) => return Err(other),
-            },
-            _ => (kind.default_steps(), None),
+        let profile = match kind {
+            WorkflowKind::Deploy => r.request.profile_id.clone().map(|id| (id, r.tenant_id.clone())),
+            WorkflowKind::Inspect | WorkflowKind::Release => None,
         };
-        let new = NewWorkflow { kind, profile_id, reservation_id: Some(r.id.clone()), steps };
+        let new = NewWorkflow { kind, profile, reservation_id: Some(r.id.clone()) };
         match begin_workflow(tx, caller, &node, &pool.owner_tenant_id, &WorkflowId::generate(), new).await {
             Ok(_) => {}
             Err(AppError::Rejected(refused)) => return Ok(Some(refused)),

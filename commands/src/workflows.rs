@@ -7,7 +7,7 @@ use bc_domain::event::DomainEvent as _;
 use bc_domain::id::{NodeId, ProfileId, ReservationId, TenantId, WorkflowId};
 use bc_domain::node::lifecycle;
 use bc_domain::node::{NodeEvent, ProvisionState};
-use bc_domain::profile::{ProfileTarget, RunsOn, StepSpec};
+use bc_domain::profile::RunsOn;
 use bc_domain::workflow::{
     self, Facts, NextLook, Outcome, Report, Workflow, WorkflowCreated, WorkflowEvent, WorkflowKind,
 };
@@ -74,33 +74,13 @@ fn lifecycle_after(
 /// What a workflow about to start runs, and the reservation that starts it, if one does.
 pub(crate) struct NewWorkflow {
     pub kind: WorkflowKind,
-    pub profile_id: Option<ProfileId>,
+    /// The profile a deployment runs, and the tenant whose profile it must be; `None`: the built-in steps.
+    pub profile: Option<(ProfileId, TenantId)>,
     pub reservation_id: Option<ReservationId>,
-    pub steps: Vec<StepSpec>,
-}
-
-/// The steps a deployment of `profile_id` runs: the profile's own, or the built-in ones when it gives none. The
-/// profile must be a live metal profile of `tenant`.
-pub(crate) async fn profile_steps(
-    tx: &mut Tx,
-    profile_id: &ProfileId,
-    tenant: &TenantId,
-    kind: WorkflowKind,
-) -> AppResult<Vec<StepSpec>> {
-    let profile = store::profiles::profile(tx, profile_id.as_str()).await?;
-    let profile = profile
-        .filter(|p| p.tenant_id == tenant.as_str())
-        .ok_or_else(|| Rejection::invalid("profileId", format!("profile {profile_id} was not found")))?;
-    let spec: bc_domain::profile::ProfileSpec =
-        serde_json::from_str(&profile.spec).map_err(|err| store::corrupt("a profile's spec", err))?;
-    if spec.target != ProfileTarget::Metal {
-        return Err(Rejection::invalid("profileId", "a machine is deployed with a metal profile").into());
-    }
-    Ok(if spec.steps.is_empty() { kind.default_steps() } else { spec.steps })
 }
 
 /// Starts a workflow on an enrolled machine, in the caller's transaction: checks that the machine may run it (its
-/// lifecycle state, no other workflow running, a driver bound for every step that needs one), moves the machine
+/// lifecycle state, no other workflow running, the profile, a driver bound for every step that needs one), moves the machine
 /// into the state the workflow runs in, records the workflow on a stream of `owner` (the pool's owner) and has the
 /// worker drive it.
 pub(crate) async fn begin_workflow(
@@ -132,7 +112,11 @@ pub(crate) async fn begin_workflow(
     if let Some(running) = store::workflows::running_on(tx, node_id.as_str()).await? {
         return Err(Rejection::Conflict(format!("workflow {running} is running on node {node_id}")).into());
     }
-    for (n, step) in new.steps.iter().enumerate() {
+    let steps = match &new.profile {
+        Some((profile_id, tenant)) => crate::profiles::deploy_steps(tx, profile_id, tenant, kind).await?,
+        None => kind.default_steps(),
+    };
+    for (n, step) in steps.iter().enumerate() {
         if let Some(concern) = step.action.concern()
             && !bmc.drivers.contains_key(&concern)
         {
@@ -152,9 +136,9 @@ pub(crate) async fn begin_workflow(
         tenant_id: owner.clone(),
         node_id: node_id.clone(),
         kind,
-        profile_id: new.profile_id,
+        profile_id: new.profile.map(|(profile_id, _)| profile_id),
         reservation_id: new.reservation_id,
-        steps: new.steps,
+        steps,
         at_ms: now_ms,
     });
     record_moves(tx, caller, node, owner, moved).await?;
@@ -233,11 +217,8 @@ impl App {
                         return Err(not_found().into());
                     }
                     let pool = owned_pool(tx, caller, &node.pool_id).await.map_err(|_| not_found())?;
-                    let steps = match profile_id {
-                        Some(profile_id) => profile_steps(tx, profile_id, &pool.owner_tenant_id, kind).await?,
-                        None => kind.default_steps(),
-                    };
-                    let new = NewWorkflow { kind, profile_id: profile_id.cloned(), reservation_id: None, steps };
+                    let profile = profile_id.map(|id| (id.clone(), pool.owner_tenant_id.clone()));
+                    let new = NewWorkflow { kind, profile, reservation_id: None };
                     let position = begin_workflow(tx, caller, &node, &pool.owner_tenant_id, workflow_id, new).await?;
                     Ok(Committed { value: workflow_id.clone(), position })
                 }
