@@ -292,9 +292,15 @@ async fn image(State(server): State<BootServer>, UrlPath(hex): UrlPath<String>) 
 async fn download(client: &Client, hex: &str, dir: &Path) -> Result<(), Failure> {
     let mut response = client.site_image(hex).await.map_err(|err| match status_of(&err) {
         Some(404) => Failure(StatusCode::NOT_FOUND, format!("the control plane has no image {hex}")),
+        // The control plane refused the site agent: the ramdisk asking again will not change that.
+        Some(status) if status < 500 => {
+            eprintln!("bcd site: image {hex}: the control plane refused it: {}", one_line(&err));
+            Failure(StatusCode::BAD_GATEWAY, format!("the control plane refused it: {}", one_line(&err)))
+        }
+        // Unreachable or failing for now (a restart): the machine's ramdisk asks again.
         _ => {
             eprintln!("bcd site: image {hex}: the control plane did not answer: {}", one_line(&err));
-            Failure(StatusCode::BAD_GATEWAY, format!("the control plane did not answer: {}", one_line(&err)))
+            Failure(StatusCode::SERVICE_UNAVAILABLE, format!("the control plane did not answer: {}", one_line(&err)))
         }
     })?;
     let cache_failed = |err: std::io::Error| {
@@ -308,7 +314,7 @@ async fn download(client: &Client, hex: &str, dir: &Path) -> Result<(), Failure>
     loop {
         let chunk = response.chunk().await.map_err(|err| {
             eprintln!("bcd site: image {hex}: the download broke off: {err}");
-            Failure(StatusCode::BAD_GATEWAY, format!("the download from the control plane broke off: {err}"))
+            Failure(StatusCode::SERVICE_UNAVAILABLE, format!("the download from the control plane broke off: {err}"))
         })?;
         let Some(chunk) = chunk else { break };
         hasher.update(&chunk);
@@ -605,6 +611,19 @@ mod tests {
         assert_eq!(status, StatusCode::BAD_GATEWAY);
         assert_eq!(reason.lines().count(), 1, "{reason}");
         assert_eq!(h.text(&format!("/images/sha256/{}", sha256_hex(&good_image()))).await.0, StatusCode::BAD_GATEWAY);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_control_plane_is_unavailable_for_now() {
+        let dir = Fixture::new("boot-unreachable");
+        let h = start(&dir, None, true).await;
+        let gone = Client::new("http://127.0.0.1:1", &ServerTrust::InsecureHttp).expect("client").with_credential("x");
+        h.clients.send_replace(Some(gone));
+        // The ramdisk asks again for an image while the control plane restarts.
+        let (status, reason) = h.text(&format!("/images/sha256/{}", sha256_hex(&good_image()))).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{reason}");
+        assert!(reason.contains("did not answer"), "{reason}");
+        assert_eq!(cached_files(&dir), Vec::<String>::new());
     }
 
     #[tokio::test]

@@ -324,7 +324,7 @@ impl Machine<'_> {
             }
             StepAction::WipeDisks => blocking(|(d, c)| wipe(&d, &c), (disk.clone(), config_dir.clone())).await,
             StepAction::WriteImage => match &step.image {
-                Some(image) => write_image(&self.site, image, disk).await,
+                Some(image) => write_image(&self.site, image, disk, step.deadline_ms).await,
                 None => Err("the write-image step came without an image".to_owned()),
             },
             StepAction::WriteConfig => match &step.config {
@@ -425,24 +425,55 @@ fn empty_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Writes an image to the disk from the site agent, checked against its size and hash; on failure the disk's
-/// first MiB is zeroed.
-async fn write_image(site: &Site, image: &ImageToWrite, disk: &Path) -> Result<String, String> {
-    let written = match image.format {
-        ImageFormat::Raw | ImageFormat::Iso => write_in_place(site, image, disk).await,
-        ImageFormat::Qcow2 => write_converted(site, image, disk).await,
+/// Why writing an image stopped: a fault that may pass (the site agent or the control plane behind it cannot be
+/// reached for now, the transfer broke off) or one that will not (a wrong hash or size, a disk error).
+#[derive(Debug)]
+enum Failed {
+    Transient(String),
+    Permanent(String),
+}
+
+impl From<String> for Failed {
+    fn from(message: String) -> Failed {
+        Failed::Permanent(message)
+    }
+}
+
+/// Writes an image to the disk from the site agent, checked against its size and hash. A transient fault starts
+/// the write again from the first byte, after a growing pause, while the step's deadline leaves time; on failure
+/// the disk's first MiB is zeroed.
+async fn write_image(site: &Site, image: &ImageToWrite, disk: &Path, deadline_ms: i64) -> Result<String, String> {
+    let mut backoff = Duration::from_secs(1);
+    let failed = loop {
+        let written = match image.format {
+            ImageFormat::Raw | ImageFormat::Iso => write_in_place(site, image, disk).await,
+            ImageFormat::Qcow2 => write_converted(site, image, disk).await,
+        };
+        match written {
+            Ok(hash) => {
+                return Ok(format!(
+                    "wrote {} ({} bytes, sha256 {hash}) to {}",
+                    image.image_id,
+                    image.size,
+                    disk.display()
+                ));
+            }
+            Err(Failed::Transient(message)) if now_ms().saturating_add(backoff.as_millis() as i64) < deadline_ms => {
+                eprintln!("bcd ramdisk: writing {} failed, starting again: {message}", image.image_id);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(15));
+            }
+            Err(Failed::Transient(message) | Failed::Permanent(message)) => break message,
+        }
     };
-    match written {
-        Ok(hash) => Ok(format!("wrote {} ({} bytes, sha256 {hash}) to {}", image.image_id, image.size, disk.display())),
-        Err(message) => match blocking(zero_head, disk.to_owned()).await {
-            Ok(()) => Err(message),
-            Err(also) => Err(format!("{message}; {also}")),
-        },
+    match blocking(zero_head, disk.to_owned()).await {
+        Ok(()) => Err(failed),
+        Err(also) => Err(format!("{failed}; {also}")),
     }
 }
 
 /// Streams the image onto the disk from its first byte.
-async fn write_in_place(site: &Site, image: &ImageToWrite, disk: &Path) -> Result<String, String> {
+async fn write_in_place(site: &Site, image: &ImageToWrite, disk: &Path) -> Result<String, Failed> {
     let mut file = tokio::fs::OpenOptions::new()
         .write(true)
         .open(disk)
@@ -454,7 +485,7 @@ async fn write_in_place(site: &Site, image: &ImageToWrite, disk: &Path) -> Resul
 }
 
 /// Downloads a qcow2 image beside the disk, checks it, and converts it onto the disk with `qemu-img`.
-async fn write_converted(site: &Site, image: &ImageToWrite, disk: &Path) -> Result<String, String> {
+async fn write_converted(site: &Site, image: &ImageToWrite, disk: &Path) -> Result<String, Failed> {
     let qemu_img = tokio::process::Command::new("qemu-img")
         .arg("--version")
         .stdout(std::process::Stdio::null())
@@ -462,7 +493,7 @@ async fn write_converted(site: &Site, image: &ImageToWrite, disk: &Path) -> Resu
         .status()
         .await;
     if qemu_img.is_err() {
-        return Err("qcow2 needs qemu-img in the ramdisk".to_owned());
+        return Err(Failed::Permanent("qcow2 needs qemu-img in the ramdisk".to_owned()));
     }
     let name = disk.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "disk".to_owned());
     let temporary = disk.with_file_name(format!(".{name}.{}.qcow2", image.sha256));
@@ -481,7 +512,7 @@ async fn write_converted(site: &Site, image: &ImageToWrite, disk: &Path) -> Resu
             .map_err(|err| format!("run qemu-img: {err}"))?;
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
-            return Err(format!("qemu-img convert failed ({}): {}", output.status, stderr.trim()));
+            return Err(Failed::Permanent(format!("qemu-img convert failed ({}): {}", output.status, stderr.trim())));
         }
         blocking(
             |disk: PathBuf| std::fs::File::open(&disk).and_then(|f| f.sync_all()).map_err(|e| e.to_string()),
@@ -498,20 +529,27 @@ async fn write_converted(site: &Site, image: &ImageToWrite, disk: &Path) -> Resu
 
 /// Streams the image's bytes into `out` while hashing them; answers the hash once the size and the hash are
 /// the image's. Stops as soon as more bytes arrive than the image has.
-async fn download(site: &Site, image: &ImageToWrite, out: &mut tokio::fs::File) -> Result<String, String> {
+async fn download(site: &Site, image: &ImageToWrite, out: &mut tokio::fs::File) -> Result<String, Failed> {
     let expected = image.sha256.to_ascii_lowercase();
     if !is_sha256(&expected) {
-        return Err(format!("the image's sha256 {:?} is not 64 hex digits", image.sha256));
+        return Err(Failed::Permanent(format!("the image's sha256 {:?} is not 64 hex digits", image.sha256)));
     }
     let url = format!("{}/images/sha256/{expected}", site.base);
-    let mut response = site.http.get(&url).send().await.map_err(|err| format!("fetch {url}: {err}"))?;
+    let mut response =
+        site.http.get(&url).send().await.map_err(|err| Failed::Transient(format!("fetch {url}: {err}")))?;
+    if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+        return Err(Failed::Transient(format!("fetch {url}: the site agent answered {}", response.status())));
+    }
     if !response.status().is_success() {
-        return Err(format!("fetch {url}: the site agent answered {}", response.status()));
+        return Err(Failed::Permanent(format!("fetch {url}: the site agent answered {}", response.status())));
     }
     if let Some(offered) = response.content_length()
         && offered != image.size
     {
-        return Err(format!("{}: expected {} bytes, the site agent offers {offered}", image.image_id, image.size));
+        return Err(Failed::Permanent(format!(
+            "{}: expected {} bytes, the site agent offers {offered}",
+            image.image_id, image.size
+        )));
     }
     let mut hasher = Sha256::new();
     let mut received: u64 = 0;
@@ -520,12 +558,15 @@ async fn download(site: &Site, image: &ImageToWrite, out: &mut tokio::fs::File) 
             Ok(Some(chunk)) => chunk,
             Ok(None) => break,
             Err(err) => {
-                return Err(format!("fetch {url}: {err} after {received} of {} bytes", image.size));
+                return Err(Failed::Transient(format!("fetch {url}: {err} after {received} of {} bytes", image.size)));
             }
         };
         received += chunk.len() as u64;
         if received > image.size {
-            return Err(format!("{}: expected {} bytes, the site agent sent more", image.image_id, image.size));
+            return Err(Failed::Permanent(format!(
+                "{}: expected {} bytes, the site agent sent more",
+                image.image_id, image.size
+            )));
         }
         hasher.update(&chunk);
         out.write_all(&chunk).await.map_err(|err| format!("write the image: {err}"))?;
@@ -533,10 +574,10 @@ async fn download(site: &Site, image: &ImageToWrite, out: &mut tokio::fs::File) 
     out.flush().await.map_err(|err| format!("write the image: {err}"))?;
     let actual = hex::encode(hasher.finalize());
     if received != image.size || actual != expected {
-        return Err(format!(
+        return Err(Failed::Permanent(format!(
             "{}: expected {} bytes with sha256 {expected}, got {received} bytes with sha256 {actual}",
             image.image_id, image.size
-        ));
+        )));
     }
     Ok(actual)
 }
@@ -644,6 +685,7 @@ fn now_ms() -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
     use axum::Json;
@@ -775,6 +817,48 @@ mod tests {
         Site { base: base.to_owned(), http: site_client().expect("a client") }
     }
 
+    /// A step deadline a minute ahead.
+    fn later() -> i64 {
+        now_ms() + 60_000
+    }
+
+    #[tokio::test]
+    async fn write_image_starts_again_while_the_site_agent_cannot_reach_the_control_plane() {
+        let fixture = Fixture::new("ramdisk-write-retry");
+        let disk = fixture.0.join("disk");
+        std::fs::write(&disk, vec![0xAA; 2 * MIB as usize]).expect("write the disk");
+        let bytes = payload(300_000);
+        let asked = Arc::new(AtomicUsize::new(0));
+        let (served, count) = (bytes.clone(), Arc::clone(&asked));
+        let router = axum::Router::new().route(
+            "/images/sha256/{hash}",
+            get(move || {
+                let (served, count) = (served.clone(), Arc::clone(&count));
+                async move {
+                    match count.fetch_add(1, Ordering::SeqCst) {
+                        0 | 1 => (StatusCode::SERVICE_UNAVAILABLE, "the control plane did not answer").into_response(),
+                        _ => served.into_response(),
+                    }
+                }
+            }),
+        );
+        let base = serve(router).await;
+        let image = image(&bytes, ImageFormat::Raw);
+        write_image(&site(&base), &image, &disk, later()).await.expect("written once the site agent serves it");
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
+        assert_eq!(&std::fs::read(&disk).expect("read the disk")[..bytes.len()], &bytes[..]);
+
+        // Past the step's deadline it stops, leaving nothing bootable.
+        let never = serve(axum::Router::new().route(
+            "/images/sha256/{hash}",
+            get(|| async { (StatusCode::SERVICE_UNAVAILABLE, "the control plane did not answer") }),
+        ))
+        .await;
+        let message = write_image(&site(&never), &image, &disk, now_ms() + 500).await.expect_err("gives up");
+        assert!(message.contains("503"), "{message}");
+        assert!(std::fs::read(&disk).expect("read the disk")[..MIB as usize].iter().all(|&b| b == 0));
+    }
+
     fn payload(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i % 251) as u8 + 1).collect()
     }
@@ -788,7 +872,7 @@ mod tests {
         let base = site_serving(bytes.clone()).await;
         let image = image(&bytes, ImageFormat::Raw);
 
-        let message = write_image(&site(&base), &image, &disk).await.expect("writes");
+        let message = write_image(&site(&base), &image, &disk, later()).await.expect("writes");
         assert_eq!(
             message,
             format!("wrote {} ({} bytes, sha256 {}) to {}", image.image_id, bytes.len(), image.sha256, disk.display())
@@ -798,7 +882,7 @@ mod tests {
 
         let chunked = site(&format!("{base}/chunked"));
         std::fs::write(&disk, b"").expect("empty the disk");
-        write_image(&chunked, &image, &disk).await.expect("writes a chunked answer");
+        write_image(&chunked, &image, &disk, later()).await.expect("writes a chunked answer");
         assert_eq!(std::fs::read(&disk).expect("read the disk"), bytes);
     }
 
@@ -812,7 +896,7 @@ mod tests {
         let mut wrong = image(&bytes, ImageFormat::Iso);
         wrong.sha256 = hex::encode(Sha256::digest(b"something else"));
 
-        let message = write_image(&site(&base), &wrong, &disk).await.expect_err("the hash does not match");
+        let message = write_image(&site(&base), &wrong, &disk, later()).await.expect_err("the hash does not match");
         let actual = hex::encode(Sha256::digest(&bytes));
         assert!(message.contains(&wrong.sha256) && message.contains(&actual), "names both hashes: {message}");
         let written = std::fs::read(&disk).expect("read the disk");
@@ -831,13 +915,14 @@ mod tests {
 
         for site in [site(&base), site(&format!("{base}/chunked"))] {
             std::fs::write(&disk, vec![0xAA; 2 * MIB as usize]).expect("write the disk");
-            let message = write_image(&site, &short, &disk).await.expect_err("too many bytes");
+            let message = write_image(&site, &short, &disk, later()).await.expect_err("too many bytes");
             assert!(message.contains("40000 bytes"), "{message}");
             let written = std::fs::read(&disk).expect("read the disk");
             assert!(written[..MIB as usize].iter().all(|&b| b == 0), "the first MiB is zeroed");
         }
 
-        let missing = write_image(&site("http://127.0.0.1:1"), &short, &disk).await.expect_err("no site agent");
+        let missing =
+            write_image(&site("http://127.0.0.1:1"), &short, &disk, now_ms()).await.expect_err("no site agent");
         assert!(missing.contains("fetch"), "{missing}");
     }
 
