@@ -84,6 +84,15 @@ pub(crate) struct Cluster {
     pub(crate) ca: String,
     pub(crate) root: tempdir::Dir,
     shutdown: watch::Sender<bool>,
+    /// The control plane as a real process, when it runs as one ([`Cluster::start_process`]).
+    process: Option<ServerProcess>,
+}
+
+/// `better-compute serve` as a real process on a fixed port, so it can be killed and started again where the
+/// agents look for it.
+struct ServerProcess {
+    server: Option<crate::process::Server>,
+    command: Box<dyn Fn() -> std::process::Command + Send + Sync>,
 }
 
 pub(crate) mod tempdir {
@@ -150,38 +159,57 @@ impl Cluster {
         let worker_stop = shutdown.subscribe();
         tokio::spawn(worker.run(worker_stop));
         let _ = stopped.borrow_and_update();
-        let owner = caller("root", "operator@platform");
-        let site = app
-            .create_site(
-                &owner,
-                CreateSite { name: "fra1".into(), iam_region: "eu-central-1".into(), kind: SiteKind::Shared },
-            )
-            .await
-            .expect("site")
-            .value;
-        let policy = PoolPolicy { lost_after: 5, ..PoolPolicy::default() };
-        let pool = app
-            .create_pool(
-                &owner,
-                CreatePool {
-                    site_id: site,
-                    name: "h100".into(),
-                    class: PoolClass::MetalHost,
-                    gpu_model: "H100".into(),
-                    sharing: Sharing::Exclusive,
-                    agent: PoolAgent::Bcd,
-                    policy,
-                    provider_account_id: None,
-                },
-            )
-            .await
-            .expect("pool")
-            .value;
+        let (_, pool) = fleet(&app).await;
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(bc_pki::tls::client_config(&ca, None).expect("client tls"))
             .build()
             .expect("client");
-        Cluster { t, base, pool, http, ca, root, shutdown }
+        Cluster { t, base, pool, http, ca, root, shutdown, process: None }
+    }
+
+    /// The same fleet with the control plane as a real `better-compute serve` process (the tests' PKI bundle, the
+    /// tests' authorization file), which [`Cluster::kill_server`] kills with SIGKILL and [`Cluster::start_server`]
+    /// starts again on the same port and database.
+    pub(crate) async fn start_process(name: &str) -> Cluster {
+        let t = TestDb::new().await;
+        let root = tempdir::Dir::new(name);
+        let app = App::new(t.db.clone());
+        let (_, pool) = fleet(&app).await;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+        let auth = crate::process::auth_file(name, AUTH);
+        let url = t.url();
+        let command = move || {
+            let listen = format!("127.0.0.1:{port}");
+            let mut c = crate::process::command(&["serve", "--no-migrate", "--listen", &listen, "--auth-config"]);
+            c.arg(&auth).env("BETTER_COMPUTE_DATABASE_URL", &url);
+            c
+        };
+        let server = tokio::task::block_in_place(|| crate::process::Server::start(command()));
+        let base = server.base_url.clone();
+        let ca = std::fs::read_to_string(crate::process::test_pki().join("ca.crt")).expect("the tests' CA");
+        let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(bc_pki::tls::client_config(&ca, None).expect("client tls"))
+            .build()
+            .expect("client");
+        let (shutdown, _) = watch::channel(false);
+        let process = ServerProcess { server: Some(server), command: Box::new(command) };
+        Cluster { t, base, pool, http, ca, root, shutdown, process: Some(process) }
+    }
+
+    /// Kills the control plane's process with SIGKILL and waits until it is gone.
+    pub(crate) fn kill_server(&mut self) {
+        let process = self.process.as_mut().expect("a control plane process");
+        let mut server = process.server.take().expect("a running server");
+        server.signal("KILL");
+        tokio::task::block_in_place(|| server.wait());
+    }
+
+    /// Starts the control plane's process again, on the same port and database.
+    pub(crate) fn start_server(&mut self) {
+        let process = self.process.as_mut().expect("a control plane process");
+        let server = tokio::task::block_in_place(|| crate::process::Server::start((process.command)()));
+        assert_eq!(server.base_url, self.base, "the same address");
+        process.server = Some(server);
     }
 
     /// Starts the agents of three machines and waits until their nodes are adopted, connected and schedulable.
@@ -396,6 +424,38 @@ async fn connectivity_path(db: &Db, node: &NodeId) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+/// The fleet the cluster's agents join: site `fra1` and its pool `h100` (nodes lost after 5 s).
+async fn fleet(app: &App) -> (bc_domain::id::SiteId, PoolId) {
+    let owner = caller("root", "operator@platform");
+    let site = app
+        .create_site(
+            &owner,
+            CreateSite { name: "fra1".into(), iam_region: "eu-central-1".into(), kind: SiteKind::Shared },
+        )
+        .await
+        .expect("site")
+        .value;
+    let policy = PoolPolicy { lost_after: 5, ..PoolPolicy::default() };
+    let pool = app
+        .create_pool(
+            &owner,
+            CreatePool {
+                site_id: site.clone(),
+                name: "h100".into(),
+                class: PoolClass::MetalHost,
+                gpu_model: "H100".into(),
+                sharing: Sharing::Exclusive,
+                agent: PoolAgent::Bcd,
+                policy,
+                provider_account_id: None,
+            },
+        )
+        .await
+        .expect("pool")
+        .value;
+    (site, pool)
 }
 
 impl Drop for Cluster {

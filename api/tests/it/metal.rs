@@ -181,12 +181,18 @@ fn sha256_of(path: &Path, len: usize) -> String {
     hex::encode(sha2::Sha256::digest(&bytes[..len.min(bytes.len())]))
 }
 
-#[tokio::test]
-async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_is_wiped_at_release() {
-    if !crate::hostile::slow_tests_enabled("bare metal end to end against sushy-emulator") {
-        return;
-    }
-    bc_pki::tls::install_default_provider();
+/// A machine on the emulator with its simulator following the emulator's changes, and the boot servers two site
+/// agents would run.
+struct Rig {
+    sushy: Sushy,
+    machine: Machine,
+    scratch: PathBuf,
+    /// The machine's 4 MiB disk, full of old data.
+    disk: PathBuf,
+    boot: [bc_agent::boot::BootConfig; 2],
+}
+
+async fn rig(cluster: &Cluster) -> Rig {
     // The machine simulator listens for the emulator's notifications.
     let (changes, follow_changes) = mpsc::unbounded_channel::<Value>();
     let notifications = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -201,8 +207,6 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
         async move { bmc.power_state(system).await.ok() }
     })
     .await;
-
-    let cluster = Cluster::start("metal-e2e").await;
     let scratch = cluster.root.path().join("machine");
     std::fs::create_dir_all(scratch.join("config")).expect("scratch");
     let kernel = scratch.join("vmlinuz");
@@ -218,26 +222,28 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
             cache_dir: scratch.join(name).join("cache"),
         }
     };
-    let (boot_1, boot_2) = (boot("site-1"), boot("site-2"));
-    let site_config = |boot: &bc_agent::boot::BootConfig| bc_agent::site::SiteConfig {
-        boot: Some(boot.clone()),
-        ..Default::default()
-    };
-    let mut site_1 = cluster.site_agent("site-1", site_config(&boot_1)).await;
-    // A 4 MiB disk of old data.
+    let boot = [boot("site-1"), boot("site-2")];
     let disk = scratch.join("disk.img");
     std::fs::write(&disk, vec![0x5a; 4 << 20]).expect("disk");
     let machine = Machine {
         disk: disk.clone(),
         config: scratch.join("config"),
-        boot_urls: vec![boot_1.url.clone(), boot_2.url.clone()],
+        boot_urls: boot.iter().map(|b| b.url.clone()).collect(),
         server: cluster.base.clone(),
         ca: cluster.ca.clone(),
         state: scratch.clone(),
         running: Arc::default(),
     };
     tokio::spawn(follow(machine.clone(), follow_changes));
+    Rig { sushy, machine, scratch, disk, boot }
+}
 
+fn site_config(boot: &bc_agent::boot::BootConfig) -> bc_agent::site::SiteConfig {
+    bc_agent::site::SiteConfig { boot: Some(boot.clone()), ..Default::default() }
+}
+
+/// Enrols the emulator's machine with its boot MAC; answers its node id.
+async fn enrol(cluster: &Cluster, sushy: &Sushy) -> String {
     let (status, enrolled) = cluster
         .call(
             reqwest::Method::POST,
@@ -250,23 +256,11 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
         )
         .await;
     assert_eq!(status, 201, "{enrolled}");
-    let node_id = enrolled["id"].as_str().expect("id").to_owned();
+    enrolled["id"].as_str().expect("id").to_owned()
+}
 
-    // Inspection: boot from the network into the ramdisk, which reports the machine's inventory.
-    let inspect = start_workflow(&cluster, &node_id, json!({ "kind": "inspect" })).await;
-    let done = await_workflow(&cluster, &inspect).await;
-    assert_eq!(done["state"], "succeeded", "{done}");
-    assert!(done["steps"][2]["detail"].as_str().unwrap_or("").contains("2 GPUs"), "{done}");
-    // A standby site agent, once the first serves the site.
-    let mut site_2 = cluster.site_agent("site-2", site_config(&boot_2)).await;
-    let inspected = node(&cluster, &node_id).await;
-    assert_eq!(
-        (&inspected["provisionState"], &inspected["gpuCount"], &inspected["power"]),
-        (&json!("ready"), &json!(2), &json!("off")),
-        "{inspected}"
-    );
-
-    // Deployment of a profile's image.
+/// Uploads a 3 MiB image and makes a profile that deploys it: the image, its SHA-256 and the profile.
+async fn image_and_profile(cluster: &Cluster) -> (Vec<u8>, String, Value) {
     let image: Vec<u8> = (0..(3 << 20) + 12_345).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
     let sha = hex::encode(sha2::Sha256::digest(&image));
     let uploaded = cluster
@@ -292,6 +286,50 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
         )
         .await;
     assert_eq!(status, 201, "{profile}");
+    (image, sha, profile)
+}
+
+/// How many times workflow `id` ended (its stream's end events).
+async fn ends_of(cluster: &Cluster, id: &str) -> i64 {
+    let mut tx = cluster.db().begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let n = bc_eventstore::sql::query_scalar(
+        "SELECT count(*) FROM events WHERE stream_id = $1 AND event_type LIKE 'workflow.%' \
+         AND event_type NOT LIKE 'workflow.step_%' AND event_type <> 'workflow.created'",
+    )
+    .bind(id)
+    .fetch_one(tx.conn())
+    .await
+    .expect("count");
+    tx.commit().await.expect("commit");
+    n
+}
+
+#[tokio::test]
+async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_is_wiped_at_release() {
+    if !crate::hostile::slow_tests_enabled("bare metal end to end against sushy-emulator") {
+        return;
+    }
+    bc_pki::tls::install_default_provider();
+    let cluster = Cluster::start("metal-e2e").await;
+    let Rig { sushy, machine, scratch, disk, boot: [boot_1, boot_2] } = rig(&cluster).await;
+    let mut site_1 = cluster.site_agent("site-1", site_config(&boot_1)).await;
+    let node_id = enrol(&cluster, &sushy).await;
+    // Inspection: boot from the network into the ramdisk, which reports the machine's inventory.
+    let inspect = start_workflow(&cluster, &node_id, json!({ "kind": "inspect" })).await;
+    let done = await_workflow(&cluster, &inspect).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert!(done["steps"][2]["detail"].as_str().unwrap_or("").contains("2 GPUs"), "{done}");
+    // A standby site agent, once the first serves the site.
+    let mut site_2 = cluster.site_agent("site-2", site_config(&boot_2)).await;
+    let inspected = node(&cluster, &node_id).await;
+    assert_eq!(
+        (&inspected["provisionState"], &inspected["gpuCount"], &inspected["power"]),
+        (&json!("ready"), &json!(2), &json!("off")),
+        "{inspected}"
+    );
+
+    // Deployment of a profile's image.
+    let (image, sha, profile) = image_and_profile(&cluster).await;
     let deploy = start_workflow(&cluster, &node_id, json!({ "kind": "deploy", "profileId": profile["id"] })).await;
     let done = await_workflow(&cluster, &deploy).await;
     assert_eq!(done["state"], "succeeded", "{done}");
@@ -343,19 +381,7 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
     site_1.kill();
     let done = await_workflow(&cluster, &release).await;
     assert_eq!(done["state"], "succeeded", "{done}");
-    let ends: i64 = {
-        let mut tx = cluster.db().begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
-        let n = bc_eventstore::sql::query_scalar(
-            "SELECT count(*) FROM events WHERE stream_id = $1 AND event_type LIKE 'workflow.%' \
-             AND event_type NOT LIKE 'workflow.step_%' AND event_type <> 'workflow.created'",
-        )
-        .bind(&release)
-        .fetch_one(tx.conn())
-        .await
-        .expect("count");
-        tx.commit().await.expect("commit");
-        n
-    };
+    let ends = ends_of(&cluster, &release).await;
     assert_eq!(ends, 1, "the release ended exactly once");
     let wiped = std::fs::read(&disk).expect("disk");
     assert!(wiped[..1 << 20].iter().all(|&b| b == 0), "the start of the disk is wiped");
@@ -365,4 +391,59 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
     assert_eq!((&released["provisionState"], &released["power"]), (&json!("ready"), &json!("off")), "{released}");
     machine.power_off();
     site_2.stop().await;
+}
+
+/// Waits until step `index` of workflow `id` runs (or the workflow ended).
+async fn await_step(cluster: &Cluster, id: &str, index: usize) {
+    crate::agents::eventually(&format!("step {index} of {id} running"), || {
+        let path = format!("/v1/workflows/{id}");
+        async move {
+            let (status, wf) = cluster.call(reqwest::Method::GET, &path, None).await;
+            (status == 200 && (wf["steps"][index]["state"] == "running" || wf["state"] != "running")).then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_finishes_once_when_the_control_plane_process_is_killed_during_it() {
+    if !crate::hostile::slow_tests_enabled("a control plane killed during a deployment, against sushy-emulator") {
+        return;
+    }
+    bc_pki::tls::install_default_provider();
+    let mut cluster = Cluster::start_process("metal-crash").await;
+    let Rig { sushy, machine, disk, boot: [boot, _], .. } = rig(&cluster).await;
+    let mut site = cluster.site_agent("site-1", site_config(&boot)).await;
+    let node_id = enrol(&cluster, &sushy).await;
+    let inspect = start_workflow(&cluster, &node_id, json!({ "kind": "inspect" })).await;
+    assert_eq!(await_workflow(&cluster, &inspect).await["state"], "succeeded");
+    let (image, sha, profile) = image_and_profile(&cluster).await;
+
+    // SIGKILL while the ramdisk writes the image (the site agent fetching it through the control plane), and again
+    // while the deployed machine's agent joins: each time the process starts again on the same database.
+    let deploy = start_workflow(&cluster, &node_id, json!({ "kind": "deploy", "profileId": profile["id"] })).await;
+    for (step, what) in [(2, "write-image"), (6, "await-join")] {
+        await_step(&cluster, &deploy, step).await;
+        cluster.kill_server();
+        eprintln!("killed the control plane during {what}");
+        cluster.start_server();
+    }
+    let done = await_workflow(&cluster, &deploy).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(ends_of(&cluster, &deploy).await, 1, "the deployment ended exactly once");
+    let started: Vec<&Value> = done["steps"].as_array().expect("steps").iter().filter(|s| s["attempt"] != 1).collect();
+    assert!(started.is_empty(), "no step needed a second attempt: {started:?}");
+    assert_eq!(sha256_of(&disk, image.len()), sha, "the disk holds the image");
+    // The read models are the process's own: they catch up by themselves.
+    crate::agents::eventually("the node deployed and connected", || {
+        let path = format!("/v1/nodes/{node_id}");
+        let cluster = &cluster;
+        async move {
+            let (_, found) = cluster.call(reqwest::Method::GET, &path, None).await;
+            (found["provisionState"] == "deployed" && found["connectivity"] == "connected").then_some(())
+        }
+    })
+    .await;
+    machine.power_off();
+    site.stop().await;
 }
