@@ -53,6 +53,9 @@ enum Command {
         /// How often to ask for work while the workflow is not at a ramdisk step, in milliseconds.
         #[arg(long, default_value_t = 1000)]
         poll_ms: u64,
+        /// Where the claimed session is kept for a `bcd ramdisk` started again in the same boot (a tmpfs).
+        #[arg(long, default_value = "/run/bcd-ramdisk")]
+        state_dir: PathBuf,
     },
     /// Run as the site agent: join with role `site` and carry out the site's BMC steps of machines' workflows
     /// (one agent serves a site at a time; more wait as standbys).
@@ -146,7 +149,7 @@ fn start() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run_agent(args, None),
-        Command::Ramdisk { cmdline, disk, config_dir, simulate, hostname, poll_ms } => {
+        Command::Ramdisk { cmdline, disk, config_dir, simulate, hostname, poll_ms, state_dir } => {
             let text = std::fs::read_to_string(&cmdline)
                 .with_context(|| format!("read the kernel command line {}", cmdline.display()))?;
             let config = bc_agent::ramdisk::RamdiskConfig {
@@ -155,6 +158,7 @@ fn start() -> anyhow::Result<()> {
                 config_dir,
                 inventory: source(simulate, hostname),
                 poll: std::time::Duration::from_millis(poll_ms.max(10)),
+                state_dir: Some(state_dir),
             };
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(async {

@@ -126,6 +126,10 @@ pub struct RamdiskConfig {
     pub inventory: InventorySource,
     /// How long to wait before asking again when the workflow is not at a ramdisk step.
     pub poll: Duration,
+    /// Where the claimed session is kept (a tmpfs, `/run/bcd-ramdisk`), so a `bcd ramdisk` that crashed and is
+    /// started again in the same boot goes on with it: the boot credential can be claimed only once. `None`:
+    /// nowhere.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Runs the ramdisk until its workflow ends, a later boot takes its session over, or `shutdown` resolves.
@@ -168,17 +172,27 @@ async fn serve(config: &RamdiskConfig, writing: &AtomicBool) -> anyhow::Result<(
         None => ServerTrust::InsecureHttp,
     };
     let client = Client::new(&config.cmdline.server, &trust)?;
-    let claim = RamdiskClaim { boot_token: config.cmdline.boot_token.clone() };
-    let session: RamdiskSession = match retry("claim the ramdisk session", || {
-        client.call(reqwest::Method::POST, "/v1/ramdisk/sessions", Some(&claim))
-    })
-    .await
-    {
-        Ok(session) => session,
-        Err(err) if status_of(&err) == Some(401) => {
-            bail!("the boot token was refused (unknown, already used or expired): {err}")
+    let session = match saved_session(config) {
+        Some(session) => {
+            eprintln!("bcd ramdisk: going on with this boot's session");
+            session
         }
-        Err(err) => return Err(err.context("claim the ramdisk session")),
+        None => {
+            let claim = RamdiskClaim { boot_token: config.cmdline.boot_token.clone() };
+            let session: RamdiskSession = match retry("claim the ramdisk session", || {
+                client.call(reqwest::Method::POST, "/v1/ramdisk/sessions", Some(&claim))
+            })
+            .await
+            {
+                Ok(session) => session,
+                Err(err) if status_of(&err) == Some(401) => {
+                    bail!("the boot token was refused (unknown, already used or expired): {err}")
+                }
+                Err(err) => return Err(err.context("claim the ramdisk session")),
+            };
+            save_session(config, &session)?;
+            session
+        }
     };
     eprintln!("bcd ramdisk: session for workflow {} of node {}", session.workflow_id, session.node_id);
     let client = client.with_credential(&session.token);
@@ -215,6 +229,48 @@ async fn serve(config: &RamdiskConfig, writing: &AtomicBool) -> anyhow::Result<(
         }
         tokio::time::sleep(config.poll).await;
     }
+}
+
+/// The session file: the session, and the SHA-256 of the boot credential that claimed it (a later boot's
+/// credential claims its own).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedSession {
+    boot_sha256: String,
+    session: RamdiskSession,
+}
+
+fn session_file(config: &RamdiskConfig) -> Option<PathBuf> {
+    config.state_dir.as_ref().map(|dir| dir.join("session.json"))
+}
+
+/// The session this boot's credential claimed, if a `bcd ramdisk` of this boot saved one.
+fn saved_session(config: &RamdiskConfig) -> Option<RamdiskSession> {
+    let text = std::fs::read_to_string(session_file(config)?).ok()?;
+    let saved: SavedSession = serde_json::from_str(&text).ok()?;
+    (saved.boot_sha256 == hex::encode(Sha256::digest(config.cmdline.boot_token.as_bytes()))).then_some(saved.session)
+}
+
+/// Keeps the claimed session where a restarted `bcd ramdisk` finds it, readable by its owner only.
+fn save_session(config: &RamdiskConfig, session: &RamdiskSession) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let Some(path) = session_file(config) else { return Ok(()) };
+    let saved = SavedSession {
+        boot_sha256: hex::encode(Sha256::digest(config.cmdline.boot_token.as_bytes())),
+        session: session.clone(),
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let partial = path.with_extension("json.part");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&partial)
+        .with_context(|| format!("write {}", partial.display()))?;
+    file.write_all(&serde_json::to_vec(&saved)?).with_context(|| format!("write {}", partial.display()))?;
+    std::fs::rename(&partial, &path).with_context(|| format!("write {}", path.display()))?;
+    Ok(())
 }
 
 /// How sending a report ended.
@@ -992,6 +1048,8 @@ mod tests {
         echo: Arc<Mutex<bool>>,
         workflow_id: WorkflowId,
         node_id: NodeId,
+        /// The boot credential claims once.
+        claimed: Arc<AtomicBool>,
     }
 
     fn error(status: StatusCode) -> Response {
@@ -999,7 +1057,7 @@ mod tests {
     }
 
     async fn claim(State(cp): State<FakeControlPlane>, Json(claim): Json<RamdiskClaim>) -> Response {
-        if claim.boot_token != "rbt_good" {
+        if claim.boot_token != "rbt_good" || cp.claimed.swap(true, Ordering::SeqCst) {
             return error(StatusCode::UNAUTHORIZED);
         }
         let session = RamdiskSession { workflow_id: cp.workflow_id, node_id: cp.node_id, token: "rds_1".to_owned() };
@@ -1059,6 +1117,7 @@ mod tests {
             echo: Default::default(),
             workflow_id: WorkflowId::generate(),
             node_id: NodeId::generate(),
+            claimed: Default::default(),
         };
         let images = bytes.clone();
         let router = axum::Router::new()
@@ -1079,8 +1138,17 @@ mod tests {
             config_dir: fixture.0.join("config"),
             inventory,
             poll: Duration::from_millis(1),
+            state_dir: Some(fixture.0.join("run")),
         };
 
+        // The process dies after two steps (as a crash would) and is started again in the same boot: it goes on
+        // with the session it saved, since the boot credential cannot be claimed twice.
+        let first = tokio::spawn(run(config.clone(), std::future::pending()));
+        while cp.reports.lock().expect("lock").len() < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        first.abort();
+        let _ = first.await;
         run(config.clone(), std::future::pending()).await.expect("runs to the workflow's end");
 
         let reports = cp.reports.lock().expect("lock").clone();
@@ -1110,6 +1178,9 @@ mod tests {
         assert!(env.contains("BCD_JOIN_TOKEN=jt_1\n") && env.contains("BCD_INSECURE_HTTP=1\n"), "{env}");
         assert!(!fixture.0.join("config/old").exists(), "the wipe emptied the config dir");
 
+        let session = std::fs::metadata(fixture.0.join("run/session.json")).expect("the saved session");
+        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&session.permissions()) & 0o777, 0o600);
+        // Another boot's credential is its own: it claims, and this one was never handed out.
         let refused = RamdiskConfig {
             cmdline: Cmdline::parse(&format!("bc.server={base} bc.token=rbt_used bc.site={base}")).expect("parses"),
             ..config

@@ -159,6 +159,7 @@ impl Firmware {
             config_dir: dir.join("config"),
             inventory: InventorySource::simulated(bc_agent::simulate::inventory(&host, &spec)).0,
             poll: RAMDISK_POLL,
+            state_dir: None,
         };
         let task = tokio::spawn(async move {
             if let Err(err) = bc_agent::ramdisk::run(config, std::future::pending()).await {

@@ -6,7 +6,10 @@
 //! system's `bcd` with the configuration the ramdisk wrote. The inspection, the deployment (the image written to
 //! a file standing for the disk, its SHA-256 checked), a reservation bound on the deployed host, and the release
 //! that wipes it all run through the real services. The site agent that serves the site is killed during the
-//! release: its standby takes the site over and the release ends once. A slow test: it needs `sushy-emulator`.
+//! release: its standby takes the site over and the release ends once. In a second run the control plane is a real
+//! `better-compute serve` process, SIGKILLed twice during a deployment and started again, and the ramdisk dies
+//! and is started again in the same boot: the deployment ends once, with no step tried twice. Slow tests: they
+//! need `sushy-emulator`.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -33,6 +36,8 @@ struct Running {
     system: Option<(&'static str, JoinHandle<()>)>,
     /// Every system booted, in order.
     boots: Vec<&'static str>,
+    /// The kernel command line of the last network boot.
+    cmdline: Option<String>,
 }
 
 /// The simulated machine: its disk and configuration partition, and what runs on it.
@@ -86,19 +91,36 @@ impl Machine {
             return self.disk_boot();
         };
         let cmdline = kernel.split_whitespace().skip(2).collect::<Vec<_>>().join(" ");
+        self.running.lock().expect("lock").cmdline = Some(cmdline.clone());
+        ("ramdisk", self.ramdisk(&cmdline))
+    }
+
+    /// Starts `bcd ramdisk` with a kernel command line, keeping its session in the boot's `/run`.
+    fn ramdisk(&self, cmdline: &str) -> JoinHandle<()> {
         let config = bc_agent::ramdisk::RamdiskConfig {
-            cmdline: bc_agent::ramdisk::Cmdline::parse(&cmdline).expect("the ramdisk's command line"),
+            cmdline: bc_agent::ramdisk::Cmdline::parse(cmdline).expect("the ramdisk's command line"),
             disk: self.disk.clone(),
             config_dir: self.config.clone(),
             inventory: inventory(),
             poll: Duration::from_millis(100),
+            state_dir: Some(self.state.join("run")),
         };
-        let task = tokio::spawn(async move {
+        tokio::spawn(async move {
             if let Err(err) = bc_agent::ramdisk::run(config, std::future::pending()).await {
                 eprintln!("simulated machine: the ramdisk stopped: {err:#}");
             }
-        });
-        ("ramdisk", task)
+        })
+    }
+
+    /// Kills the running ramdisk (as SIGKILL would) and starts it again in the same boot, as the ramdisk's init
+    /// restarts a service that died.
+    fn restart_ramdisk(&self) {
+        let mut running = self.running.lock().expect("lock");
+        let cmdline = running.cmdline.clone().expect("a network boot");
+        if let Some(("ramdisk", task)) = running.system.take() {
+            task.abort();
+        }
+        running.system = Some(("ramdisk", self.ramdisk(&cmdline)));
     }
 
     /// Boots what the disk holds: the deployed system's `bcd`, configured from `bcd.env`, if it was deployed.
@@ -406,7 +428,7 @@ async fn await_step(cluster: &Cluster, id: &str, index: usize) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deployment_finishes_once_when_the_control_plane_process_is_killed_during_it() {
+async fn a_deployment_finishes_once_when_the_control_plane_process_and_the_ramdisk_are_killed_during_it() {
     if !crate::hostile::slow_tests_enabled("a control plane killed during a deployment, against sushy-emulator") {
         return;
     }
@@ -424,6 +446,10 @@ async fn a_deployment_finishes_once_when_the_control_plane_process_is_killed_dur
     let deploy = start_workflow(&cluster, &node_id, json!({ "kind": "deploy", "profileId": profile["id"] })).await;
     for (step, what) in [(2, "write-image"), (6, "await-join")] {
         await_step(&cluster, &deploy, step).await;
+        if step == 2 {
+            // The ramdisk dies too, and its init starts it again: it goes on with the session this boot claimed.
+            machine.restart_ramdisk();
+        }
         cluster.kill_server();
         eprintln!("killed the control plane during {what}");
         cluster.start_server();
