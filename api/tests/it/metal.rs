@@ -40,6 +40,18 @@ struct Running {
     cmdline: Option<String>,
 }
 
+/// A real virtual machine for the network boot: QEMU with an e1000 NIC (its iPXE ROM), the disk on virtio and
+/// the configuration partition shared over 9p.
+#[derive(Clone)]
+struct Vm {
+    /// `kvm` or `tcg`.
+    accel: &'static str,
+    /// The iPXE script's URL as the VM reaches the site agent (the host is 10.0.2.2 in QEMU's user network).
+    bootfile: String,
+    /// Where each boot's serial console goes (`console-<n>.log`).
+    consoles: PathBuf,
+}
+
 /// The simulated machine: its disk and configuration partition, and what runs on it.
 #[derive(Clone)]
 struct Machine {
@@ -51,6 +63,8 @@ struct Machine {
     ca: String,
     state: PathBuf,
     running: Arc<Mutex<Running>>,
+    /// Boots from the network in a real VM rather than in process.
+    vm: Option<Vm>,
 }
 
 fn inventory() -> InventorySource {
@@ -69,10 +83,38 @@ impl Machine {
     /// The firmware: boots from the network or from the disk, as the BMC set it.
     async fn power_on(&self, boot_device: &str) {
         self.power_off();
-        let (name, task) = if boot_device == "Pxe" { self.network_boot().await } else { self.disk_boot() };
+        let (name, task) = match (boot_device, &self.vm) {
+            ("Pxe", Some(vm)) => ("vm", self.vm_boot(vm)),
+            ("Pxe", None) => self.network_boot().await,
+            _ => self.disk_boot(),
+        };
         let mut running = self.running.lock().expect("lock");
         running.boots.push(name);
         running.system = Some((name, task));
+    }
+
+    /// Powers the VM on: its firmware boots from the network (iPXE asks the site agent for its script) into the
+    /// ramdisk, which writes the VM's disk. Powering off kills the VM.
+    fn vm_boot(&self, vm: &Vm) -> JoinHandle<()> {
+        let boots = self.running.lock().expect("lock").boots.len();
+        let console = vm.consoles.join(format!("console-{boots}.log"));
+        let mut qemu = tokio::process::Command::new("qemu-system-x86_64");
+        qemu.args(["-machine", &format!("pc,accel={}", vm.accel), "-m", "1024", "-display", "none", "-no-reboot"])
+            .arg("-serial")
+            .arg(format!("file:{}", console.display()))
+            .args(["-netdev", &format!("user,id=n0,bootfile={}", vm.bootfile)])
+            .args(["-device", &format!("e1000,netdev=n0,mac={MAC},romfile=/usr/lib/ipxe/qemu/pxe-e1000.rom")])
+            .args(["-drive", &format!("file={},format=raw,if=virtio", self.disk.display())])
+            .arg("-virtfs")
+            .arg(format!("local,path={},mount_tag=config,security_model=none,id=config", self.config.display()))
+            .args(["-boot", "order=n"])
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        tokio::spawn(async move {
+            let mut child = qemu.spawn().expect("qemu-system-x86_64");
+            let status = child.wait().await;
+            eprintln!("simulated machine: the VM stopped: {status:?} (console: {})", console.display());
+        })
     }
 
     /// Fetches the iPXE script and starts the kernel it names: the ramdisk, with the script's command line.
@@ -215,6 +257,17 @@ struct Rig {
 }
 
 async fn rig(cluster: &Cluster) -> Rig {
+    rig_with(cluster, None).await
+}
+
+/// The ramdisk's kernel and initramfs, and how the VM runs, for a machine that boots in a real VM.
+struct VmBoot {
+    kernel: PathBuf,
+    initrd: PathBuf,
+    accel: &'static str,
+}
+
+async fn rig_with(cluster: &Cluster, vm: Option<VmBoot>) -> Rig {
     // The machine simulator listens for the emulator's notifications.
     let (changes, follow_changes) = mpsc::unbounded_channel::<Value>();
     let notifications = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -231,16 +284,23 @@ async fn rig(cluster: &Cluster) -> Rig {
     .await;
     let scratch = cluster.root.path().join("machine");
     std::fs::create_dir_all(scratch.join("config")).expect("scratch");
-    let kernel = scratch.join("vmlinuz");
-    std::fs::write(&kernel, b"a kernel").expect("kernel");
-    std::fs::write(scratch.join("initrd"), b"an initramfs").expect("initrd");
+    let (kernel, initrd) = match &vm {
+        Some(vm) => (vm.kernel.clone(), vm.initrd.clone()),
+        None => {
+            std::fs::write(scratch.join("vmlinuz"), b"a kernel").expect("kernel");
+            std::fs::write(scratch.join("initrd"), b"an initramfs").expect("initrd");
+            (scratch.join("vmlinuz"), scratch.join("initrd"))
+        }
+    };
+    // A VM reaches the host's loopback as 10.0.2.2.
+    let host = if vm.is_some() { "10.0.2.2" } else { "127.0.0.1" };
     let boot = |name: &str| {
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
         bc_agent::boot::BootConfig {
             listen: format!("127.0.0.1:{port}").parse().expect("addr"),
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("http://{host}:{port}"),
             kernel: Some(kernel.clone()),
-            initrd: Some(scratch.join("initrd")),
+            initrd: Some(initrd.clone()),
             cache_dir: scratch.join(name).join("cache"),
         }
     };
@@ -255,6 +315,11 @@ async fn rig(cluster: &Cluster) -> Rig {
         ca: cluster.ca.clone(),
         state: scratch.clone(),
         running: Arc::default(),
+        vm: vm.map(|vm| Vm {
+            accel: vm.accel,
+            bootfile: format!("{}/boot/ipxe?mac={MAC}", boot[0].url),
+            consoles: scratch.clone(),
+        }),
     };
     tokio::spawn(follow(machine.clone(), follow_changes));
     Rig { sushy, machine, scratch, disk, boot }
@@ -472,4 +537,130 @@ async fn a_deployment_finishes_once_when_the_control_plane_process_and_the_ramdi
     .await;
     machine.power_off();
     site.stop().await;
+}
+
+/// The workspace's `target/<profile>` folder this test binary runs from.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary");
+    exe.parent().and_then(Path::parent).expect("target/<profile>/deps").to_owned()
+}
+
+/// Whether KVM runs a guest here: `/dev/kvm` can exist where a guest never starts (nested virtualization turned
+/// off), so a kernel is booted with it and must print its banner within 20 seconds.
+fn kvm_works(kernel: &Path) -> bool {
+    use std::io::Read as _;
+    if !Path::new("/dev/kvm").exists() {
+        return false;
+    }
+    let child = std::process::Command::new("qemu-system-x86_64")
+        .args(["-machine", "pc,accel=kvm", "-m", "256", "-display", "none", "-no-reboot", "-serial", "stdio"])
+        .arg("-kernel")
+        .arg(kernel)
+        .args(["-append", "console=ttyS0 panic=-1"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else { return false };
+    let mut stdout = child.stdout.take().expect("stdout");
+    let (seen, saw) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let mut buffer = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buffer) {
+            if n == 0 {
+                break;
+            }
+            text.extend_from_slice(&buffer[..n]);
+            if String::from_utf8_lossy(&text).contains("Linux version") {
+                let _ = seen.send(());
+                break;
+            }
+        }
+    });
+    let works = saw.recv_timeout(Duration::from_secs(20)).is_ok();
+    let _ = child.kill();
+    let _ = child.wait();
+    works
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_vm_boots_from_the_network_into_the_ramdisk_and_is_inspected_and_deployed() {
+    if !crate::hostile::slow_tests_enabled("a QEMU virtual machine booted from the network") {
+        return;
+    }
+    let tools = ["qemu-system-x86_64", "busybox", "depmod", "cpio"];
+    if let Some(missing) = tools.iter().find(|tool| which(tool).is_none()) {
+        eprintln!("skipped: {missing} is not installed (.ci/run installs qemu-system-x86, ipxe-qemu, ...)");
+        return;
+    }
+    if !Path::new("/usr/lib/ipxe/qemu/pxe-e1000.rom").exists() {
+        eprintln!("skipped: the ipxe-qemu package is not installed");
+        return;
+    }
+    bc_pki::tls::install_default_provider();
+    let bcd = target_dir().join("bcd");
+    assert!(bcd.exists(), "{} is missing: build it first (cargo build -p bc-agent)", bcd.display());
+
+    // The ramdisk: Debian's kernel and an initramfs with this build's `bcd ramdisk` (two simulated H100s).
+    let mut cluster = Cluster::start("metal-vm").await;
+    let images = cluster.root.path().join("ramdisk");
+    let built = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/ramdisk-image"))
+        .arg("--bcd")
+        .arg(&bcd)
+        .arg("--out")
+        .arg(&images)
+        .arg("--cache")
+        .arg(target_dir().join("ramdisk-cache"))
+        .args(["--", "--simulate", "2xH100", "--hostname", "metal-1", "--poll-ms", "200"])
+        .output()
+        .expect("scripts/ramdisk-image");
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let kernel = images.join("vmlinuz");
+    let accel = if kvm_works(&kernel) { "kvm" } else { "tcg" };
+    eprintln!("the VM runs with {accel}");
+    // The VM knows the control plane as `localhost` (its /etc/hosts maps it to the host, 10.0.2.2), a name the
+    // server's certificate holds.
+    cluster.base = cluster.base.replace("127.0.0.1", "localhost");
+    let vm = VmBoot { kernel, initrd: images.join("initrd.img"), accel };
+    let Rig { sushy, machine, disk, boot: [boot, _], scratch } = rig_with(&cluster, Some(vm)).await;
+    let mut site = cluster.site_agent("site-1", site_config(&boot)).await;
+    let node_id = enrol(&cluster, &sushy).await;
+
+    let inspect = start_workflow(&cluster, &node_id, json!({ "kind": "inspect" })).await;
+    let done = await_workflow(&cluster, &inspect).await;
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", consoles(&scratch));
+    assert!(done["steps"][2]["detail"].as_str().unwrap_or("").contains("2 GPUs"), "{done}");
+
+    let (image, sha, profile) = image_and_profile(&cluster).await;
+    let deploy = start_workflow(&cluster, &node_id, json!({ "kind": "deploy", "profileId": profile["id"] })).await;
+    let done = await_workflow(&cluster, &deploy).await;
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", consoles(&scratch));
+    assert_eq!(sha256_of(&disk, image.len()), sha, "the VM's disk holds the image");
+    assert_eq!(machine.boots(), vec!["vm", "vm", "disk"], "inspect and deploy in the VM, then the deployed disk");
+    let deployed = node(&cluster, &node_id).await;
+    assert_eq!(
+        (&deployed["provisionState"], &deployed["connectivity"]),
+        (&json!("deployed"), &json!("connected")),
+        "{deployed}"
+    );
+    machine.power_off();
+    site.stop().await;
+}
+
+/// The VM's serial consoles, for a failure's message.
+fn consoles(scratch: &Path) -> String {
+    let mut text = String::new();
+    for n in 0..4 {
+        if let Ok(console) = std::fs::read_to_string(scratch.join(format!("console-{n}.log"))) {
+            let tail: Vec<&str> = console.lines().rev().take(30).collect();
+            text += &format!("--- console {n} ---\n{}\n", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+        }
+    }
+    text
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .and_then(|path| std::env::split_paths(&path).map(|dir| dir.join(tool)).find(|candidate| candidate.exists()))
 }
