@@ -612,7 +612,7 @@ async fn a_real_vm_boots_from_the_network_into_the_ramdisk_and_is_inspected_and_
         .arg(&images)
         .arg("--cache")
         .arg(target_dir().join("ramdisk-cache"))
-        .args(["--", "--simulate", "2xH100", "--hostname", "metal-1", "--poll-ms", "200"])
+        .args(["--network", "qemu-user", "--", "--simulate", "2xH100", "--hostname", "metal-1", "--poll-ms", "200"])
         .output()
         .expect("scripts/ramdisk-image");
     assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
