@@ -135,7 +135,7 @@ fn now_ms() -> i64 {
 pub async fn run_step(step: &SiteStep, config: &SiteConfig) -> Result<(String, Option<Power>), String> {
     let bmc = driver_for(step, config)?;
     let done = loop {
-        match carry_out(step, &bmc).await {
+        match carry_out(step, &bmc, config).await {
             Ok(done) => break done,
             Err(BmcError::Unavailable { retry_after_s, message }) => {
                 let wait = retry_after_s.map_or(BUSY_WAIT, Duration::from_secs).min(BUSY_WAIT_MAX);
@@ -159,7 +159,7 @@ pub async fn run_step(step: &SiteStep, config: &SiteConfig) -> Result<(String, O
     Ok((done, Some(seen.unwrap_or(Power::Unknown))))
 }
 
-async fn carry_out(step: &SiteStep, bmc: &Bmc) -> Result<String, BmcError> {
+async fn carry_out(step: &SiteStep, bmc: &Bmc, config: &SiteConfig) -> Result<String, BmcError> {
     match step.action {
         StepAction::PowerOn => {
             bmc.power(PowerAction::On).await?;
@@ -198,9 +198,27 @@ async fn carry_out(step: &SiteStep, bmc: &Bmc) -> Result<String, BmcError> {
             }
             Bmc::Ipmi(_) => Err(BmcError::Config("IPMI has no virtual media".to_owned())),
         },
-        StepAction::InsertVirtualMedia => Err(BmcError::Config(
-            "no image to insert: the site agent serves the ramdisk over the network, not as virtual media".to_owned(),
-        )),
+        StepAction::InsertVirtualMedia => {
+            let Some(media) = &step.media else {
+                return Err(BmcError::Config(
+                    "nothing to insert: the workflow's profile deploys no iso image".to_owned(),
+                ));
+            };
+            let Some(boot) = &config.boot else {
+                return Err(BmcError::Config(
+                    "the site agent serves no images to BMCs: start it with --boot-listen".to_owned(),
+                ));
+            };
+            // The BMC fetches the image from this agent's content-addressed cache, which checks its hash.
+            let url = format!("{}/images/sha256/{}", boot.url.trim_end_matches('/'), media.sha256);
+            match bmc {
+                Bmc::Redfish(r, system) => {
+                    r.insert_virtual_media(system, &url).await?;
+                    Ok(format!("inserted {} ({url})", media.image_id))
+                }
+                Bmc::Ipmi(_) => Err(BmcError::Config("IPMI has no virtual media".to_owned())),
+            }
+        }
         other => Err(BmcError::Config(format!("{other:?} does not run on the site"))),
     }
 }
@@ -340,7 +358,25 @@ mod tests {
             },
             username: "admin".into(),
             password: "pw".into(),
+            media: None,
         }
+    }
+
+    #[tokio::test]
+    async fn inserting_virtual_media_needs_an_iso_and_the_boot_server_the_bmc_fetches_it_from() {
+        let mut step = power_off("http://127.0.0.1:1", now_ms() + 60_000);
+        step.action = StepAction::InsertVirtualMedia;
+        step.bmc.drivers.insert(Concern::VirtualMedia, "redfish".to_owned());
+        let err = run_step(&step, &SiteConfig::default()).await.expect_err("no image");
+        assert!(err.contains("no iso image"), "{err}");
+        step.media = Some(bc_domain::agent::ImageToWrite {
+            image_id: "img_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("image id"),
+            sha256: "ab".repeat(32),
+            size: 4096,
+            format: bc_domain::image::ImageFormat::Iso,
+        });
+        let err = run_step(&step, &SiteConfig::default()).await.expect_err("no boot server");
+        assert!(err.contains("--boot-listen"), "{err}");
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bc_domain::Rejection;
-use bc_domain::agent::{SiteStep, SiteWork, StepReport};
+use bc_domain::agent::{ImageToWrite, SiteStep, SiteWork, StepReport};
 use bc_domain::id::{NodeId, WorkflowId};
 use bc_domain::node::NodeBmc;
 use bc_domain::profile::RunsOn;
@@ -88,6 +88,17 @@ impl App {
                 bmc,
                 username: credentials.username,
                 password: credentials.password,
+                media: match row.media {
+                    Some((id, sha256, size)) => Some(ImageToWrite {
+                        image_id: id
+                            .parse()
+                            .map_err(|e: bc_domain::id::IdError| corrupt("an image id", e.to_string()))?,
+                        sha256,
+                        size: u64::try_from(size).unwrap_or_default(),
+                        format: bc_domain::image::ImageFormat::Iso,
+                    }),
+                    None => None,
+                },
             });
         }
         Ok(SiteWork { serving: true, steps })

@@ -56,6 +56,9 @@ pub struct SiteStep {
     pub bmc: crate::node::NodeBmc,
     pub username: String,
     pub password: String,
+    /// For `insert-virtual-media`: the profile's `iso` image, which the BMC fetches from the site agent by hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media: Option<ImageToWrite>,
 }
 
 /// `POST /v1/agent/site/steps/{workflow}/{index}`: how an attempt of a site step ended.

@@ -250,6 +250,11 @@ pub struct SiteStepDto {
     pub bmc: serde_json::Value,
     pub username: String,
     pub password: String,
+    /// For `insert-virtual-media`: the profile's `iso` image (imageId, sha256, size, format), which the BMC fetches
+    /// from the site agent by hash.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub media: Option<serde_json::Value>,
 }
 
 impl From<&bc_domain::agent::SiteStep> for SiteStepDto {
@@ -264,6 +269,7 @@ impl From<&bc_domain::agent::SiteStep> for SiteStepDto {
             bmc: serde_json::to_value(&s.bmc).unwrap_or_default(),
             username: s.username.clone(),
             password: s.password.clone(),
+            media: s.media.as_ref().map(|m| serde_json::to_value(m).unwrap_or_default()),
         }
     }
 }

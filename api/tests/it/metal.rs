@@ -476,6 +476,47 @@ async fn a_machine_is_inspected_deployed_from_its_image_runs_a_reservation_and_i
     assert_eq!(std::fs::read_dir(scratch.join("config")).expect("config").count(), 0, "the configuration is gone");
     let released = node(&cluster, &node_id).await;
     assert_eq!((&released["provisionState"], &released["power"]), (&json!("ready"), &json!("off")), "{released}");
+
+    // An installer ISO through virtual media: the BMC fetches it from the serving site agent (the standby that
+    // took over), which serves it from its cache by hash.
+    let iso = vec![0x42u8; 64 << 10];
+    let iso_sha = hex::encode(sha2::Sha256::digest(&iso));
+    let uploaded = cluster
+        .http
+        .post(format!("{}/v1/images?name=installer&version=1&format=iso&sha256={iso_sha}", cluster.base))
+        .bearer_auth(crate::http_api::ROOT)
+        .header("content-type", "application/octet-stream")
+        .body(iso)
+        .send()
+        .await
+        .expect("upload");
+    assert_eq!(uploaded.status().as_u16(), 201);
+    let iso_id = uploaded.json::<Value>().await.expect("body")["id"].clone();
+    let (status, installer) = cluster
+        .call(
+            reqwest::Method::POST,
+            "/v1/profiles",
+            Some(json!({
+                "name": "installer", "target": "metal", "imageId": iso_id, "allowUnverifiedImage": true,
+                "drivers": { "power": "redfish", "boot": "redfish", "deploy": "bcd", "virtual-media": "redfish" },
+                "steps": [
+                    { "name": "insert", "action": "insert-virtual-media" },
+                    { "name": "boot-cd", "action": "boot-from-virtual-media" },
+                    { "name": "install", "action": "power-reset" },
+                    { "name": "done", "action": "power-off" },
+                    { "name": "eject", "action": "eject-virtual-media" }
+                ]
+            })),
+        )
+        .await;
+    assert_eq!(status, 201, "{installer}");
+    let install = start_workflow(&cluster, &node_id, json!({ "kind": "deploy", "profileId": installer["id"] })).await;
+    let done = await_workflow(&cluster, &install).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let inserted = done["steps"][0]["detail"].as_str().unwrap_or("");
+    assert!(inserted.contains(&format!("{}/images/sha256/{iso_sha}", boot_2.url)), "{done}");
+    let cached = scratch.join("site-2").join("cache").join("sha256").join(&iso_sha);
+    assert_eq!(sha256_of(&cached, usize::MAX), iso_sha, "the BMC fetched the ISO through the site agent's cache");
     machine.power_off();
     site_2.stop().await;
 }

@@ -29,6 +29,8 @@ pub struct SiteStepRow {
     pub boot_mac: Option<String>,
     /// The machine's sealed BMC credentials, if it has them.
     pub sealed: Option<Vec<u8>>,
+    /// For `insert-virtual-media`, the workflow's profile's `iso` image: its id, hash and size.
+    pub media: Option<(String, String, i64)>,
 }
 
 /// The running `site` steps of the machines of `site`, oldest first.
@@ -38,12 +40,14 @@ pub async fn running_steps(tx: &mut Tx, site: &str, secret_kind: &str) -> AppRes
         "SELECT s.workflow_id, s.index, s.attempt, s.action,
                 (extract(epoch FROM s.deadline) * 1000)::int8 AS deadline_ms,
                 w.node_id, b.driver, b.address, b.system_id, b.insecure_tls, b.drivers::text AS drivers, b.boot_mac,
-                k.sealed
+                k.sealed, i.id AS media_id, i.sha256 AS media_sha256, i.size_bytes AS media_size
          FROM workflow_steps AS s
          JOIN workflows AS w ON w.id = s.workflow_id
          JOIN nodes AS n ON n.id = w.node_id
          JOIN node_bmcs AS b ON b.node_id = w.node_id
          LEFT JOIN sealed_secrets AS k ON k.kind = $2 AND k.owner_id = w.node_id
+         LEFT JOIN profiles AS p ON s.action = 'insert-virtual-media' AND p.id = w.profile_id
+         LEFT JOIN images AS i ON i.id = p.image_id AND i.format = 'iso'
          WHERE s.runs_on = 'site' AND s.state = 'running' AND w.outcome IS NULL AND n.site_id = $1
          ORDER BY s.started_at, s.workflow_id
          LIMIT 100",
@@ -67,6 +71,10 @@ pub async fn running_steps(tx: &mut Tx, site: &str, secret_kind: &str) -> AppRes
             drivers: row.try_get("drivers")?,
             boot_mac: row.try_get("boot_mac")?,
             sealed: row.try_get("sealed")?,
+            media: match row.try_get::<Option<String>, _>("media_id")? {
+                Some(id) => Some((id, row.try_get("media_sha256")?, row.try_get("media_size")?)),
+                None => None,
+            },
         })
     };
     Ok(rows.iter().map(read).collect::<Result<Vec<_>, _>>()?)
