@@ -14,7 +14,7 @@ use bc_domain::node::{
     self, Condition, ConditionType, Connectivity, NodeCommand, NodeConditionRaised, NodeConnectivityChanged, NodeEvent,
     connectivity_after_silence,
 };
-use bc_domain::reservation::{self, Command, FailureReason, ReservationState};
+use bc_domain::reservation::{self, Binding, Command, FailureReason, ReservationState};
 use bc_eventstore::lease::Lease;
 use bc_eventstore::queue::{self, WorkItem};
 use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
@@ -133,7 +133,15 @@ impl App {
                     };
                     let devices: Vec<&str> = allocation.devices.iter().map(|d| d.as_str()).collect();
                     let present = liveness::devices_present(tx, node_id, &devices).await?;
-                    if schedulable && present == devices.len() as i64 {
+                    // A whole machine is handed over by its workflows, not its agent: it holds the reservation
+                    // while it is in service for tenants, schedulable or not.
+                    let holds = match r.request.binding {
+                        Binding::Node => {
+                            store::whole_nodes::in_service(tx, &r.request.pool_id, node_id.as_str()).await?
+                        }
+                        Binding::Hold | Binding::Instance => schedulable,
+                    };
+                    if holds && present == devices.len() as i64 {
                         return Ok(());
                     }
                     let reason = if present < devices.len() as i64 {

@@ -180,6 +180,17 @@ async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_w
     assert_eq!(reservation(&api, &id).await["state"], "active");
     assert_eq!(node(&api, &node_id).await["provisionState"], "deployed");
 
+    // The next tenant's window, booked on the same machine after this one: the wipe in between must not move it.
+    let active = reservation(&api, &id).await;
+    let next_start = active["end"].as_i64().expect("the window's end");
+    let mut next = whole(Some(&profile_id));
+    next["start"] = json!(next_start);
+    let next =
+        api.call("POST", "/v1/reservations", Some(ROOT), &[("idempotency-key", "next")], Some(next.to_string())).await;
+    assert_eq!(next.status, StatusCode::CREATED, "{:?}", next.body);
+    let next_id = next.body["id"].as_str().expect("id").to_owned();
+    assert_eq!(next.body["state"], "placed", "{:?}", next.body);
+
     // The release wipes the machine; the reservation is released once the wipe succeeded.
     let released = api.post(&format!("/v1/reservations/{id}/release"), ROOT, json!({})).await;
     assert_eq!(released.status, StatusCode::OK, "{:?}", released.body);
@@ -197,6 +208,14 @@ async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_w
     let ended = reservation(&api, &id).await;
     assert_eq!(ended["state"], "released", "{ended}");
     assert_eq!(node(&api, &node_id).await["provisionState"], "ready");
+    let waiting = reservation(&api, &next_id).await;
+    assert_eq!(
+        (&waiting["state"], &waiting["allocations"][0]["nodeId"]),
+        (&json!("placed"), &json!(node_id)),
+        "the wipe left the next window where it was: {waiting}"
+    );
+    let cancelled = api.post(&format!("/v1/reservations/{next_id}/cancel"), ROOT, json!({})).await;
+    assert_eq!(cancelled.status, StatusCode::OK, "{:?}", cancelled.body);
     let again = api
         .call(
             "POST",

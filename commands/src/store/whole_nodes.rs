@@ -75,6 +75,18 @@ pub async fn holders(tx: &mut Tx, pool_id: &PoolId, request: &DeviceRequest) -> 
         .await?)
 }
 
+/// Whether the machine is still one a tenant may get whole (see [`candidates`]), bookings aside.
+pub async fn in_service(tx: &mut Tx, pool_id: &PoolId, node_id: &str) -> AppResult<bool> {
+    Ok(sql::query_scalar(concat!("SELECT EXISTS (SELECT 1 ", in_service!(), " AND n.id = $5)"))
+        .bind(pool_id.as_str())
+        .bind(None::<&str>)
+        .bind(None::<&str>)
+        .bind("{}")
+        .bind(node_id)
+        .fetch_one(tx.conn())
+        .await?)
+}
+
 /// Locks the chosen machines (in share mode, still in service) and their node atoms (for update), in id order.
 /// `false` when one of them left service since it was read.
 pub async fn lock(tx: &mut Tx, pool_id: &PoolId, nodes: &[&str], atoms: &[&str]) -> AppResult<bool> {
