@@ -188,6 +188,29 @@ pub(crate) fn inventory(host: &str) -> bc_domain::inventory::InventoryReport {
     simulate::inventory(host, &spec).report(&SectionHashes::default())
 }
 
+/// Uploads `data` as a raw image and makes the metal profile `name` that deploys it (hostname `hostname`, an
+/// empty cloud-config); answers the image's SHA-256 and the profile's id.
+pub(crate) async fn raw_image_profile(api: &Api, name: &str, hostname: &str, data: &[u8]) -> (String, String) {
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(data));
+    let headers = [("content-type", "application/octet-stream")];
+    let uri = format!("/v1/images?name={name}-os&version=1&format=raw&sha256={sha}");
+    let (img, _) = api.call_raw("POST", &uri, Some(ROOT), &headers, axum::body::Body::from(data.to_vec())).await;
+    assert_eq!(img.status, StatusCode::CREATED, "{:?}", img.body);
+    let profile = api
+        .post(
+            "/v1/profiles",
+            ROOT,
+            json!({
+                "name": name, "target": "metal", "allowUnverifiedImage": true,
+                "drivers": { "power": "redfish", "boot": "redfish", "deploy": "bcd" },
+                "imageId": img.body["id"], "userData": "#cloud-config\n", "hostConfig": { "hostname": hostname }
+            }),
+        )
+        .await;
+    assert_eq!(profile.status, StatusCode::CREATED, "{:?}", profile.body);
+    (sha, profile.body["id"].as_str().expect("id").to_owned())
+}
+
 /// Runs a workflow to its end: site steps reported by the site agent, ramdisk steps by `ramdisk` (which says
 /// what each returns), until it ends or reaches a step of another place.
 pub(crate) async fn drive(
@@ -234,33 +257,13 @@ async fn a_deployment_writes_its_image_by_hash_and_ends_when_the_deployed_agent_
     assert_eq!(ended["state"], "succeeded", "{ended}");
 
     let data = b"a whole disk, byte for byte".repeat(1000);
-    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data));
-    let headers = [("content-type", "application/octet-stream")];
-    let uri = format!("/v1/images?name=os&version=1&format=raw&sha256={sha}");
-    let (img, _) = api.call_raw("POST", &uri, Some(ROOT), &headers, axum::body::Body::from(data.clone())).await;
-    assert_eq!(img.status, StatusCode::CREATED, "{:?}", img.body);
-    let profile = api
-        .post(
-            "/v1/profiles",
-            ROOT,
-            json!({
-                "name": "gpu-node", "target": "metal", "allowUnverifiedImage": true,
-                "drivers": { "power": "redfish", "boot": "redfish", "deploy": "bcd" },
-                "imageId": img.body["id"], "userData": "#cloud-config\n", "hostConfig": { "hostname": "gpu-1" }
-            }),
-        )
-        .await;
-    assert_eq!(profile.status, StatusCode::CREATED, "{:?}", profile.body);
+    let (sha, profile_id) = raw_image_profile(&api, "gpu-node", "gpu-1", &data).await;
     // The site agent may fetch an image only while a deployment at its site writes it.
     let early = as_(&api, "GET", &format!("/v1/agent/site/images/{sha}"), &site, None).await;
     assert_eq!(early.status, StatusCode::NOT_FOUND, "{:?}", early.body);
 
     let deploy = api
-        .post(
-            &format!("/v1/nodes/{node_id}/workflows"),
-            ROOT,
-            json!({ "kind": "deploy", "profileId": profile.body["id"] }),
-        )
+        .post(&format!("/v1/nodes/{node_id}/workflows"), ROOT, json!({ "kind": "deploy", "profileId": profile_id }))
         .await;
     assert_eq!(deploy.status, StatusCode::CREATED, "{:?}", deploy.body);
     let deploy = deploy.body["id"].as_str().expect("id").to_owned();

@@ -9,8 +9,9 @@ use bc_domain::node::Role;
 use bc_domain::pool::PoolPolicy;
 use serde_json::{Value, json};
 
+use crate::http_api::Reply;
 use crate::http_api::{ALICE, Api, ROOT};
-use crate::ramdisk::{MAC, boot_ramdisk, drive, inventory, join, node, workflow};
+use crate::ramdisk::{MAC, boot_ramdisk, drive, inventory, join, node, raw_image_profile, workflow};
 
 /// The machine's workflows, newest first.
 async fn workflows_of(api: &Api, node_id: &str) -> Vec<Value> {
@@ -25,6 +26,11 @@ async fn reservation(api: &Api, id: &str) -> Value {
     let read = api.get(&format!("/v1/reservations/{id}?consistency=strong"), ROOT).await;
     assert_eq!(read.status, StatusCode::OK, "{:?}", read.body);
     read.body
+}
+
+/// `POST /v1/reservations` as `token` with an idempotency key.
+async fn reserve(api: &Api, token: &str, key: &str, body: &Value) -> Reply {
+    api.call("POST", "/v1/reservations", Some(token), &[("idempotency-key", key)], Some(body.to_string())).await
 }
 
 /// Runs a reservation's workflow on the machine to its end (the ramdisk answering `report`), and answers it.
@@ -72,25 +78,7 @@ async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_w
         .collect();
     assert_eq!(atoms, vec![(&json!(format!("{node_id}/node")), &json!("node"))], "{:?}", devices.body);
 
-    let data = b"the tenant's own operating system".repeat(100);
-    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data));
-    let uri = format!("/v1/images?name=os&version=1&format=raw&sha256={sha}");
-    let headers = [("content-type", "application/octet-stream")];
-    let (img, _) = api.call_raw("POST", &uri, Some(ROOT), &headers, axum::body::Body::from(data)).await;
-    assert_eq!(img.status, StatusCode::CREATED, "{:?}", img.body);
-    let profile = api
-        .post(
-            "/v1/profiles",
-            ROOT,
-            json!({
-                "name": "tenant-os", "target": "metal", "allowUnverifiedImage": true,
-                "drivers": { "power": "redfish", "boot": "redfish", "deploy": "bcd" },
-                "imageId": img.body["id"], "userData": "#cloud-config\n", "hostConfig": { "hostname": "t-1" }
-            }),
-        )
-        .await;
-    assert_eq!(profile.status, StatusCode::CREATED, "{:?}", profile.body);
-    let profile_id = profile.body["id"].as_str().expect("id").to_owned();
+    let (_, profile_id) = raw_image_profile(&api, "tenant-os", "t-1", &b"the tenant's own system".repeat(100)).await;
     let whole = |profile: Option<&str>| {
         let mut body = json!({
             "poolId": pool, "devices": { "class": "node", "count": 1 }, "duration": 3600, "binding": "node",
@@ -120,9 +108,7 @@ async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_w
         (ALICE, whole(Some(&profile_id)), "quota for node"),
     ];
     for (token, body, names) in refusals {
-        let refused = api
-            .call("POST", "/v1/reservations", Some(token), &[("idempotency-key", "k")], Some(body.to_string()))
-            .await;
+        let refused = reserve(&api, token, "k", &body).await;
         assert!(refused.status.is_client_error(), "{body}: {:?}", refused.body);
         let said = refused.body["error"].to_string();
         assert!(said.contains(names), "{body}: {said}");
@@ -131,32 +117,15 @@ async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_w
     let elsewhere = api.pool().await;
     let mut body = whole(Some(&profile_id));
     body["poolId"] = json!(elsewhere);
-    let refused =
-        api.call("POST", "/v1/reservations", Some(ROOT), &[("idempotency-key", "x")], Some(body.to_string())).await;
+    let refused = reserve(&api, ROOT, "x", &body).await;
     assert!(refused.body["error"].to_string().contains("tenantRoot"), "{:?}", refused.body);
 
     // The reservation books the machine, and its window's start deploys the profile on it.
-    let made = api
-        .call(
-            "POST",
-            "/v1/reservations",
-            Some(ROOT),
-            &[("idempotency-key", "r1")],
-            Some(whole(Some(&profile_id)).to_string()),
-        )
-        .await;
+    let made = reserve(&api, ROOT, "r1", &whole(Some(&profile_id))).await;
     assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
     let id = made.body["id"].as_str().expect("id").to_owned();
     assert_eq!(made.body["allocations"][0]["devices"], json!([format!("{node_id}/node")]), "{:?}", made.body);
-    let second = api
-        .call(
-            "POST",
-            "/v1/reservations",
-            Some(ROOT),
-            &[("idempotency-key", "r2")],
-            Some(whole(Some(&profile_id)).to_string()),
-        )
-        .await;
+    let second = reserve(&api, ROOT, "r2", &whole(Some(&profile_id))).await;
     assert!(second.status.is_client_error(), "one machine, one tenant at a time: {:?}", second.body);
     assert_eq!(reservation(&api, &id).await["state"], "binding");
     let deploy = workflows_of(&api, &node_id).await[0].clone();
@@ -185,8 +154,7 @@ async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_w
     let next_start = active["end"].as_i64().expect("the window's end");
     let mut next = whole(Some(&profile_id));
     next["start"] = json!(next_start);
-    let next =
-        api.call("POST", "/v1/reservations", Some(ROOT), &[("idempotency-key", "next")], Some(next.to_string())).await;
+    let next = reserve(&api, ROOT, "next", &next).await;
     assert_eq!(next.status, StatusCode::CREATED, "{:?}", next.body);
     let next_id = next.body["id"].as_str().expect("id").to_owned();
     assert_eq!(next.body["state"], "placed", "{:?}", next.body);
@@ -216,15 +184,7 @@ async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_w
     );
     let cancelled = api.post(&format!("/v1/reservations/{next_id}/cancel"), ROOT, json!({})).await;
     assert_eq!(cancelled.status, StatusCode::OK, "{:?}", cancelled.body);
-    let again = api
-        .call(
-            "POST",
-            "/v1/reservations",
-            Some(ROOT),
-            &[("idempotency-key", "r3")],
-            Some(whole(Some(&profile_id)).to_string()),
-        )
-        .await;
+    let again = reserve(&api, ROOT, "r3", &whole(Some(&profile_id))).await;
     assert_eq!(again.status, StatusCode::CREATED, "the wiped machine is free again: {:?}", again.body);
     let again = again.body["id"].as_str().expect("id").to_owned();
 
