@@ -40,6 +40,15 @@ async fn run_through(api: &Api, site: &str, wf: &str, report: &mut dyn FnMut(&Va
     drive(api, site, &session, wf, report).await
 }
 
+/// Runs the machine's newest workflow, the wipe that reservation `id` started, to its success.
+async fn wipe(api: &Api, site: &str, node_id: &str, id: &str) {
+    let wipe = workflows_of(api, node_id).await[0].clone();
+    assert_eq!((&wipe["kind"], &wipe["reservationId"]), (&json!("release"), &json!(id)), "{wipe}");
+    let wf = wipe["id"].as_str().expect("id");
+    let wiped = run_through(api, site, wf, &mut |step| json!({ "attempt": step["attempt"], "ok": true })).await;
+    assert_eq!(wiped["state"], "succeeded", "{wiped}");
+}
+
 #[tokio::test]
 async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_wipes_it_at_the_release() {
     let api = Api::with_pki().await;
@@ -163,16 +172,7 @@ async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_w
     let released = api.post(&format!("/v1/reservations/{id}/release"), ROOT, json!({})).await;
     assert_eq!(released.status, StatusCode::OK, "{:?}", released.body);
     assert_eq!(reservation(&api, &id).await["state"], "releasing");
-    let wipe = workflows_of(&api, &node_id).await[0].clone();
-    assert_eq!((&wipe["kind"], &wipe["reservationId"]), (&json!("release"), &json!(id)), "{wipe}");
-    let wiped = run_through(
-        &api,
-        &site,
-        wipe["id"].as_str().expect("id"),
-        &mut |step| json!({ "attempt": step["attempt"], "ok": true }),
-    )
-    .await;
-    assert_eq!(wiped["state"], "succeeded", "{wiped}");
+    wipe(&api, &site, &node_id, &id).await;
     let ended = reservation(&api, &id).await;
     assert_eq!(ended["state"], "released", "{ended}");
     assert_eq!(node(&api, &node_id).await["provisionState"], "ready");
@@ -198,15 +198,6 @@ async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_w
     assert_eq!(broken["state"], "failed", "{broken}");
     let failed = reservation(&api, &again).await;
     assert_eq!((&failed["state"], &failed["outcome"]), (&json!("failed"), &json!("binding-failed")), "{failed}");
-    let wipe = workflows_of(&api, &node_id).await[0].clone();
-    assert_eq!((&wipe["kind"], &wipe["reservationId"]), (&json!("release"), &json!(again)), "{wipe}");
-    let wiped = run_through(
-        &api,
-        &site,
-        wipe["id"].as_str().expect("id"),
-        &mut |step| json!({ "attempt": step["attempt"], "ok": true }),
-    )
-    .await;
-    assert_eq!(wiped["state"], "succeeded", "{wiped}");
+    wipe(&api, &site, &node_id, &again).await;
     assert_eq!(node(&api, &node_id).await["provisionState"], "ready");
 }
