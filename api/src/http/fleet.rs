@@ -394,7 +394,11 @@ pub async fn availability(
         (Some(count), Some(duration), None, None) => {
             let class = match params.class {
                 Some(class) => class,
-                None => state.app.pool(&caller, &id, None).await?.sharing.atom_class(),
+                None => {
+                    let pool = state.app.pool(&caller, &id, None).await?;
+                    // A pool of whole machines books them, not their GPUs.
+                    if pool.policy.tenant_root { DeviceClass::Node } else { pool.sharing.atom_class() }
+                }
             };
             let query = EarliestStart {
                 pool_id: id.clone(),

@@ -134,6 +134,21 @@ async fn a_node_reservation_deploys_the_tenants_profile_on_a_whole_machine_and_w
     assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
     let id = made.body["id"].as_str().expect("id").to_owned();
     assert_eq!(made.body["allocations"][0]["devices"], json!([format!("{node_id}/node")]), "{:?}", made.body);
+    // The pool's availability is in machines: the earliest start of one is this window's end, and the machine is
+    // free after it.
+    let end = made.body["end"].as_i64().expect("the window's end");
+    api.fleet.worker().run_until_idle().await.expect("worker");
+    bc_projections::testing::catch_up(&api.fleet.t.db).await;
+    let uri = format!("/v1/pools/{pool}/availability?count=1&duration=3600");
+    let earliest = api.get(&uri, ROOT).await;
+    assert_eq!(earliest.body["earliestStart"], json!(end), "{:?}", earliest.body);
+    let free = api.get(&format!("/v1/pools/{pool}/availability?start={end}&end={}", end + 3_600_000), ROOT).await;
+    assert_eq!(
+        free.body["nodes"],
+        json!([{ "nodeId": node_id, "atoms": [format!("{node_id}/node")] }]),
+        "{:?}",
+        free.body
+    );
     let second = reserve(&api, ROOT, "r2", &whole(Some(&profile_id))).await;
     assert!(second.status.is_client_error(), "one machine, one tenant at a time: {:?}", second.body);
     assert_eq!(reservation(&api, &id).await["state"], "binding");
