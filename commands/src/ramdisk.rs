@@ -103,6 +103,7 @@ impl App {
                         id.as_str(),
                         node.as_str(),
                         now_ms + BOOT_TOKEN_TTL_MS,
+                        None,
                     )
                     .await?;
                     Ok(BootAnswer { node_id: Some(node), workflow_id: Some(id), boot_token: Some(token.clone()) })
@@ -139,7 +140,9 @@ impl App {
                     let Some(row) = site::lock_ramdisk_credential(tx, hash, RamdiskCredential::Boot).await? else {
                         return Err(unauthenticated("the boot credential is unknown").into());
                     };
-                    if row.claimed {
+                    // Claimed before, its session never used: the answer to that claim was lost on its way, and
+                    // this claim replaces the session it made.
+                    if row.claimed && !site::unused_session_of(tx, hash).await? {
                         return Err(unauthenticated(
                             "the boot credential was already claimed: each boot of the ramdisk gets its own",
                         )
@@ -160,6 +163,7 @@ impl App {
                         &row.workflow_id,
                         &row.node_id,
                         now_ms + SESSION_TTL_MS,
+                        Some(hash),
                     )
                     .await?;
                     Ok(RamdiskSession {
@@ -178,15 +182,22 @@ impl App {
         if !token.starts_with(SESSION_PREFIX) {
             return Err(unauthenticated(format!("a ramdisk session credential starts with {SESSION_PREFIX}")).into());
         }
+        let hash = bc_domain::sha256_hex(token);
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let found = site::ramdisk_session(&mut tx, &bc_domain::sha256_hex(token)).await?;
+        let found = site::ramdisk_session(&mut tx, &hash).await?;
         tx.commit().await?;
-        let Some((wf, node)) = found else {
+        let Some((wf, node, used)) = found else {
             return Err(unauthenticated(
                 "the ramdisk session is unknown or over (a later boot of the machine claimed another)",
             )
             .into());
         };
+        if !used {
+            // From its first use on, the boot credential that claimed it cannot claim again.
+            let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
+            site::mark_session_used(&mut tx, &hash).await?;
+            tx.commit().await?;
+        }
         Ok(RamdiskAuth { workflow_id: workflow_id(&wf)?, node_id: node_id(&node)? })
     }
 

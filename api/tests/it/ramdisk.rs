@@ -129,13 +129,24 @@ async fn a_ramdisk_inspects_a_machine_with_a_single_use_boot_credential_and_its_
     let refused = as_(&api, "GET", &format!("/v1/agent/site/boot?mac={MAC}"), &host, None).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN, "{:?}", refused.body);
 
-    // Each boot gets its own credential, claimed once; the later claim ends the earlier session.
-    let (first_token, first) = boot_ramdisk(&api, &site).await;
-    let again = api
-        .call("POST", "/v1/ramdisk/sessions", None, &[], Some(json!({ "bootToken": first_token }).to_string()))
-        .await;
+    // Each boot gets its own credential. A claim whose answer was lost may be made again while its session was
+    // never used (the new session replaces it); from the session's first use on, the credential is spent.
+    let (first_token, lost) = boot_ramdisk(&api, &site).await;
+    let claim = || {
+        let body = json!({ "bootToken": first_token }).to_string();
+        api.call("POST", "/v1/ramdisk/sessions", None, &[], Some(body))
+    };
+    let retried = claim().await;
+    assert_eq!(retried.status, StatusCode::CREATED, "{:?}", retried.body);
+    let first = retried.body["token"].as_str().expect("session").to_owned();
+    assert_ne!(first, lost);
+    let replaced = as_(&api, "GET", "/v1/ramdisk/work", &lost, None).await;
+    assert_eq!(replaced.status, StatusCode::UNAUTHORIZED, "{:?}", replaced.body);
+    assert_eq!(as_(&api, "GET", "/v1/ramdisk/work", &first, None).await.status, StatusCode::OK);
+    let again = claim().await;
     assert_eq!(again.status, StatusCode::UNAUTHORIZED, "{:?}", again.body);
     assert!(again.body["error"]["message"].as_str().unwrap_or("").contains("already claimed"), "{:?}", again.body);
+    // A later boot's claim ends the earlier session.
     let (_, session) = boot_ramdisk(&api, &site).await;
     let over = as_(&api, "GET", "/v1/ramdisk/work", &first, None).await;
     assert_eq!(over.status, StatusCode::UNAUTHORIZED, "{:?}", over.body);

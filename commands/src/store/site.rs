@@ -154,7 +154,8 @@ impl RamdiskCredential {
     }
 }
 
-/// Stores a ramdisk credential's hash for a workflow's machine, until `expires_at_ms`.
+/// Stores a ramdisk credential's hash for a workflow's machine, until `expires_at_ms`; a session also records the
+/// hash of the boot credential that claimed it.
 pub async fn insert_ramdisk_credential(
     tx: &mut Tx,
     secret_sha256: &str,
@@ -162,16 +163,43 @@ pub async fn insert_ramdisk_credential(
     workflow_id: &str,
     node_id: &str,
     expires_at_ms: i64,
+    boot_sha256: Option<&str>,
 ) -> AppResult<()> {
     sql::query(
-        "INSERT INTO ramdisk_credentials (secret_sha256, kind, workflow_id, node_id, expires_at)
-         VALUES ($1, $2, $3, $4, ms_ts($5))",
+        "INSERT INTO ramdisk_credentials (secret_sha256, kind, workflow_id, node_id, expires_at, boot_sha256)
+         VALUES ($1, $2, $3, $4, ms_ts($5), $6)",
     )
     .bind(secret_sha256)
     .bind(kind.as_str())
     .bind(workflow_id)
     .bind(node_id)
     .bind(expires_at_ms)
+    .bind(boot_sha256)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
+}
+
+/// Whether the boot credential with hash `boot_sha256` claimed a session that is still live and was never used:
+/// then its claim's answer may have been lost, and the ramdisk may claim again.
+pub async fn unused_session_of(tx: &mut Tx, boot_sha256: &str) -> AppResult<bool> {
+    Ok(sql::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM ramdisk_credentials
+                        WHERE kind = 'session' AND boot_sha256 = $1 AND used_at IS NULL
+                          AND expires_at > compute_now())",
+    )
+    .bind(boot_sha256)
+    .fetch_one(tx.conn())
+    .await?)
+}
+
+/// Records a session's first use (later uses change nothing).
+pub async fn mark_session_used(tx: &mut Tx, secret_sha256: &str) -> AppResult<()> {
+    sql::query(
+        "UPDATE ramdisk_credentials SET used_at = compute_now()
+         WHERE secret_sha256 = $1 AND kind = 'session' AND used_at IS NULL",
+    )
+    .bind(secret_sha256)
     .execute(tx.conn())
     .await?;
     Ok(())
@@ -227,14 +255,17 @@ pub async fn claim_boot_credential(tx: &mut Tx, secret_sha256: &str, workflow_id
     Ok(())
 }
 
-/// The live ramdisk session with hash `secret_sha256`: its workflow and machine.
-pub async fn ramdisk_session(tx: &mut Tx, secret_sha256: &str) -> AppResult<Option<(String, String)>> {
+/// The live ramdisk session with hash `secret_sha256`: its workflow and machine, and whether it was used before.
+pub async fn ramdisk_session(tx: &mut Tx, secret_sha256: &str) -> AppResult<Option<(String, String, bool)>> {
     let row = sql::query(
-        "SELECT workflow_id, node_id FROM ramdisk_credentials
+        "SELECT workflow_id, node_id, used_at IS NOT NULL AS used FROM ramdisk_credentials
          WHERE secret_sha256 = $1 AND kind = 'session' AND expires_at > compute_now()",
     )
     .bind(secret_sha256)
     .fetch_optional(tx.conn())
     .await?;
-    Ok(row.map(|row| Ok::<_, sqlx::Error>((row.try_get("workflow_id")?, row.try_get("node_id")?))).transpose()?)
+    let read = |row: sqlx::postgres::PgRow| -> Result<(String, String, bool), sqlx::Error> {
+        Ok((row.try_get("workflow_id")?, row.try_get("node_id")?, row.try_get("used")?))
+    };
+    Ok(row.map(read).transpose()?)
 }
