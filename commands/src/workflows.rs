@@ -8,9 +8,7 @@ use bc_domain::id::{NodeId, ProfileId, ReservationId, TenantId, WorkflowId};
 use bc_domain::node::lifecycle;
 use bc_domain::node::{NodeEvent, ProvisionState};
 use bc_domain::profile::RunsOn;
-use bc_domain::workflow::{
-    self, Facts, NextLook, Outcome, Report, Workflow, WorkflowCreated, WorkflowEvent, WorkflowKind,
-};
+use bc_domain::workflow::{self, Facts, NextLook, Outcome, Report, Workflow, WorkflowCreated, WorkflowKind};
 use bc_eventstore::events::{self, ExpectedVersion};
 use bc_eventstore::lease::Lease;
 use bc_eventstore::queue::{self, WorkItem};
@@ -79,10 +77,10 @@ pub(crate) struct NewWorkflow {
     pub reservation_id: Option<ReservationId>,
 }
 
-/// Starts a workflow on an enrolled machine, in the caller's transaction: checks that the machine may run it (its
-/// lifecycle state, no other workflow running, the profile, a driver bound for every step that needs one), moves the machine
-/// into the state the workflow runs in, records the workflow on a stream of `owner` (the pool's owner) and has the
-/// worker drive it.
+/// Starts a workflow on an enrolled machine, in the caller's transaction: the domain decides whether the machine
+/// may run it (`workflow::may_start`: its lifecycle state, no other workflow running; then the profile; then
+/// `workflow::begin`: a driver bound for every step that needs one, and the machine's move into the state the
+/// workflow runs in); the workflow is recorded on a stream of `owner` (the pool's owner) and the worker drives it.
 pub(crate) async fn begin_workflow(
     tx: &mut Tx,
     caller: &Caller,
@@ -91,56 +89,27 @@ pub(crate) async fn begin_workflow(
     workflow_id: &WorkflowId,
     new: NewWorkflow,
 ) -> AppResult<Option<bc_eventstore::Position>> {
-    let node_id = &node.id;
     let kind = new.kind;
-    let Some(bmc) = &node.bmc else {
-        return Err(
-            Rejection::Conflict(format!("node {node_id} was not enrolled from a BMC: it has no workflows")).into()
-        );
-    };
-    let (from, runs_in) = kind.lifecycle();
-    if !from.contains(&node.provision_state) {
-        let allowed: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
-        return Err(Rejection::Conflict(format!(
-            "node {node_id} is {}: a {} workflow starts from {}",
-            node.provision_state.as_str(),
-            kind.as_str(),
-            allowed.join(" or ")
-        ))
-        .into());
-    }
-    if let Some(running) = store::workflows::running_on(tx, node_id.as_str()).await? {
-        return Err(Rejection::Conflict(format!("workflow {running} is running on node {node_id}")).into());
-    }
+    let running = store::workflows::running_on(tx, node.id.as_str()).await?;
+    workflow::may_start(node, kind, running.as_deref())?;
     let steps = match &new.profile {
         Some((profile_id, tenant)) => crate::profiles::deploy_steps(tx, profile_id, tenant, kind).await?,
         None => kind.default_steps(),
     };
-    for (n, step) in steps.iter().enumerate() {
-        if let Some(concern) = step.action.concern()
-            && !bmc.drivers.contains_key(&concern)
-        {
-            return Err(Rejection::Conflict(format!(
-                "step {n} ({}) needs a driver for {}, and node {node_id} has none bound",
-                step.name,
-                concern.as_str()
-            ))
-            .into());
-        }
-    }
     let now_ms = clock::compute_now_ms(tx).await?;
-    let moved =
-        lifecycle::change_provision(node, runs_in, Some(format!("{} workflow {workflow_id}", kind.as_str())), now_ms)?;
-    let created = WorkflowEvent::Created(WorkflowCreated {
-        workflow_id: workflow_id.clone(),
-        tenant_id: owner.clone(),
-        node_id: node_id.clone(),
-        kind,
-        profile_id: new.profile.map(|(profile_id, _)| profile_id),
-        reservation_id: new.reservation_id,
-        steps,
-        at_ms: now_ms,
-    });
+    let (moved, created) = workflow::begin(
+        node,
+        WorkflowCreated {
+            workflow_id: workflow_id.clone(),
+            tenant_id: owner.clone(),
+            node_id: node.id.clone(),
+            kind,
+            profile_id: new.profile.map(|(profile_id, _)| profile_id),
+            reservation_id: new.reservation_id,
+            steps,
+            at_ms: now_ms,
+        },
+    )?;
     record_moves(tx, caller, node, owner, moved).await?;
     let position = record(tx, caller, workflow_id.as_str(), owner, ExpectedVersion::NO_STREAM, vec![created]).await?;
     work::wake_now(tx, &WorkKey::Workflow(workflow_id.clone())).await?;

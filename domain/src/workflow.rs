@@ -502,9 +502,127 @@ pub fn cancel(wf: &Workflow, reason: Option<String>, now_ms: i64) -> Result<Vec<
     })])
 }
 
+/// Whether a workflow of `kind` may start on the machine now: it was enrolled from a BMC, it is in a state the
+/// workflow starts from, and no other workflow (`running`) runs on it.
+pub fn may_start(node: &crate::node::Node, kind: WorkflowKind, running: Option<&str>) -> Result<(), Rejection> {
+    let node_id = &node.id;
+    if node.bmc.is_none() {
+        return Err(Rejection::Conflict(format!("node {node_id} was not enrolled from a BMC: it has no workflows")));
+    }
+    let (from, _) = kind.lifecycle();
+    if !from.contains(&node.provision_state) {
+        let allowed: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+        return Err(Rejection::Conflict(format!(
+            "node {node_id} is {}: a {} workflow starts from {}",
+            node.provision_state.as_str(),
+            kind.as_str(),
+            allowed.join(" or ")
+        )));
+    }
+    if let Some(running) = running {
+        return Err(Rejection::Conflict(format!("workflow {running} is running on node {node_id}")));
+    }
+    Ok(())
+}
+
+/// The events that begin a workflow [`may_start`] allowed: the machine's move into the state the workflow runs in,
+/// and `workflow.created`. Refused when a step needs a driver the machine has none bound for.
+pub fn begin(
+    node: &crate::node::Node,
+    created: WorkflowCreated,
+) -> Result<(Vec<crate::node::NodeEvent>, WorkflowEvent), Rejection> {
+    let node_id = &node.id;
+    let bound = node.bmc.as_ref().map(|bmc| &bmc.drivers);
+    for (n, step) in created.steps.iter().enumerate() {
+        if let Some(concern) = step.action.concern()
+            && !bound.is_some_and(|drivers| drivers.contains_key(&concern))
+        {
+            return Err(Rejection::Conflict(format!(
+                "step {n} ({}) needs a driver for {}, and node {node_id} has none bound",
+                step.name,
+                concern.as_str()
+            )));
+        }
+    }
+    let (_, runs_in) = created.kind.lifecycle();
+    let why = format!("{} workflow {}", created.kind.as_str(), created.workflow_id);
+    let moved = crate::node::lifecycle::change_provision(node, runs_in, Some(why), created.at_ms)?;
+    Ok((moved, WorkflowEvent::Created(created)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::{
+        Adapter, BmcDriver, Connectivity, Node, NodeBmc, NodeBmcSet, NodeEvent, NodeRegistered, Role, Trust,
+    };
+
+    /// A machine in `state`, enrolled from a Redfish BMC with its default drivers unless `bmc` is false.
+    fn machine(state: ProvisionState, bmc: bool) -> Node {
+        let node_id: NodeId = "node_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("node");
+        let registered = NodeEvent::Registered(NodeRegistered {
+            node_id: node_id.clone(),
+            pool_id: "pool_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("pool"),
+            site_id: "site_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("site"),
+            name: "metal-1".into(),
+            role: Role::Host,
+            trust: Trust::Platform,
+            owner_tenant_id: None,
+            adapter: Adapter::BcdV1,
+            provision_state: state,
+            connectivity: Connectivity::Disconnected,
+            generation: 1,
+            observed_generation: 0,
+            gpus: Vec::new(),
+            devices: Vec::new(),
+            conditions: Vec::new(),
+            at_ms: 1,
+        });
+        let drivers = crate::node::lifecycle::default_drivers(BmcDriver::Redfish, &Default::default());
+        let set = NodeEvent::BmcSet(NodeBmcSet {
+            node_id,
+            bmc: NodeBmc {
+                driver: BmcDriver::Redfish,
+                address: "https://10.0.0.9".into(),
+                system_id: None,
+                insecure_tls: false,
+                drivers,
+                boot_mac: None,
+            },
+            at_ms: 1,
+        });
+        let events = if bmc { vec![registered, set] } else { vec![registered] };
+        events.iter().fold(None, crate::node::evolve).expect("a node")
+    }
+
+    #[test]
+    fn a_workflow_starts_on_an_enrolled_machine_in_its_state_with_nothing_else_running() {
+        let ready = machine(ProvisionState::Ready, true);
+        assert_eq!(may_start(&ready, WorkflowKind::Deploy, None), Ok(()));
+        let conflict = |result: Result<(), Rejection>, says: &str| match result {
+            Err(Rejection::Conflict(message)) => assert!(message.contains(says), "{message}"),
+            other => panic!("expected a conflict saying {says:?}, got {other:?}"),
+        };
+        conflict(may_start(&ready, WorkflowKind::Release, None), "is ready: a release workflow starts from deployed");
+        conflict(may_start(&ready, WorkflowKind::Deploy, Some("wf_x")), "workflow wf_x is running");
+        conflict(may_start(&machine(ProvisionState::Adopted, false), WorkflowKind::Inspect, None), "not enrolled");
+
+        let created = workflow(WorkflowKind::Deploy).created;
+        let (moved, event) = begin(&ready, WorkflowCreated { at_ms: 5, ..created.clone() }).expect("begins");
+        assert!(
+            matches!(moved.as_slice(), [NodeEvent::ProvisionChanged(e)] if e.to == ProvisionState::Deploying),
+            "{moved:?}"
+        );
+        assert!(matches!(event, WorkflowEvent::Created(_)));
+        let mut bare = ready.clone();
+        if let Some(bmc) = bare.bmc.as_mut() {
+            bmc.drivers.remove(&crate::profile::Concern::Deploy);
+        }
+        match begin(&bare, created) {
+            Err(Rejection::Conflict(message)) => assert!(message.contains("needs a driver for deploy"), "{message}"),
+            other => panic!("a step without its driver: {other:?}"),
+        }
+    }
 
     fn workflow(kind: WorkflowKind) -> Workflow {
         let created = WorkflowCreated {
