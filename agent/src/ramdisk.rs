@@ -1151,9 +1151,14 @@ mod tests {
         let _ = first.await;
         run(config.clone(), std::future::pending()).await.expect("runs to the workflow's end");
 
-        let reports = cp.reports.lock().expect("lock").clone();
+        // The restarted process does not know what the first one ran: the step the workflow still shows when it
+        // starts (this fake shows each step once more after its report) runs again, and nothing else does.
+        let mut reports = cp.reports.lock().expect("lock").clone();
         let indexes: Vec<u32> = reports.iter().map(|(index, _)| *index).collect();
-        assert_eq!(indexes, [0, 1, 2, 3, 4], "each step ran once, in order");
+        assert!(indexes.len() <= 6, "at most the step shown across the restart ran twice: {indexes:?}");
+        reports.dedup_by_key(|(index, _)| *index);
+        let indexes: Vec<u32> = reports.iter().map(|(index, _)| *index).collect();
+        assert_eq!(indexes, [0, 1, 2, 3, 4], "each step ran, in order");
         let (_, inspect) = &reports[0];
         assert!(inspect.ok && inspect.message.as_deref() == Some("inspected: 2 GPUs, host gpu-7"), "{inspect:?}");
         let inventory = inspect.inventory.as_ref().expect("the inventory");
