@@ -535,7 +535,12 @@ async fn write_in_place(site: &Site, image: &ImageToWrite, disk: &Path) -> Resul
         .open(disk)
         .await
         .map_err(|err| format!("open {}: {err}", disk.display()))?;
-    let hash = download(site, image, &mut file).await?;
+    let downloaded = download(site, image, &mut file).await;
+    // A tokio file writes on a blocking thread, behind the caller: every write must land before anything else
+    // touches the disk (a refused image's head is zeroed next, and a late write would put it back).
+    let flushed = file.flush().await;
+    let hash = downloaded?;
+    flushed.map_err(|err| format!("flush {}: {err}", disk.display()))?;
     file.sync_all().await.map_err(|err| format!("flush {}: {err}", disk.display()))?;
     Ok(hash)
 }

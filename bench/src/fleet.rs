@@ -326,6 +326,7 @@ fn lifecycle(fleet: &Fleet, idx: usize) -> anyhow::Result<(Reservation, Vec<Reco
         allocation_id: ulid_text("alloc", plan.requested_ms, idx as u128).parse::<AllocationId>()?,
         node_id: node_id.clone(),
         devices,
+        resources: Default::default(),
     };
     life.run(plan.requested_ms, user, Command::Place { allocations: vec![allocation], now_ms: plan.requested_ms })?;
     match plan.ending {

@@ -58,6 +58,7 @@ fn templates() -> anyhow::Result<Vec<NewEvent>> {
                 allocation_id: AllocationId::generate(),
                 node_id: NodeId::generate(),
                 devices: vec!["GPU-bench-0".parse()?, "GPU-bench-1".parse()?],
+                resources: Default::default(),
             }],
             start_ms: at_ms,
             end_ms: at_ms + 3_600_000,

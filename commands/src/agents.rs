@@ -20,8 +20,8 @@ use bc_domain::id::{CommandId, DeviceId, Identity, JoinTokenId, NodeId, PoolId, 
 use bc_domain::inventory::{InventoryReport, NodeInventory, ReportError};
 use bc_domain::node::{
     Condition, ConditionType, Connectivity, MAX_CLOCK_SKEW_MS, NodeAdopted, NodeConditionCleared, NodeConditionRaised,
-    NodeConnectivityChanged, NodeEvent, NodeHardwareChanged, NodeInventoryReported, NodeJoined, NodeRejoined, NodeSpec,
-    NodeSpecObserved, Role, Trust,
+    NodeConnectivityChanged, NodeEvent, NodeHardwareChanged, NodeInventoryReported, NodeJoined, NodeRejoined,
+    NodeResourcesChanged, NodeSpec, NodeSpecObserved, Role, Trust, scalars_of,
 };
 use bc_domain::reservation::{self, Command, FailureReason, ReservationState};
 use bc_domain::{acceptance, gpu, site::check_name};
@@ -307,6 +307,20 @@ async fn hardware_events(
     Ok((events, lost_devices))
 }
 
+/// The node's scalar resources as `document` reports them, as an event when they differ from what it holds. A site
+/// agent's machine lends nothing.
+async fn resources_event(
+    tx: &mut Tx,
+    node_id: &NodeId,
+    document: &NodeInventory,
+    at_ms: i64,
+) -> AppResult<Option<NodeEvent>> {
+    let (role, held) = agents::node_scalars(tx, node_id).await?;
+    let resources = if role == "site" { Default::default() } else { scalars_of(document) };
+    Ok((resources != held)
+        .then(|| NodeEvent::ResourcesChanged(NodeResourcesChanged { node_id: node_id.clone(), resources, at_ms })))
+}
+
 fn list(ids: &[DeviceId]) -> String {
     ids.iter().map(DeviceId::as_str).collect::<Vec<_>>().join(", ")
 }
@@ -505,6 +519,7 @@ impl App {
                             let (hardware_events, lost_devices) =
                                 hardware_events(tx, &node_id, &state, document, &hardware, at_ms).await?;
                             events.extend(hardware_events);
+                            events.extend(resources_event(tx, &node_id, document, at_ms).await?);
                             events.extend(reconnect(&node_id, &state, at_ms));
                             record_node(tx, &caller_for(&node_id), &node_id, &pool.owner_tenant_id, events).await?;
                             if lost_devices {
@@ -554,6 +569,15 @@ impl App {
                                 }),
                                 NodeEvent::Adopted(NodeAdopted { node_id: node_id.clone(), checks, at_ms }),
                             ];
+                            let resources = if role == Role::Site { Default::default() } else { scalars_of(document) };
+                            let mut events = events;
+                            if !resources.is_empty() {
+                                events.push(NodeEvent::ResourcesChanged(NodeResourcesChanged {
+                                    node_id: node_id.clone(),
+                                    resources,
+                                    at_ms,
+                                }));
+                            }
                             record(
                                 tx,
                                 &caller_for(&node_id),
@@ -935,8 +959,10 @@ impl App {
                     let hardware = hardware_key(&document.hardware_identity());
                     let (more, lost_devices) =
                         hardware_events(tx, &node.node_id, &state, &document, &hardware, at_ms).await?;
-                    let node_changed = !more.is_empty();
+                    let resources = resources_event(tx, &node.node_id, &document, at_ms).await?;
+                    let node_changed = !more.is_empty() || resources.is_some();
                     events.extend(more);
+                    events.extend(resources);
                     record_node(tx, &node.caller(), &node.node_id, &node.tenant_id, events).await?;
                     if lost_devices {
                         work::wake_now(tx, &WorkKey::NodeReplace(node.node_id.clone())).await?;
@@ -1091,7 +1117,9 @@ pub(crate) async fn record_inspection(
         hardware,
         at_ms,
     });
-    record_node(tx, caller, node_id, &pool.owner_tenant_id, vec![event]).await?;
+    let mut events = vec![event];
+    events.extend(resources_event(tx, node_id, document, at_ms).await?);
+    record_node(tx, caller, node_id, &pool.owner_tenant_id, events).await?;
     let number = agents::latest_snapshot(tx, node_id).await?.map_or(0, |s| s.number);
     agents::store_snapshot(tx, node_id, number + 1, document).await?;
     Ok(summary)

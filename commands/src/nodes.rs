@@ -7,8 +7,8 @@ use bc_domain::device::{GpuInfo, devices_for};
 use bc_domain::id::CommandId;
 use bc_domain::id::{NodeId, TenantId};
 use bc_domain::node::{
-    self, Adapter, Condition, ConditionType, Connectivity, NodeCommand, NodeEvent, NodeRegistered, ProvisionState,
-    Role, Trust, VerbState,
+    self, Adapter, Condition, ConditionType, Connectivity, NodeCommand, NodeEvent, NodeRegistered,
+    NodeResourcesChanged, ProvisionState, Role, Trust, VerbState,
 };
 use bc_domain::site::check_name;
 use bc_domain::{gpu, id::PoolId};
@@ -32,6 +32,8 @@ pub struct RegisterNode {
     /// The tenant that owns a `tenant-owned` or `tenant-controlled` machine.
     pub owner_tenant_id: Option<TenantId>,
     pub gpus: Vec<GpuInfo>,
+    /// Its scalar resources (`vcpu`, `memoryGiB`, `disk`), for a node whose agent does not report an inventory.
+    pub resources: std::collections::BTreeMap<String, u64>,
 }
 
 /// The node flags the operator verbs change.
@@ -60,6 +62,7 @@ impl App {
         }
         bc_domain::device::check_gpus("gpus", &input.gpus)?;
         bc_domain::device::check_no_nul("gpus", &input.gpus)?;
+        node::check_resources("resources", &input.resources)?;
         let node_id = NodeId::generate();
         self.db
             .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
@@ -116,10 +119,15 @@ impl App {
                         conditions,
                         at_ms,
                     });
+                    let mut events = vec![event];
+                    let resources = input.resources.clone();
+                    if !resources.is_empty() {
+                        let node_id = node_id.clone();
+                        events.push(NodeEvent::ResourcesChanged(NodeResourcesChanged { node_id, resources, at_ms }));
+                    }
                     let stream = node_id.as_str();
                     let position =
-                        record(tx, caller, stream, &pool.owner_tenant_id, ExpectedVersion::NO_STREAM, vec![event])
-                            .await?;
+                        record(tx, caller, stream, &pool.owner_tenant_id, ExpectedVersion::NO_STREAM, events).await?;
                     work::wake_now(tx, &WorkKey::pool_pending(&input.pool_id)).await?;
                     Ok(Committed { value: node_id.clone(), position })
                 }

@@ -154,6 +154,8 @@ pub struct NodeView {
     pub provision_since_ms: Option<i64>,
     /// Power as its BMC last reported it.
     pub power: bc_domain::node::Power,
+    /// Its scalar resources as last reported, before the pool's overcommit.
+    pub resources: std::collections::BTreeMap<String, u64>,
 }
 
 impl NodeView {
@@ -189,6 +191,7 @@ impl NodeView {
             bmc: node.bmc.clone(),
             provision_since_ms: node.provision_since_ms,
             power: node.power,
+            resources: node.resources.clone(),
         }
     }
 }

@@ -99,9 +99,29 @@ pub(crate) async fn try_place(
     let resource = request.resource();
     let start_ms = placed_start(request, now_ms);
     let end_ms = start_ms + request.duration_s as i64 * 1000;
+    let read;
+    let offers = match (offers, &r.quota_holder) {
+        (None, Some(_)) if !request.resources.is_empty() => {
+            read = store::offers(tx, &pool.id).await?;
+            Some(read.as_slice())
+        }
+        _ => offers,
+    };
     let quota = quota_limit(tx, pool, r.quota_holder.as_ref(), resource, offers).await?;
+    let mut scalar_quotas = Vec::new();
+    for (scalar, total) in request.scalar_totals() {
+        if let Some(limit) = quota_limit(tx, pool, r.quota_holder.as_ref(), scalar, offers).await? {
+            scalar_quotas.push((scalar, total, limit));
+        }
+    }
+    // The quota rows first in the lock order, every transaction taking them in the resources' order.
+    let mut limited: Vec<&str> = scalar_quotas.iter().map(|(scalar, ..)| *scalar).collect();
     if quota.is_some() {
-        store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
+        limited.push(resource);
+    }
+    limited.sort_unstable();
+    for limited in limited {
+        store::lock_quota(tx, &r.tenant_id, &pool.id, limited).await?;
     }
     store::lock_pool(tx, &pool.id).await?;
     if request.binding == Binding::Node {
@@ -122,7 +142,11 @@ pub(crate) async fn try_place(
                 return Ok(None);
             }
         }
-        return Ok(Some(allocations(plan)));
+        return Ok(Some(allocations(plan, request)));
+    }
+    if !request.resources.is_empty() {
+        let window = (start_ms, end_ms);
+        return place_with_scalars(tx, r, pool, window, spread, quota, &scalar_quotas).await;
     }
     // The summary answers most requests from the first nodes it reads; the exact query (the nodes that can hold the
     // atoms until the window's end, then the atoms free over the window) finds what the summary cannot see, atoms
@@ -145,15 +169,60 @@ pub(crate) async fn try_place(
             return Ok(None);
         }
     }
-    Ok(Some(allocations(plan)))
+    Ok(Some(allocations(plan, request)))
 }
 
-fn allocations(plan: Vec<PlannedAllocation>) -> Vec<Allocation> {
+/// Places a request that holds scalar amounts beside its atoms: among every node with the atoms free over the
+/// window, those that lend the amounts at the window's busiest instant (the pool's overcommit applied); the
+/// choice locked as any other, then the chosen nodes' scalar rows (last in the lock order), then the tenant's
+/// quota checked at every instant for the atoms and for each scalar. The quota rows are already locked.
+async fn place_with_scalars(
+    tx: &mut Tx,
+    r: &Reservation,
+    pool: &PoolRow,
+    (start_ms, end_ms): (i64, i64),
+    spread: usize,
+    quota: Option<u32>,
+    scalar_quotas: &[(&str, u64, u32)],
+) -> AppResult<Option<Vec<Allocation>>> {
+    let request = &r.request;
+    let mut candidates = store::scalars::atom_candidates(tx, &pool.id, &request.devices, start_ms, end_ms).await?;
+    let resources: Vec<&str> = request.resources.keys().map(String::as_str).collect();
+    let nodes: Vec<&str> = candidates.iter().map(|c| c.node_id.as_str()).collect();
+    let held = store::scalars::node_peaks(tx, &nodes, &resources, start_ms, end_ms, Some(&r.id)).await?;
+    candidates.retain(|c| placement::scalars_fit(&pool.policy, &request.resources, &c.node_id, &held));
+    let Some(plan) = placement::plan_spread(&r.id, &request.devices, &candidates, spread) else {
+        return Ok(None);
+    };
+    let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread).await? else {
+        return Ok(None);
+    };
+    let mut chosen: Vec<&str> = plan.iter().map(|a| a.node_id.as_str()).collect();
+    chosen.sort_unstable();
+    store::scalars::lock_nodes(tx, &chosen, &resources).await?;
+    if let Some(quota) = quota {
+        let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, request.resource(), start_ms, end_ms).await?;
+        if !reservation::within_quota(peak, request.devices.count, quota) {
+            return Ok(None);
+        }
+    }
+    for &(scalar, total, limit) in scalar_quotas {
+        let peak =
+            store::scalars::tenant_peak(tx, &r.tenant_id, &pool.id, scalar, start_ms, end_ms, Some(&r.id)).await?;
+        if !reservation::within_limit(peak, total, u64::from(limit)) {
+            return Ok(None);
+        }
+    }
+    Ok(Some(allocations(plan, request)))
+}
+
+fn allocations(plan: Vec<PlannedAllocation>, request: &ReservationRequest) -> Vec<Allocation> {
     plan.into_iter()
         .map(|planned| Allocation {
             allocation_id: bc_domain::id::AllocationId::generate(),
             node_id: planned.node_id,
             devices: planned.devices,
+            resources: request.resources.clone(),
         })
         .collect()
 }
@@ -434,8 +503,9 @@ impl App {
         gate: Option<&Call>,
     ) -> AppResult<Committed<Reserved>> {
         let (place, spread) = match placement {
-            // Whole machines are placed statement by statement (`try_place`), not from the facts' summary read.
-            Placement::Try { spread } => (request.binding != Binding::Node, spread),
+            // Whole machines, and requests that hold scalar amounts, are placed statement by statement
+            // (`try_place`), not from the facts' summary read.
+            Placement::Try { spread } => (request.binding != Binding::Node && request.resources.is_empty(), spread),
             Placement::Skip => (false, 0),
         };
         let call = store::facts::reserve_facts_call(id, &caller.tenant_id, request, place, spread)?;
@@ -642,7 +712,16 @@ async fn reserve_decided(
                     match request.binding {
                         Binding::Node => store::whole_nodes::holders(tx, &pool.id, &request.devices).await?,
                         Binding::Hold | Binding::Instance => {
-                            store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?
+                            let atoms = store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?;
+                            if request.resources.is_empty() {
+                                atoms
+                            } else {
+                                let ratios = &pool.policy.overcommit;
+                                let scalars =
+                                    store::scalars::nodes_that_could_hold(tx, &pool.id, &request.resources, ratios)
+                                        .await?;
+                                atoms.min(scalars.len() as i64)
+                            }
                         }
                     },
                     store::pending_count(tx, &pool.id).await?,
@@ -692,7 +771,7 @@ async fn place_from_facts(
             return Ok(None);
         }
     }
-    Ok(Some(allocations(plan)))
+    Ok(Some(allocations(plan, request)))
 }
 
 async fn extend_once(
@@ -708,20 +787,72 @@ async fn extend_once(
         .await?
         .ok_or_else(|| Rejection::NotFound { kind: "pool", id: r.request.pool_id.to_string() })?;
     let resource = r.request.resource();
-    if let (Some(quota), Some(current_end)) =
-        (quota_limit(tx, &pool, r.quota_holder.as_ref(), resource, None).await?, r.end_ms)
-    {
-        store::lock_quota(tx, &r.tenant_id, &pool.id, resource).await?;
+    let Some(current_end) = r.end_ms else { return apply_and_schedule(tx, caller, r, events, now_ms).await };
+    let holder = r.quota_holder.as_ref();
+    let offers = match holder {
+        Some(_) => Some(store::offers(tx, &pool.id).await?),
+        None => None,
+    };
+    let offers = offers.as_deref();
+    let quota = quota_limit(tx, &pool, holder, resource, offers).await?;
+    let mut scalar_quotas: Vec<(String, u32)> = Vec::new();
+    for scalar in r.request.resources.keys() {
+        if let Some(limit) = quota_limit(tx, &pool, holder, scalar, offers).await? {
+            scalar_quotas.push((scalar.clone(), limit));
+        }
+    }
+    // The quota rows first in the lock order, in the resources' order.
+    let mut limited: Vec<&str> = scalar_quotas.iter().map(|(scalar, _)| scalar.as_str()).collect();
+    if quota.is_some() {
+        limited.push(resource);
+    }
+    limited.sort_unstable();
+    for limited in limited {
+        store::lock_quota(tx, &r.tenant_id, &pool.id, limited).await?;
+    }
+    if let Some(quota) = quota {
         let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, current_end, end_ms).await?;
         if !reservation::within_quota(peak, r.request.devices.count, quota) {
-            return Err(Rejection::QuotaExceeded(format!(
-                "extending to {end_ms} would hold more than the quota of {quota} {resource} in pool {}",
-                pool.id
+            return Err(quota_refusal(end_ms, quota, resource, &pool.id));
+        }
+    }
+    let scalars = r.request.resources.clone();
+    let nodes: Vec<String> = r.allocations.iter().map(|a| a.node_id.to_string()).collect();
+    let tenant = r.tenant_id.clone();
+    // The atoms' longer bookings first (the exclusion constraint refuses them onto another's time), then what the
+    // extended window holds of each scalar, on its nodes and for the tenant, with the nodes' rows locked last.
+    let committed = apply_and_schedule(tx, caller, r, events, now_ms).await?;
+    if !scalars.is_empty() {
+        let resources: Vec<&str> = scalars.keys().map(String::as_str).collect();
+        let mut nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        nodes.sort_unstable();
+        store::scalars::lock_nodes(tx, &nodes, &resources).await?;
+        let held = store::scalars::node_peaks(tx, &nodes, &resources, current_end, end_ms, None).await?;
+        let over = held
+            .iter()
+            .find(|h| h.peak > i64::try_from(pool.policy.allocatable(&h.resource, h.capacity)).unwrap_or(i64::MAX));
+        if let Some(over) = over {
+            return Err(Rejection::CapacityUnavailable(format!(
+                "extending to {end_ms} would hold more {} on node {} than it lends",
+                over.resource, over.node_id
             ))
             .into());
         }
+        for (scalar, limit) in &scalar_quotas {
+            let peak = store::scalars::tenant_peak(tx, &tenant, &pool.id, scalar, current_end, end_ms, None).await?;
+            if !reservation::within_limit(peak, 0, u64::from(*limit)) {
+                return Err(quota_refusal(end_ms, *limit, scalar, &pool.id));
+            }
+        }
     }
-    apply_and_schedule(tx, caller, r, events, now_ms).await
+    Ok(committed)
+}
+
+fn quota_refusal(end_ms: i64, quota: u32, resource: &str, pool_id: &bc_domain::id::PoolId) -> AppError {
+    Rejection::QuotaExceeded(format!(
+        "extending to {end_ms} would hold more than the quota of {quota} {resource} in pool {pool_id}"
+    ))
+    .into()
 }
 
 /// Ends a reservation still active on a node drained or deleted with force (`expired`, `preempted`), in the

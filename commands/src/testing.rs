@@ -123,6 +123,18 @@ impl Fleet {
 
     /// Registers a node with `gpus` simulated H100s (with `mig` instances each, if any).
     pub async fn node(&self, pool: &PoolId, name: &str, gpus: usize, mig: u32) -> NodeId {
+        self.node_with(pool, name, gpus, mig, &[]).await
+    }
+
+    /// [`Fleet::node`] with scalar resources, such as `[("vcpu", 64), ("memoryGiB", 512)]`.
+    pub async fn node_with(
+        &self,
+        pool: &PoolId,
+        name: &str,
+        gpus: usize,
+        mig: u32,
+        resources: &[(&str, u64)],
+    ) -> NodeId {
         let gpus = (0..gpus).map(|g| gpu(&format!("{name}-{g}"), mig)).collect();
         self.app
             .register_node(
@@ -134,6 +146,7 @@ impl Fleet {
                     trust: Trust::Platform,
                     owner_tenant_id: None,
                     gpus,
+                    resources: resources.iter().map(|(r, n)| ((*r).to_owned(), *n)).collect(),
                 },
             )
             .await

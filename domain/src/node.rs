@@ -501,6 +501,55 @@ pub struct NodeProvisionChanged {
     pub at_ms: i64,
 }
 
+/// The scalar resources a node has, as its inventory reports them (`vcpu`, `memoryGiB`, `disk`): what a pool's
+/// overcommit multiplies and its allocations' scalar amounts are taken from. Every amount it had before is
+/// replaced; a resource left out is gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeResourcesChanged {
+    pub node_id: NodeId,
+    pub resources: BTreeMap<String, u64>,
+    pub at_ms: i64,
+}
+
+/// The most of one scalar resource a node may report (a billion vCPUs or GiB: far past any machine).
+pub const MAX_NODE_SCALAR: u64 = 1_000_000_000;
+
+/// Checks the scalar resources a node is registered with: known resources, amounts up to [`MAX_NODE_SCALAR`].
+pub fn check_resources(field: &str, resources: &BTreeMap<String, u64>) -> Result<(), crate::Rejection> {
+    for (resource, amount) in resources {
+        if !crate::pool::SCALAR_RESOURCES.contains(&resource.as_str()) {
+            return Err(crate::Rejection::invalid(
+                format!("{field}.{resource}"),
+                format!("is not a scalar resource; nodes report {}", crate::pool::SCALAR_RESOURCES.join(", ")),
+            ));
+        }
+        if *amount > MAX_NODE_SCALAR {
+            return Err(crate::Rejection::invalid(
+                format!("{field}.{resource}"),
+                format!("must be at most {MAX_NODE_SCALAR}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A node's scalar resources in an inventory: its logical CPUs, its memory and its disks in whole GiB. A
+/// resource the inventory does not know (zero) is left out.
+pub fn scalars_of(inventory: &crate::inventory::NodeInventory) -> BTreeMap<String, u64> {
+    const GIB: u64 = 1 << 30;
+    let disk_bytes: u64 = inventory.disks.iter().map(|d| d.size_bytes).fold(0, u64::saturating_add);
+    [
+        ("vcpu", u64::from(inventory.system.cpu_cores)),
+        ("memoryGiB", inventory.system.memory_mib / 1024),
+        ("disk", disk_bytes / GIB),
+    ]
+    .into_iter()
+    .filter(|(_, amount)| *amount > 0)
+    .map(|(resource, amount)| (resource.to_owned(), amount))
+    .collect()
+}
+
 domain_events! {
     /// Events of a node's stream.
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -526,6 +575,7 @@ domain_events! {
         BmcSet(NodeBmcSet) = "node.bmc_set",
         ProvisionChanged(NodeProvisionChanged) = "node.provision_changed",
         PowerObserved(NodePowerObserved) = "node.power_observed",
+        ResourcesChanged(NodeResourcesChanged) = "node.resources_changed",
     }
 }
 
@@ -554,6 +604,7 @@ impl NodeEvent {
             NodeEvent::BmcSet(e) => &e.node_id,
             NodeEvent::ProvisionChanged(e) => &e.node_id,
             NodeEvent::PowerObserved(e) => &e.node_id,
+            NodeEvent::ResourcesChanged(e) => &e.node_id,
         }
     }
 }

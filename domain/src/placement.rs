@@ -1,9 +1,12 @@
 //! Placement's pure part: given the free atoms of each candidate node (found with set-based SQL), choose the
 //! nodes and atoms for a request. Never enumerates combinations: nodes are ranked once and taken in order.
 
+use std::collections::BTreeMap;
+
 use sha2::{Digest, Sha256};
 
 use crate::id::{DeviceId, NodeId, ReservationId};
+use crate::pool::PoolPolicy;
 use crate::reservation::DeviceRequest;
 
 /// A node that qualifies for a request, with its atoms free over the whole window.
@@ -81,6 +84,27 @@ pub fn plan_spread(
         .collect();
     chosen.sort_by(|a, b| a.node_id.cmp(&b.node_id));
     Some(chosen)
+}
+
+/// What a node has of one scalar resource and the most its bookings hold at any instant of a window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScalarHeld {
+    pub node_id: NodeId,
+    pub resource: String,
+    /// What the node reported, before the pool's overcommit.
+    pub capacity: u64,
+    pub peak: i64,
+}
+
+/// Whether a node can hold `wanted` (one allocation's scalar amounts) over the window on top of what it holds at
+/// its busiest instant: for each resource, its capacity times the pool's overcommit less that peak. A resource the
+/// node does not report (no row in `held`) has nothing to lend.
+pub fn scalars_fit(policy: &PoolPolicy, wanted: &BTreeMap<String, u64>, node_id: &NodeId, held: &[ScalarHeld]) -> bool {
+    wanted.iter().all(|(resource, amount)| {
+        held.iter().find(|h| &h.node_id == node_id && &h.resource == resource).is_some_and(|h| {
+            crate::reservation::within_limit(h.peak, *amount, policy.allocatable(resource, h.capacity))
+        })
+    })
 }
 
 #[cfg(test)]

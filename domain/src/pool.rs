@@ -55,7 +55,8 @@ pub struct PoolPolicy {
     /// Checks a node must pass to be adopted into the pool (see [`crate::acceptance`]).
     #[serde(default)]
     pub acceptance: Vec<String>,
-    /// Overcommit ratios for scalar resources (at least 1).
+    /// Overcommit ratios for scalar resources (from 1 to 64): a node lends `ratio` times what it has. A resource
+    /// left out is not overcommitted.
     #[serde(default)]
     pub overcommit: BTreeMap<String, f64>,
     /// Seconds without a heartbeat after which a node is `lost`.
@@ -127,12 +128,6 @@ impl PoolPolicy {
         crate::acceptance::parse(&self.acceptance)
             .map_err(|(i, why)| Rejection::invalid(format!("policy.acceptance[{i}]"), why))?;
         // Keys this build keeps but does not act on yet are refused, never silently ignored.
-        if !self.overcommit.is_empty() {
-            return Err(Rejection::invalid(
-                "policy.overcommit",
-                "is not acted on yet: no node reports scalar resources (leave it out)",
-            ));
-        }
         if self.admission.budget_check {
             return Err(Rejection::invalid(
                 "policy.admission.budgetCheck",
@@ -152,10 +147,16 @@ impl PoolPolicy {
             ));
         }
         for (resource, ratio) in &self.overcommit {
-            if !(ratio.is_finite() && *ratio >= 1.0) {
+            if !SCALAR_RESOURCES.contains(&resource.as_str()) {
                 return Err(Rejection::invalid(
                     format!("policy.overcommit.{resource}"),
-                    "must be a ratio of at least 1",
+                    format!("is not a scalar resource; overcommit applies to {}", SCALAR_RESOURCES.join(", ")),
+                ));
+            }
+            if !(ratio.is_finite() && (1.0..=MAX_OVERCOMMIT).contains(ratio)) {
+                return Err(Rejection::invalid(
+                    format!("policy.overcommit.{resource}"),
+                    format!("must be a ratio from 1 to {MAX_OVERCOMMIT}"),
                 ));
             }
         }
@@ -174,17 +175,35 @@ impl PoolPolicy {
     }
 }
 
+impl PoolPolicy {
+    /// How much of `resource` a node that has `capacity` of it lends: its capacity times the pool's overcommit
+    /// ratio, rounded down.
+    pub fn allocatable(&self, resource: &str, capacity: u64) -> u64 {
+        match self.overcommit.get(resource) {
+            Some(ratio) => (capacity as f64 * ratio).floor() as u64,
+            None => capacity,
+        }
+    }
+}
+
+/// The highest overcommit ratio a pool may set.
+pub const MAX_OVERCOMMIT: f64 = 64.0;
+
+/// The scalar resources: amounts on a node (`vcpu` in logical CPUs, `memoryGiB` and `disk` in GiB) that an
+/// allocation holds beside its atoms, accounted per node and per tenant at every instant of a window.
+pub const SCALAR_RESOURCES: &[&str] = &["vcpu", "memoryGiB", "disk"];
+
 /// The longest `policy.lostAfter`: 30 days (the liveness sweep multiplies it into milliseconds).
 pub const MAX_LOST_AFTER_S: u64 = 30 * 24 * 3600;
 
 /// The resources a quota can name.
 pub const QUOTA_RESOURCES: &[&str] = &["gpu", "gpu.mig", "gpu.slot", "node", "vcpu", "memoryGiB", "nic.vf", "disk"];
 
-/// The resources placement accounts today (the atoms); the scalar ones are refused in a quota until nodes report
-/// them.
-pub const ACCOUNTED_RESOURCES: &[&str] = &["gpu", "gpu.mig", "gpu.slot", "node"];
+/// The resources placement accounts today (the atoms and the scalars); `nic.vf` is refused in a quota until
+/// placement books it.
+pub const ACCOUNTED_RESOURCES: &[&str] = &["gpu", "gpu.mig", "gpu.slot", "node", "vcpu", "memoryGiB", "disk"];
 
-/// Atoms per resource that a tenant may hold in a pool at any instant. A resource missing from it grants zero.
+/// Atoms (or scalar amounts) per resource that a tenant may hold in a pool at any instant. A resource missing from it grants zero.
 pub type Quota = BTreeMap<String, u32>;
 
 /// Checks a quota's resource names and amounts.
@@ -200,7 +219,7 @@ pub fn check_quota(field: &str, quota: &Quota) -> Result<(), Rejection> {
             return Err(Rejection::invalid(
                 format!("{field}.{resource}"),
                 format!(
-                    "is not accounted yet: no node reports {resource}; quotas act on {}",
+                    "is not accounted yet: placement does not book {resource}; quotas act on {}",
                     ACCOUNTED_RESOURCES.join(", ")
                 ),
             ));

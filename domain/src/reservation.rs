@@ -24,6 +24,8 @@ pub const DEFAULT_PENDING_WAIT_MS: i64 = 24 * 3600 * 1000;
 pub const MAX_COUNT: u32 = 4096;
 /// The most whole nodes one `binding: node` reservation may ask for.
 pub const MAX_NODES: u32 = 256;
+/// The largest scalar amount one allocation may ask for (a quota's own ceiling).
+pub const MAX_SCALAR: u64 = 1_000_000;
 
 /// A reservation's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -208,6 +210,9 @@ pub struct ReservationRequest {
     /// The tenant's metal profile a `binding: node` reservation deploys on its nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_id: Option<ProfileId>,
+    /// Scalar amounts (`vcpu`, `memoryGiB`, `disk`) each allocation holds on its node beside its atoms.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, u64>,
 }
 
 impl ReservationRequest {
@@ -225,6 +230,7 @@ impl ReservationRequest {
             deadline_ms: None,
             wait: true,
             profile_id: None,
+            resources: BTreeMap::new(),
         }
     }
 
@@ -265,6 +271,23 @@ impl ReservationRequest {
                     "only gpu, gpu.mig and gpu.slot atoms, or whole nodes, can be reserved",
                 ));
             }
+        }
+        for (resource, amount) in &self.resources {
+            if !crate::pool::SCALAR_RESOURCES.contains(&resource.as_str()) {
+                return Err(Rejection::invalid(
+                    format!("resources.{resource}"),
+                    format!("is not a scalar resource; allocations hold {}", crate::pool::SCALAR_RESOURCES.join(", ")),
+                ));
+            }
+            if *amount == 0 || *amount > MAX_SCALAR {
+                return Err(Rejection::invalid(
+                    format!("resources.{resource}"),
+                    format!("must be from 1 to {MAX_SCALAR}"),
+                ));
+            }
+        }
+        if self.binding == Binding::Node && !self.resources.is_empty() {
+            return Err(Rejection::invalid("resources", "a whole node holds every resource it has (leave it out)"));
         }
         if self.binding != Binding::Node && self.profile_id.is_some() {
             return Err(Rejection::invalid("profileId", "only a node binding deploys a profile"));
@@ -340,6 +363,12 @@ impl ReservationRequest {
     pub fn resource(&self) -> &'static str {
         self.devices.class.as_str()
     }
+
+    /// The scalar amounts the whole request holds (each allocation's amount times its nodes), by resource.
+    pub fn scalar_totals(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        let nodes = u64::from(self.devices.nodes());
+        self.resources.iter().map(move |(resource, amount)| (resource.as_str(), amount * nodes))
+    }
 }
 
 /// Whether a window starting at `start_ms` has a whole-second end.
@@ -355,6 +384,9 @@ pub struct Allocation {
     pub node_id: NodeId,
     /// Its atoms, in device id order.
     pub devices: Vec<DeviceId>,
+    /// The scalar amounts it holds on its node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, u64>,
 }
 
 /// Why an active or placed reservation expired.
@@ -1150,7 +1182,7 @@ pub fn due(r: &Reservation, now_ms: i64) -> Due {
 mod admission;
 pub mod whole_nodes;
 
-pub use admission::{AdmissionFacts, Admitted, Waiting, admit, may_wait, quota_of, within_quota};
+pub use admission::{AdmissionFacts, Admitted, Waiting, admit, may_wait, quota_of, within_limit, within_quota};
 
 #[cfg(test)]
 mod tests;

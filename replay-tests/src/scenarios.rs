@@ -76,6 +76,7 @@ async fn node(app: &App, owner: &Caller, pool: &PoolId, name: &str, gpus: usize,
         trust: Trust::Platform,
         owner_tenant_id: None,
         gpus,
+        resources: Default::default(),
     };
     Ok(app.register_node(owner, register).await?.value)
 }
@@ -382,6 +383,37 @@ async fn reservation_lifecycle(app: &App) -> anyhow::Result<()> {
     // The later one's lease lapses before its start; the active one's window ends.
     advance(T0 + 2 * HOUR).await?;
     advance(T0 + 3 * HOUR).await?;
+
+    // A pool whose reservations hold vCPUs and memory beside their GPUs, lent twice over: booked, extended, ended.
+    let create = CreatePool {
+        site_id: site.clone(),
+        name: "vps".into(),
+        class: PoolClass::VpsHost,
+        gpu_model: "H100".into(),
+        sharing: Sharing::Exclusive,
+        agent: PoolAgent::Bcd,
+        policy: PoolPolicy { overcommit: [("vcpu".to_owned(), 2.0)].into(), ..PoolPolicy::default() },
+        provider_account_id: None,
+    };
+    let vps = app.create_pool(&owner, create).await?.value;
+    let gpus = vec![gpu("v-0", 0)?, gpu("v-1", 0)?];
+    let resources = [("vcpu".to_owned(), 8), ("memoryGiB".to_owned(), 32)].into();
+    let register = RegisterNode {
+        pool_id: vps.clone(),
+        name: "v".into(),
+        role: Role::Host,
+        trust: Trust::Platform,
+        owner_tenant_id: None,
+        gpus,
+        resources,
+    };
+    app.register_node(&owner, register).await?;
+    let mut scalars = request(&vps, DeviceClass::Gpu, 1);
+    scalars.resources = [("vcpu".to_owned(), 12), ("memoryGiB".to_owned(), 16)].into();
+    let held = app.reserve(&owner, Reserve { idempotency_key: "scalars".into(), request: scalars }).await?.value;
+    advance(T0 + 3 * HOUR + 1_000).await?;
+    app.extend_reservation(&owner, &held.reservation.id, T0 + 5 * HOUR).await?;
+    advance(T0 + 5 * HOUR).await?;
     Ok(())
 }
 

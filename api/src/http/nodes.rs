@@ -57,7 +57,15 @@ pub async fn register_node(
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let input = RegisterNode { pool_id, name: body.name, role: body.role, trust: body.trust, owner_tenant_id, gpus };
+    let input = RegisterNode {
+        pool_id,
+        name: body.name,
+        role: body.role,
+        trust: body.trust,
+        owner_tenant_id,
+        gpus,
+        resources: body.resources,
+    };
     let done = state.app.register_node(&caller, input).await?;
     Ok(committed_answer(StatusCode::CREATED, CreatedDto { id: done.value.to_string() }, done.position, None))
 }

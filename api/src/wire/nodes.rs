@@ -65,6 +65,11 @@ pub struct RegisterBody {
     pub trust: Trust,
     pub owner_tenant_id: Option<String>,
     pub gpus: Vec<GpuBody>,
+    /// Its scalar resources, for a node whose agent reports no inventory: `vcpu` (logical CPUs), `memoryGiB` and
+    /// `disk` (GiB). A node running `bcd` reports its own, which replace these.
+    #[serde(default)]
+    #[schema(example = json!({"vcpu": 128, "memoryGiB": 1024}))]
+    pub resources: BTreeMap<String, u64>,
 }
 
 /// A condition a node carries.
@@ -104,6 +109,9 @@ pub struct NodeDto {
     /// `on`, `off` or `unknown`, as the machine's BMC last reported it to the site agent; `unknown` for a node
     /// without a BMC (one that joined by running `bcd`).
     pub power: String,
+    /// Its scalar resources as its inventory last reported them (`vcpu`, `memoryGiB`, `disk`), before the pool's
+    /// overcommit.
+    pub resources: BTreeMap<String, u64>,
     /// `connected`, `disconnected`, `unreachable` or `lost`.
     pub connectivity: String,
     pub conditions: Vec<ConditionDto>,
@@ -224,6 +232,7 @@ impl From<&NodeView> for NodeDto {
             adapter: spelling(&n.adapter),
             provision_state: spelling(&n.provision_state),
             power: n.power.as_str().to_owned(),
+            resources: n.resources.clone(),
             maintenance: n.maintenance,
             cordoned: n.cordoned,
             connectivity: spelling(&n.connectivity),

@@ -165,6 +165,11 @@ pub struct ReserveBody {
     pub wait: Option<bool>,
     /// Spot reservations are not offered yet; `true` is refused naming the field.
     pub spot: Option<bool>,
+    /// Scalar amounts each allocation holds on its node beside its atoms: `vcpu` (logical CPUs), `memoryGiB` and
+    /// `disk` (GiB), each 1 to 1000000. A gang's nodes each hold them; the quota is charged the total.
+    #[serde(default)]
+    #[schema(example = json!({"vcpu": 16, "memoryGiB": 128}))]
+    pub resources: BTreeMap<String, u64>,
 }
 
 impl ReserveBody {
@@ -184,6 +189,7 @@ impl ReserveBody {
             deadline_ms: self.deadline,
             wait: self.wait.unwrap_or(true),
             profile_id: self.profile_id.as_deref().map(|p| parse_id::<ProfileId>("profileId", p)).transpose()?,
+            resources: self.resources,
         })
     }
 }
@@ -216,6 +222,8 @@ pub struct RequestDto {
     pub wait: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile_id: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, u64>,
 }
 
 impl From<&ReservationRequest> for RequestDto {
@@ -231,6 +239,7 @@ impl From<&ReservationRequest> for RequestDto {
             deadline: r.deadline_ms,
             wait: r.wait,
             profile_id: r.profile_id.as_ref().map(ToString::to_string),
+            resources: r.resources.clone(),
         }
     }
 }
@@ -243,6 +252,9 @@ pub struct AllocationDto {
     pub node_id: String,
     /// Its atoms, in device id order.
     pub devices: Vec<String>,
+    /// The scalar amounts it holds on its node.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, u64>,
 }
 
 impl From<&Allocation> for AllocationDto {
@@ -251,6 +263,7 @@ impl From<&Allocation> for AllocationDto {
             allocation_id: a.allocation_id.to_string(),
             node_id: a.node_id.to_string(),
             devices: a.devices.iter().map(ToString::to_string).collect(),
+            resources: a.resources.clone(),
         }
     }
 }

@@ -1392,8 +1392,8 @@ async fn policy_keys_and_quota_resources_the_service_does_not_act_on_yet_are_ref
         (
             "PATCH",
             format!("/v1/pools/{pool}"),
-            json!({ "policy": { "overcommit": { "vcpu": 2.0 } } }),
-            "policy.overcommit",
+            json!({ "policy": { "overcommit": { "gpu": 2.0 } } }),
+            "policy.overcommit.gpu",
         ),
         (
             "PATCH",
@@ -1404,15 +1404,10 @@ async fn policy_keys_and_quota_resources_the_service_does_not_act_on_yet_are_ref
         (
             "POST",
             format!("/v1/pools/{pool}/offers"),
-            json!({ "tenantId": "acme", "quota": { "gpu": 1, "vcpu": 8 } }),
-            "quota.vcpu",
+            json!({ "tenantId": "acme", "quota": { "gpu": 1, "nic.vf": 8 } }),
+            "quota.nic.vf",
         ),
-        (
-            "PUT",
-            format!("/v1/pools/{pool}/offers/acme/quota"),
-            json!({ "quota": { "memoryGiB": 64 } }),
-            "quota.memoryGiB",
-        ),
+        ("PUT", format!("/v1/pools/{pool}/offers/acme/quota"), json!({ "quota": { "nic.vf": 64 } }), "quota.nic.vf"),
     ];
     for (method, uri, body, field) in cases {
         let reply = api.call(method, &uri, Some(ROOT), &[], Some(body.to_string())).await;
@@ -1431,4 +1426,60 @@ async fn policy_keys_and_quota_resources_the_service_does_not_act_on_yet_are_ref
     assert_eq!(whole.status, StatusCode::CONFLICT, "{:?}", whole.body);
     assert!(whole.body["error"]["message"].as_str().unwrap_or("").contains("policy.tenantRoot"), "{:?}", whole.body);
     assert_eq!(api.events().await, before, "nothing was written");
+}
+
+#[tokio::test]
+async fn scalar_resources_go_from_a_node_to_an_allocation_and_bad_amounts_are_refused_naming_them() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let policy = json!({ "policy": { "overcommit": { "vcpu": 2.0 } } });
+    let patched = api.call("PATCH", &format!("/v1/pools/{pool}"), Some(ROOT), &[], Some(policy.to_string())).await;
+    assert_eq!(patched.status, StatusCode::OK, "{:?}", patched.body);
+    let gpus: Vec<Value> = (0..2)
+        .map(|g| json!({ "uuid": format!("GPU-scalar-{g}"), "name": "NVIDIA H100 80GB HBM3", "memoryMib": 81559 }))
+        .collect();
+    let register = |resources: Value| {
+        json!({ "poolId": pool, "name": "vps", "role": "host", "trust": "platform", "gpus": gpus,
+                "resources": resources })
+    };
+
+    let before = api.events().await;
+    for (resources, field) in
+        [(json!({ "cpu": 8 }), "resources.cpu"), (json!({ "vcpu": 1_000_000_001u64 }), "resources.vcpu")]
+    {
+        let refused = api.post("/v1/nodes", ROOT, register(resources)).await;
+        assert_eq!((refused.status, refused.field()), (StatusCode::BAD_REQUEST, field), "{:?}", refused.body);
+    }
+    for (resources, field) in [
+        (json!({ "gpu": 1 }), "resources.gpu"),
+        (json!({ "vcpu": 0 }), "resources.vcpu"),
+        (json!({ "memoryGiB": 1_000_001 }), "resources.memoryGiB"),
+    ] {
+        let mut body = reservation(&pool, 1, 3600);
+        body["resources"] = resources;
+        let refused = api.reserve(ROOT, "bad", body).await;
+        assert_eq!((refused.status, refused.field()), (StatusCode::BAD_REQUEST, field), "{:?}", refused.body);
+    }
+    assert_eq!(api.events().await, before, "a refusal records nothing");
+
+    let node = api.post("/v1/nodes", ROOT, register(json!({ "vcpu": 8, "memoryGiB": 64 }))).await;
+    assert_eq!(node.status, StatusCode::CREATED, "{:?}", node.body);
+    let node_id = node.body["id"].as_str().expect("node id");
+    catch_up(&api.fleet.t.db).await;
+    let shown = api.get(&format!("/v1/nodes/{node_id}"), ROOT).await;
+    assert_eq!(shown.body["resources"], json!({ "vcpu": 8, "memoryGiB": 64 }), "{:?}", shown.body);
+
+    // Only the new node reports vCPUs, and it lends twice its 8.
+    let mut body = reservation(&pool, 1, 3600);
+    body["resources"] = json!({ "vcpu": 16, "memoryGiB": 32 });
+    let made = api.reserve(ROOT, "scalars", body.clone()).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    assert_eq!(made.body["request"]["resources"], json!({ "vcpu": 16, "memoryGiB": 32 }));
+    assert_eq!(made.body["allocations"][0]["nodeId"], json!(node_id));
+    assert_eq!(made.body["allocations"][0]["resources"], json!({ "vcpu": 16, "memoryGiB": 32 }));
+    body["resources"] = json!({ "vcpu": 1 });
+    body["wait"] = json!(false);
+    let full = api.reserve(ROOT, "one-more", body).await;
+    assert_eq!(full.status, StatusCode::CONFLICT, "every vCPU it lends is held: {:?}", full.body);
+    assert_eq!(full.body["error"]["code"], "CAPACITY_UNAVAILABLE", "{:?}", full.body);
 }

@@ -624,6 +624,7 @@ async fn the_server_killed_under_load_loses_no_acknowledged_command_and_streams_
             trust: bc_domain::node::Trust::Platform,
             owner_tenant_id: None,
             gpus,
+            resources: Default::default(),
         };
         app.register_node(&owner, node).await.expect("node");
     }

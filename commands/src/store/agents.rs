@@ -1,8 +1,10 @@
 //! The agents' runtime rows: join tokens, node credentials, sessions and their heartbeats, inventory snapshots,
 //! and the node and device rows a join or a report is decided on.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use bc_domain::Rejection;
 use bc_domain::hardware::{HardwareKey, MIN_MATCHING_IDENTIFIERS};
 use bc_domain::id::{DeviceId, JoinTokenId, NodeId, PoolId, SessionId, TenantId};
 use bc_domain::inventory::{NodeInventory, SectionHashes};
@@ -127,7 +129,7 @@ pub async fn node_state(tx: &mut Tx, node_id: &NodeId) -> AppResult<NodeState> {
     .fetch_optional(tx.conn())
     .await?;
     let Some(row) = row else {
-        return Err(bc_domain::Rejection::NotFound { kind: "node", id: node_id.to_string() }.into());
+        return Err(Rejection::NotFound { kind: "node", id: node_id.to_string() }.into());
     };
     let text = |column: &str| -> AppResult<String> { Ok(row.try_get::<String, _>(column)?) };
     Ok(NodeState {
@@ -150,6 +152,25 @@ pub async fn node_devices(tx: &mut Tx, node_id: &NodeId, only_gpus: bool) -> App
             .fetch_all(tx.conn())
             .await?;
     ids.into_iter().map(|id| id.parse().map_err(|err| corrupt("devices.id", err))).collect()
+}
+
+/// The node's role, and the scalar resources it holds (`node_resources`).
+pub async fn node_scalars(tx: &mut Tx, node_id: &NodeId) -> AppResult<(String, BTreeMap<String, u64>)> {
+    let row = sql::query(
+        "SELECT n.role,
+                coalesce(jsonb_object_agg(r.resource, r.capacity) FILTER (WHERE r.resource IS NOT NULL), '{}')::text
+                    AS resources
+         FROM nodes AS n LEFT JOIN node_resources AS r ON r.node_id = n.id
+         WHERE n.id = $1
+         GROUP BY n.role",
+    )
+    .bind(node_id.as_str())
+    .fetch_optional(tx.conn())
+    .await?
+    .ok_or_else(|| Rejection::NotFound { kind: "node", id: node_id.to_string() })?;
+    let resources: String = row.try_get("resources")?;
+    let resources = serde_json::from_str(&resources).map_err(|err| corrupt("node_resources", err))?;
+    Ok((row.try_get("role")?, resources))
 }
 
 /// The hardware key the node row holds.

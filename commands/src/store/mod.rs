@@ -22,6 +22,7 @@ pub mod images;
 pub mod liveness;
 pub mod node_commands;
 pub mod profiles;
+pub mod scalars;
 pub mod site;
 pub mod tenancy;
 pub mod whole_nodes;

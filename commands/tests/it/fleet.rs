@@ -141,6 +141,7 @@ async fn an_unknown_gpu_model_keeps_the_node_off_the_scheduler_and_a_wrong_one_i
                 trust: Trust::Platform,
                 owner_tenant_id: None,
                 gpus: vec![odd],
+                resources: Default::default(),
             },
         )
         .await
@@ -168,6 +169,7 @@ async fn an_unknown_gpu_model_keeps_the_node_off_the_scheduler_and_a_wrong_one_i
                 trust: Trust::Platform,
                 owner_tenant_id: None,
                 gpus: vec![a100],
+                resources: Default::default(),
             },
         )
         .await

@@ -5,5 +5,6 @@ mod fleet;
 mod nodes;
 mod read_models;
 mod reservations;
+mod scalars;
 mod secrets;
 mod torture;

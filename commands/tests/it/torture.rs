@@ -1,6 +1,6 @@
 //! The capacity torture test: 16 concurrent clients make 2,000 random reserve, extend, renew, release and cancel
-//! calls against exclusive, MIG and time-slice pools (with gangs, future and overlapping windows, and quotas
-//! near their limits) while the simulated clock moves and two workers run the queue. Afterwards the invariants
+//! calls against exclusive, MIG and time-slice pools and a pool whose reservations also hold vCPUs and memory
+//! under an overcommit (with gangs, future and overlapping windows, and quotas near their limits) while the simulated clock moves and two workers run the queue. Afterwards the invariants
 //! are checked against the database. The seed is printed; `BC_TORTURE_SEED=<n>` replays a run.
 
 use std::collections::BTreeMap;
@@ -13,7 +13,7 @@ use bc_commands::worker::{Worker, WorkerConfig};
 use bc_commands::{App, Caller, held_cte};
 use bc_domain::device::DeviceClass;
 use bc_domain::id::{PoolId, ReservationId};
-use bc_domain::pool::Sharing;
+use bc_domain::pool::{PoolPolicy, Sharing};
 use bc_domain::reservation::{ReservationRequest, Topology};
 use bc_eventstore::{DbConfig, Tx, TxOptions, clock, sql, testing};
 
@@ -31,6 +31,7 @@ struct Pools {
     mig: PoolId,
     slots: PoolId,
     roomy: PoolId,
+    vps: PoolId,
 }
 
 struct Client {
@@ -57,7 +58,8 @@ impl Client {
             "reserve-roomy" => &["OK"],
             "retry" => &["OK"],
             "reuse" => &["IDEMPOTENCY_KEY_REUSED"],
-            "extend" => &["OK", "CONFLICT", "QUOTA_EXCEEDED"],
+            // The atoms are free but a node's scalars are not: CAPACITY_UNAVAILABLE.
+            "extend" => &["OK", "CONFLICT", "QUOTA_EXCEEDED", "CAPACITY_UNAVAILABLE"],
             _ => &["OK", "CONFLICT"],
         };
         if !allowed.contains(&code) {
@@ -84,17 +86,26 @@ impl Client {
             let mut req = request(&self.pools.roomy, DeviceClass::Gpu, self.rng.u32(1..=2));
             req.wait = false;
             (req, true)
-        } else if roll < 55 {
+        } else if roll < 50 {
             let mut req = request(&self.pools.exclusive, DeviceClass::Gpu, self.rng.u32(1..=4));
             if self.rng.u8(0..5) == 0 {
                 req.devices.count = 4;
                 req.devices.topology = Topology::Gang { nodes: 2 };
             }
             (req, false)
-        } else if roll < 80 {
+        } else if roll < 70 {
             (request(&self.pools.mig, DeviceClass::GpuMig, self.rng.u32(1..=5)), false)
-        } else {
+        } else if roll < 85 {
             (request(&self.pools.slots, DeviceClass::GpuSlot, self.rng.u32(1..=4)), false)
+        } else {
+            let mut req = request(&self.pools.vps, DeviceClass::Gpu, self.rng.u32(1..=2));
+            req.resources =
+                [("vcpu".to_owned(), self.rng.u64(4..=24)), ("memoryGiB".to_owned(), self.rng.u64(16..=128))].into();
+            if self.rng.u8(0..5) == 0 {
+                req.devices.count = 2;
+                req.devices.topology = Topology::Gang { nodes: 2 };
+            }
+            (req, false)
         };
         if !roomy {
             req.start_ms = start_ms;
@@ -197,6 +208,53 @@ impl Client {
     }
 }
 
+/// What every reservation held of scalars, ended ones too: each allocation's amounts (its request's) from its start
+/// to its end, or to when it ended if that came first, as a CTE named `sheld`.
+macro_rules! scalar_held_cte {
+    () => {
+        "sheld AS (
+             SELECT r.id AS reservation_id, a.node_id, r.tenant_id, r.pool_id, e.key AS resource,
+                    e.value::bigint AS amount,
+                    tstzrange(r.start_at, greatest(r.start_at, least(r.end_at, coalesce(r.ended_at, r.end_at))))
+                        AS during
+             FROM reservations AS r
+             JOIN allocations AS a ON a.reservation_id = r.id
+             CROSS JOIN LATERAL jsonb_each_text(r.request -> 'resources') AS e
+             WHERE r.start_at IS NOT NULL
+         )"
+    };
+}
+
+/// The most of each scalar `sheld` held at any instant, grouped by the columns named (and the resource).
+macro_rules! scalar_peaks {
+    ($by:literal) => {
+        concat!(
+            "SELECT ",
+            $by,
+            ", resource, max(running) AS peak FROM (
+                 SELECT ",
+            $by,
+            ", resource,
+                        sum(delta) OVER (PARTITION BY ",
+            $by,
+            ", resource ORDER BY at, delta
+                                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS running
+                 FROM (SELECT ",
+            $by,
+            ", resource, lower(during) AS at, amount AS delta FROM sheld
+                       WHERE NOT isempty(during)
+                       UNION ALL
+                       SELECT ",
+            $by,
+            ", resource, upper(during), -amount FROM sheld
+                       WHERE NOT isempty(during)) AS steps) AS sweep
+             GROUP BY ",
+            $by,
+            ", resource"
+        )
+    };
+}
+
 async fn scalar(tx: &mut Tx, query: &'static str) -> i64 {
     sql::query_scalar(query).fetch_one(tx.conn()).await.unwrap_or_else(|err| panic!("{query}: {err}"))
 }
@@ -213,6 +271,11 @@ async fn capacity_torture_keeps_every_invariant() {
     let mig = fleet.pool("mig", Sharing::Mig, None).await;
     let slots = fleet.pool("slots", Sharing::Timeslice, Some(4)).await;
     let roomy = fleet.pool("roomy", Sharing::Exclusive, None).await;
+    let overcommit = [("vcpu".to_owned(), 2.0)].into();
+    let vps = fleet.pool_with("vps", Sharing::Exclusive, PoolPolicy { overcommit, ..PoolPolicy::default() }).await;
+    for n in 0..3 {
+        fleet.node_with(&vps, &format!("vps{n}"), 8, 0, &[("vcpu", 32), ("memoryGiB", 256)]).await;
+    }
     for n in 0..4 {
         fleet.node(&exclusive, &format!("ex{n}"), 8, 0).await;
     }
@@ -225,8 +288,14 @@ async fn capacity_torture_keeps_every_invariant() {
     }
     let tenants = ["acme", "globex", "initech"];
     for tenant in tenants {
-        for (pool, resource, quota) in [(&exclusive, "gpu", 6), (&mig, "gpu.mig", 10), (&slots, "gpu.slot", 8)] {
-            let quota = [(resource.to_owned(), quota)].into();
+        let vps_quota = [("gpu", 8), ("vcpu", 48), ("memoryGiB", 384)];
+        for (pool, quota) in [
+            (&exclusive, &[("gpu", 6)][..]),
+            (&mig, &[("gpu.mig", 10)][..]),
+            (&slots, &[("gpu.slot", 8)][..]),
+            (&vps, &vps_quota[..]),
+        ] {
+            let quota = quota.iter().map(|(resource, n)| ((*resource).to_owned(), *n)).collect();
             fleet
                 .app
                 .offer_pool(
@@ -246,7 +315,7 @@ async fn capacity_torture_keeps_every_invariant() {
 
     let db = fleet.t.pool(&DbConfig { max_connections: 30, ..testing::test_db_config() });
     let app = App::new(db.clone());
-    let pools = Arc::new(Pools { exclusive, mig, slots, roomy });
+    let pools = Arc::new(Pools { exclusive, mig, slots, roomy, vps });
     let now = Arc::new(AtomicI64::new(T0));
     let stop = Arc::new(AtomicBool::new(false));
     let clock_task = {
@@ -364,6 +433,60 @@ async fn capacity_torture_keeps_every_invariant() {
     )
     .await;
     assert_eq!(over_quota, 0, "a tenant exceeded its quota (seed {seed})");
+    // Scalars: over what every reservation held of them (each allocation its request's amounts, for the window it
+    // held its atoms), no node lent more than it has times the pool's overcommit at any instant, and no tenant held
+    // more than its quota.
+    let scalar_held = scalar(&mut tx, concat!("WITH ", scalar_held_cte!(), " SELECT count(*) FROM sheld")).await;
+    assert!(scalar_held > 20, "the run held scalars {scalar_held} times (seed {seed})");
+    let node_over = scalar(
+        &mut tx,
+        concat!(
+            "WITH ",
+            scalar_held_cte!(),
+            ", peaks AS (",
+            scalar_peaks!("node_id"),
+            ")
+         SELECT count(*) FROM peaks AS p
+         JOIN node_resources AS n ON n.node_id = p.node_id AND n.resource = p.resource
+         JOIN nodes ON nodes.id = p.node_id JOIN pools ON pools.id = nodes.pool_id
+         WHERE p.peak > floor(n.capacity * coalesce((pools.policy -> 'overcommit' ->> p.resource)::float8, 1))"
+        ),
+    )
+    .await;
+    assert_eq!(node_over, 0, "a node lent more of a scalar than it has times the overcommit (seed {seed})");
+    let tenant_over = scalar(
+        &mut tx,
+        concat!(
+            "WITH ",
+            scalar_held_cte!(),
+            ", peaks AS (",
+            scalar_peaks!("tenant_id, pool_id"),
+            ")
+         SELECT count(*) FROM peaks AS p JOIN pool_offers AS o ON o.pool_id = p.pool_id AND o.tenant_id = p.tenant_id
+         WHERE p.peak > coalesce((o.quota ->> p.resource)::int, 0)"
+        ),
+    )
+    .await;
+    assert_eq!(tenant_over, 0, "a tenant held more of a scalar than its quota (seed {seed})");
+    // Every live reservation holds exactly its amounts on each of its nodes for its window, and nothing else does.
+    let wrong_scalars = scalar(
+        &mut tx,
+        "SELECT count(*) FROM ((SELECT a.id, a.node_id, e.key, e.value::bigint, tstzrange(r.start_at, r.end_at)
+                                FROM reservations AS r JOIN allocations AS a ON a.reservation_id = r.id
+                                CROSS JOIN LATERAL jsonb_each_text(r.request -> 'resources') AS e
+                                WHERE r.state IN ('placed', 'binding', 'active', 'releasing')
+                                EXCEPT ALL
+                                SELECT allocation_id, node_id, resource, amount, during FROM scalar_bookings)
+                               UNION ALL
+                               (SELECT allocation_id, node_id, resource, amount, during FROM scalar_bookings
+                                EXCEPT ALL
+                                SELECT a.id, a.node_id, e.key, e.value::bigint, tstzrange(r.start_at, r.end_at)
+                                FROM reservations AS r JOIN allocations AS a ON a.reservation_id = r.id
+                                CROSS JOIN LATERAL jsonb_each_text(r.request -> 'resources') AS e
+                                WHERE r.state IN ('placed', 'binding', 'active', 'releasing'))) AS d",
+    )
+    .await;
+    assert_eq!(wrong_scalars, 0, "the scalar bookings are not exactly the live reservations' amounts (seed {seed})");
     // Every quota claim went with its command: the ones that booked, and the ones that failed.
     let claims = scalar(&mut tx, "SELECT count(*) FROM quota_claims").await;
     assert_eq!(claims, 0, "quota claims left behind (seed {seed})");

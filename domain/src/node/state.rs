@@ -2,6 +2,8 @@
 //! `events replay`, the given/when/then tests) folds through [`evolve`]; the schedulability rule and the
 //! `noScheduleReasons` derivation it applies are the same pure functions the inline state uses.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -55,6 +57,9 @@ pub struct Node {
     /// Power as its BMC last reported it (`unknown` for a machine without one).
     #[serde(default, skip_serializing_if = "super::Power::is_unknown")]
     pub power: super::Power,
+    /// Its scalar resources (`vcpu`, `memoryGiB`, `disk`) as last reported.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, u64>,
     /// Events folded.
     pub version: u32,
 }
@@ -133,6 +138,7 @@ pub fn evolve(state: Option<Node>, event: &NodeEvent) -> Option<Node> {
                 bmc: None,
                 provision_since_ms: e.provision_state.limit_ms().map(|_| e.at_ms),
                 power: super::Power::Unknown,
+                resources: BTreeMap::new(),
                 version: 1,
             });
         }
@@ -165,6 +171,7 @@ pub fn evolve(state: Option<Node>, event: &NodeEvent) -> Option<Node> {
                 bmc: None,
                 provision_since_ms: None,
                 power: super::Power::Unknown,
+                resources: BTreeMap::new(),
                 version: 1,
             });
         }
@@ -209,6 +216,7 @@ pub fn evolve(state: Option<Node>, event: &NodeEvent) -> Option<Node> {
         NodeEvent::Deleted(e) => node.deleted_at_ms = Some(e.at_ms),
         NodeEvent::BmcSet(e) => node.bmc = Some(e.bmc.clone()),
         NodeEvent::PowerObserved(e) => node.power = e.power,
+        NodeEvent::ResourcesChanged(e) => node.resources = e.resources.clone(),
         NodeEvent::ProvisionChanged(e) => {
             node.provision_state = e.to;
             node.provision_since_ms = e.to.limit_ms().map(|_| e.at_ms);

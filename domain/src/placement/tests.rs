@@ -84,3 +84,24 @@ fn a_wider_spread_draws_from_the_best_few_fitting_nodes_only() {
     let wide = plan_spread(&rsv("w"), &four, &candidates, 100).expect("fits");
     assert!(wide[0].devices.len() == 4 && candidates[3..].iter().any(|c| c.node_id == wide[0].node_id));
 }
+
+#[test]
+fn scalars_fit_what_a_node_lends_over_its_busiest_instant_with_the_pools_overcommit() {
+    let n = node(1, 8).node_id;
+    let held = |resource: &str, capacity: u64, peak: i64| ScalarHeld {
+        node_id: n.clone(),
+        resource: resource.to_owned(),
+        capacity,
+        peak,
+    };
+    let wanted: BTreeMap<String, u64> = [("vcpu".to_owned(), 16), ("memoryGiB".to_owned(), 64)].into();
+    let plain = PoolPolicy::default();
+    let doubled = PoolPolicy { overcommit: [("vcpu".to_owned(), 2.0)].into(), ..PoolPolicy::default() };
+    let busy = [held("vcpu", 32, 20), held("memoryGiB", 256, 0)];
+    assert!(!scalars_fit(&plain, &wanted, &n, &busy), "20 of 32 vCPUs held: 16 more is 36");
+    assert!(scalars_fit(&doubled, &wanted, &n, &busy), "twice 32 lends 64");
+    let exact = [held("vcpu", 32, 16), held("memoryGiB", 64, 0)];
+    assert!(scalars_fit(&plain, &wanted, &n, &exact), "a node filled exactly");
+    assert!(!scalars_fit(&plain, &wanted, &n, &exact[..1]), "a node that reports no memory lends none");
+    assert!(!scalars_fit(&plain, &wanted, &node(2, 8).node_id, &exact), "another node's rows are not this one's");
+}

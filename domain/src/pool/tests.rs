@@ -44,7 +44,6 @@ fn policy_keys_and_quota_resources_not_acted_on_yet_are_refused_naming_them() {
             "{err:?}"
         );
     };
-    refused(PoolPolicy { overcommit: [("vcpu".to_owned(), 2.0)].into(), ..PoolPolicy::default() }, "policy.overcommit");
     refused(
         PoolPolicy { admission: AdmissionPolicy { budget_check: true }, ..PoolPolicy::default() },
         "policy.admission.budgetCheck",
@@ -54,15 +53,35 @@ fn policy_keys_and_quota_resources_not_acted_on_yet_are_refused_naming_them() {
     assert_eq!(whole.check(Sharing::Exclusive), Ok(()), "a pool of whole machines");
     let sliced = whole.check(Sharing::Mig).expect_err("whole machines are handed over with every GPU");
     assert!(matches!(&sliced, Rejection::InvalidArgument { field, .. } if field == "policy.tenantRoot"), "{sliced:?}");
-    for resource in ["vcpu", "memoryGiB", "nic.vf", "disk"] {
-        let err = check_quota("quota", &[(resource.to_owned(), 1)].into()).expect_err(resource);
-        assert!(
-            matches!(&err, Rejection::InvalidArgument { field, message } if field == &format!("quota.{resource}") && message.contains("not accounted yet")),
-            "{err:?}"
-        );
-    }
+    let err = check_quota("quota", &[("nic.vf".to_owned(), 1)].into()).expect_err("nic.vf");
+    assert!(
+        matches!(&err, Rejection::InvalidArgument { field, message } if field == "quota.nic.vf" && message.contains("not accounted yet")),
+        "{err:?}"
+    );
     for resource in ACCOUNTED_RESOURCES {
         assert!(check_quota("quota", &[((*resource).to_owned(), 1)].into()).is_ok(), "{resource}");
+    }
+}
+
+#[test]
+fn overcommit_ratios_apply_to_scalars_only_and_scale_what_a_node_lends() {
+    let ratios = |pairs: &[(&str, f64)]| PoolPolicy {
+        overcommit: pairs.iter().map(|(r, x)| ((*r).to_owned(), *x)).collect(),
+        ..PoolPolicy::default()
+    };
+    let policy = ratios(&[("vcpu", 4.0), ("memoryGiB", 1.5)]);
+    assert_eq!(policy.check(Sharing::Exclusive), Ok(()));
+    assert_eq!(policy.allocatable("vcpu", 64), 256);
+    assert_eq!(policy.allocatable("memoryGiB", 3), 4, "rounded down");
+    assert_eq!(policy.allocatable("disk", 100), 100, "a resource left out is not overcommitted");
+    for (bad, field) in [
+        (ratios(&[("gpu", 2.0)]), "policy.overcommit.gpu"),
+        (ratios(&[("vcpu", 0.5)]), "policy.overcommit.vcpu"),
+        (ratios(&[("vcpu", 65.0)]), "policy.overcommit.vcpu"),
+        (ratios(&[("disk", f64::NAN)]), "policy.overcommit.disk"),
+    ] {
+        let err = bad.check(Sharing::Exclusive).expect_err(field);
+        assert!(matches!(&err, Rejection::InvalidArgument { field: f, .. } if f == field), "{err:?}");
     }
 }
 

@@ -52,6 +52,15 @@ pub fn admit(request: &ReservationRequest, facts: &AdmissionFacts<'_>) -> Result
                 request.devices.count
             )));
         }
+        for (resource, total) in request.scalar_totals() {
+            let quota = quota_of(offer, resource);
+            if total > u64::from(quota) {
+                return Err(Rejection::QuotaExceeded(format!(
+                    "the quota for {resource} in pool {} is {quota}; the request asks for {total}",
+                    facts.pool_id
+                )));
+            }
+        }
         Admitted { priority: offer.priority, quota_holder: Some(offer.tenant_id.clone()) }
     };
     if let Some(project) = &request.project_id
@@ -101,6 +110,12 @@ pub fn within_quota(peak: i64, count: u32, quota: u32) -> bool {
     peak + i64::from(count) <= i64::from(quota)
 }
 
+/// Whether holding `amount` more of a scalar resource keeps a holder (a tenant in a pool, or a node) within
+/// `limit` at every instant, when at its busiest instant of the window it already holds `peak`.
+pub fn within_limit(peak: i64, amount: u64, limit: u64) -> bool {
+    i128::from(peak) + i128::from(amount) <= i128::from(limit)
+}
+
 /// What the pool says when an admitted request does not fit now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Waiting<'a> {
@@ -117,9 +132,11 @@ pub struct Waiting<'a> {
 pub fn may_wait(request: &ReservationRequest, waiting: &Waiting<'_>) -> Result<(), Rejection> {
     let pool_id = waiting.pool_id;
     if waiting.holders < i64::from(request.devices.nodes()) {
+        let scalars: String =
+            request.resources.iter().map(|(resource, amount)| format!(", {amount} {resource}")).collect();
         return Err(Rejection::CapacityUnavailable(format!(
-            "the request can never fit pool {pool_id}: it needs {} node(s) with {} matching {} atoms, and the pool \
-             has {}",
+            "the request can never fit pool {pool_id}: it needs {} node(s) with {} matching {} atoms{scalars}, and \
+             the pool has {}",
             request.devices.nodes(),
             request.devices.per_node(),
             request.devices.class,

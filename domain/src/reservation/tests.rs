@@ -35,6 +35,7 @@ fn request_with(start_ms: Option<i64>, lease_seconds: Option<u64>) -> Reservatio
         deadline_ms: None,
         wait: true,
         profile_id: None,
+        resources: BTreeMap::new(),
     }
 }
 
@@ -43,6 +44,7 @@ fn allocation(devices: &[&str]) -> Allocation {
         allocation_id: "alloc_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("alloc"),
         node_id: "node_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("node"),
         devices: devices.iter().map(|d| d.parse().expect("device")).collect(),
+        resources: BTreeMap::new(),
     }
 }
 
@@ -232,6 +234,13 @@ fn a_request_is_checked_field_by_field() {
                 ..node.clone()
             },
         ),
+        ("resources.gpu", ReservationRequest { resources: scalars(&[("gpu", 1)]), ..base.clone() }),
+        ("resources.vcpu", ReservationRequest { resources: scalars(&[("vcpu", 0)]), ..base.clone() }),
+        (
+            "resources.memoryGiB",
+            ReservationRequest { resources: scalars(&[("memoryGiB", MAX_SCALAR + 1)]), ..base.clone() },
+        ),
+        ("resources", ReservationRequest { resources: scalars(&[("vcpu", 8)]), ..node.clone() }),
         ("duration", ReservationRequest { duration_s: 0, ..base.clone() }),
         ("duration", ReservationRequest { duration_s: 367 * 86_400, ..base.clone() }),
         ("start", ReservationRequest { start_ms: Some(T0 + 1_500), ..base.clone() }),
@@ -259,6 +268,23 @@ fn a_request_is_checked_field_by_field() {
     };
     assert!(gang.check(T0).is_ok());
     assert_eq!(gang.devices.per_node(), 8);
+    let scalar_gang = ReservationRequest { resources: scalars(&[("vcpu", 16), ("memoryGiB", 64)]), ..gang };
+    assert_eq!(scalar_gang.check(T0), Ok(()));
+    let totals: Vec<(&str, u64)> = scalar_gang.scalar_totals().collect();
+    assert_eq!(totals, [("memoryGiB", 128), ("vcpu", 32)], "each allocation's amounts, times its nodes");
+}
+
+fn scalars(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    pairs.iter().map(|(r, n)| ((*r).to_owned(), *n)).collect()
+}
+
+#[test]
+fn a_request_without_scalars_hashes_as_before_they_existed() {
+    // Requests recorded before scalar resources keep their digest, so their retries are still retries.
+    let request = request_with(None, None);
+    let bytes = rmp_serde::to_vec_named(&request).expect("encode");
+    let value: rmpv::Value = rmp_serde::from_slice(&bytes).expect("decode");
+    assert!(!value.to_string().contains("resources"), "{value}");
 }
 
 #[test]
@@ -616,6 +642,29 @@ mod admission {
         let offers = [offer("acme", 4, 0, false)];
         let refused = admit(&slots, &facts(&offers, &acme, &[])).expect_err("no gpu.slot quota");
         assert!(matches!(refused, Rejection::QuotaExceeded(_)), "a resource the quota does not name grants none");
+    }
+
+    #[test]
+    fn scalar_totals_beyond_the_quota_never_fit_and_a_scalar_the_quota_does_not_name_grants_none() {
+        let acme = tenant();
+        let quota = |pairs: &[(&str, u32)]| PoolOffered {
+            quota: pairs.iter().map(|(r, n)| ((*r).to_owned(), *n)).collect(),
+            ..offer("acme", 8, 0, false)
+        };
+        let mut request = request_with(None, None);
+        request.devices = DeviceRequest { count: 4, topology: Topology::Gang { nodes: 2 }, ..request.devices };
+        request.resources = scalars(&[("vcpu", 16)]);
+        let offers = [quota(&[("gpu", 8), ("vcpu", 32)])];
+        assert!(admit(&request, &facts(&offers, &acme, &[])).is_ok(), "16 vCPUs on each of 2 nodes is 32");
+        let offers = [quota(&[("gpu", 8), ("vcpu", 31)])];
+        let refused = admit(&request, &facts(&offers, &acme, &[])).expect_err("32 of 31");
+        assert!(
+            matches!(&refused, Rejection::QuotaExceeded(m) if m.contains("quota for vcpu") && m.contains("asks for 32")),
+            "{refused:?}"
+        );
+        let offers = [quota(&[("gpu", 8)])];
+        assert!(matches!(admit(&request, &facts(&offers, &acme, &[])), Err(Rejection::QuotaExceeded(_))));
+        assert!(within_limit(24, 8, 32) && !within_limit(25, 8, 32));
     }
 
     #[test]

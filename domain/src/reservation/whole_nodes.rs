@@ -162,6 +162,7 @@ mod tests {
                 allocation_id: AllocationId::generate(),
                 node_id: (*node).clone(),
                 devices: vec![DeviceId::whole_node(node)],
+                resources: Default::default(),
             })
             .collect();
         r

@@ -33,9 +33,11 @@ pub const TABLES: &[&str] = &[
     "nodes",
     "node_identifiers",
     "devices",
+    "node_resources",
     "reservations",
     "allocations",
     "device_bookings",
+    "scalar_bookings",
     "tenants",
     "identities",
     "identity_tokens",
@@ -757,6 +759,14 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
             .await?;
             return Ok(());
         }
+        NodeEvent::ResourcesChanged(e) => {
+            sql::query("SELECT set_node_resources($1, $2::jsonb)")
+                .bind(node_id)
+                .bind(json(&e.resources)?)
+                .execute(tx.conn())
+                .await?;
+            return Ok(());
+        }
         NodeEvent::PowerObserved(e) => {
             sql::query("UPDATE nodes SET power = $2 WHERE id = $1")
                 .bind(node_id)
@@ -780,7 +790,11 @@ async fn apply_node(tx: &mut Tx, event: &NodeEvent) -> Result<()> {
         }
         NodeEvent::Deleted(_) => {
             sql::query("DELETE FROM node_bmcs WHERE node_id = $1").bind(node_id).execute(tx.conn()).await?;
-            for table in ["DELETE FROM node_identifiers WHERE node_id = $1", "DELETE FROM devices WHERE node_id = $1"] {
+            for table in [
+                "DELETE FROM node_identifiers WHERE node_id = $1",
+                "DELETE FROM devices WHERE node_id = $1",
+                "DELETE FROM node_resources WHERE node_id = $1",
+            ] {
                 sql::query(table).bind(node_id).execute(tx.conn()).await?;
             }
             sql::query("DELETE FROM nodes WHERE id = $1").bind(node_id).execute(tx.conn()).await?;
@@ -957,7 +971,12 @@ pub fn reservation_calls(id: &str, event: &ReservationEvent) -> Result<Option<Ve
                 .texts(&lists)
                 .texts(&rows.devices)
                 .texts(&rows.booking_allocations);
-            return Ok(Some(vec![InlineCall { call, answer: Answer::FreeDeltas }]));
+            let mut calls = vec![InlineCall { call, answer: Answer::FreeDeltas }];
+            if let Some(scalars) = scalar_rows(&e.allocations)? {
+                let call = sql::Call::new("book_scalars").text(id).int8(e.start_ms).int8(e.end_ms).jsonb(&scalars);
+                calls.push(InlineCall::writes(call));
+            }
+            return Ok(Some(calls));
         }
         ReservationEvent::BindingStarted(_) => {
             sql::Call::new("inline_reservation_state").text(id).text(ReservationState::Binding.as_str())
@@ -1062,6 +1081,16 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
                 .execute(tx.conn())
                 .await?;
             sql::query("SELECT refresh_booked_until($1)").bind(&devices).execute(tx.conn()).await?;
+            sql::query("DELETE FROM scalar_bookings WHERE reservation_id = $1").bind(id).execute(tx.conn()).await?;
+            if let Some(scalars) = scalar_rows(&e.allocations)? {
+                sql::query("SELECT book_scalars($1, $2, $3, $4::jsonb)")
+                    .bind(id)
+                    .bind(start_ms)
+                    .bind(end_ms)
+                    .bind(&scalars)
+                    .execute(tx.conn())
+                    .await?;
+            }
             summarize_after_commit(tx, &nodes);
         }
         ReservationEvent::Extended(e) => {
@@ -1098,10 +1127,33 @@ async fn apply_reservation(tx: &mut Tx, id: &str, event: &ReservationEvent) -> R
             .bind(e.previous_end_ms)
             .execute(tx.conn())
             .await?;
+            sql::query(
+                "UPDATE scalar_bookings SET during = tstzrange(lower(during), ms_ts($2))
+                 WHERE reservation_id = $1 AND upper(during) = ms_ts($3)",
+            )
+            .bind(id)
+            .bind(e.end_ms)
+            .bind(e.previous_end_ms)
+            .execute(tx.conn())
+            .await?;
         }
         _ => unreachable!("every other reservation event is applied through its calls"),
     }
     Ok(())
+}
+
+/// A reservation's scalar amounts as `book_scalars` takes them (a JSON array of [allocation, node, resource,
+/// amount]), or `None` when its allocations hold none.
+fn scalar_rows(allocations: &[Allocation]) -> Result<Option<String>> {
+    let rows: Vec<(&str, &str, &str, u64)> = allocations
+        .iter()
+        .flat_map(|a| {
+            a.resources
+                .iter()
+                .map(|(resource, amount)| (a.allocation_id.as_str(), a.node_id.as_str(), resource.as_str(), *amount))
+        })
+        .collect();
+    if rows.is_empty() { Ok(None) } else { json(&rows).map(Some) }
 }
 
 /// A reservation's allocations as the columns `book_atoms` takes: each allocation's id, node and devices (a JSON

@@ -71,31 +71,6 @@ pub(crate) fn schedulable(axes: &Axes) -> Result<bool> {
     Ok(schedulability(&view).is_empty())
 }
 
-/// Every node event type: the node read models follow all of them.
-pub(crate) const NODE_EVENT_TYPES: &[&str] = &[
-    "node.registered",
-    "node.cordoned",
-    "node.uncordoned",
-    "node.maintenance_started",
-    "node.maintenance_ended",
-    "node.joined",
-    "node.adopted",
-    "node.rejoined",
-    "node.hardware_changed",
-    "node.inventory_reported",
-    "node.connectivity_changed",
-    "node.condition_raised",
-    "node.condition_cleared",
-    "node.spec_changed",
-    "node.spec_observed",
-    "node.drain_started",
-    "node.drained",
-    "node.deleted",
-    "node.bmc_set",
-    "node.provision_changed",
-    "node.power_observed",
-];
-
 /// What a node's first event says about it: `node.registered` or `node.joined`.
 pub(crate) struct NewNode<'a> {
     pub node_id: &'a NodeId,

@@ -9,7 +9,6 @@ use bc_domain::stream::AnyEvent;
 use bc_eventstore::{Result, Tx, sql};
 use futures_util::future::BoxFuture;
 
-use super::axes::NODE_EVENT_TYPES;
 use super::folded;
 use super::json;
 use crate::framework::{Envelope, Projection};
@@ -34,7 +33,8 @@ impl Projection for NodesV2 {
     }
 
     fn event_types(&self) -> &'static [&'static str] {
-        NODE_EVENT_TYPES
+        // Every node event type: the model folds each node whole.
+        <NodeEvent as bc_domain::event::DomainEvent>::event_types()
     }
 
     fn tables(&self) -> &'static [&'static str] {
