@@ -135,6 +135,7 @@ impl App {
             Subject::Reservation(id) => resolve::reservation_resource(&mut tx, id).await?,
             Subject::Image(id) => resolve::image_resource(&mut tx, id).await?,
             Subject::Profile(id) => resolve::profile_resource(&mut tx, id).await?,
+            Subject::ProviderAccount(id) => resolve::provider_account_resource(&mut tx, id).await?,
             Subject::Workflow(id) => resolve::workflow_resource(&mut tx, id).await?,
         };
         tx.commit().await?;

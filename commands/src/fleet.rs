@@ -104,10 +104,15 @@ impl App {
                 async move {
                     let created = PoolCreated { at_ms: clock::compute_now_ms(tx).await?, ..created.clone() };
                     let site_owner = store::site_owner(tx, input.site_id.as_str()).await?;
+                    let provider_account_owned = match &input.provider_account_id {
+                        Some(account) => store::providers::lock_owned(tx, caller.tenant_id.as_str(), account).await?,
+                        None => false,
+                    };
                     let facts = pool::CreationFacts {
                         site_owned: site_owner.as_deref() == Some(caller.tenant_id.as_str()),
                         name_taken: store::name_taken(tx, NamedTable::Pools, caller.tenant_id.as_str(), &input.name)
                             .await?,
+                        provider_account_owned,
                     };
                     let events = pool::create(&created, facts)?;
                     let stream = created.pool_id.as_str();

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use bc_domain::id::{ImageId, NodeId, PoolId, ProfileId, ReservationId, SiteId, TenantId, WorkflowId};
+use bc_domain::id::{
+    ImageId, NodeId, PoolId, ProfileId, ProviderAccountId, ReservationId, SiteId, TenantId, WorkflowId,
+};
 use bc_domain::reservation::ReservationRequest;
 
 use crate::Caller;
@@ -39,6 +41,7 @@ pub enum Subject<'a> {
     Image(&'a ImageId),
     Profile(&'a ProfileId),
     Workflow(&'a WorkflowId),
+    ProviderAccount(&'a ProviderAccountId),
 }
 
 impl Subject<'_> {
@@ -55,6 +58,7 @@ impl Subject<'_> {
             Subject::Image(id) => ("image", id.to_string()),
             Subject::Profile(id) => ("profile", id.to_string()),
             Subject::Workflow(id) => ("workflow", id.to_string()),
+            Subject::ProviderAccount(id) => ("provider account", id.to_string()),
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod log;
 pub mod node_commands;
 pub mod nodes;
 pub mod profiles;
+pub mod providers;
 pub mod ramdisk;
 pub mod reads;
 pub mod reservations;

@@ -199,6 +199,10 @@ generated_id!(
     ProfileId, "prof", "profile id"
 );
 generated_id!(
+    /// A provider account: how a tenant reaches an external capacity API.
+    ProviderAccountId, "pacct", "provider account id"
+);
+generated_id!(
     /// A workflow: a profile expanded for one machine into persisted steps.
     WorkflowId, "wf", "workflow id"
 );

@@ -18,6 +18,7 @@ pub mod node;
 pub mod placement;
 pub mod pool;
 pub mod profile;
+pub mod provider;
 pub mod region;
 pub mod rejection;
 pub mod reservation;

@@ -264,7 +264,17 @@ impl PoolCreated {
             (PoolClass::Provider, None) => {
                 return Err(Rejection::invalid("providerAccountId", "is required for provider pools"));
             }
-            (PoolClass::Provider, Some(_)) => {}
+            (PoolClass::Provider, Some(account)) => {
+                if account.parse::<crate::id::ProviderAccountId>().is_err() {
+                    return Err(Rejection::invalid("providerAccountId", "names a provider account (pacct_...)"));
+                }
+                if self.agent != PoolAgent::None {
+                    return Err(Rejection::invalid(
+                        "agent",
+                        "a provider pool's machines are reached through the provider's API: agent none",
+                    ));
+                }
+            }
             (_, Some(_)) => {
                 return Err(Rejection::invalid("providerAccountId", "applies only to provider pools"));
             }

@@ -6,6 +6,7 @@ use crate::image::ImageEvent;
 use crate::node::NodeEvent;
 use crate::pool::PoolEvent;
 use crate::profile::ProfileEvent;
+use crate::provider::ProviderAccountEvent;
 use crate::reservation::ReservationEvent;
 use crate::site::{ProjectEvent, SiteEvent};
 use crate::tenancy::{GrantEvent, IdentityEvent, LimitEvent, TenantEvent};
@@ -26,6 +27,7 @@ pub enum AnyEvent {
     Image(ImageEvent),
     Profile(ProfileEvent),
     Workflow(WorkflowEvent),
+    ProviderAccount(ProviderAccountEvent),
 }
 
 impl AnyEvent {
@@ -45,6 +47,9 @@ impl AnyEvent {
             "image" => AnyEvent::Image(ImageEvent::decode(event_type, schema_version, payload)?),
             "profile" => AnyEvent::Profile(ProfileEvent::decode(event_type, schema_version, payload)?),
             "workflow" => AnyEvent::Workflow(WorkflowEvent::decode(event_type, schema_version, payload)?),
+            "provider_account" => {
+                AnyEvent::ProviderAccount(ProviderAccountEvent::decode(event_type, schema_version, payload)?)
+            }
             _ => return Ok(None),
         }))
     }
@@ -63,6 +68,7 @@ impl AnyEvent {
             AnyEvent::Image(e) => e.event_type(),
             AnyEvent::Profile(e) => e.event_type(),
             AnyEvent::Workflow(e) => e.event_type(),
+            AnyEvent::ProviderAccount(e) => e.event_type(),
         }
     }
 
@@ -80,6 +86,7 @@ impl AnyEvent {
             AnyEvent::Image(e) => e.schema_version(),
             AnyEvent::Profile(e) => e.schema_version(),
             AnyEvent::Workflow(e) => e.schema_version(),
+            AnyEvent::ProviderAccount(e) => e.schema_version(),
         }
     }
 
@@ -97,6 +104,7 @@ impl AnyEvent {
             AnyEvent::Image(e) => e.encode_payload(),
             AnyEvent::Profile(e) => e.encode_payload(),
             AnyEvent::Workflow(e) => e.encode_payload(),
+            AnyEvent::ProviderAccount(e) => e.encode_payload(),
         }
     }
 }
@@ -112,7 +120,8 @@ macro_rules! into_any {
 }
 
 into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation,
-    TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit, ImageEvent => Image, ProfileEvent => Profile, WorkflowEvent => Workflow);
+    TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit, ImageEvent => Image, ProfileEvent => Profile, WorkflowEvent => Workflow,
+    ProviderAccountEvent => ProviderAccount);
 
 impl AnyEvent {
     /// Every event type this build knows, family by family.
@@ -130,6 +139,7 @@ impl AnyEvent {
             ImageEvent::event_types(),
             ProfileEvent::event_types(),
             WorkflowEvent::event_types(),
+            ProviderAccountEvent::event_types(),
         ]
         .concat()
     }

@@ -1,12 +1,12 @@
 //! Every request body type the API reads (`api/src/wire`), from any bytes, parsed the way the API parses JSON
 //! bodies (`serde_path_to_error`, then nothing but whitespace), then checked the way its handler checks it before
 //! anything is written: a reservation's request, a pool's fields and policy, a site's region, names, ids,
-//! quotas, a tenant, an identity, a grant, a limit. Nothing may panic, and what a check accepts must satisfy
+//! quotas, a tenant, an identity, a grant, a limit, a provider account. Nothing may panic, and what a check accepts must satisfy
 //! the bounds the OpenAPI document states.
 
 #![no_main]
 
-use bc_api::wire::{agent, fleet, nodes, reservations, tenancy};
+use bc_api::wire::{agent, fleet, nodes, providers, reservations, tenancy};
 use bc_domain::id::{GrantId, IdentityId, LimitId, PoolId, TenantId};
 use bc_domain::pool::{PoolCreated, PoolPolicy};
 use bc_domain::tenancy as t;
@@ -22,7 +22,20 @@ fuzz_target!(|data: &[u8]| {
     {
         assert!(request.devices.count >= 1, "an accepted request asks for a device");
         assert!(request.duration_s >= 1, "an accepted request lasts");
+        for amount in request.resources.values() {
+            assert!((1..=1_000_000).contains(amount), "an accepted scalar amount is within its bounds");
+        }
     }
+    if let Some(body) = parse::<providers::ProviderAccountBody>(data)
+        && let Ok((spec, credential)) = body.spec()
+        && spec.check().is_ok()
+        && bc_domain::provider::check_credential(&credential).is_ok()
+    {
+        assert!(!credential.is_empty() && credential.len() <= bc_domain::provider::MAX_CREDENTIAL);
+        assert!(spec.settings.len() <= bc_domain::provider::MAX_SETTINGS);
+        assert!(spec.endpoint.starts_with("https://") || spec.endpoint.starts_with("http://"));
+    }
+    let _ = parse::<providers::CredentialBody>(data);
     let _ = parse::<reservations::CancelBody>(data);
     let _ = parse::<reservations::ExtendBody>(data);
     let _ = parse::<reservations::EmptyBody>(data);

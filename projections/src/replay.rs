@@ -84,6 +84,11 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
             let events = decoded.iter().filter_map(|e| if let AnyEvent::Workflow(w) = e { Some(w) } else { None });
             to_json(&events.fold(None, bc_domain::workflow::evolve_workflow))?
         }
+        Some(AnyEvent::ProviderAccount(_)) => {
+            let events =
+                decoded.iter().filter_map(|e| if let AnyEvent::ProviderAccount(a) = e { Some(a) } else { None });
+            to_json(&events.fold(None, bc_domain::provider::evolve_provider_account))?
+        }
         None => json!({}),
     };
     if let Value::Object(map) = &mut state {

@@ -144,6 +144,35 @@ async fn fleet_basics(app: &App) -> anyhow::Result<()> {
     app.update_pool(&owner, &tried, change).await?;
     app.delete_pool(&owner, &tried).await?;
     app.delete_site(&owner, &trial).await?;
+
+    // Provider accounts (their credentials sealed with a bundle of the scenario's own): one that backs a provider
+    // pool, its credential replaced; one deleted.
+    let dir = std::env::temp_dir().join(format!("bc-scenario-providers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    bc_pki::Bundle::init(&dir, &bc_pki::InitOptions::default())?;
+    let sealing = app.clone().with_pki(std::sync::Arc::new(bc_pki::Bundle::load(&dir)?));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = |name: &str| bc_domain::provider::ProviderAccountSpec {
+        name: name.into(),
+        provider: bc_domain::provider::ProviderKind::BetterCompute,
+        endpoint: "https://compute.partner.example".into(),
+        settings: [("poolId".to_owned(), "pool_01jd8w2k3m4n5p6q7r8s9t0v1w".to_owned())].into(),
+    };
+    let partner = sealing.create_provider_account(&owner, spec("partner"), "token-1").await?.value;
+    sealing.rotate_provider_credential(&owner, &partner.id, "token-2").await?;
+    let spare = sealing.create_provider_account(&owner, spec("spare"), "token-3").await?.value;
+    sealing.delete_provider_account(&owner, &spare.id).await?;
+    let borrowed = CreatePool {
+        site_id: site.clone(),
+        name: "borrowed".into(),
+        class: PoolClass::Provider,
+        gpu_model: "H100".into(),
+        sharing: Sharing::Exclusive,
+        agent: PoolAgent::None,
+        policy: PoolPolicy::default(),
+        provider_account_id: Some(partner.id.to_string()),
+    };
+    app.create_pool(&owner, borrowed).await?;
     Ok(())
 }
 

@@ -32,6 +32,7 @@ pub const CREATES: &[(&str, bool)] = &[
     ("grants.create", false),
     ("limits.create", false),
     ("profiles.create", false),
+    ("provider_accounts.create", false),
 ];
 
 /// The headers of an answer that a replay repeats.

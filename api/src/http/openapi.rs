@@ -48,6 +48,7 @@ pub const IDEMPOTENT_CREATES: &[&str] = &[
     "create_grant",
     "create_limit",
     "create_profile",
+    "create_provider_account",
 ];
 
 impl Modify for IdempotentCreates {

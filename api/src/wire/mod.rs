@@ -9,6 +9,7 @@ pub mod images;
 pub mod nodes;
 pub mod ops;
 pub mod profiles;
+pub mod providers;
 pub mod reservations;
 pub mod tenancy;
 pub mod workflows;
@@ -58,6 +59,10 @@ page!(
 page!(
     /// A page of profile versions.
     ProfilePage of profiles::ProfileDto
+);
+page!(
+    /// A page of provider accounts.
+    ProviderAccountPage of providers::ProviderAccountDto
 );
 page!(
     /// A page of projects.

@@ -62,7 +62,7 @@ async fn an_external_decision_service_decides_every_call_and_a_silent_one_refuse
     let base = Api::new().await;
     let pool = base.pool().await;
     let (url, seen) = decision_service().await;
-    let api = Api { router: api_over(&base, &url), fleet: base.fleet };
+    let api = Api { router: api_over(&base, &url), app: base.app.clone(), fleet: base.fleet };
     assert_eq!(api.get("/v1/pools", "ext-token-alice").await.status, StatusCode::OK);
     let refused = api.post("/v1/sites", "ext-token-alice", json!({ "name": "x", "iamRegion": "eu-west-1" })).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
@@ -88,7 +88,7 @@ async fn an_external_decision_service_decides_every_call_and_a_silent_one_refuse
     assert_ne!(tenants.status, StatusCode::CREATED, "{:?}", tenants.body);
 
     // A decision service that is gone refuses everything (after its timeout), and nothing is written.
-    let gone = Api { router: api_over(&api, "http://127.0.0.1:9"), fleet: api.fleet };
+    let gone = Api { router: api_over(&api, "http://127.0.0.1:9"), app: api.app.clone(), fleet: api.fleet };
     let before = gone.events().await;
     assert_eq!(gone.get("/v1/pools", "ext-token-alice").await.status, StatusCode::UNAUTHORIZED);
     assert_eq!(gone.events().await, before);

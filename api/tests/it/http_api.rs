@@ -98,6 +98,8 @@ impl Reply {
 pub struct Api {
     pub fleet: Fleet,
     pub router: Router,
+    /// The write side the router serves (with its authorizer and bundle).
+    pub app: bc_commands::App,
 }
 
 impl Api {
@@ -148,8 +150,13 @@ impl Api {
         let fleet = Fleet::new().await;
         let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));
         let app = configure(bc_commands::App::new(fleet.t.db.clone()).with_authorizer(auth));
-        let state = AppState::new(app).expect("the method table checks out");
-        Api { router: router(state), fleet }
+        let state = AppState::new(app.clone()).expect("the method table checks out");
+        Api { router: router(state), fleet, app }
+    }
+
+    /// The write side the router serves.
+    pub fn app(&self) -> &bc_commands::App {
+        &self.app
     }
 
     pub async fn call(

@@ -17,6 +17,7 @@ mod metrics;
 mod outcomes;
 mod process;
 mod profiles;
+mod providers;
 mod ramdisk;
 mod scale_out;
 mod site;

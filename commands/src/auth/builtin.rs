@@ -502,7 +502,15 @@ impl Snapshot {
             {
                 Decision::Allow
             }
-            (Target::Fleet | Target::Tenant | Target::Site | Target::Image | Target::Profile, _)
+            (
+                Target::Fleet
+                | Target::Tenant
+                | Target::Site
+                | Target::Image
+                | Target::Profile
+                | Target::ProviderAccount,
+                _,
+            )
             | (Target::Reservation, _)
                 if !matches!(method.requirement, Requirement::Pool(_)) =>
             {

@@ -81,6 +81,8 @@ pub enum Target {
     Profile,
     /// A workflow: its machine's pool decides.
     Workflow,
+    /// A provider account: its tenant's.
+    ProviderAccount,
 }
 
 impl Target {
@@ -96,6 +98,7 @@ impl Target {
             Target::Image => "image",
             Target::Profile => "profile",
             Target::Workflow => "workflow",
+            Target::ProviderAccount => "provider-account",
         }
     }
 }
@@ -205,6 +208,17 @@ pub const METHODS: &[MethodSpec] = &[
     m("profiles.list", "compute:profiles.list", Target::Tenant, MEMBER, false),
     m("profiles.get", "compute:profiles.get", Target::Profile, MEMBER, false),
     m("profiles.delete", "compute:profiles.delete", Target::Profile, TENANT_ADMIN, true),
+    m("provider_accounts.create", "compute:provider_accounts.create", Target::Tenant, TENANT_ADMIN, true),
+    m("provider_accounts.list", "compute:provider_accounts.list", Target::Tenant, MEMBER, false),
+    m("provider_accounts.get", "compute:provider_accounts.get", Target::ProviderAccount, MEMBER, false),
+    m(
+        "provider_accounts.credential.rotate",
+        "compute:provider_accounts.credential.rotate",
+        Target::ProviderAccount,
+        TENANT_ADMIN,
+        true,
+    ),
+    m("provider_accounts.delete", "compute:provider_accounts.delete", Target::ProviderAccount, TENANT_ADMIN, true),
     m("audit.list", "compute:audit.list", Target::Tenant, MEMBER, false),
     m("fleet.audit.list", "compute:fleet.audit.list", Target::Fleet, TENANT_ADMIN, false),
     m("fleet.reservations.list", "compute:fleet.reservations.list", Target::Fleet, TENANT_ADMIN, false),

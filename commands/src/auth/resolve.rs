@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use bc_domain::id::{ImageId, NodeId, PoolId, ProfileId, ReservationId, SiteId, TenantId, WorkflowId};
+use bc_domain::id::{
+    ImageId, NodeId, PoolId, ProfileId, ProviderAccountId, ReservationId, SiteId, TenantId, WorkflowId,
+};
 use bc_eventstore::{Error, Result, Tx, sql};
 use sqlx::Row as _;
 use sqlx::postgres::PgRow;
@@ -159,6 +161,22 @@ pub async fn profile_resource(tx: &mut Tx, id: &ProfileId) -> Result<Option<Reso
     let Some(owner) = owner else { return Ok(None) };
     Ok(Some(Resource {
         target: Target::Profile,
+        id: id.to_string(),
+        tenant_id: tenant(owner)?,
+        pool: None,
+        attributes: BTreeMap::new(),
+    }))
+}
+
+/// A provider account: the tenant that owns it.
+pub async fn provider_account_resource(tx: &mut Tx, id: &ProviderAccountId) -> Result<Option<Resource>> {
+    let owner: Option<String> = sql::query_scalar("SELECT tenant_id FROM provider_accounts WHERE id = $1")
+        .bind(id.as_str())
+        .fetch_optional(tx.conn())
+        .await?;
+    let Some(owner) = owner else { return Ok(None) };
+    Ok(Some(Resource {
+        target: Target::ProviderAccount,
         id: id.to_string(),
         tenant_id: tenant(owner)?,
         pool: None,

@@ -73,3 +73,13 @@ pub async fn secret(tx: &mut Tx, kind: &str, owner_id: &str) -> AppResult<Option
         .fetch_optional(tx.conn())
         .await?)
 }
+
+/// Removes a sealed secret, if there is one.
+pub async fn delete_secret(tx: &mut Tx, kind: &str, owner_id: &str) -> AppResult<()> {
+    sql::query("DELETE FROM sealed_secrets WHERE kind = $1 AND owner_id = $2")
+        .bind(kind)
+        .bind(owner_id)
+        .execute(tx.conn())
+        .await?;
+    Ok(())
+}

@@ -22,6 +22,7 @@ pub mod images;
 pub mod liveness;
 pub mod node_commands;
 pub mod profiles;
+pub mod providers;
 pub mod scalars;
 pub mod site;
 pub mod tenancy;
@@ -264,6 +265,14 @@ pub async fn profile_aggregate(
     id: &bc_domain::id::ProfileId,
 ) -> AppResult<Option<(bc_domain::profile::Profile, u32)>> {
     folded_stream(tx, id.as_str(), bc_domain::profile::evolve_profile).await
+}
+
+/// A provider account as the fold of its stream, with the stream's version.
+pub async fn provider_account_aggregate(
+    tx: &mut Tx,
+    id: &bc_domain::id::ProviderAccountId,
+) -> AppResult<Option<(bc_domain::provider::ProviderAccount, u32)>> {
+    folded_stream(tx, id.as_str(), bc_domain::provider::evolve_provider_account).await
 }
 
 /// A workflow as the fold of its stream, with the stream's version.

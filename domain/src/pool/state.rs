@@ -133,6 +133,8 @@ pub struct CreationFacts {
     pub site_owned: bool,
     /// Whether the owner already has a pool of that name.
     pub name_taken: bool,
+    /// For a provider pool: whether the account it names is a live account of the creating tenant.
+    pub provider_account_owned: bool,
 }
 
 /// Decides creating a pool.
@@ -143,6 +145,11 @@ pub fn create(created: &PoolCreated, facts: CreationFacts) -> Result<Vec<PoolEve
     }
     if facts.name_taken {
         return Err(Rejection::Conflict(format!("a pool named {:?} already exists", created.name)));
+    }
+    if let Some(account) = &created.provider_account_id
+        && !facts.provider_account_owned
+    {
+        return Err(Rejection::invalid("providerAccountId", format!("provider account {account} was not found")));
     }
     Ok(vec![PoolEvent::Created(created.clone())])
 }

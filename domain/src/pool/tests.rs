@@ -180,14 +180,14 @@ mod aggregate {
 
     #[test]
     fn a_pool_is_created_only_in_the_owners_site_under_a_free_name() {
-        let facts = CreationFacts { site_owned: true, name_taken: false };
+        let facts = CreationFacts { site_owned: true, name_taken: false, provider_account_owned: false };
         let pool = given::<Pools>([]).when(|_| create(&created(), facts)).then([PoolEvent::Created(created())]);
         assert_eq!(pool.expect("a pool").offers, Vec::new());
-        let elsewhere = CreationFacts { site_owned: false, name_taken: false };
+        let elsewhere = CreationFacts { site_owned: false, name_taken: false, provider_account_owned: false };
         given::<Pools>([])
             .when(|_| create(&created(), elsewhere))
             .then_rejected(|r| matches!(r, Rejection::NotFound { kind: "site", .. }));
-        let taken = CreationFacts { site_owned: true, name_taken: true };
+        let taken = CreationFacts { site_owned: true, name_taken: true, provider_account_owned: false };
         given::<Pools>([])
             .when(|_| create(&created(), taken))
             .then_rejected(|r| matches!(r, Rejection::Conflict(m) if m.contains("h100")));
@@ -195,6 +195,33 @@ mod aggregate {
         given::<Pools>([])
             .when(|_| create(&bad, facts))
             .then_rejected(|r| matches!(r, Rejection::InvalidArgument { field, .. } if field == "gpuModel"));
+    }
+
+    #[test]
+    fn a_provider_pool_names_a_live_account_of_its_owner_and_runs_no_agent() {
+        let account = "pacct_01jd8w2k3m4n5p6q7r8s9t0v1w".to_owned();
+        let provider = PoolCreated {
+            class: PoolClass::Provider,
+            agent: PoolAgent::None,
+            provider_account_id: Some(account.clone()),
+            ..created()
+        };
+        let owned = CreationFacts { site_owned: true, name_taken: false, provider_account_owned: true };
+        given::<Pools>([]).when(|_| create(&provider, owned)).then([PoolEvent::Created(provider.clone())]);
+        let field_of = |created: &PoolCreated, facts: CreationFacts| match create(created, facts) {
+            Err(Rejection::InvalidArgument { field, message }) => (field, message),
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let missing = CreationFacts { provider_account_owned: false, ..owned };
+        let (field, message) = field_of(&provider, missing);
+        assert_eq!(field, "providerAccountId");
+        assert!(message.contains(&account) && message.contains("not found"), "{message}");
+        let unparsed = PoolCreated { provider_account_id: Some("acct-1".into()), ..provider.clone() };
+        assert_eq!(field_of(&unparsed, owned).0, "providerAccountId");
+        let with_agent = PoolCreated { agent: PoolAgent::Bcd, ..provider.clone() };
+        assert_eq!(field_of(&with_agent, owned).0, "agent");
+        let host = PoolCreated { class: PoolClass::VpsHost, ..provider };
+        assert_eq!(field_of(&host, owned).0, "providerAccountId", "only provider pools name an account");
     }
 
     #[test]

@@ -16,6 +16,7 @@ use bc_domain::node::{
 };
 use bc_domain::pool::PoolEvent;
 use bc_domain::profile::ProfileEvent;
+use bc_domain::provider::ProviderAccountEvent;
 use bc_domain::reservation::{Allocation, ReservationEvent, ReservationState};
 use bc_domain::site::{ProjectEvent, SiteEvent};
 use bc_domain::stream::AnyEvent;
@@ -48,6 +49,7 @@ pub const TABLES: &[&str] = &[
     "node_bmcs",
     "workflows",
     "workflow_steps",
+    "provider_accounts",
 ];
 
 fn json(value: &impl serde::Serialize) -> Result<String> {
@@ -76,7 +78,43 @@ pub async fn apply(tx: &mut Tx, stream_id: &str, event: &AnyEvent) -> Result<()>
         AnyEvent::Image(e) => apply_image(tx, e).await,
         AnyEvent::Profile(e) => apply_profile(tx, e).await,
         AnyEvent::Workflow(e) => apply_workflow(tx, e).await,
+        AnyEvent::ProviderAccount(e) => apply_provider_account(tx, e).await,
     }
+}
+
+async fn apply_provider_account(tx: &mut Tx, event: &ProviderAccountEvent) -> Result<()> {
+    match event {
+        ProviderAccountEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO provider_accounts (id, tenant_id, name, provider, endpoint, settings, created_at,
+                                                credential_at)
+                 VALUES ($1, $2, $3, $4, $5, $6::jsonb, ms_ts($7), ms_ts($7))",
+            )
+            .bind(e.account_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(&e.spec.name)
+            .bind(e.spec.provider.as_str())
+            .bind(&e.spec.endpoint)
+            .bind(json(&e.spec.settings)?)
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        ProviderAccountEvent::CredentialRotated(e) => {
+            sql::query("UPDATE provider_accounts SET credential_at = ms_ts($2) WHERE id = $1")
+                .bind(e.account_id.as_str())
+                .bind(e.at_ms)
+                .execute(tx.conn())
+                .await?;
+        }
+        ProviderAccountEvent::Deleted(e) => {
+            sql::query("DELETE FROM provider_accounts WHERE id = $1")
+                .bind(e.account_id.as_str())
+                .execute(tx.conn())
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 async fn apply_tenant(tx: &mut Tx, event: &TenantEvent) -> Result<()> {
@@ -1258,6 +1296,7 @@ pub fn handles(event_type: &str) -> bool {
         ImageEvent::event_types(),
         ProfileEvent::event_types(),
         WorkflowEvent::event_types(),
+        ProviderAccountEvent::event_types(),
     ]
     .iter()
     .any(|types| types.contains(&event_type))

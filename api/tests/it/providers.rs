@@ -1,0 +1,119 @@
+//! Provider accounts through the API: the credential sealed and never shown, a provider pool that must name a
+//! live account of its owner, and an account that is not deleted while a pool names it.
+
+use axum::http::StatusCode;
+use bc_eventstore::{TxOptions, sql};
+use serde_json::{Value, json};
+
+use crate::http_api::{ALICE, Api, ROOT};
+
+const SECRET: &str = "bc-remote-token-0123456789";
+
+fn account(name: &str) -> Value {
+    json!({ "name": name, "provider": "better-compute", "endpoint": "https://compute.partner.example",
+            "credential": SECRET, "settings": { "poolId": "pool_01jd8w2k3m4n5p6q7r8s9t0v1w" } })
+}
+
+/// Whether the secret appears anywhere in the log or in the sealed secrets' table, in the clear.
+async fn secret_in_the_clear(api: &Api, secret: &str) -> i64 {
+    let mut tx = api.fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let found: i64 = sql::query_scalar(
+        "SELECT (SELECT count(*) FROM events WHERE position(convert_to($1, 'UTF8') in payload) > 0
+                                              OR position(convert_to($1, 'UTF8') in metadata) > 0)
+              + (SELECT count(*) FROM sealed_secrets WHERE position(convert_to($1, 'UTF8') in sealed) > 0)
+              + (SELECT count(*) FROM provider_accounts WHERE endpoint LIKE '%' || $1 || '%'
+                                                         OR settings::text LIKE '%' || $1 || '%')",
+    )
+    .bind(secret)
+    .fetch_one(tx.conn())
+    .await
+    .expect("search");
+    tx.commit().await.expect("commit");
+    found
+}
+
+#[tokio::test]
+async fn a_provider_account_keeps_its_credential_sealed_and_backs_provider_pools() {
+    let api = Api::with_pki().await;
+    let site = api.post("/v1/sites", ROOT, json!({ "name": "ams1", "iamRegion": "eu-west-1" })).await;
+    let site_id = site.body["id"].as_str().expect("site").to_owned();
+
+    // Bad input is refused naming the field, and records nothing.
+    let before = api.events().await;
+    let mut cases: Vec<(Value, &str)> = Vec::new();
+    for (key, value, field) in [
+        ("provider", json!("aws"), "provider"),
+        ("endpoint", json!("http://compute.partner.example"), "endpoint"),
+        ("endpoint", json!("https://user:pw@compute.partner.example"), "endpoint"),
+        ("credential", json!(""), "credential"),
+        ("name", json!(""), "name"),
+        ("settings", json!({ "poolId": "gpus" }), "settings.poolId"),
+    ] {
+        let mut body = account("partner");
+        body[key] = value;
+        cases.push((body, field));
+    }
+    for (body, field) in cases {
+        let refused = api.post("/v1/provider-accounts", ROOT, body.clone()).await;
+        assert_eq!((refused.status, refused.field()), (StatusCode::BAD_REQUEST, field), "{body}: {:?}", refused.body);
+    }
+    let forbidden = api.post("/v1/provider-accounts", ALICE, account("mine")).await;
+    assert_eq!(forbidden.status, StatusCode::FORBIDDEN, "alice administers nothing: {:?}", forbidden.body);
+    assert_eq!(api.events().await, before);
+
+    let made = api.post("/v1/provider-accounts", ROOT, account("partner")).await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.body);
+    let id = made.body["id"].as_str().expect("id").to_owned();
+    assert!(id.starts_with("pacct_"), "{id}");
+    assert_eq!(made.header("location"), Some(format!("/v1/provider-accounts/{id}").as_str()));
+    assert!(!made.body.to_string().contains(SECRET), "the credential is never shown: {}", made.body);
+    assert_eq!(made.body["settings"]["poolId"], "pool_01jd8w2k3m4n5p6q7r8s9t0v1w");
+    assert_eq!(secret_in_the_clear(&api, SECRET).await, 0, "sealed, and in no event");
+    assert_eq!(api.app().provider_credential(&id.parse().expect("id")).await.expect("open"), Some(SECRET.to_owned()));
+    let again = api.post("/v1/provider-accounts", ROOT, account("partner")).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "one name per tenant: {:?}", again.body);
+
+    let listed = api.get("/v1/provider-accounts", ROOT).await;
+    assert_eq!(listed.body["items"].as_array().map(Vec::len), Some(1), "{:?}", listed.body);
+    let other = api.get(&format!("/v1/provider-accounts/{id}"), ALICE).await;
+    assert_eq!(other.status, StatusCode::NOT_FOUND, "another tenant's account does not exist for acme");
+    let rotated =
+        api.post(&format!("/v1/provider-accounts/{id}/credential"), ROOT, json!({ "credential": "next" })).await;
+    assert_eq!(rotated.status, StatusCode::OK, "{:?}", rotated.body);
+    assert_eq!(api.app().provider_credential(&id.parse().expect("id")).await.expect("open"), Some("next".to_owned()));
+
+    // A provider pool names a live account of its owner, and runs no agent.
+    let pool = |account: &str, agent: &str| {
+        json!({ "siteId": site_id, "name": format!("borrowed-{agent}"), "class": "provider", "gpuModel": "H100",
+                "agent": agent, "providerAccountId": account })
+    };
+    let missing = api.post("/v1/pools", ROOT, pool("pacct_01jd8w2k3m4n5p6q7r8s9t0v1w", "none")).await;
+    assert_eq!((missing.status, missing.field()), (StatusCode::BAD_REQUEST, "providerAccountId"), "{:?}", missing.body);
+    let with_agent = api.post("/v1/pools", ROOT, pool(&id, "bcd")).await;
+    assert_eq!((with_agent.status, with_agent.field()), (StatusCode::BAD_REQUEST, "agent"), "{:?}", with_agent.body);
+    let backed = api.post("/v1/pools", ROOT, pool(&id, "none")).await;
+    assert_eq!(backed.status, StatusCode::CREATED, "{:?}", backed.body);
+    let pool_id = backed.body["id"].as_str().expect("pool").to_owned();
+
+    let refused = api.call("DELETE", &format!("/v1/provider-accounts/{id}"), Some(ROOT), &[], None).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{:?}", refused.body);
+    assert!(refused.body["error"]["message"].as_str().is_some_and(|m| m.contains(&pool_id)), "{:?}", refused.body);
+    let gone = api.call("DELETE", &format!("/v1/pools/{pool_id}"), Some(ROOT), &[], None).await;
+    assert_eq!(gone.status, StatusCode::OK, "{:?}", gone.body);
+    let deleted = api.call("DELETE", &format!("/v1/provider-accounts/{id}"), Some(ROOT), &[], None).await;
+    assert_eq!(deleted.status, StatusCode::OK, "{:?}", deleted.body);
+    assert_eq!(api.get(&format!("/v1/provider-accounts/{id}"), ROOT).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(api.app().provider_credential(&id.parse().expect("id")).await.expect("open"), None, "its secret went");
+    let reused = api.post("/v1/provider-accounts", ROOT, account("partner")).await;
+    assert_eq!(reused.status, StatusCode::CREATED, "the name is free again: {:?}", reused.body);
+}
+
+#[tokio::test]
+async fn without_a_pki_bundle_no_account_is_made() {
+    let api = Api::new().await;
+    let before = api.events().await;
+    let refused = api.post("/v1/provider-accounts", ROOT, account("partner")).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{:?}", refused.body);
+    assert!(refused.body["error"]["message"].as_str().is_some_and(|m| m.contains("PKI bundle")), "{:?}", refused.body);
+    assert_eq!(api.events().await, before);
+}
