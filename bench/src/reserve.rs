@@ -1,5 +1,6 @@
 //! `better-compute bench reserve`: reserve-then-release cycles per second with 1, 4 and 16 clients, beside
-//! pgbench's one-row INSERT on the same cluster in the same run; and the latency of placing one 8-GPU request in
+//! pgbench's one-row INSERT on the same cluster in the same run (and the same cycles for a GPU that also holds
+//! vCPUs and memory, which are placed statement by statement); and the latency of placing one 8-GPU request in
 //! a pool of 1,000 nodes with 8 GPUs each, half of them booked (the fleet generated with bulk SQL, not commands).
 
 use std::path::PathBuf;
@@ -78,15 +79,24 @@ pub(super) async fn bulk_fleet(
 }
 
 /// Reserve-then-release cycles (a reservation that has not started is released by `cancel`) from `clients`
-/// tasks for `run_for`. Returns cycles per second.
-async fn cycles(app: &App, pool: &PoolId, clients: usize, run_for: Duration) -> anyhow::Result<f64> {
+/// tasks for `run_for`, each of one GPU (with `scalars` beside it). Returns cycles per second.
+async fn cycles(
+    app: &App,
+    pool: &PoolId,
+    clients: usize,
+    run_for: Duration,
+    scalars: &[(&str, u64)],
+) -> anyhow::Result<f64> {
     let (app, pool) = (app.clone(), pool.clone());
+    let resources: std::collections::BTreeMap<String, u64> =
+        scalars.iter().map(|(r, n)| ((*r).to_owned(), *n)).collect();
+    let tag = if scalars.is_empty() { "c" } else { "s" };
     drive(clients, run_for, move |client, n| {
-        let (app, pool) = (app.clone(), pool.clone());
+        let (app, pool, resources) = (app.clone(), pool.clone(), resources.clone());
         async move {
             let who = bench_caller(&format!("cycle-{clients}-{client}"))?;
-            let reserved =
-                app.reserve(&who, Reserve { idempotency_key: format!("c{n}"), request: gpu_request(&pool, 1) }).await?;
+            let request = ReservationRequest { resources, ..gpu_request(&pool, 1) };
+            let reserved = app.reserve(&who, Reserve { idempotency_key: format!("{tag}{n}"), request }).await?;
             app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
             Ok(())
         }
@@ -139,7 +149,22 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
     let site = bench_site(&app, &owner).await?;
     let cycle_pool = app.create_pool(&owner, h100_pool(&site, "cycles")).await?.value;
     let fleet_pool = app.create_pool(&owner, h100_pool(&site, "fleet")).await?.value;
+    let scalar_pool = app.create_pool(&owner, h100_pool(&site, "scalars")).await?.value;
     bulk_fleet(&db, &cycle_pool, &site, 0, 64, 8, 0).await?;
+    bulk_fleet(&db, &scalar_pool, &site, 200_000, 64, 8, 0).await?;
+    // Each of those nodes lends 128 vCPUs and 1,024 GiB: room for every GPU's share of the cycles.
+    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+    sqlx::query(
+        "INSERT INTO node_resources (node_id, resource, capacity)
+         SELECT n.id, r.resource, r.capacity FROM nodes AS n,
+                (VALUES ('vcpu', 128::bigint), ('memoryGiB', 1024::bigint)) AS r(resource, capacity)
+         WHERE n.pool_id = $1",
+    )
+    .bind(scalar_pool.as_str())
+    .persistent(false)
+    .execute(tx.conn())
+    .await?;
+    tx.commit().await?;
     bulk_fleet(&db, &fleet_pool, &site, 100_000, 1_000, 8, 500).await?;
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
     sqlx::raw_sql("ANALYZE").execute(tx.conn()).await?;
@@ -164,7 +189,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
             reset_statements(&db).await?;
         }
         let retried = bc_eventstore::retries();
-        let rust = cycles(&app, &cycle_pool, clients, config.run_for).await?;
+        let rust = cycles(&app, &cycle_pool, clients, config.run_for, &[]).await?;
         let retries = crate::retries_per_cycle(&retried, (rust * config.run_for.as_secs_f64()).round() as usize);
         if profiled {
             print_statements(&db).await?;
@@ -180,6 +205,14 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
             rust / inserts,
             rust / ceiling,
             ceiling / inserts,
+        );
+        let scalars = [("vcpu", 8), ("memoryGiB", 64)];
+        let with_scalars = cycles(&app, &scalar_pool, clients, config.run_for, &scalars).await?;
+        println!(
+            "      with 8 vCPUs and 64 GiB beside the GPU: {with_scalars:>7.1} cycles/s (ratio {:.4} of the INSERT, {:.2} of \
+             the GPU alone)",
+            with_scalars / inserts,
+            with_scalars / rust,
         );
     }
 

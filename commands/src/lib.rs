@@ -10,6 +10,7 @@ mod beats;
 pub use beats::{BatchFigures as HeartbeatBatchFigures, batch_figures as heartbeat_batch_figures};
 pub mod door;
 pub mod figures;
+pub mod flavors;
 pub mod fleet;
 mod gate;
 pub mod idempotency;

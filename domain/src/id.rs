@@ -199,6 +199,10 @@ generated_id!(
     ProfileId, "prof", "profile id"
 );
 generated_id!(
+    /// A flavor: the shape instances are made in.
+    FlavorId, "flv", "flavor id"
+);
+generated_id!(
     /// A provider account: how a tenant reaches an external capacity API.
     ProviderAccountId, "pacct", "provider account id"
 );

@@ -9,6 +9,7 @@ pub mod acceptance;
 pub mod agent;
 pub mod device;
 pub mod event;
+pub mod flavor;
 pub mod gpu;
 pub mod hardware;
 pub mod id;

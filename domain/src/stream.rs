@@ -2,6 +2,7 @@
 //! aggregates: the inline projections, rebuilds and replays.
 
 use crate::event::{DecodeError, DomainEvent, EncodeError};
+use crate::flavor::FlavorEvent;
 use crate::image::ImageEvent;
 use crate::node::NodeEvent;
 use crate::pool::PoolEvent;
@@ -28,6 +29,7 @@ pub enum AnyEvent {
     Profile(ProfileEvent),
     Workflow(WorkflowEvent),
     ProviderAccount(ProviderAccountEvent),
+    Flavor(FlavorEvent),
 }
 
 impl AnyEvent {
@@ -47,6 +49,7 @@ impl AnyEvent {
             "image" => AnyEvent::Image(ImageEvent::decode(event_type, schema_version, payload)?),
             "profile" => AnyEvent::Profile(ProfileEvent::decode(event_type, schema_version, payload)?),
             "workflow" => AnyEvent::Workflow(WorkflowEvent::decode(event_type, schema_version, payload)?),
+            "flavor" => AnyEvent::Flavor(FlavorEvent::decode(event_type, schema_version, payload)?),
             "provider_account" => {
                 AnyEvent::ProviderAccount(ProviderAccountEvent::decode(event_type, schema_version, payload)?)
             }
@@ -69,6 +72,7 @@ impl AnyEvent {
             AnyEvent::Profile(e) => e.event_type(),
             AnyEvent::Workflow(e) => e.event_type(),
             AnyEvent::ProviderAccount(e) => e.event_type(),
+            AnyEvent::Flavor(e) => e.event_type(),
         }
     }
 
@@ -87,6 +91,7 @@ impl AnyEvent {
             AnyEvent::Profile(e) => e.schema_version(),
             AnyEvent::Workflow(e) => e.schema_version(),
             AnyEvent::ProviderAccount(e) => e.schema_version(),
+            AnyEvent::Flavor(e) => e.schema_version(),
         }
     }
 
@@ -105,6 +110,7 @@ impl AnyEvent {
             AnyEvent::Profile(e) => e.encode_payload(),
             AnyEvent::Workflow(e) => e.encode_payload(),
             AnyEvent::ProviderAccount(e) => e.encode_payload(),
+            AnyEvent::Flavor(e) => e.encode_payload(),
         }
     }
 }
@@ -121,7 +127,7 @@ macro_rules! into_any {
 
 into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation,
     TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit, ImageEvent => Image, ProfileEvent => Profile, WorkflowEvent => Workflow,
-    ProviderAccountEvent => ProviderAccount);
+    ProviderAccountEvent => ProviderAccount, FlavorEvent => Flavor);
 
 impl AnyEvent {
     /// Every event type this build knows, family by family.
@@ -140,6 +146,7 @@ impl AnyEvent {
             ProfileEvent::event_types(),
             WorkflowEvent::event_types(),
             ProviderAccountEvent::event_types(),
+            FlavorEvent::event_types(),
         ]
         .concat()
     }

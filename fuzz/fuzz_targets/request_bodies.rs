@@ -6,7 +6,7 @@
 
 #![no_main]
 
-use bc_api::wire::{agent, fleet, nodes, providers, reservations, tenancy};
+use bc_api::wire::{agent, flavors, fleet, nodes, providers, reservations, tenancy};
 use bc_domain::id::{GrantId, IdentityId, LimitId, PoolId, TenantId};
 use bc_domain::pool::{PoolCreated, PoolPolicy};
 use bc_domain::tenancy as t;
@@ -36,6 +36,18 @@ fuzz_target!(|data: &[u8]| {
         assert!(spec.endpoint.starts_with("https://") || spec.endpoint.starts_with("http://"));
     }
     let _ = parse::<providers::CredentialBody>(data);
+    if let Some(body) = parse::<flavors::FlavorBody>(data) {
+        let sizes = bc_domain::flavor::FlavorSizes {
+            vcpu: body.vcpu,
+            memory_gib: body.memory_gib,
+            gpus: body.gpus,
+            disk: body.disk,
+        };
+        if sizes.check().is_ok() {
+            assert!(sizes.vcpu >= 1 && sizes.gpus >= 1 && sizes.memory_gib >= 1 && sizes.disk >= 1);
+            assert!(sizes.gpus <= bc_domain::flavor::MAX_GPUS, "the document says at most 64 GPUs");
+        }
+    }
     let _ = parse::<reservations::CancelBody>(data);
     let _ = parse::<reservations::ExtendBody>(data);
     let _ = parse::<reservations::EmptyBody>(data);
@@ -115,11 +127,14 @@ fuzz_target!(|data: &[u8]| {
         assert!(!body.name.chars().any(char::is_control), "{:?}", body.name);
     }
     if let Some(body) = parse::<tenancy::GrantBody>(data) {
-        let _ = t::create_grant(&GrantId::generate(), &root(), &body.identity, &body.pool, body.relation, true, true, T0);
+        let _ =
+            t::create_grant(&GrantId::generate(), &root(), &body.identity, &body.pool, body.relation, true, true, T0);
     }
     if let Some(body) = parse::<tenancy::LimitBody>(data) {
         let pool = PoolId::generate();
-        if t::create_limit(&LimitId::generate(), &pool, &root(), body.relation, body.max_gpus, body.max_hours, T0).is_ok() {
+        if t::create_limit(&LimitId::generate(), &pool, &root(), body.relation, body.max_gpus, body.max_hours, T0)
+            .is_ok()
+        {
             assert!(body.max_gpus.is_none_or(|n| n <= t::MAX_LIMIT_GPUS));
             assert!(body.max_hours.is_none_or(|n| n <= t::MAX_LIMIT_HOURS));
         }

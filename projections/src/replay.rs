@@ -84,6 +84,10 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
             let events = decoded.iter().filter_map(|e| if let AnyEvent::Workflow(w) = e { Some(w) } else { None });
             to_json(&events.fold(None, bc_domain::workflow::evolve_workflow))?
         }
+        Some(AnyEvent::Flavor(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Flavor(f) = e { Some(f) } else { None });
+            to_json(&events.fold(None, bc_domain::flavor::evolve_flavor))?
+        }
         Some(AnyEvent::ProviderAccount(_)) => {
             let events =
                 decoded.iter().filter_map(|e| if let AnyEvent::ProviderAccount(a) = e { Some(a) } else { None });

@@ -173,6 +173,12 @@ async fn fleet_basics(app: &App) -> anyhow::Result<()> {
         provider_account_id: Some(partner.id.to_string()),
     };
     app.create_pool(&owner, borrowed).await?;
+
+    // Flavors: a public one kept, a private one deleted.
+    let sizes = bc_domain::flavor::FlavorSizes { vcpu: 16, memory_gib: 128, gpus: 1, disk: 200 };
+    app.create_flavor(&owner, "g1.large", sizes, bc_domain::image::Visibility::Public).await?;
+    let scratch = app.create_flavor(&owner, "scratch", sizes, bc_domain::image::Visibility::Private).await?.value;
+    app.delete_flavor(&owner, &scratch.id).await?;
     Ok(())
 }
 

@@ -33,6 +33,7 @@ pub const CREATES: &[(&str, bool)] = &[
     ("limits.create", false),
     ("profiles.create", false),
     ("provider_accounts.create", false),
+    ("flavors.create", false),
 ];
 
 /// The headers of an answer that a replay repeats.

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod consistency;
 mod error;
 pub mod events;
+mod flavors;
 mod fleet;
 mod health;
 pub mod idempotency;
@@ -252,6 +253,10 @@ routes! {
     profiles::list_profiles => "profiles.list";
     profiles::get_profile => "profiles.get";
     profiles::delete_profile => "profiles.delete";
+    flavors::create_flavor => "flavors.create";
+    flavors::list_flavors => "flavors.list";
+    flavors::get_flavor => "flavors.get";
+    flavors::delete_flavor => "flavors.delete";
     providers::create_provider_account => "provider_accounts.create";
     providers::list_provider_accounts => "provider_accounts.list";
     providers::get_provider_account => "provider_accounts.get";

@@ -49,6 +49,7 @@ pub const IDEMPOTENT_CREATES: &[&str] = &[
     "create_limit",
     "create_profile",
     "create_provider_account",
+    "create_flavor",
 ];
 
 impl Modify for IdempotentCreates {

@@ -4,6 +4,7 @@
 //! failure, never a silent change of the API.
 
 pub mod agent;
+pub mod flavors;
 pub mod fleet;
 pub mod images;
 pub mod nodes;
@@ -59,6 +60,10 @@ page!(
 page!(
     /// A page of profile versions.
     ProfilePage of profiles::ProfileDto
+);
+page!(
+    /// A page of flavors: the tenant's own and the public ones.
+    FlavorPage of flavors::FlavorDto
 );
 page!(
     /// A page of provider accounts.

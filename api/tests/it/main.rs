@@ -5,6 +5,7 @@ mod agents;
 mod browser;
 mod consistency;
 mod external_authorizer;
+mod flavors;
 mod health;
 mod hostile;
 mod http_api;

@@ -208,6 +208,13 @@ pub const METHODS: &[MethodSpec] = &[
     m("profiles.list", "compute:profiles.list", Target::Tenant, MEMBER, false),
     m("profiles.get", "compute:profiles.get", Target::Profile, MEMBER, false),
     m("profiles.delete", "compute:profiles.delete", Target::Profile, TENANT_ADMIN, true),
+    // Flavors are decided on the caller's scope (the seeds name no flavor type): reading one the tenant may not
+    // use, or deleting another tenant's, is not found by the command.
+    m("flavors.create", "compute:flavors.create", Target::Tenant, TENANT_ADMIN, true),
+    m("flavors.publish", "compute:flavors.publish", Target::Fleet, TENANT_ADMIN, true),
+    m("flavors.list", "compute:flavors.list", Target::Tenant, MEMBER, false),
+    m("flavors.get", "compute:flavors.get", Target::Tenant, MEMBER, false),
+    m("flavors.delete", "compute:flavors.delete", Target::Tenant, TENANT_ADMIN, true),
     m("provider_accounts.create", "compute:provider_accounts.create", Target::Tenant, TENANT_ADMIN, true),
     m("provider_accounts.list", "compute:provider_accounts.list", Target::Tenant, MEMBER, false),
     m("provider_accounts.get", "compute:provider_accounts.get", Target::ProviderAccount, MEMBER, false),

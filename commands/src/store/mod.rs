@@ -16,6 +16,7 @@ pub mod agents;
 pub mod certificates;
 pub mod facts;
 pub mod figures;
+pub mod flavors;
 pub mod hints;
 pub mod idempotency;
 pub mod images;
@@ -265,6 +266,14 @@ pub async fn profile_aggregate(
     id: &bc_domain::id::ProfileId,
 ) -> AppResult<Option<(bc_domain::profile::Profile, u32)>> {
     folded_stream(tx, id.as_str(), bc_domain::profile::evolve_profile).await
+}
+
+/// A flavor as the fold of its stream, with the stream's version.
+pub async fn flavor_aggregate(
+    tx: &mut Tx,
+    id: &bc_domain::id::FlavorId,
+) -> AppResult<Option<(bc_domain::flavor::Flavor, u32)>> {
+    folded_stream(tx, id.as_str(), bc_domain::flavor::evolve_flavor).await
 }
 
 /// A provider account as the fold of its stream, with the stream's version.

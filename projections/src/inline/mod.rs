@@ -8,6 +8,7 @@ pub mod bulk;
 
 use bc_domain::device::Device;
 use bc_domain::event::DomainEvent;
+use bc_domain::flavor::FlavorEvent;
 use bc_domain::hardware::{HardwareKey, Identifier};
 use bc_domain::image::ImageEvent;
 use bc_domain::node::{
@@ -50,6 +51,7 @@ pub const TABLES: &[&str] = &[
     "workflows",
     "workflow_steps",
     "provider_accounts",
+    "flavors",
 ];
 
 fn json(value: &impl serde::Serialize) -> Result<String> {
@@ -79,7 +81,34 @@ pub async fn apply(tx: &mut Tx, stream_id: &str, event: &AnyEvent) -> Result<()>
         AnyEvent::Profile(e) => apply_profile(tx, e).await,
         AnyEvent::Workflow(e) => apply_workflow(tx, e).await,
         AnyEvent::ProviderAccount(e) => apply_provider_account(tx, e).await,
+        AnyEvent::Flavor(e) => apply_flavor(tx, e).await,
     }
+}
+
+async fn apply_flavor(tx: &mut Tx, event: &FlavorEvent) -> Result<()> {
+    match event {
+        FlavorEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO flavors (id, tenant_id, name, vcpu, memory_gib, gpus, disk_gib, visibility, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, ms_ts($9))",
+            )
+            .bind(e.flavor_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(&e.name)
+            .bind(i64::from(e.sizes.vcpu))
+            .bind(i64::from(e.sizes.memory_gib))
+            .bind(i64::from(e.sizes.gpus))
+            .bind(i64::from(e.sizes.disk))
+            .bind(e.visibility.as_str())
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        FlavorEvent::Deleted(e) => {
+            sql::query("DELETE FROM flavors WHERE id = $1").bind(e.flavor_id.as_str()).execute(tx.conn()).await?;
+        }
+    }
+    Ok(())
 }
 
 async fn apply_provider_account(tx: &mut Tx, event: &ProviderAccountEvent) -> Result<()> {
@@ -1297,6 +1326,7 @@ pub fn handles(event_type: &str) -> bool {
         ProfileEvent::event_types(),
         WorkflowEvent::event_types(),
         ProviderAccountEvent::event_types(),
+        FlavorEvent::event_types(),
     ]
     .iter()
     .any(|types| types.contains(&event_type))
