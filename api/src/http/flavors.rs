@@ -56,28 +56,13 @@ pub async fn create_flavor(
     Ok(committed_answer(StatusCode::CREATED, FlavorDto::from(&done.value), done.position, Some(location)))
 }
 
-/// A page of the list.
-#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct FlavorListParams {
-    /// Items per page, 1 to 500 (100 by default).
-    #[param(minimum = 1, maximum = 500)]
-    pub limit: Option<u32>,
-    /// The `nextCursor` of the previous page.
-    pub cursor: Option<String>,
-    /// A consistency token: answer once the read models have passed this position.
-    #[allow(dead_code)]
-    pub after: Option<String>,
-}
-
 /// `GET /v1/flavors`.
 #[utoipa::path(
     get,
     path = "/v1/flavors",
     tag = "instances",
     summary = "The flavors the caller's tenant may use: its own and the public ones",
-    params(FlavorListParams),
+    params(PageParams),
     responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = FlavorPage)),
     security(("bearer" = [])),
 )]
@@ -86,10 +71,10 @@ pub async fn list_flavors(
     who: Authed,
     // Flavors are read where they are written, so every token is already reached; it is still checked.
     MinPosition(_): MinPosition,
-    QueryParams(params): QueryParams<FlavorListParams>,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<FlavorPage>, ApiError> {
     let caller = state.app.authorize(&who.0, "flavors.list", Subject::OwnTenant).await?;
-    let page = PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
+    let page = params.page()?;
     let listed = state.app.list_flavors(&caller, &page).await?;
     Ok(Json(FlavorPage {
         items: listed.items.iter().map(Into::into).collect(),

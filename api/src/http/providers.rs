@@ -40,28 +40,13 @@ pub async fn create_provider_account(
     Ok(committed_answer(StatusCode::CREATED, ProviderAccountDto::from(&done.value), done.position, Some(location)))
 }
 
-/// A page of the list.
-#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ProviderAccountListParams {
-    /// Items per page, 1 to 500 (100 by default).
-    #[param(minimum = 1, maximum = 500)]
-    pub limit: Option<u32>,
-    /// The `nextCursor` of the previous page.
-    pub cursor: Option<String>,
-    /// A consistency token: answer once the read models have passed this position.
-    #[allow(dead_code)]
-    pub after: Option<String>,
-}
-
 /// `GET /v1/provider-accounts`.
 #[utoipa::path(
     get,
     path = "/v1/provider-accounts",
     tag = "providers",
     summary = "The caller's tenant's provider accounts, by name",
-    params(ProviderAccountListParams),
+    params(PageParams),
     responses(CommonErrors, (status = 200, description = "A page: items and nextCursor", body = ProviderAccountPage)),
     security(("bearer" = [])),
 )]
@@ -70,10 +55,10 @@ pub async fn list_provider_accounts(
     who: Authed,
     // Accounts are read where they are written, so every token is already reached; it is still checked.
     MinPosition(_): MinPosition,
-    QueryParams(params): QueryParams<ProviderAccountListParams>,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<ProviderAccountPage>, ApiError> {
     let caller = state.app.authorize(&who.0, "provider_accounts.list", Subject::OwnTenant).await?;
-    let page = PageParams { limit: params.limit, cursor: params.cursor, after: None }.page()?;
+    let page = params.page()?;
     let listed = state.app.list_provider_accounts(&caller, &page).await?;
     Ok(Json(ProviderAccountPage {
         items: listed.items.iter().map(Into::into).collect(),

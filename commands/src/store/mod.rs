@@ -462,6 +462,17 @@ pub async fn candidates(
     start_ms: i64,
     end_ms: i64,
 ) -> AppResult<Vec<NodeCandidate>> {
+    candidates_up_to(tx, pool_id, request, (start_ms, end_ms), exact_limit(request.nodes())).await
+}
+
+/// [`candidates`], at most `limit` of them.
+async fn candidates_up_to(
+    tx: &mut Tx,
+    pool_id: &PoolId,
+    request: &DeviceRequest,
+    (start_ms, end_ms): (i64, i64),
+    limit: i64,
+) -> AppResult<Vec<NodeCandidate>> {
     let (model, product, attributes) = selector_params(request)?;
     let rows = sql::query("SELECT node_id, free FROM exact_candidates($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9)")
         .bind(pool_id.as_str())
@@ -472,7 +483,7 @@ pub async fn candidates(
         .bind(start_ms)
         .bind(end_ms)
         .bind(request.per_node() as i32)
-        .bind(exact_limit(request.nodes()))
+        .bind(limit)
         .fetch_all(tx.conn())
         .await?;
     node_candidates(&rows)

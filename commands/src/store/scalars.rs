@@ -9,7 +9,7 @@ use bc_domain::reservation::DeviceRequest;
 use bc_eventstore::{Tx, sql};
 use sqlx::Row as _;
 
-use super::{corrupt, node_candidates, selector_params};
+use super::corrupt;
 use crate::AppResult;
 
 /// Every schedulable node of the pool with one node's share of atoms free over `[start, end)`, however many there
@@ -21,20 +21,7 @@ pub async fn atom_candidates(
     start_ms: i64,
     end_ms: i64,
 ) -> AppResult<Vec<NodeCandidate>> {
-    let (model, product, attributes) = selector_params(request)?;
-    let rows = sql::query("SELECT node_id, free FROM exact_candidates($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9)")
-        .bind(pool_id.as_str())
-        .bind(request.class.as_str())
-        .bind(model)
-        .bind(product)
-        .bind(&attributes)
-        .bind(start_ms)
-        .bind(end_ms)
-        .bind(request.per_node() as i32)
-        .bind(i64::from(i32::MAX))
-        .fetch_all(tx.conn())
-        .await?;
-    node_candidates(&rows)
+    super::candidates_up_to(tx, pool_id, request, (start_ms, end_ms), i64::from(i32::MAX)).await
 }
 
 /// What each of `nodes` reports of `resources`, and the most its bookings hold at any instant of `[start, end)`
