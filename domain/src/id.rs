@@ -259,6 +259,56 @@ impl FromStr for ReservationId {
 
 string_id_conversions!(ReservationId);
 
+/// An instance: `inst_` and the 52-character lower-case Crockford base32 of SHA-256 over the tenant, the caller's
+/// identity and the idempotency key, so a retry finds the same instance.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct InstanceId(String);
+
+impl InstanceId {
+    pub const PREFIX: &'static str = "inst";
+    /// The id's text as a regular expression (for schemas that describe it).
+    pub const PATTERN: &'static str = "^inst_[0-9a-hjkmnp-tv-z]{52}$";
+
+    /// The id an instance request gets: the same three inputs always give the same id.
+    pub fn derive(tenant: &TenantId, identity: &Identity, idempotency_key: &str) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(tenant.as_str().as_bytes());
+        hasher.update([0]);
+        hasher.update(identity.as_str().as_bytes());
+        hasher.update([0]);
+        hasher.update(idempotency_key.as_bytes());
+        Self(format!("inst_{}", crockford_base32(&hasher.finalize())))
+    }
+
+    /// The id of the `binding: instance` reservation that holds this instance's allocation: derived from the
+    /// instance's id, so the instance's retry finds it too, and no reservation key of the caller's can make it.
+    pub fn reservation_id(&self, tenant: &TenantId, identity: &Identity) -> ReservationId {
+        ReservationId::derive(tenant, identity, &format!("\0instance:{}", self.0))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for InstanceId {
+    type Err = IdError;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        match input.strip_prefix("inst_") {
+            Some(body) if body.len() == 52 && is_crockford(body) => Ok(Self(input.to_owned())),
+            _ => Err(IdError::new(
+                "instance id",
+                input,
+                "expected inst_ followed by 52 lower-case Crockford base32 characters".to_owned(),
+            )),
+        }
+    }
+}
+
+string_id_conversions!(InstanceId);
+
 /// Declares an id made elsewhere (by Better IAM, by the hardware): checked for length and characters only.
 macro_rules! external_id {
     ($(#[$meta:meta])* $name:ident, $kind:literal, $max:literal, $allowed:expr, $allowed_text:literal) => {

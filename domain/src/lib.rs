@@ -14,6 +14,7 @@ pub mod gpu;
 pub mod hardware;
 pub mod id;
 pub mod image;
+pub mod instance;
 pub mod inventory;
 pub mod node;
 pub mod placement;
