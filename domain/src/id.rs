@@ -215,99 +215,73 @@ generated_id!(
     SessionId, "ses", "session id"
 );
 
-/// A reservation: `rsv_` and the 52-character lower-case Crockford base32 of SHA-256 over the tenant, the
-/// caller's identity and the idempotency key, so a retry finds the same reservation.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ReservationId(String);
+/// Declares an id derived from a request: `<prefix>_` and the 52-character lower-case Crockford base32 of
+/// SHA-256 over the tenant, the caller's identity and the idempotency key, so a retry finds the same thing.
+macro_rules! derived_id {
+    ($(#[$meta:meta])* $name:ident, $prefix:literal, $kind:literal) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
 
-impl ReservationId {
-    pub const PREFIX: &'static str = "rsv";
-    /// The id's text as a regular expression (for schemas that describe it).
-    pub const PATTERN: &'static str = "^rsv_[0-9a-hjkmnp-tv-z]{52}$";
+        impl $name {
+            pub const PREFIX: &'static str = $prefix;
+            /// The id's text as a regular expression (for schemas that describe it).
+            pub const PATTERN: &'static str = concat!("^", $prefix, "_[0-9a-hjkmnp-tv-z]{52}$");
 
-    /// The id a reservation request gets: the same three inputs always give the same id.
-    pub fn derive(tenant: &TenantId, identity: &Identity, idempotency_key: &str) -> Self {
-        let mut hasher = Sha256::new();
-        hasher.update(tenant.as_str().as_bytes());
-        hasher.update([0]);
-        hasher.update(identity.as_str().as_bytes());
-        hasher.update([0]);
-        hasher.update(idempotency_key.as_bytes());
-        Self(format!("rsv_{}", crockford_base32(&hasher.finalize())))
-    }
+            /// The id a request gets: the same three inputs always give the same id.
+            pub fn derive(tenant: &TenantId, identity: &Identity, idempotency_key: &str) -> Self {
+                let mut hasher = Sha256::new();
+                hasher.update(tenant.as_str().as_bytes());
+                hasher.update([0]);
+                hasher.update(identity.as_str().as_bytes());
+                hasher.update([0]);
+                hasher.update(idempotency_key.as_bytes());
+                Self(format!(concat!($prefix, "_{}"), crockford_base32(&hasher.finalize())))
+            }
 
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for ReservationId {
-    type Err = IdError;
-
-    fn from_str(input: &str) -> Result<Self, Self::Err> {
-        match input.strip_prefix("rsv_") {
-            Some(body) if body.len() == 52 && is_crockford(body) => Ok(Self(input.to_owned())),
-            _ => Err(IdError::new(
-                "reservation id",
-                input,
-                "expected rsv_ followed by 52 lower-case Crockford base32 characters".to_owned(),
-            )),
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
         }
-    }
+
+        impl FromStr for $name {
+            type Err = IdError;
+
+            fn from_str(input: &str) -> Result<Self, Self::Err> {
+                match input.strip_prefix(concat!($prefix, "_")) {
+                    Some(body) if body.len() == 52 && is_crockford(body) => Ok(Self(input.to_owned())),
+                    _ => Err(IdError::new(
+                        $kind,
+                        input,
+                        concat!("expected ", $prefix, "_ followed by 52 lower-case Crockford base32 characters")
+                            .to_owned(),
+                    )),
+                }
+            }
+        }
+
+        string_id_conversions!($name);
+    };
 }
 
-string_id_conversions!(ReservationId);
-
-/// An instance: `inst_` and the 52-character lower-case Crockford base32 of SHA-256 over the tenant, the caller's
-/// identity and the idempotency key, so a retry finds the same instance.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct InstanceId(String);
+derived_id!(
+    /// A reservation: derived from its request, so a retry finds the same reservation.
+    ReservationId, "rsv", "reservation id"
+);
+derived_id!(
+    /// An instance: derived from its request, so a retry finds the same instance.
+    InstanceId, "inst", "instance id"
+);
 
 impl InstanceId {
-    pub const PREFIX: &'static str = "inst";
-    /// The id's text as a regular expression (for schemas that describe it).
-    pub const PATTERN: &'static str = "^inst_[0-9a-hjkmnp-tv-z]{52}$";
-
-    /// The id an instance request gets: the same three inputs always give the same id.
-    pub fn derive(tenant: &TenantId, identity: &Identity, idempotency_key: &str) -> Self {
-        let mut hasher = Sha256::new();
-        hasher.update(tenant.as_str().as_bytes());
-        hasher.update([0]);
-        hasher.update(identity.as_str().as_bytes());
-        hasher.update([0]);
-        hasher.update(idempotency_key.as_bytes());
-        Self(format!("inst_{}", crockford_base32(&hasher.finalize())))
-    }
-
     /// The id of the `binding: instance` reservation that holds this instance's allocation: derived from the
-    /// instance's id, so the instance's retry finds it too, and no reservation key of the caller's can make it.
+    /// instance's id, so the instance's retry finds it too, and no reservation key of the caller's can make it
+    /// (an idempotency key has no NUL).
     pub fn reservation_id(&self, tenant: &TenantId, identity: &Identity) -> ReservationId {
         ReservationId::derive(tenant, identity, &format!("\0instance:{}", self.0))
     }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
-
-impl FromStr for InstanceId {
-    type Err = IdError;
-
-    fn from_str(input: &str) -> Result<Self, Self::Err> {
-        match input.strip_prefix("inst_") {
-            Some(body) if body.len() == 52 && is_crockford(body) => Ok(Self(input.to_owned())),
-            _ => Err(IdError::new(
-                "instance id",
-                input,
-                "expected inst_ followed by 52 lower-case Crockford base32 characters".to_owned(),
-            )),
-        }
-    }
-}
-
-string_id_conversions!(InstanceId);
 
 /// Declares an id made elsewhere (by Better IAM, by the hardware): checked for length and characters only.
 macro_rules! external_id {
