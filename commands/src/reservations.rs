@@ -711,17 +711,15 @@ async fn reserve_decided(
                 None => (
                     match request.binding {
                         Binding::Node => store::whole_nodes::holders(tx, &pool.id, &request.devices).await?,
+                        Binding::Hold | Binding::Instance if request.resources.is_empty() => {
+                            store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?
+                        }
+                        // The nodes that lend the amounts, and of those the ones with the atoms.
                         Binding::Hold | Binding::Instance => {
-                            let atoms = store::nodes_that_could_hold(tx, &pool.id, &request.devices).await?;
-                            if request.resources.is_empty() {
-                                atoms
-                            } else {
-                                let ratios = &pool.policy.overcommit;
-                                let scalars =
-                                    store::scalars::nodes_that_could_hold(tx, &pool.id, &request.resources, ratios)
-                                        .await?;
-                                atoms.min(scalars.len() as i64)
-                            }
+                            let ratios = &pool.policy.overcommit;
+                            let lenders =
+                                store::scalars::nodes_that_could_hold(tx, &pool.id, &request.resources, ratios).await?;
+                            store::scalars::atom_holders_among(tx, &pool.id, &request.devices, &lenders).await?
                         }
                     },
                     store::pending_count(tx, &pool.id).await?,

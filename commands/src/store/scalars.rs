@@ -109,3 +109,35 @@ pub async fn nodes_that_could_hold(
         .await?;
     ids.into_iter().map(|id| id.parse().map_err(|err| corrupt("nodes.id", err))).collect()
 }
+
+/// How many of `nodes` have enough atoms matching the request to ever hold one node's share of it (whatever is
+/// booked now): with [`nodes_that_could_hold`], the nodes that could ever hold a request with scalars.
+pub async fn atom_holders_among(
+    tx: &mut Tx,
+    pool_id: &PoolId,
+    request: &DeviceRequest,
+    nodes: &[NodeId],
+) -> AppResult<i64> {
+    let (model, product, attributes) = super::selector_params(request)?;
+    let nodes: Vec<&str> = nodes.iter().map(NodeId::as_str).collect();
+    Ok(sql::query_scalar(
+        "SELECT count(*) FROM (
+             SELECT d.node_id FROM devices AS d
+             WHERE d.pool_id = $1 AND d.bookable AND d.class = $2
+               AND ($3::text IS NULL OR d.gpu_model = $3) AND ($4::text IS NULL OR d.gpu_product = $4)
+               AND ($5::jsonb = '{}'::jsonb OR d.attributes @> $5::jsonb)
+               AND d.node_id = ANY ($7::text[])
+             GROUP BY d.node_id
+             HAVING count(*) >= $6
+         ) AS holders",
+    )
+    .bind(pool_id.as_str())
+    .bind(request.class.as_str())
+    .bind(model)
+    .bind(product)
+    .bind(&attributes)
+    .bind(request.per_node() as i64)
+    .bind(&nodes)
+    .fetch_one(tx.conn())
+    .await?)
+}

@@ -97,7 +97,7 @@ async fn scalars_are_booked_with_the_atoms_and_a_node_lends_what_it_has_times_th
 async fn a_request_no_node_could_ever_hold_is_refused_and_a_node_without_the_resource_lends_none() {
     let fleet = Fleet::new().await;
     let pool = fleet.pool("vps", Sharing::Exclusive, None).await;
-    fleet.node_with(&pool, "small", 2, 0, &[("vcpu", 8), ("memoryGiB", 32)]).await;
+    fleet.node_with(&pool, "small", 1, 0, &[("vcpu", 8), ("memoryGiB", 32)]).await;
     fleet.node(&pool, "bare", 2, 0).await;
     let err = fleet.reserve(&fleet.owner, "huge", with(&pool, 1, &[("vcpu", 9)])).await.expect_err("larger");
     assert_eq!(err.code(), "CAPACITY_UNAVAILABLE");
@@ -109,6 +109,10 @@ async fn a_request_no_node_could_ever_hold_is_refused_and_a_node_without_the_res
     gang.devices.topology = Topology::Gang { nodes: 2 };
     let err = fleet.reserve(&fleet.owner, "gang", gang).await.expect_err("one node reports vCPUs");
     assert_eq!(err.code(), "CAPACITY_UNAVAILABLE");
+    // The GPUs on one node and the vCPUs on another: no node holds both.
+    let err = fleet.reserve(&fleet.owner, "apart", with(&pool, 2, &[("vcpu", 4)])).await.expect_err("apart");
+    assert_eq!(err.code(), "CAPACITY_UNAVAILABLE", "two GPUs and vCPUs are on no one node: {err}");
+    assert!(err.to_string().contains("can never fit"), "{err}");
     let bad = fleet.reserve(&fleet.owner, "bad", with(&pool, 1, &[("gpu", 1)])).await.expect_err("not a scalar");
     assert_eq!(bad.code(), "INVALID_ARGUMENT");
     assert!(bad.to_string().contains("resources.gpu"), "{bad}");
