@@ -80,6 +80,49 @@ async fn quota_limit(
     Ok(Some(quota.unwrap_or(0)))
 }
 
+/// The quotas that limit a reservation's holder in its pool: for its atoms, and for each of its scalars (with the
+/// request's total of it). `None` and nothing when the holder is the pool's owner.
+struct Quotas<'a> {
+    atoms: Option<u32>,
+    scalars: Vec<(&'a str, u64, u32)>,
+}
+
+/// Reads a reservation's [`Quotas`] (`offers`, when the caller already read them) and locks their rows first in the
+/// lock order, every transaction taking them in the resources' order.
+async fn lock_quotas<'a>(
+    tx: &mut Tx,
+    r: &'a Reservation,
+    pool: &PoolRow,
+    offers: Option<&[PoolOffered]>,
+) -> AppResult<Quotas<'a>> {
+    let request = &r.request;
+    let holder = r.quota_holder.as_ref();
+    let read;
+    let offers = match (offers, holder) {
+        (None, Some(_)) if !request.resources.is_empty() => {
+            read = store::offers(tx, &pool.id).await?;
+            Some(read.as_slice())
+        }
+        _ => offers,
+    };
+    let atoms = quota_limit(tx, pool, holder, request.resource(), offers).await?;
+    let mut scalars = Vec::new();
+    for (scalar, total) in request.scalar_totals() {
+        if let Some(limit) = quota_limit(tx, pool, holder, scalar, offers).await? {
+            scalars.push((scalar, total, limit));
+        }
+    }
+    let mut limited: Vec<&str> = scalars.iter().map(|(scalar, ..)| *scalar).collect();
+    if atoms.is_some() {
+        limited.push(request.resource());
+    }
+    limited.sort_unstable();
+    for limited in limited {
+        store::lock_quota(tx, &r.tenant_id, &pool.id, limited).await?;
+    }
+    Ok(Quotas { atoms, scalars })
+}
+
 /// How many choices a placement makes, skipping the atoms concurrent commands hold, before it waits for them.
 const LOCK_ROUNDS: u32 = 4;
 
@@ -99,30 +142,7 @@ pub(crate) async fn try_place(
     let resource = request.resource();
     let start_ms = placed_start(request, now_ms);
     let end_ms = start_ms + request.duration_s as i64 * 1000;
-    let read;
-    let offers = match (offers, &r.quota_holder) {
-        (None, Some(_)) if !request.resources.is_empty() => {
-            read = store::offers(tx, &pool.id).await?;
-            Some(read.as_slice())
-        }
-        _ => offers,
-    };
-    let quota = quota_limit(tx, pool, r.quota_holder.as_ref(), resource, offers).await?;
-    let mut scalar_quotas = Vec::new();
-    for (scalar, total) in request.scalar_totals() {
-        if let Some(limit) = quota_limit(tx, pool, r.quota_holder.as_ref(), scalar, offers).await? {
-            scalar_quotas.push((scalar, total, limit));
-        }
-    }
-    // The quota rows first in the lock order, every transaction taking them in the resources' order.
-    let mut limited: Vec<&str> = scalar_quotas.iter().map(|(scalar, ..)| *scalar).collect();
-    if quota.is_some() {
-        limited.push(resource);
-    }
-    limited.sort_unstable();
-    for limited in limited {
-        store::lock_quota(tx, &r.tenant_id, &pool.id, limited).await?;
-    }
+    let Quotas { atoms: quota, scalars: scalar_quotas } = lock_quotas(tx, r, pool, offers).await?;
     store::lock_pool(tx, &pool.id).await?;
     if request.binding == Binding::Node {
         // Whole machines: few, slow to hand over, and mostly not schedulable (a `ready` machine runs no agent), so
@@ -786,28 +806,9 @@ async fn extend_once(
         .ok_or_else(|| Rejection::NotFound { kind: "pool", id: r.request.pool_id.to_string() })?;
     let resource = r.request.resource();
     let Some(current_end) = r.end_ms else { return apply_and_schedule(tx, caller, r, events, now_ms).await };
-    let holder = r.quota_holder.as_ref();
-    let offers = match holder {
-        Some(_) => Some(store::offers(tx, &pool.id).await?),
-        None => None,
-    };
-    let offers = offers.as_deref();
-    let quota = quota_limit(tx, &pool, holder, resource, offers).await?;
-    let mut scalar_quotas: Vec<(String, u32)> = Vec::new();
-    for scalar in r.request.resources.keys() {
-        if let Some(limit) = quota_limit(tx, &pool, holder, scalar, offers).await? {
-            scalar_quotas.push((scalar.clone(), limit));
-        }
-    }
-    // The quota rows first in the lock order, in the resources' order.
-    let mut limited: Vec<&str> = scalar_quotas.iter().map(|(scalar, _)| scalar.as_str()).collect();
-    if quota.is_some() {
-        limited.push(resource);
-    }
-    limited.sort_unstable();
-    for limited in limited {
-        store::lock_quota(tx, &r.tenant_id, &pool.id, limited).await?;
-    }
+    let Quotas { atoms: quota, scalars } = lock_quotas(tx, &r, &pool, None).await?;
+    let scalar_quotas: Vec<(String, u32)> =
+        scalars.into_iter().map(|(scalar, _, limit)| (scalar.to_owned(), limit)).collect();
     if let Some(quota) = quota {
         let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, current_end, end_ms).await?;
         if !reservation::within_quota(peak, r.request.devices.count, quota) {
@@ -828,7 +829,7 @@ async fn extend_once(
         let held = store::scalars::node_peaks(tx, &nodes, &resources, current_end, end_ms, None).await?;
         let over = held
             .iter()
-            .find(|h| h.peak > i64::try_from(pool.policy.allocatable(&h.resource, h.capacity)).unwrap_or(i64::MAX));
+            .find(|h| !reservation::within_limit(h.peak, 0, pool.policy.allocatable(&h.resource, h.capacity)));
         if let Some(over) = over {
             return Err(Rejection::CapacityUnavailable(format!(
                 "extending to {end_ms} would hold more {} on node {} than it lends",
