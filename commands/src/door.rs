@@ -133,6 +133,7 @@ impl App {
             Subject::Pool(id) => resolve::pool_resource(&mut tx, id).await?,
             Subject::Node(id) => resolve::node_resource(&mut tx, id).await?,
             Subject::Reservation(id) => resolve::reservation_resource(&mut tx, id).await?,
+            Subject::Instance(id) => resolve::instance_resource(&mut tx, id).await?,
             Subject::Image(id) => resolve::image_resource(&mut tx, id).await?,
             Subject::Profile(id) => resolve::profile_resource(&mut tx, id).await?,
             Subject::ProviderAccount(id) => resolve::provider_account_resource(&mut tx, id).await?,

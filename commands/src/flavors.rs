@@ -24,19 +24,25 @@ pub struct FlavorView {
 }
 
 impl FlavorView {
+    /// The sizes a `flavors` row holds.
+    pub(crate) fn sizes_of(row: &FlavorRow) -> AppResult<FlavorSizes> {
+        let size = |value: i64| u32::try_from(value).map_err(|err| store::corrupt("a flavors row", err));
+        Ok(FlavorSizes {
+            vcpu: size(row.vcpu)?,
+            memory_gib: size(row.memory_gib)?,
+            gpus: size(row.gpus)?,
+            disk: size(row.disk_gib)?,
+        })
+    }
+
     fn of_row(row: FlavorRow) -> AppResult<FlavorView> {
         let bad = |err: String| store::corrupt("a flavors row", err);
-        let size = |value: i64| u32::try_from(value).map_err(|err| bad(err.to_string()));
+        let sizes = FlavorView::sizes_of(&row)?;
         Ok(FlavorView {
             id: row.id.parse().map_err(|err: bc_domain::id::IdError| bad(err.to_string()))?,
             tenant_id: row.tenant_id.parse().map_err(|err: bc_domain::id::IdError| bad(err.to_string()))?,
             name: row.name,
-            sizes: FlavorSizes {
-                vcpu: size(row.vcpu)?,
-                memory_gib: size(row.memory_gib)?,
-                gpus: size(row.gpus)?,
-                disk: size(row.disk_gib)?,
-            },
+            sizes,
             visibility: match row.visibility.as_str() {
                 "public" => Visibility::Public,
                 "private" => Visibility::Private,

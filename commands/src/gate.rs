@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use bc_domain::id::{
-    ImageId, NodeId, PoolId, ProfileId, ProviderAccountId, ReservationId, SiteId, TenantId, WorkflowId,
+    ImageId, InstanceId, NodeId, PoolId, ProfileId, ProviderAccountId, ReservationId, SiteId, TenantId, WorkflowId,
 };
 use bc_domain::reservation::ReservationRequest;
 
@@ -38,6 +38,7 @@ pub enum Subject<'a> {
     Pool(&'a PoolId),
     Node(&'a NodeId),
     Reservation(&'a ReservationId),
+    Instance(&'a InstanceId),
     Image(&'a ImageId),
     Profile(&'a ProfileId),
     Workflow(&'a WorkflowId),
@@ -55,6 +56,7 @@ impl Subject<'_> {
             Subject::Pool(id) => ("pool", id.to_string()),
             Subject::Node(id) => ("node", id.to_string()),
             Subject::Reservation(id) => ("reservation", id.to_string()),
+            Subject::Instance(id) => ("instance", id.to_string()),
             Subject::Image(id) => ("image", id.to_string()),
             Subject::Profile(id) => ("profile", id.to_string()),
             Subject::Workflow(id) => ("workflow", id.to_string()),

@@ -15,6 +15,7 @@ pub mod fleet;
 mod gate;
 pub mod idempotency;
 pub mod images;
+pub mod instances;
 pub mod lifecycle;
 pub mod liveness;
 pub mod log;

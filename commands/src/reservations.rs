@@ -2,7 +2,9 @@
 //! read, cancel, release, renew and extend.
 
 use bc_domain::Rejection;
+use bc_domain::event::DomainEvent as _;
 use bc_domain::id::{NodeId, ReservationId, TenantId};
+use bc_domain::instance::{self, Instance, NewInstance};
 use bc_domain::placement::{self, NodeCandidate, PlannedAllocation};
 use bc_domain::pool::PoolOffered;
 use bc_domain::reservation::{
@@ -31,6 +33,8 @@ pub struct Reserve {
 pub struct Reserved {
     pub reservation: Reservation,
     pub created: bool,
+    /// The instance made with it, for a `binding: instance` reservation.
+    pub instance: Option<Instance>,
 }
 
 /// Whether a reserve attempt may place, or must record the request as pending (after its conflict retries
@@ -50,7 +54,7 @@ fn spread_for(tries: u32) -> usize {
     if tries <= 1 { 0 } else { 1usize << tries.min(6) }
 }
 
-fn check_idempotency_key(key: &str) -> Result<(), Rejection> {
+pub(crate) fn check_idempotency_key(key: &str) -> Result<(), Rejection> {
     if key.is_empty() || key.len() > 255 || key.chars().any(char::is_control) {
         return Err(Rejection::invalid("Idempotency-Key", "must be 1 to 255 printable characters"));
     }
@@ -319,7 +323,28 @@ impl App {
         gate: Option<&Call>,
     ) -> AppResult<Committed<Reserved>> {
         check_idempotency_key(&input.idempotency_key)?;
+        if input.request.binding == Binding::Instance {
+            return Err(Rejection::invalid(
+                "binding",
+                "an instance's allocation is reserved by creating the instance (POST /v1/instances)",
+            )
+            .into());
+        }
         let id = ReservationId::derive(&caller.tenant_id, &caller.identity, &input.idempotency_key);
+        self.reserve_derived(caller, &id, &input.request, gate, None).await
+    }
+
+    /// Reserves as reservation `id` (derived from the request by the caller), recording `instance` in the same
+    /// transaction when the reservation is an instance's.
+    pub(crate) async fn reserve_derived(
+        &self,
+        caller: &Caller,
+        id: &ReservationId,
+        request: &ReservationRequest,
+        gate: Option<&Call>,
+        instance: Option<&NewInstance>,
+    ) -> AppResult<Committed<Reserved>> {
+        let id = id.clone();
         let mut tries = 1;
         loop {
             let placement = if tries <= self.retry.max_attempts {
@@ -327,7 +352,7 @@ impl App {
             } else {
                 Placement::Skip
             };
-            let attempt = self.reserve_once(caller, &id, &input.request, placement, gate).await;
+            let attempt = self.reserve_once(caller, &id, request, placement, gate, instance).await;
             match attempt {
                 Err(err) if err.is_retryable() && tries < self.retry.max_attempts + 3 => {
                     self.retry.pause(tries, &err).await;
@@ -521,6 +546,7 @@ impl App {
         request: &ReservationRequest,
         placement: Placement,
         gate: Option<&Call>,
+        instance: Option<&NewInstance>,
     ) -> AppResult<Committed<Reserved>> {
         let (place, spread) = match placement {
             // Whole machines, and requests that hold scalar amounts, are placed statement by statement
@@ -542,7 +568,7 @@ impl App {
                 let subject = Subject::Pool(&request.pool_id);
                 self.decide(call, "reservations.create", resource.as_ref(), subject).await?;
             }
-            reserve_decided(&mut tx, caller, id, request, placement, answer).await
+            reserve_decided(&mut tx, caller, id, request, placement, answer, instance).await
         }
         .await;
         tx.end(decided).await
@@ -600,9 +626,17 @@ pub(crate) async fn record_reservation_known(
 ) -> AppResult<(Reservation, Option<Position>)> {
     let frees_capacity =
         events.iter().any(|e| e.ends_bookings_at().is_some() || matches!(e, ReservationEvent::Replaced(_)));
+    let ended = events.iter().find_map(|e| e.ends_bookings_at().map(|_| e.event_type()));
     super::node_commands::follow_hand_overs(tx, caller, &r, &events, known.agents).await?;
     let state = events.iter().fold(Some(r.clone()), reservation::evolve).unwrap_or_else(|| r.clone());
-    let position = record(tx, caller, r.id.as_str(), &r.tenant_id, ExpectedVersion::Exact(r.version), events).await?;
+    let mut position =
+        record(tx, caller, r.id.as_str(), &r.tenant_id, ExpectedVersion::Exact(r.version), events).await?;
+    if let Some(ended) = ended
+        && state.request.binding == Binding::Instance
+    {
+        // An instance's allocation ended: so did the instance.
+        position = end_instance_of(tx, caller, &state, ended).await?.or(position);
+    }
     if frees_capacity {
         known.wake(tx, &WorkKey::pool_pending(&state.request.pool_id)).await?;
         // A drain completes once its node holds nothing running.
@@ -634,7 +668,7 @@ pub(crate) async fn apply_and_schedule(
 }
 
 /// [`apply_and_schedule`] with what the caller already knows.
-async fn apply_and_schedule_known(
+pub(crate) async fn apply_and_schedule_known(
     tx: &mut Tx,
     caller: &Caller,
     r: Reservation,
@@ -661,6 +695,7 @@ async fn reserve_decided(
     request: &ReservationRequest,
     placement: Placement,
     answer: ReserveAnswer,
+    with_instance: Option<&NewInstance>,
 ) -> AppResult<Committed<Reserved>> {
     let ReserveAnswer { now_ms, facts, .. } = answer;
     let new = |priority, quota_holder| NewRequest {
@@ -675,7 +710,19 @@ async fn reserve_decided(
     let facts = match facts {
         ReserveFacts::Existing(existing, position) => {
             reservation::request(Some(&existing), new(0, None))?;
-            return Ok(Committed { value: Reserved { reservation: *existing, created: false }, position });
+            let instance = match with_instance {
+                // A retry: the same instance, or the key reused for another body.
+                Some(new) => {
+                    let found = store::instance_aggregate(tx, &new.instance_id).await?.map(|(i, _)| i);
+                    let Some(found) = found else {
+                        return Err(store::corrupt("an instance's reservation", "it has no instance"));
+                    };
+                    instance::create(Some(&found), NewInstance { now_ms, ..new.clone() })?;
+                    Some(found)
+                }
+                None => None,
+            };
+            return Ok(Committed { value: Reserved { reservation: *existing, created: false, instance }, position });
         }
         ReserveFacts::NoPool => {
             return Err(Rejection::NotFound { kind: "pool", id: request.pool_id.to_string() }.into());
@@ -749,9 +796,19 @@ async fn reserve_decided(
             reservation::may_wait(request, &waiting)?;
         }
     }
-    let position = record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
+    let mut position = record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
     work::schedule_with_commit(tx, &WorkKey::Reservation(id.clone()), reservation::next_look(&state, now_ms));
-    Ok(Committed { value: Reserved { reservation: state, created: true }, position })
+    let instance = match with_instance {
+        Some(new) => {
+            let events = instance::create(None, NewInstance { now_ms, ..new.clone() })?;
+            let made = events.iter().fold(None, instance::evolve_instance);
+            let stream = new.instance_id.as_str();
+            position = record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
+            made
+        }
+        None => None,
+    };
+    Ok(Committed { value: Reserved { reservation: state, created: true, instance }, position })
 }
 
 /// Places a new reservation from what `reserve_facts` read and locked: plans on its candidates (the exact query
@@ -865,4 +922,19 @@ pub(crate) async fn preempt(tx: &mut Tx, caller: &Caller, id: &ReservationId) ->
     let events = reservation::decide(&r, &Command::Expire { cause: ExpiryCause::Preempted, now_ms })?;
     apply_and_schedule(tx, caller, r, events, now_ms).await?;
     Ok(())
+}
+
+/// The end of an instance's allocation (its reservation's event `ended`): the instance ends, `failed` when the
+/// allocation failed. Called where a reservation's ending events are recorded.
+async fn end_instance_of(tx: &mut Tx, caller: &Caller, r: &Reservation, ended: &str) -> AppResult<Option<Position>> {
+    let Some(id) = store::instances::of_reservation(tx, &r.id).await? else {
+        // The reservation's own transaction records its instance after it: nothing to end yet.
+        return Ok(None);
+    };
+    let Some((i, version)) = store::instance_aggregate(tx, &id).await? else { return Ok(None) };
+    let now_ms = clock::compute_now_ms(tx).await?;
+    let reason = format!("its allocation ended: reservation {} is {}", r.id, r.state.as_str());
+    let failed = r.state == reservation::ReservationState::Failed || ended == "reservation.failed";
+    let events = instance::end(&i, failed, reason, now_ms);
+    record(tx, caller, id.as_str(), &i.created.tenant_id, ExpectedVersion::Exact(version), events).await
 }

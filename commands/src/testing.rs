@@ -85,13 +85,18 @@ impl Fleet {
     }
 
     pub async fn pool_with(&self, name: &str, sharing: Sharing, policy: PoolPolicy) -> PoolId {
+        self.pool_of(name, PoolClass::MetalHost, sharing, policy).await
+    }
+
+    /// A pool of `class` (`vps-host` pools hold instances).
+    pub async fn pool_of(&self, name: &str, class: PoolClass, sharing: Sharing, policy: PoolPolicy) -> PoolId {
         self.app
             .create_pool(
                 &self.owner,
                 CreatePool {
                     site_id: self.site.clone(),
                     name: name.into(),
-                    class: PoolClass::MetalHost,
+                    class,
                     gpu_model: "H100".into(),
                     sharing,
                     agent: PoolAgent::Bcd,

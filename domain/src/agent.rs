@@ -224,6 +224,50 @@ pub struct Ack {
     pub message: Option<String>,
 }
 
+/// An instance a node is to run, as `GET /v1/agent/instances` lists it: every instance whose allocation on the
+/// node has begun and that is not over. An instance the agent runs that the list no longer holds is to be
+/// stopped and removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInstance {
+    pub instance_id: crate::id::InstanceId,
+    /// The reservation that holds its allocation: its release waits for the instance to be stopped.
+    pub reservation_id: ReservationId,
+    pub name: String,
+    pub desired: crate::instance::DesiredState,
+    /// The generation of `desired`, which a report names.
+    pub generation: u64,
+    /// What the node last reported.
+    pub state: crate::instance::InstanceState,
+    pub sizes: crate::flavor::FlavorSizes,
+    /// The atoms of its allocation on this node (`<node>/gpu<i>`, ...).
+    pub devices: Vec<DeviceId>,
+    /// Its boot disk's image, fetched from `GET /v1/agent/instances/{id}/image`; `None` when the image was deleted
+    /// before the node fetched it.
+    pub image: Option<ImageToWrite>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub user_data: String,
+}
+
+/// The body of `GET /v1/agent/instances`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInstances {
+    pub instances: Vec<AgentInstance>,
+}
+
+/// `POST /v1/agent/instances/{id}/state`: what the node did with an instance, for the generation it acted on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InstanceStateReport {
+    /// `running`, `stopped`, `deleted` or `failed`.
+    pub state: crate::instance::InstanceState,
+    pub generation: u64,
+    /// Why, for a failure: at most 4096 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

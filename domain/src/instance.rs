@@ -141,6 +141,18 @@ pub struct InstanceObserved {
     pub at_ms: i64,
 }
 
+/// The instance is over because its allocation ended (its reservation released, cancelled, expired or failed):
+/// nothing runs it any more, whatever its node last reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceEnded {
+    pub instance_id: InstanceId,
+    /// `deleted` when its owner deleted it or its window ran out, `failed` when its allocation failed.
+    pub state: InstanceState,
+    pub reason: String,
+    pub at_ms: i64,
+}
+
 domain_events! {
     /// Events of an instance's stream.
     #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +160,7 @@ domain_events! {
         Created(InstanceCreated) = "instance.created",
         DesiredChanged(InstanceDesiredChanged) = "instance.desired_changed",
         Observed(InstanceObserved) = "instance.observed",
+        Ended(InstanceEnded) = "instance.ended",
     }
 }
 
@@ -157,6 +170,8 @@ domain_events! {
 pub struct Instance {
     #[serde(flatten)]
     pub created: InstanceCreated,
+    /// Named apart from the creation's own `desired` (the state first asked for), which is flattened beside it.
+    #[serde(rename = "desiredState")]
     pub desired: DesiredState,
     pub generation: u64,
     pub state: InstanceState,
@@ -190,6 +205,9 @@ pub fn evolve_instance(state: Option<Instance>, event: &InstanceEvent) -> Option
             version: i.version + 1,
             ..i
         }),
+        (Some(i), InstanceEvent::Ended(e)) => {
+            Some(Instance { state: e.state, message: Some(e.reason.clone()), version: i.version + 1, ..i })
+        }
         (state, _) => state,
     }
 }
@@ -317,6 +335,21 @@ pub fn observe(
         message,
         at_ms: now_ms,
     })])
+}
+
+/// The instance's allocation ended (`reservation` names why): the instance is `deleted`, or `failed` when the
+/// allocation failed. Nothing for an instance already over.
+pub fn end(i: &Instance, failed: bool, reason: String, now_ms: i64) -> Vec<InstanceEvent> {
+    if i.state.is_final() {
+        return Vec::new();
+    }
+    let state = if failed { InstanceState::Failed } else { InstanceState::Deleted };
+    vec![InstanceEvent::Ended(InstanceEnded {
+        instance_id: i.created.instance_id.clone(),
+        state,
+        reason,
+        at_ms: now_ms,
+    })]
 }
 
 #[cfg(test)]

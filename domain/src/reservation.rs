@@ -115,7 +115,7 @@ pub enum Binding {
     /// CDI devices on the node, consumed by a workload manager there.
     #[default]
     Hold,
-    /// A VPS instance's allocation (not supported yet).
+    /// A VPS instance's allocation: made by creating the instance, never through `reservations.create`.
     Instance,
     /// Whole nodes of a `tenantRoot` pool, deployed with the tenant's profile at the window's start and wiped
     /// at its end.
@@ -238,9 +238,6 @@ impl ReservationRequest {
     pub fn check(&self, now_ms: i64) -> Result<(), Rejection> {
         let devices = &self.devices;
         match (self.binding, devices.class) {
-            (Binding::Instance, _) => {
-                return Err(Rejection::invalid("binding", "instance bindings are not supported yet (hold or node)"));
-            }
             (Binding::Node, DeviceClass::Node) => {
                 if devices.count == 0 || devices.count > MAX_NODES {
                     return Err(Rejection::invalid("devices.count", format!("must be from 1 to {MAX_NODES} nodes")));
@@ -261,11 +258,11 @@ impl ReservationRequest {
             (Binding::Node, _) => {
                 return Err(Rejection::invalid("devices.class", "a node binding reserves whole nodes: class node"));
             }
-            (Binding::Hold, DeviceClass::Node) => {
+            (Binding::Hold | Binding::Instance, DeviceClass::Node) => {
                 return Err(Rejection::invalid("binding", "whole nodes are reserved with binding node"));
             }
-            (Binding::Hold, DeviceClass::Gpu | DeviceClass::GpuMig | DeviceClass::GpuSlot) => {}
-            (Binding::Hold, _) => {
+            (Binding::Hold | Binding::Instance, DeviceClass::Gpu | DeviceClass::GpuMig | DeviceClass::GpuSlot) => {}
+            (Binding::Hold | Binding::Instance, _) => {
                 return Err(Rejection::invalid(
                     "devices.class",
                     "only gpu, gpu.mig and gpu.slot atoms, or whole nodes, can be reserved",

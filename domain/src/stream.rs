@@ -4,6 +4,7 @@
 use crate::event::{DecodeError, DomainEvent, EncodeError};
 use crate::flavor::FlavorEvent;
 use crate::image::ImageEvent;
+use crate::instance::InstanceEvent;
 use crate::node::NodeEvent;
 use crate::pool::PoolEvent;
 use crate::profile::ProfileEvent;
@@ -30,6 +31,7 @@ pub enum AnyEvent {
     Workflow(WorkflowEvent),
     ProviderAccount(ProviderAccountEvent),
     Flavor(FlavorEvent),
+    Instance(InstanceEvent),
 }
 
 impl AnyEvent {
@@ -50,6 +52,7 @@ impl AnyEvent {
             "profile" => AnyEvent::Profile(ProfileEvent::decode(event_type, schema_version, payload)?),
             "workflow" => AnyEvent::Workflow(WorkflowEvent::decode(event_type, schema_version, payload)?),
             "flavor" => AnyEvent::Flavor(FlavorEvent::decode(event_type, schema_version, payload)?),
+            "instance" => AnyEvent::Instance(InstanceEvent::decode(event_type, schema_version, payload)?),
             "provider_account" => {
                 AnyEvent::ProviderAccount(ProviderAccountEvent::decode(event_type, schema_version, payload)?)
             }
@@ -73,6 +76,7 @@ impl AnyEvent {
             AnyEvent::Workflow(e) => e.event_type(),
             AnyEvent::ProviderAccount(e) => e.event_type(),
             AnyEvent::Flavor(e) => e.event_type(),
+            AnyEvent::Instance(e) => e.event_type(),
         }
     }
 
@@ -92,6 +96,7 @@ impl AnyEvent {
             AnyEvent::Workflow(e) => e.schema_version(),
             AnyEvent::ProviderAccount(e) => e.schema_version(),
             AnyEvent::Flavor(e) => e.schema_version(),
+            AnyEvent::Instance(e) => e.schema_version(),
         }
     }
 
@@ -111,6 +116,7 @@ impl AnyEvent {
             AnyEvent::Workflow(e) => e.encode_payload(),
             AnyEvent::ProviderAccount(e) => e.encode_payload(),
             AnyEvent::Flavor(e) => e.encode_payload(),
+            AnyEvent::Instance(e) => e.encode_payload(),
         }
     }
 }
@@ -127,7 +133,7 @@ macro_rules! into_any {
 
 into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation,
     TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit, ImageEvent => Image, ProfileEvent => Profile, WorkflowEvent => Workflow,
-    ProviderAccountEvent => ProviderAccount, FlavorEvent => Flavor);
+    ProviderAccountEvent => ProviderAccount, FlavorEvent => Flavor, InstanceEvent => Instance);
 
 impl AnyEvent {
     /// Every event type this build knows, family by family.
@@ -147,6 +153,7 @@ impl AnyEvent {
             WorkflowEvent::event_types(),
             ProviderAccountEvent::event_types(),
             FlavorEvent::event_types(),
+            InstanceEvent::event_types(),
         ]
         .concat()
     }

@@ -6,7 +6,7 @@
 
 #![no_main]
 
-use bc_api::wire::{agent, flavors, fleet, nodes, providers, reservations, tenancy};
+use bc_api::wire::{agent, flavors, fleet, instances, nodes, providers, reservations, tenancy};
 use bc_domain::id::{GrantId, IdentityId, LimitId, PoolId, TenantId};
 use bc_domain::pool::{PoolCreated, PoolPolicy};
 use bc_domain::tenancy as t;
@@ -48,6 +48,28 @@ fuzz_target!(|data: &[u8]| {
             assert!(sizes.gpus <= bc_domain::flavor::MAX_GPUS, "the document says at most 64 GPUs");
         }
     }
+    if let Some(body) = parse::<instances::InstanceBody>(data) {
+        // The handler's checks of an instance that need no lookup: its spec with any valid sizes.
+        if let (Ok(pool_id), Ok(flavor_id), Ok(image_id)) =
+            (body.pool_id.parse(), body.flavor_id.parse(), body.image_id.parse())
+        {
+            let spec = bc_domain::instance::InstanceSpec {
+                name: body.name,
+                pool_id,
+                flavor_id,
+                sizes: bc_domain::flavor::FlavorSizes { vcpu: 1, memory_gib: 1, gpus: 1, disk: 1 },
+                image_id,
+                project_id: None,
+                user_data: body.user_data,
+                duration_s: body.duration,
+            };
+            if spec.check().is_ok() {
+                assert!(spec.duration_s >= 1 && spec.duration_s <= 31_622_400, "the document's duration bounds");
+                assert!(spec.user_data.len() <= bc_domain::instance::MAX_USER_DATA);
+            }
+        }
+    }
+    let _ = parse::<bc_domain::agent::InstanceStateReport>(data);
     let _ = parse::<reservations::CancelBody>(data);
     let _ = parse::<reservations::ExtendBody>(data);
     let _ = parse::<reservations::EmptyBody>(data);

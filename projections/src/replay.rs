@@ -88,6 +88,10 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
             let events = decoded.iter().filter_map(|e| if let AnyEvent::Flavor(f) = e { Some(f) } else { None });
             to_json(&events.fold(None, bc_domain::flavor::evolve_flavor))?
         }
+        Some(AnyEvent::Instance(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Instance(i) = e { Some(i) } else { None });
+            to_json(&events.fold(None, bc_domain::instance::evolve_instance))?
+        }
         Some(AnyEvent::ProviderAccount(_)) => {
             let events =
                 decoded.iter().filter_map(|e| if let AnyEvent::ProviderAccount(a) = e { Some(a) } else { None });

@@ -20,7 +20,7 @@ const HOUR: i64 = 3_600_000;
 
 /// The scenarios by name.
 pub const NAMES: &[&str] =
-    &["fleet_basics", "reservation_lifecycle", "reservation_endings", "agent_life", "tenancy", "images"];
+    &["fleet_basics", "reservation_lifecycle", "reservation_endings", "agent_life", "tenancy", "images", "instances"];
 
 fn caller(tenant: &str, identity: &str) -> anyhow::Result<Caller> {
     Ok(Caller {
@@ -91,6 +91,7 @@ pub async fn run(name: &str, app: &App) -> anyhow::Result<()> {
         "agent_life" => agent_life(app).await,
         "tenancy" => tenancy(app).await,
         "images" => images(app).await,
+        "instances" => instances(app).await,
         other => anyhow::bail!("no scenario named {other}"),
     }
 }
@@ -582,5 +583,113 @@ async fn agent_life(app: &App) -> anyhow::Result<()> {
     // A token issued and revoked before any machine used it.
     let unused = app.create_join_token(&owner, &pool_id, 3600).await?.value.id;
     app.revoke_join_token(&owner, &pool_id, &unused).await?;
+    Ok(())
+}
+
+/// An instance's whole life on a vps-host pool's node: made with its reservation, bound and run by the node's
+/// agent, stopped, deleted; its allocation released once the node stopped it, and the instance ended with it.
+async fn instances(app: &App) -> anyhow::Result<()> {
+    use bc_agent::simulate::{self, Simulated};
+    use bc_commands::images::UploadImage;
+    use bc_commands::instances::{CreateInstance, InstanceReport};
+    use bc_domain::agent::{Ack, Heartbeat, JoinRequest};
+    use bc_domain::image::{ImageFormat, Visibility};
+    use bc_domain::instance::{DesiredState, InstanceState};
+    use bc_domain::inventory::SectionHashes;
+    use sha2::Digest as _;
+
+    let owner = caller("root", "operator@platform")?;
+    let acme = caller("acme", "alice@acme")?;
+    let create = CreateSite { name: "vps1".into(), iam_region: "eu-west-1".into(), kind: SiteKind::Shared };
+    let site = app.create_site(&owner, create).await?.value;
+    let create = CreatePool {
+        site_id: site,
+        name: "vps".into(),
+        class: PoolClass::VpsHost,
+        gpu_model: "H100".into(),
+        sharing: Sharing::Exclusive,
+        agent: PoolAgent::Bcd,
+        policy: PoolPolicy::default(),
+        provider_account_id: None,
+    };
+    let pool_id = app.create_pool(&owner, create).await?.value;
+    let quota = [("gpu", 2), ("vcpu", 32), ("memoryGiB", 256), ("disk", 1000)].map(|(r, n)| (r.to_owned(), n)).into();
+    let offer = OfferPool { tenant_id: acme.tenant_id.clone(), quota, priority: 0, include_descendants: false };
+    app.offer_pool(&owner, &pool_id, offer).await?;
+
+    let spec: Simulated = "2xH100".parse().map_err(anyhow::Error::msg)?;
+    let document = simulate::inventory("vps-a", &spec);
+    let token = app.create_join_token(&owner, &pool_id, 3600).await?.value.token;
+    let join = JoinRequest {
+        join_token: token,
+        agent_version: "replay".into(),
+        inventory: document.report(&SectionHashes::new()),
+        csr: None,
+        role: None,
+    };
+    let joined = app.join(join).await?;
+    let auth = app.authenticate_node(&joined.credential).await?;
+    let server_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    let beat = Heartbeat {
+        session_id: joined.session.session_id.clone(),
+        observed_generation: joined.session.generation,
+        clock_ms: server_ms,
+    };
+    app.heartbeat(&auth, &beat).await?;
+
+    let data: &'static [u8] = b"a guest's disk, byte for byte";
+    let upload = UploadImage {
+        name: "guest".into(),
+        version: "1".into(),
+        format: ImageFormat::Raw,
+        visibility: Visibility::Public,
+        sha256: hex::encode(sha2::Sha256::digest(data)),
+        size_bytes: Some(data.len() as u64),
+        signer: None,
+        signature: None,
+    };
+    let body = futures_util::stream::iter([Ok::<_, std::io::Error>(data)]);
+    let image = app.upload_image(&owner, upload, body).await?.image;
+    let sizes = bc_domain::flavor::FlavorSizes { vcpu: 8, memory_gib: 64, gpus: 1, disk: 100 };
+    let flavor = app.create_flavor(&owner, "g1.small", sizes, Visibility::Public).await?.value;
+
+    let made = app
+        .create_instance(
+            &acme,
+            CreateInstance {
+                idempotency_key: "trainer".into(),
+                name: "trainer".into(),
+                pool_id: pool_id.clone(),
+                flavor_id: flavor.id,
+                image_id: image.id,
+                project_id: None,
+                user_data: "#cloud-config\n".into(),
+                duration_s: 3600,
+                desired: DesiredState::Running,
+            },
+        )
+        .await?
+        .value;
+    let id = made.instance.created.instance_id.clone();
+    let worker = Worker::new(app.clone(), WorkerConfig::default());
+    let ack_all = || async {
+        worker.run_until_idle().await?;
+        for command in app.agent_commands(&auth, 10).await? {
+            app.acknowledge_command(&auth, &command.id, &Ack { ok: true, message: None }).await?;
+        }
+        worker.run_until_idle().await?;
+        anyhow::Ok(())
+    };
+    ack_all().await?;
+    let report = |state, generation| InstanceReport { state, generation, message: None };
+    clock::set_sim_clock(app.db(), T0 + 60_000).await?;
+    app.report_instance(&auth.node_id, &auth.caller(), &id, &report(InstanceState::Running, 1)).await?;
+    clock::set_sim_clock(app.db(), T0 + 120_000).await?;
+    app.change_instance(&acme, &id, DesiredState::Stopped).await?;
+    app.report_instance(&auth.node_id, &auth.caller(), &id, &report(InstanceState::Stopped, 2)).await?;
+    clock::set_sim_clock(app.db(), T0 + 180_000).await?;
+    app.change_instance(&acme, &id, DesiredState::Deleted).await?;
+    ack_all().await?;
     Ok(())
 }

@@ -373,3 +373,74 @@ pub async fn site_image(
     let content = state.app.site_image(&node, &sha256).await?;
     Ok(super::images::stream_content(&state, content))
 }
+
+/// `GET /v1/agent/instances`: the instances this node is to run.
+#[utoipa::path(
+    get,
+    path = "/v1/agent/instances",
+    tag = "agent",
+    summary = "The instances this node is to run: each one whose allocation here has begun and that is not over, \
+               with what its owner wants. An instance the node runs that is not listed is to be stopped and removed.",
+    responses(CommonErrors, (status = 200, description = "The instances", body = crate::wire::agent::AgentInstancesDto)),
+    security(("node" = [])),
+)]
+pub async fn agent_instances(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+) -> Result<Response, ApiError> {
+    let instances = state.app.node_instances(&node.node_id).await?;
+    Ok(Json(crate::wire::agent::AgentInstancesDto::from(instances.as_slice())).into_response())
+}
+
+/// `GET /v1/agent/instances/{instance_id}/image`: the bytes of the image an instance of this node boots from.
+#[utoipa::path(
+    get,
+    path = "/v1/agent/instances/{instance_id}/image",
+    tag = "agent",
+    summary = "The bytes of an instance's image, for the node it runs on",
+    params(("instance_id" = String, Path, description = "The instance id")),
+    responses(CommonErrors, (status = 200, description = "The bytes", content_type = "application/octet-stream", body = String)),
+    security(("node" = [])),
+)]
+pub async fn agent_instance_image(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id: bc_domain::id::InstanceId = path_id("instanceId", &id)?;
+    let content = state.app.node_instance_image(&node.node_id, &id).await?;
+    Ok(super::images::stream_content(&state, content))
+}
+
+/// `POST /v1/agent/instances/{instance_id}/state`: what this node did with an instance.
+#[utoipa::path(
+    post,
+    path = "/v1/agent/instances/{instance_id}/state",
+    tag = "agent",
+    summary = "Report an instance's state for the generation of its desired state the node acted on; `deleted` \
+               (as its owner asked) releases its allocation",
+    params(("instance_id" = String, Path, description = "The instance id")),
+    request_body(content = Object, description = "InstanceStateReport: state, generation, message"),
+    responses(CommonErrors, (status = 200, description = "The instance's state after the report", body = crate::wire::instances::InstanceDto)),
+    security(("node" = [])),
+)]
+pub async fn report_instance_state(
+    State(state): State<AppState>,
+    NodeAuthed(node): NodeAuthed,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<bc_domain::agent::InstanceStateReport>,
+) -> Result<Response, ApiError> {
+    let id: bc_domain::id::InstanceId = path_id("instanceId", &id)?;
+    let report = bc_commands::instances::InstanceReport {
+        state: body.state,
+        generation: body.generation,
+        message: body.message,
+    };
+    let done = state.app.report_instance(&node.node_id, &node.caller(), &id, &report).await?;
+    Ok(super::request::committed_answer(
+        StatusCode::OK,
+        crate::wire::instances::InstanceDto::from(&done.value),
+        done.position,
+        None,
+    ))
+}

@@ -11,6 +11,7 @@ mod fleet;
 mod health;
 pub mod idempotency;
 mod images;
+mod instances;
 mod lifecycle;
 mod nodes;
 pub mod openapi;
@@ -215,6 +216,9 @@ routes! {
     agent::report_site_step => open;
     agent::site_boot => open;
     agent::site_image => open;
+    agent::agent_instances => open;
+    agent::agent_instance_image => open;
+    agent::report_instance_state => open;
     // The ramdisk's routes: its boot credential or its session, never a tenant's principal.
     ramdisk::claim_session => open;
     ramdisk::work => open;
@@ -253,6 +257,12 @@ routes! {
     profiles::list_profiles => "profiles.list";
     profiles::get_profile => "profiles.get";
     profiles::delete_profile => "profiles.delete";
+    instances::create_instance => "instances.create";
+    instances::list_instances => "instances.list";
+    instances::get_instance => "instances.get";
+    instances::start_instance => "instances.start";
+    instances::stop_instance => "instances.stop";
+    instances::delete_instance => "instances.delete";
     flavors::create_flavor => "flavors.create";
     flavors::list_flavors => "flavors.list";
     flavors::get_flavor => "flavors.get";

@@ -374,3 +374,73 @@ impl From<&bc_domain::agent::RamdiskWork> for RamdiskWorkDto {
         }
     }
 }
+
+/// An instance's boot image, as the node fetches it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceImageDto {
+    pub image_id: String,
+    /// Lowercase hex: the bytes fetched must hash to it.
+    pub sha256: String,
+    pub size: u64,
+    /// `raw`, `qcow2` or `iso`.
+    pub format: String,
+}
+
+/// An instance this node is to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInstanceDto {
+    pub instance_id: String,
+    /// The reservation that holds its allocation: its release waits for the instance to be stopped.
+    pub reservation_id: String,
+    pub name: String,
+    /// `running`, `stopped` or `deleted`.
+    pub desired: String,
+    /// The generation of `desired`, which a report names.
+    pub generation: u64,
+    /// What the node last reported: `pending`, `running`, `stopped`.
+    pub state: String,
+    pub sizes: crate::wire::instances::InstanceSizesDto,
+    /// The atoms of its allocation on this node.
+    pub devices: Vec<String>,
+    /// Absent when the image was deleted before the node fetched it.
+    pub image: Option<InstanceImageDto>,
+    /// Cloud-init user data for the guest; empty when none.
+    pub user_data: String,
+}
+
+/// The instances this node is to run; any other instance it runs is to be stopped and removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInstancesDto {
+    pub instances: Vec<AgentInstanceDto>,
+}
+
+impl From<&[bc_domain::agent::AgentInstance]> for AgentInstancesDto {
+    fn from(instances: &[bc_domain::agent::AgentInstance]) -> Self {
+        let one = |i: &bc_domain::agent::AgentInstance| AgentInstanceDto {
+            instance_id: i.instance_id.to_string(),
+            reservation_id: i.reservation_id.to_string(),
+            name: i.name.clone(),
+            desired: i.desired.as_str().to_owned(),
+            generation: i.generation,
+            state: i.state.as_str().to_owned(),
+            sizes: crate::wire::instances::InstanceSizesDto {
+                vcpu: i.sizes.vcpu,
+                memory_gib: i.sizes.memory_gib,
+                gpus: i.sizes.gpus,
+                disk: i.sizes.disk,
+            },
+            devices: i.devices.iter().map(ToString::to_string).collect(),
+            image: i.image.as_ref().map(|image| InstanceImageDto {
+                image_id: image.image_id.to_string(),
+                sha256: image.sha256.clone(),
+                size: image.size,
+                format: image.format.as_str().to_owned(),
+            }),
+            user_data: i.user_data.clone(),
+        };
+        AgentInstancesDto { instances: instances.iter().map(one).collect() }
+    }
+}

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod flavors;
 pub mod fleet;
 pub mod images;
+pub mod instances;
 pub mod nodes;
 pub mod ops;
 pub mod profiles;
@@ -64,6 +65,10 @@ page!(
 page!(
     /// A page of flavors: the tenant's own and the public ones.
     FlavorPage of flavors::FlavorDto
+);
+page!(
+    /// A page of the tenant's instances.
+    InstancePage of instances::InstanceDto
 );
 page!(
     /// A page of provider accounts.

@@ -150,8 +150,8 @@ pub struct ReserveBody {
     #[schema(minimum = 1, maximum = 31_622_400)]
     pub duration: u64,
     /// `hold` (the default): GPUs handed to a workload manager on the node; `node`: whole machines of a
-    /// `tenantRoot` pool (`devices.class` `node`, `devices.count` machines), deployed with `profileId`. `instance` is
-    /// not offered yet.
+    /// `tenantRoot` pool (`devices.class` `node`, `devices.count` machines), deployed with `profileId`. An
+    /// `instance` binding is made by creating the instance (`POST /v1/instances`), not here.
     #[serde(default)]
     #[schema(value_type = String, example = "hold")]
     pub binding: Binding,

@@ -86,9 +86,9 @@ async fn every_create_route_documents_its_idempotency_key_and_the_layer_keeps_it
     for route in bc_api::http::routes().iter().filter(|r| r.http == "POST") {
         let post = &doc.body["paths"][route.path.as_str()]["post"];
         let id = post["operationId"].as_str().unwrap_or("");
-        // Reservations and bearer tokens derive their ids from the key; every other create keeps its answer in
-        // the idempotency layer, and says so in the document.
-        let own = matches!(route.method, Some("reservations.create" | "tokens.create"));
+        // Reservations, instances and bearer tokens derive their ids from the key; every other create keeps its
+        // answer in the idempotency layer, and says so in the document.
+        let own = matches!(route.method, Some("reservations.create" | "instances.create" | "tokens.create"));
         let documented = post["parameters"]
             .as_array()
             .is_some_and(|ps| ps.iter().any(|p| p["name"] == "Idempotency-Key" && p["in"] == "header"));

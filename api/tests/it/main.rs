@@ -11,6 +11,7 @@ mod hostile;
 mod http_api;
 mod idempotency;
 mod images;
+mod instances;
 mod investigate;
 mod lifecycle;
 mod metal;

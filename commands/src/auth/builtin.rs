@@ -434,7 +434,9 @@ impl Snapshot {
         pool: &PoolFacts,
         attributes: &BTreeMap<String, Attribute>,
     ) -> Option<String> {
-        let count = attributes.get("gpuCount").and_then(Attribute::as_f64).unwrap_or(0.0);
+        // A reservation's GPUs are `gpuCount`, an instance's `gpus`.
+        let count =
+            attributes.get("gpuCount").or_else(|| attributes.get("gpus")).and_then(Attribute::as_f64).unwrap_or(0.0);
         let hours = attributes.get("durationHours").and_then(Attribute::as_f64).unwrap_or(0.0);
         let model = pool.attributes.get("gpuModel").and_then(Attribute::as_str);
         for limit in &self.limits {
@@ -511,7 +513,7 @@ impl Snapshot {
                 | Target::ProviderAccount,
                 _,
             )
-            | (Target::Reservation, _)
+            | (Target::Reservation | Target::Instance, _)
                 if !matches!(method.requirement, Requirement::Pool(_)) =>
             {
                 if resource.tenant_id != principal.tenant_id {
@@ -523,7 +525,9 @@ impl Snapshot {
                 }
             }
             (_, Some(pool)) => {
-                if method.target == Target::Reservation && resource.tenant_id != principal.tenant_id {
+                if matches!(method.target, Target::Reservation | Target::Instance)
+                    && resource.tenant_id != principal.tenant_id
+                {
                     return Decision::NotFound;
                 }
                 let Some(relation) = self.relation(principal, pool) else { return Decision::NotFound };
@@ -542,7 +546,7 @@ impl Snapshot {
                         relation.as_str()
                     ));
                 }
-                if method.target == Target::Reservation
+                if matches!(method.target, Target::Reservation | Target::Instance)
                     && let Some(reason) = self.limit_broken(relation, pool, &resource.attributes)
                 {
                     return Decision::Deny(reason);
@@ -556,7 +560,8 @@ impl Snapshot {
 
 /// The mutations a suspended tenant may still make: ending its reservations, and renewing their leases so that
 /// what runs keeps running.
-const ENDS_OR_KEEPS_WORK: &[&str] = &["reservations.cancel", "reservations.release", "reservations.renew"];
+const ENDS_OR_KEEPS_WORK: &[&str] =
+    &["reservations.cancel", "reservations.release", "reservations.renew", "instances.stop", "instances.delete"];
 
 impl Authorizer for BuiltinAuthorizer {
     fn authenticate<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Option<Principal>> {

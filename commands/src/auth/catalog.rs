@@ -75,6 +75,8 @@ pub enum Target {
     Pool,
     Node,
     Reservation,
+    /// An instance: its tenant's, under its pool.
+    Instance,
     /// An image: its tenant's, or every tenant's to read when public.
     Image,
     /// A profile version: its tenant's.
@@ -95,6 +97,7 @@ impl Target {
             Target::Pool => "pool",
             Target::Node => "node",
             Target::Reservation => "reservation",
+            Target::Instance => "instance",
             Target::Image => "image",
             Target::Profile => "profile",
             Target::Workflow => "workflow",
@@ -198,6 +201,13 @@ pub const METHODS: &[MethodSpec] = &[
     m("reservations.extend", "compute:reservations.extend", Target::Reservation, USER, true),
     m("reservations.cancel", "compute:reservations.cancel", Target::Reservation, MEMBER, true),
     m("reservations.release", "compute:reservations.release", Target::Reservation, MEMBER, true),
+    // An instance's creation is also decided as its reservation's (`reservations.create`, on that draft).
+    m("instances.create", "compute:instances.create", Target::Instance, USER, true),
+    m("instances.get", "compute:instances.get", Target::Instance, MEMBER, false),
+    m("instances.list", "compute:instances.list", Target::Tenant, MEMBER, false),
+    m("instances.start", "compute:instances.start", Target::Instance, MEMBER, true),
+    m("instances.stop", "compute:instances.stop", Target::Instance, MEMBER, true),
+    m("instances.delete", "compute:instances.delete", Target::Instance, MEMBER, true),
     m("images.create", "compute:images.create", Target::Tenant, TENANT_ADMIN, true),
     m("images.publish", "compute:images.publish", Target::Fleet, TENANT_ADMIN, true),
     m("images.list", "compute:images.list", Target::Tenant, MEMBER, false),

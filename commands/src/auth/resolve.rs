@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use bc_domain::id::{
-    ImageId, NodeId, PoolId, ProfileId, ProviderAccountId, ReservationId, SiteId, TenantId, WorkflowId,
+    ImageId, InstanceId, NodeId, PoolId, ProfileId, ProviderAccountId, ReservationId, SiteId, TenantId, WorkflowId,
 };
 use bc_eventstore::{Error, Result, Tx, sql};
 use sqlx::Row as _;
@@ -283,4 +283,46 @@ pub async fn reservation_start(tx: &mut Tx, id: &ReservationId) -> Result<Option
         .fetch_optional(tx.conn())
         .await?;
     Ok(start.flatten())
+}
+
+/// What policies read of an instance, recorded or a draft: its sizes, its image and whether an allowed signer
+/// verified it, its project; and its pool's model and region.
+pub(crate) fn instance_attributes(
+    spec: &bc_domain::instance::InstanceSpec,
+    image_verified: bool,
+    pool: &PoolFacts,
+) -> BTreeMap<String, Attribute> {
+    let mut attributes = BTreeMap::from([
+        ("vcpu".to_owned(), Attribute::Number(f64::from(spec.sizes.vcpu))),
+        ("memoryGiB".to_owned(), Attribute::Number(f64::from(spec.sizes.memory_gib))),
+        ("gpus".to_owned(), Attribute::Number(f64::from(spec.sizes.gpus))),
+        ("imageId".to_owned(), Attribute::Text(spec.image_id.to_string())),
+        ("imageVerified".to_owned(), Attribute::Bool(image_verified)),
+        ("projectId".to_owned(), Attribute::from(spec.project_id.as_ref().map(|p| p.to_string()))),
+    ]);
+    inherited(pool, &mut attributes);
+    attributes
+}
+
+/// A recorded instance: it resolves in the tenant that made it, with its pool as its parent.
+pub async fn instance_resource(tx: &mut Tx, id: &InstanceId) -> Result<Option<Resource>> {
+    let query = concat!(
+        "SELECT i.doc::text AS doc, ",
+        pool_facts!(),
+        " FROM instances AS i JOIN pools AS p ON p.id = i.pool_id JOIN sites AS s ON s.id = p.site_id WHERE i.id = $1"
+    );
+    let row = sql::query(query).bind(id.as_str()).fetch_optional(tx.conn()).await?;
+    let Some(row) = row else { return Ok(None) };
+    let doc: String = row.try_get("doc")?;
+    let instance: bc_domain::instance::Instance =
+        serde_json::from_str(&doc).map_err(|err| Error::Internal(format!("instances.doc of {id}: {err}")))?;
+    let facts = pool_facts(&row)?;
+    let created = &instance.created;
+    Ok(Some(Resource {
+        target: Target::Instance,
+        id: id.to_string(),
+        tenant_id: created.tenant_id.clone(),
+        attributes: instance_attributes(&created.spec, created.image_verified, &facts),
+        pool: Some(facts),
+    }))
 }

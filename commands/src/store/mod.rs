@@ -20,6 +20,7 @@ pub mod flavors;
 pub mod hints;
 pub mod idempotency;
 pub mod images;
+pub mod instances;
 pub mod liveness;
 pub mod node_commands;
 pub mod profiles;
@@ -274,6 +275,14 @@ pub async fn flavor_aggregate(
     id: &bc_domain::id::FlavorId,
 ) -> AppResult<Option<(bc_domain::flavor::Flavor, u32)>> {
     folded_stream(tx, id.as_str(), bc_domain::flavor::evolve_flavor).await
+}
+
+/// An instance as the fold of its stream, with the stream's version.
+pub async fn instance_aggregate(
+    tx: &mut Tx,
+    id: &bc_domain::id::InstanceId,
+) -> AppResult<Option<(bc_domain::instance::Instance, u32)>> {
+    folded_stream(tx, id.as_str(), bc_domain::instance::evolve_instance).await
 }
 
 /// A provider account as the fold of its stream, with the stream's version.

@@ -114,3 +114,26 @@ fn only_the_allocations_node_reports_and_a_report_names_a_generation_asked_for()
     let late = change_desired(&i, DesiredState::Running, T0 + 9).expect_err("deleted for good");
     assert!(matches!(late, Rejection::Conflict(m) if m.contains("is deleted")));
 }
+
+#[test]
+fn the_end_of_its_allocation_ends_an_instance_once_as_deleted_or_failed() {
+    let i = made();
+    let ended = end(&i, false, "reservation rsv_x expired".into(), T0 + 10);
+    let over = apply(i.clone(), &ended);
+    assert_eq!((over.state, over.message.as_deref()), (InstanceState::Deleted, Some("reservation rsv_x expired")));
+    assert_eq!(end(&over, true, "again".into(), T0 + 11), Vec::new(), "an instance over ends once");
+    let failed = apply(i.clone(), &end(&i, true, "its node was lost".into(), T0 + 10));
+    assert_eq!(failed.state, InstanceState::Failed);
+    let late = change_desired(&failed, DesiredState::Running, T0 + 12).expect_err("over");
+    assert!(matches!(late, Rejection::Conflict(m) if m.contains("is failed")));
+    let report = observe(&failed, &node(1), Some(&node(1)), InstanceState::Running, 1, None, T0 + 12);
+    assert_eq!(report, Ok(Vec::new()), "a node's late report changes nothing");
+}
+
+#[test]
+fn an_instance_reads_back_what_it_writes() {
+    let i = made();
+    let i = apply(i.clone(), &change_desired(&i, DesiredState::Stopped, T0 + 1).expect("stop"));
+    let json = serde_json::to_string(&i).expect("json");
+    assert_eq!(serde_json::from_str::<Instance>(&json).expect("back"), i, "{json}");
+}

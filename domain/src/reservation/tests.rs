@@ -221,7 +221,7 @@ fn a_request_is_checked_field_by_field() {
                 ..base.clone()
             },
         ),
-        ("binding", ReservationRequest { binding: Binding::Instance, ..base.clone() }),
+        ("binding", ReservationRequest { binding: Binding::Instance, devices: whole(1), ..base.clone() }),
         ("devices.class", ReservationRequest { binding: Binding::Node, ..base.clone() }),
         ("binding", ReservationRequest { devices: whole(1), ..base.clone() }),
         ("profileId", ReservationRequest { binding: Binding::Node, devices: whole(1), ..base.clone() }),

@@ -11,6 +11,7 @@ use bc_domain::event::DomainEvent;
 use bc_domain::flavor::FlavorEvent;
 use bc_domain::hardware::{HardwareKey, Identifier};
 use bc_domain::image::ImageEvent;
+use bc_domain::instance::{InstanceEvent, evolve_instance};
 use bc_domain::node::{
     Adapter, Condition, ConditionType, Connectivity, NodeEvent, ProvisionState, Role, SchedulingView, Trust,
     schedulability,
@@ -52,6 +53,7 @@ pub const TABLES: &[&str] = &[
     "workflow_steps",
     "provider_accounts",
     "flavors",
+    "instances",
 ];
 
 fn json(value: &impl serde::Serialize) -> Result<String> {
@@ -82,7 +84,50 @@ pub async fn apply(tx: &mut Tx, stream_id: &str, event: &AnyEvent) -> Result<()>
         AnyEvent::Workflow(e) => apply_workflow(tx, e).await,
         AnyEvent::ProviderAccount(e) => apply_provider_account(tx, e).await,
         AnyEvent::Flavor(e) => apply_flavor(tx, e).await,
+        AnyEvent::Instance(e) => apply_instance(tx, e).await,
     }
+}
+
+/// An instance's row holds its fold (`doc`): each later event is folded onto the row's.
+async fn apply_instance(tx: &mut Tx, event: &InstanceEvent) -> Result<()> {
+    let (before, at_ms) = match event {
+        InstanceEvent::Created(e) => (None, e.at_ms),
+        InstanceEvent::DesiredChanged(bc_domain::instance::InstanceDesiredChanged { instance_id, at_ms, .. })
+        | InstanceEvent::Observed(bc_domain::instance::InstanceObserved { instance_id, at_ms, .. })
+        | InstanceEvent::Ended(bc_domain::instance::InstanceEnded { instance_id, at_ms, .. }) => {
+            let doc: Option<String> = sql::query_scalar("SELECT doc::text FROM instances WHERE id = $1")
+                .bind(instance_id.as_str())
+                .fetch_optional(tx.conn())
+                .await?;
+            let Some(doc) = doc else {
+                return Err(Error::Internal(format!(
+                    "{} for instance {instance_id}, which has no row",
+                    event.event_type()
+                )));
+            };
+            let before = serde_json::from_str(&doc)
+                .map_err(|err| Error::Internal(format!("instances.doc of {instance_id}: {err}")))?;
+            (Some(before), *at_ms)
+        }
+    };
+    let Some(i) = evolve_instance(before, event) else { return Ok(()) };
+    sql::query(
+        "INSERT INTO instances (id, tenant_id, reservation_id, pool_id, desired, state, doc, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, ms_ts($8))
+         ON CONFLICT (id) DO UPDATE SET desired = EXCLUDED.desired, state = EXCLUDED.state, doc = EXCLUDED.doc,
+                                        updated_at = EXCLUDED.updated_at",
+    )
+    .bind(i.created.instance_id.as_str())
+    .bind(i.created.tenant_id.as_str())
+    .bind(i.created.reservation_id.as_str())
+    .bind(i.created.spec.pool_id.as_str())
+    .bind(i.desired.as_str())
+    .bind(i.state.as_str())
+    .bind(json(&i)?)
+    .bind(at_ms)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
 }
 
 async fn apply_flavor(tx: &mut Tx, event: &FlavorEvent) -> Result<()> {
@@ -1327,6 +1372,7 @@ pub fn handles(event_type: &str) -> bool {
         WorkflowEvent::event_types(),
         ProviderAccountEvent::event_types(),
         FlavorEvent::event_types(),
+        InstanceEvent::event_types(),
     ]
     .iter()
     .any(|types| types.contains(&event_type))

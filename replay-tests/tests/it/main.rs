@@ -65,6 +65,11 @@ async fn images() {
     replay(include_str!("../../data/images.jsonl"), expect_file!["../../snapshots/images.txt"]).await;
 }
 
+#[tokio::test]
+async fn instances() {
+    replay(include_str!("../../data/instances.jsonl"), expect_file!["../../snapshots/instances.txt"]).await;
+}
+
 /// The recorded logs, together, hold every event type this build knows: each type's `apply` in every read
 /// model is held against a checked-in snapshot.
 #[test]
@@ -77,6 +82,7 @@ fn every_event_type_appears_in_a_recorded_log() {
         include_str!("../../data/legacy_site.jsonl"),
         include_str!("../../data/tenancy.jsonl"),
         include_str!("../../data/images.jsonl"),
+        include_str!("../../data/instances.jsonl"),
     ];
     let recorded: std::collections::BTreeSet<String> =
         logs.iter().flat_map(|log| parse(log).expect("parse the log")).map(|line| line.event_type.clone()).collect();
