@@ -155,6 +155,27 @@ impl Client {
         Ok(commands.commands)
     }
 
+    /// The instances this node is to run.
+    pub async fn instances(&self) -> anyhow::Result<Vec<bc_domain::agent::AgentInstance>> {
+        let listed: bc_domain::agent::AgentInstances =
+            self.call::<(), _>(reqwest::Method::GET, "/v1/agent/instances", None).await?;
+        Ok(listed.instances)
+    }
+
+    /// The bytes of an instance's image, as a stream the caller reads.
+    pub async fn instance_image(&self, id: &bc_domain::id::InstanceId) -> anyhow::Result<reqwest::Response> {
+        self.get_raw(&format!("/v1/agent/instances/{id}/image")).await
+    }
+
+    /// Reports what the node did with an instance.
+    pub async fn report_instance(
+        &self,
+        id: &bc_domain::id::InstanceId,
+        report: &bc_domain::agent::InstanceStateReport,
+    ) -> anyhow::Result<serde_json::Value> {
+        self.call(reqwest::Method::POST, &format!("/v1/agent/instances/{id}/state"), Some(report)).await
+    }
+
     pub async fn ack(&self, command: &AgentCommand, ack: &Ack) -> anyhow::Result<serde_json::Value> {
         self.call(reqwest::Method::POST, &format!("/v1/agent/commands/{}/ack", command.id), Some(ack)).await
     }

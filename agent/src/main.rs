@@ -111,6 +111,60 @@ struct RunArgs {
     /// The host name to report.
     #[arg(long, env = "BCD_HOSTNAME")]
     hostname: Option<String>,
+    #[command(flatten)]
+    runtime: RuntimeArgs,
+}
+
+/// How the node runs its instances (the node of a `vps-host` pool).
+#[derive(Debug, clap::Args)]
+struct RuntimeArgs {
+    /// Run the node's instances: `qemu` (virtual machines). Without it the node runs none.
+    #[arg(long = "runtime", env = "BCD_RUNTIME", value_enum)]
+    kind: Option<RuntimeKind>,
+    /// The instances' folders (disks, console logs, QEMU's pid files); `<state-dir>/instances` by default.
+    #[arg(long, env = "BCD_INSTANCES_DIR")]
+    instances_dir: Option<PathBuf>,
+    /// The QEMU binary.
+    #[arg(long, env = "BCD_QEMU", default_value = "qemu-system-x86_64")]
+    qemu: PathBuf,
+    /// KVM, QEMU's emulation (TCG), or KVM when /dev/kvm can be opened.
+    #[arg(long, env = "BCD_ACCEL", value_enum, default_value = "auto")]
+    accel: bc_agent::runtime::Accel,
+    /// Boot guests with this kernel, their image as the root disk (microVM style).
+    #[arg(long, env = "BCD_GUEST_KERNEL")]
+    guest_kernel: Option<PathBuf>,
+    /// The initramfs booted with --guest-kernel.
+    #[arg(long, env = "BCD_GUEST_INITRD", requires = "guest_kernel")]
+    guest_initrd: Option<PathBuf>,
+    /// The kernel command line booted with --guest-kernel.
+    #[arg(long, env = "BCD_GUEST_APPEND", default_value = "console=ttyS0")]
+    guest_append: String,
+    /// Pass each instance's GPUs through VFIO (bound to vfio-pci on the host), by their PCI addresses.
+    #[arg(long, env = "BCD_VFIO", value_parser = clap::builder::BoolishValueParser::new())]
+    vfio: bool,
+    /// How often to look at the node's instances, in milliseconds.
+    #[arg(long, env = "BCD_RUNTIME_POLL_MS", default_value_t = 2000)]
+    runtime_poll_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum RuntimeKind {
+    Qemu,
+}
+
+impl RuntimeArgs {
+    fn config(self, state_dir: &std::path::Path) -> Option<bc_agent::runtime::RuntimeConfig> {
+        self.kind.map(|RuntimeKind::Qemu| bc_agent::runtime::RuntimeConfig {
+            dir: self.instances_dir.unwrap_or_else(|| state_dir.join("instances")),
+            qemu: self.qemu,
+            accel: self.accel,
+            guest_kernel: self.guest_kernel,
+            guest_initrd: self.guest_initrd,
+            guest_append: self.guest_append,
+            vfio: self.vfio,
+            poll: std::time::Duration::from_millis(self.runtime_poll_ms.max(100)),
+        })
+    }
 }
 
 fn source(simulate: Option<simulate::Simulated>, hostname: Option<String>) -> InventorySource {
@@ -206,7 +260,8 @@ fn start() -> anyhow::Result<()> {
 }
 
 fn run_agent(args: RunArgs, site: Option<bc_agent::site::SiteConfig>) -> anyhow::Result<()> {
-    let RunArgs { server, ca, insecure_http, join_token, state_dir, cdi_dir, simulate, hostname } = args;
+    let RunArgs { server, ca, insecure_http, join_token, state_dir, cdi_dir, simulate, hostname, runtime } = args;
+    let runtime = runtime.config(&state_dir);
     let trust = match ca {
         Some(path) if !insecure_http => ServerTrust::PinnedCa(
             std::fs::read_to_string(&path).with_context(|| format!("read the CA certificate {}", path.display()))?,
@@ -222,9 +277,10 @@ fn run_agent(args: RunArgs, site: Option<bc_agent::site::SiteConfig>) -> anyhow:
         inventory: source(simulate, hostname),
         inventory_every: 60,
         site,
+        runtime,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async {
+    let executor = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    executor.block_on(async {
         let stop = async {
             let _ = tokio::signal::ctrl_c().await;
         };

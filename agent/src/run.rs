@@ -77,6 +77,8 @@ pub struct AgentConfig {
     pub inventory_every: u32,
     /// Run as the site agent (`bcd site`): join with role `site`, and run the site's BMC steps.
     pub site: Option<crate::site::SiteConfig>,
+    /// Run the node's instances (a `vps-host` pool's node): QEMU virtual machines.
+    pub runtime: Option<crate::runtime::RuntimeConfig>,
 }
 
 /// The credential file.
@@ -333,11 +335,20 @@ impl State {
                         .map_err(|err| format!("could not write the CDI spec: {err}"))
                 }
                 CommandKind::Unbind { reservation_id, .. } => {
-                    cdi::remove_spec(&config.cdi_dir, reservation_id.as_str())
-                        .map(|existed| {
-                            if existed { "removed the CDI spec" } else { "no CDI spec to remove" }.to_owned()
-                        })
-                        .map_err(|err| format!("could not remove the CDI spec: {err}"))
+                    // An instance on the allocation is stopped and removed before the release is confirmed.
+                    let stopped = match &config.runtime {
+                        Some(runtime) => crate::runtime::release(runtime, reservation_id)
+                            .await
+                            .map_err(|err| format!("could not stop the allocation's instances: {err:#}")),
+                        None => Ok(0),
+                    };
+                    stopped.and_then(|_| {
+                        cdi::remove_spec(&config.cdi_dir, reservation_id.as_str())
+                            .map(|existed| {
+                                if existed { "removed the CDI spec" } else { "no CDI spec to remove" }.to_owned()
+                            })
+                            .map_err(|err| format!("could not remove the CDI spec: {err}"))
+                    })
                 }
                 CommandKind::RefreshInventory => self
                     .report_inventory(&config.inventory)
@@ -386,6 +397,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 eprintln!("bcd site: the boot server stopped: {err}");
             }
         });
+    }
+    if let Some(runtime) = &config.runtime {
+        site_tasks.spawn(crate::runtime::serve(clients.subscribe(), runtime.clone(), config.inventory.clone()));
     }
     tokio::pin!(shutdown);
     let mut backoff = Duration::from_millis(200);

@@ -214,6 +214,7 @@ pub async fn start_demo_agents(
             inventory,
             inventory_every: 60,
             site: None,
+            runtime: None,
         };
         let mut stopped = stopped.clone();
         tasks.push(tokio::spawn(bc_agent::run::run(config, async move {

@@ -312,6 +312,7 @@ pub async fn provision(config: ProvisionBenchConfig) -> anyhow::Result<()> {
         inventory: InventorySource::simulated(bc_agent::simulate::inventory("site-agent", &spec)).0,
         inventory_every: 0,
         site: Some(SiteConfig { boot: Some(boot.clone()), ..SiteConfig::default() }),
+        runtime: None,
     };
     tokio::spawn(async move {
         if let Err(err) = bc_agent::run::run(site_agent, std::future::pending()).await {

@@ -25,6 +25,7 @@ async fn the_site_agent_does_not_start_when_the_boot_address_is_taken() {
         inventory: InventorySource::Local { hostname: None },
         inventory_every: 0,
         site: Some(SiteConfig { boot: Some(boot), ..Default::default() }),
+        runtime: None,
     };
     let err = run(config, std::future::pending()).await.expect_err("the address is taken");
     assert!(format!("{err:#}").contains("--boot-listen"), "{err:#}");

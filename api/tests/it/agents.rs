@@ -259,6 +259,21 @@ impl Cluster {
         self.start_agent(host, state_dir, cdi_dir, source, machine, Some(self.join_token().await))
     }
 
+    /// Starts the agent of `vps-host` machine `host` (two simulated H100s), which runs its instances with
+    /// `runtime`; it joins with `join_token` when it has no credential yet.
+    pub(crate) fn instance_host(
+        &self,
+        host: &str,
+        join_token: Option<String>,
+        runtime: bc_agent::runtime::RuntimeConfig,
+    ) -> RunningAgent {
+        let spec: simulate::Simulated = "2xH100".parse().expect("spec");
+        let (source, machine) = InventorySource::simulated(simulate::inventory(host, &spec));
+        let state_dir = self.root.path().join(host).join("state");
+        let cdi_dir = self.root.path().join(host).join("cdi");
+        self.start_agent_with(host, state_dir, cdi_dir, source, machine, join_token, Some(runtime))
+    }
+
     fn start_agent(
         &self,
         host: &str,
@@ -267,6 +282,20 @@ impl Cluster {
         source: InventorySource,
         machine: Arc<Mutex<NodeInventory>>,
         join_token: Option<String>,
+    ) -> RunningAgent {
+        self.start_agent_with(host, state_dir, cdi_dir, source, machine, join_token, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_agent_with(
+        &self,
+        host: &str,
+        state_dir: PathBuf,
+        cdi_dir: PathBuf,
+        source: InventorySource,
+        machine: Arc<Mutex<NodeInventory>>,
+        join_token: Option<String>,
+        runtime: Option<bc_agent::runtime::RuntimeConfig>,
     ) -> RunningAgent {
         let config = AgentConfig {
             server: self.base.clone(),
@@ -277,6 +306,7 @@ impl Cluster {
             inventory: source,
             inventory_every: 5,
             site: None,
+            runtime,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(bc_agent::run::run(config, async move {
@@ -300,6 +330,7 @@ impl Cluster {
             inventory: source,
             inventory_every: 5,
             site: Some(site),
+            runtime: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(bc_agent::run::run(config, async move {

@@ -21,6 +21,7 @@ mod process;
 mod profiles;
 mod providers;
 mod ramdisk;
+mod runtime;
 mod scale_out;
 mod site;
 mod sse;

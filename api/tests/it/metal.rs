@@ -184,6 +184,7 @@ impl Machine {
             inventory: inventory(),
             inventory_every: 5,
             site: None,
+            runtime: None,
         };
         let task = tokio::spawn(async move {
             if let Err(err) = bc_agent::run::run(config, std::future::pending()).await {
@@ -581,14 +582,14 @@ async fn a_deployment_finishes_once_when_the_control_plane_process_and_the_ramdi
 }
 
 /// The workspace's `target/<profile>` folder this test binary runs from.
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary");
     exe.parent().and_then(Path::parent).expect("target/<profile>/deps").to_owned()
 }
 
 /// Whether KVM runs a guest here: `/dev/kvm` can exist where a guest never starts (nested virtualization turned
 /// off), so a kernel is booted with it and must print its banner within 20 seconds.
-fn kvm_works(kernel: &Path) -> bool {
+pub(crate) fn kvm_works(kernel: &Path) -> bool {
     use std::io::Read as _;
     if !Path::new("/dev/kvm").exists() {
         return false;
@@ -701,7 +702,7 @@ fn consoles(scratch: &Path) -> String {
     text
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
+pub(crate) fn which(tool: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")
         .and_then(|path| std::env::split_paths(&path).map(|dir| dir.join(tool)).find(|candidate| candidate.exists()))
 }
