@@ -399,7 +399,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
         });
     }
     if let Some(runtime) = &config.runtime {
-        site_tasks.spawn(crate::runtime::serve(clients.subscribe(), runtime.clone(), config.inventory.clone()));
+        let source = config.inventory.clone();
+        site_tasks.spawn(crate::runtime::serve(clients.subscribe(), runtime.clone(), move || source.read()));
     }
     tokio::pin!(shutdown);
     let mut backoff = Duration::from_millis(200);

@@ -20,6 +20,7 @@ use bc_domain::agent::{AgentInstance, InstanceStateReport};
 use bc_domain::id::{InstanceId, ReservationId};
 use bc_domain::image::ImageFormat;
 use bc_domain::instance::{DesiredState, InstanceState};
+use bc_domain::inventory::NodeInventory;
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 use tokio::sync::watch;
@@ -97,11 +98,16 @@ pub fn running_pid(dir: &Path, id: &str) -> Option<u32> {
 static PASS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Runs the runtime until the process ends: each `poll`, with the agent's current client.
-pub async fn serve(clients: watch::Receiver<Option<Client>>, config: RuntimeConfig, gpus: crate::run::InventorySource) {
+/// `inventory` reads the machine's inventory (the GPUs' PCI addresses, for VFIO).
+pub async fn serve(
+    clients: watch::Receiver<Option<Client>>,
+    config: RuntimeConfig,
+    inventory: impl Fn() -> NodeInventory + Send + Sync + 'static,
+) {
     loop {
         let client = clients.borrow().clone();
         if let Some(client) = client
-            && let Err(err) = reconcile(&client, &config, &gpus).await
+            && let Err(err) = reconcile(&client, &config, &inventory).await
         {
             eprintln!("bcd runtime: {err:#}");
         }
@@ -113,7 +119,7 @@ pub async fn serve(clients: watch::Receiver<Option<Client>>, config: RuntimeConf
 pub async fn reconcile(
     client: &Client,
     config: &RuntimeConfig,
-    inventory: &crate::run::InventorySource,
+    inventory: &(dyn Fn() -> NodeInventory + Send + Sync),
 ) -> anyhow::Result<()> {
     let _pass = PASS.lock().await;
     let listed = client.instances().await?;
@@ -186,7 +192,7 @@ fn stop(dir: &Path, id: &str) -> anyhow::Result<()> {
 async fn drive(
     client: &Client,
     config: &RuntimeConfig,
-    inventory: &crate::run::InventorySource,
+    inventory: &(dyn Fn() -> NodeInventory + Send + Sync),
     instance: AgentInstance,
 ) -> anyhow::Result<()> {
     let dir = folder(config, &instance.instance_id);
@@ -198,7 +204,7 @@ async fn drive(
         DesiredState::Running if running_pid(&dir, &id).is_some() => Ok(InstanceState::Running),
         DesiredState::Running => match prepare(client, &dir, &instance).await {
             Ok(disk) => {
-                let command = qemu_command(config, &dir, &instance, &disk, &inventory.read());
+                let command = qemu_command(config, &dir, &instance, &disk, &inventory());
                 let (dir, id) = (dir.clone(), id.clone());
                 tokio::task::spawn_blocking(move || start(command, &dir, &id)).await?.map(|()| InstanceState::Running)
             }
@@ -293,7 +299,7 @@ fn qemu_command(
     dir: &Path,
     instance: &AgentInstance,
     (disk, format): &(PathBuf, ImageFormat),
-    inventory: &bc_domain::inventory::NodeInventory,
+    inventory: &NodeInventory,
 ) -> std::process::Command {
     let path = |p: &Path| p.display().to_string();
     let mut command = std::process::Command::new(&config.qemu);
@@ -347,7 +353,7 @@ fn uuid_of(id: &InstanceId) -> String {
 }
 
 /// The PCI addresses of the allocation's GPUs: each atom is a GPU (its UUID) or a slice of one (named under it).
-fn gpu_addresses(instance: &AgentInstance, inventory: &bc_domain::inventory::NodeInventory) -> Vec<String> {
+fn gpu_addresses(instance: &AgentInstance, inventory: &NodeInventory) -> Vec<String> {
     let mut addresses = BTreeSet::new();
     for device in &instance.devices {
         let gpu = inventory.gpus.iter().find(|gpu| device.as_str().starts_with(gpu.info.uuid.as_str()));
@@ -379,7 +385,7 @@ mod tests {
 
     #[test]
     fn a_guest_uuid_is_stable_and_well_formed() {
-        let id: InstanceId = "inst_01jd8w2k3m4n5p6q7r8s9t0v1w".parse().expect("id");
+        let id = InstanceId::derive(&"acme".parse().expect("tenant"), &"alice".parse().expect("identity"), "k");
         let uuid = uuid_of(&id);
         assert_eq!(uuid, uuid_of(&id));
         assert_eq!(uuid.len(), 36);

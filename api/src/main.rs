@@ -94,6 +94,20 @@ enum PkiCommand {
         #[arg(long = "name", required = true)]
         names: Vec<String>,
     },
+    /// Issue a driver's identity for the driver protocol's mutual TLS (`bcx serve --ca --cert --key-file`):
+    /// writes `ca.crt`, `driver.crt` and `driver.key` (0600) into `--out`.
+    DriverIdentity {
+        #[arg(long, env = "BETTER_COMPUTE_PKI_DIR")]
+        dir: PathBuf,
+        /// The driver's name (its certificate's common name).
+        #[arg(long)]
+        driver: String,
+        /// A DNS name or IP address the control plane reaches the driver at (repeat for each).
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 /// How `serve` and `dev` listen.
@@ -545,6 +559,19 @@ fn pki(command: PkiCommand) -> anyhow::Result<()> {
             println!("  CA sha256 {}", bundle.ca_fingerprint());
             println!("  CA valid from {} until {}", bc_pki::date(ca_from), bc_pki::date(ca_until));
             println!("  server certificate valid until {}", bc_pki::date(server_until));
+            Ok(())
+        }
+        PkiCommand::DriverIdentity { dir, driver, hosts, out } => {
+            let bundle = bc_pki::Bundle::load(&dir)?;
+            let (cert, key) = bundle.issue_driver_identity(&driver, &hosts)?;
+            std::fs::create_dir_all(&out)?;
+            std::fs::write(out.join("ca.crt"), bundle.ca_pem())?;
+            std::fs::write(out.join("driver.crt"), cert)?;
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create(true).truncate(true);
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            std::io::Write::write_all(&mut options.open(out.join("driver.key"))?, key.as_bytes())?;
+            println!("issued driver {driver}'s identity for {} into {}", hosts.join(", "), out.display());
             Ok(())
         }
         PkiCommand::ServerCertificate { dir, names } => {

@@ -246,6 +246,14 @@ impl Bundle {
         })
     }
 
+    /// A driver's certificate and new key (PEM), for the driver protocol's mutual TLS: named `CN=<name>`, valid for
+    /// `hosts` (the names and addresses the control plane reaches it at), good for both ends of a connection, so
+    /// the same bundle's CA verifies the driver and the control plane that calls it.
+    pub fn issue_driver_identity(&self, name: &str, hosts: &[String]) -> Result<(String, String), PkiError> {
+        let usages = [ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        issue_leaf(&self.issuer, hosts, &usages, Some(name))
+    }
+
     /// A revocation list of `revoked`, signed by the CA, DER. `number` must grow from one list to the next.
     pub fn revocation_list(&self, revoked: &[RevokedCertificate], number: u64) -> Result<Vec<u8>, PkiError> {
         let now = OffsetDateTime::now_utc();
@@ -274,6 +282,17 @@ impl Bundle {
 
 /// A server certificate for `names`, signed by `issuer`, and its new key (PEM).
 fn issue_server(issuer: &Issuer<'_, KeyPair>, names: &[String]) -> Result<(String, String), PkiError> {
+    issue_leaf(issuer, names, &[ExtendedKeyUsagePurpose::ServerAuth], None)
+}
+
+/// A certificate for `names` with the usages `usages` (its common name `common_name`, or the first name), signed
+/// by `issuer`, and its new key (PEM).
+fn issue_leaf(
+    issuer: &Issuer<'_, KeyPair>,
+    names: &[String],
+    usages: &[ExtendedKeyUsagePurpose],
+    common_name: Option<&str>,
+) -> Result<(String, String), PkiError> {
     if names.is_empty() {
         return Err(PkiError::Generate("a server certificate needs at least one name".into()));
     }
@@ -282,9 +301,9 @@ fn issue_server(issuer: &Issuer<'_, KeyPair>, names: &[String]) -> Result<(Strin
     let mut params = CertificateParams::new(names.to_vec())?;
     params.distinguished_name = rcgen::DistinguishedName::new();
     params.distinguished_name.push(DnType::OrganizationName, "Better Compute");
-    params.distinguished_name.push(DnType::CommonName, names[0].clone());
+    params.distinguished_name.push(DnType::CommonName, common_name.unwrap_or(&names[0]).to_owned());
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.extended_key_usages = usages.to_vec();
     params.not_before = now - BACKDATE;
     params.not_after = now + SERVER_LIFETIME;
     params.serial_number = Some(random_serial()?);

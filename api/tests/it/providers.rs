@@ -117,3 +117,74 @@ async fn without_a_pki_bundle_no_account_is_made() {
     assert!(refused.body["error"]["message"].as_str().is_some_and(|m| m.contains("PKI bundle")), "{:?}", refused.body);
     assert_eq!(api.events().await, before);
 }
+
+/// The built-in `better-compute` provider driver, served out of process's way (over the driver protocol's mutual
+/// TLS, with identities the PKI bundle issues), passes the conformance suite against a real lending deployment:
+/// it borrows one GPU there as a reservation of the account's tenant, and gives it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_better_compute_driver_borrows_from_a_lending_deployment_and_passes_the_conformance_suite() {
+    use reqwest::Method;
+    bc_pki::tls::install_default_provider();
+    // The lender is a real `better-compute serve` process on its own database.
+    let lender = crate::agents::Cluster::start_process("lender").await;
+    let gpus: Vec<Value> = (0..2)
+        .map(|g| json!({ "uuid": format!("GPU-lent-{g}"), "name": "NVIDIA H100 80GB HBM3", "memoryMib": 81559 }))
+        .collect();
+    let node = json!({ "poolId": lender.pool, "name": "lent-1", "role": "host", "trust": "platform", "gpus": gpus });
+    let (status, body) = lender.call(Method::POST, "/v1/nodes", Some(node)).await;
+    assert_eq!(status, 201, "{body}");
+    let offer = json!({ "tenantId": "acme", "quota": { "gpu": 2 } });
+    let (status, body) = lender.call(Method::POST, &format!("/v1/pools/{}/offers", lender.pool), Some(offer)).await;
+    assert!(status < 300, "{body}");
+
+    // The driver's and the control plane's identities, from the borrowing side's bundle.
+    let dir = lender.root.path().join("borrower-pki");
+    let bundle = bc_pki::Bundle::init(&dir, &bc_pki::InitOptions::default()).expect("bundle");
+    let hosts = ["127.0.0.1".to_owned()];
+    let issue = |name: &str| {
+        let (cert_pem, key_pem) = bundle.issue_driver_identity(name, &hosts).expect("identity");
+        bcx::tls::Identity { ca_pem: bundle.ca_pem().to_owned(), cert_pem, key_pem }
+    };
+    let (driver_identity, caller) = (issue("better-compute"), issue("control-plane"));
+    let driver = bcx::better_compute::BetterCompute::new(Some(&lender.ca)).expect("driver");
+    let driver = bcx::server::Driver::provider(bcx::better_compute::NAME, "test", driver);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("https://127.0.0.1:{}", listener.local_addr().expect("addr").port());
+    tokio::spawn(async move { bcx::server::serve(listener, &driver_identity, driver, std::future::pending()).await });
+
+    let client = bcx::client::DriverClient::new(&url, &caller).expect("client");
+    let setup = bcx::conformance::Setup {
+        account: bcx::protocol::Account {
+            account_id: "pacct_test".into(),
+            endpoint: lender.base.clone(),
+            settings: [("poolId".to_owned(), lender.pool.to_string())].into(),
+            credential: ALICE.to_owned(),
+        },
+        gpu_model: "H100".into(),
+        key: "conformance-1".into(),
+        patience: std::time::Duration::from_secs(30),
+    };
+    let passed = bcx::conformance::provider(&client, &setup).await.expect("the conformance suite");
+    assert!(passed.len() >= 8, "{passed:?}");
+
+    // At the lender, the machine was acme's reservation of one GPU, given back.
+    let mut tx = lender.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+    let rows: Vec<(String, String, i32)> =
+        sql::query_as("SELECT tenant_id, state, count FROM reservations WHERE pool_id = $1")
+            .bind(lender.pool.as_str())
+            .fetch_all(tx.conn())
+            .await
+            .expect("reservations");
+    tx.commit().await.expect("commit");
+    assert_eq!(rows.len(), 1, "one machine, one reservation, however often it was asked for: {rows:?}");
+    assert_eq!(rows[0].0, "acme");
+    assert!(["released", "releasing", "cancelled"].contains(&rows[0].1.as_str()), "{rows:?}");
+    assert_eq!(rows[0].2, 1);
+
+    // A wrong credential is refused as the lender refuses it.
+    let mut wrong = setup.clone();
+    wrong.account.credential = "not-a-token-0000000000".into();
+    wrong.key = "conformance-2".into();
+    let refused = bcx::conformance::provider(&client, &wrong).await.expect_err("a wrong credential");
+    assert!(refused.why.contains("Unauthenticated"), "{refused}");
+}

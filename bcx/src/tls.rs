@@ -1,0 +1,243 @@
+//! Serving over TLS: a listener that completes each handshake in its own task (a slow or hostile client never
+//! holds up the others) and hands axum finished streams, with the client certificate the handshake verified.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::connect_info::Connected;
+use axum::serve::{IncomingStream, Listener};
+use bc_pki::PeerCertificate;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// How long a client may take to finish its handshake.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// Who is at the other end of a connection: its address, and the certificate it presented (already verified
+/// against the bundle's CA) when it presented one. Requests carry it as `ConnectInfo<Peer>`.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub certificate: Option<PeerCertificate>,
+    /// Whether the connection is TLS: node routes require a node certificate only then.
+    pub tls: bool,
+}
+
+/// The server configuration new connections are accepted with, replaced when the revocation list changes.
+pub type SharedConfig = Arc<std::sync::RwLock<Arc<rustls::ServerConfig>>>;
+
+/// A TCP listener whose connections are TLS.
+pub struct TlsListener {
+    local: SocketAddr,
+    config: SharedConfig,
+    ready: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for TlsListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsListener").field("local", &self.local).finish_non_exhaustive()
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+impl TlsListener {
+    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> io::Result<TlsListener> {
+        let local = tcp.local_addr()?;
+        let (send, ready) = mpsc::channel(64);
+        let config: SharedConfig = Arc::new(std::sync::RwLock::new(config));
+        let shared = Arc::clone(&config);
+        let accepting = tokio::spawn(async move {
+            loop {
+                let (stream, addr) = match tcp.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        // Out of file descriptors and the like: wait a little rather than spin.
+                        tracing::warn!(error = %err, "cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                // An answer goes out as soon as it is written, not after the client's delayed ACK.
+                let _ = stream.set_nodelay(true);
+                let current = match shared.read() {
+                    Ok(config) => Arc::clone(&config),
+                    Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+                };
+                let acceptor = TlsAcceptor::from(current);
+                let send = send.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let certificate = tls
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|chain| chain.first())
+                                .and_then(|der| PeerCertificate::parse(der).ok());
+                            let _ = send.send((tls, Peer { addr, certificate, tls: true })).await;
+                        }
+                        Ok(Err(err)) => tracing::debug!(%addr, error = %err, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener { local, config, ready, accepting })
+    }
+
+    /// The configuration new connections get: replace it to change what the next handshakes check.
+    pub fn config(&self) -> SharedConfig {
+        Arc::clone(&self.config)
+    }
+
+    /// The address it listens on.
+    pub fn address(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+impl Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = Peer;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(ready) => ready,
+            // The accepting task only ends when the listener is dropped.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(Peer { addr: self.local, certificate: None, tls: true })
+    }
+}
+
+impl Connected<IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+        stream.remote_addr().clone()
+    }
+}
+
+/// A plain listener whose connections send each write at once (`TCP_NODELAY`): without it a small answer
+/// written in two parts waits for the client's acknowledgement of the first.
+#[derive(Debug)]
+pub struct PlainListener(pub TcpListener);
+
+impl Listener for PlainListener {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (stream, addr) = Listener::accept(&mut self.0).await;
+        let _ = stream.set_nodelay(true);
+        (stream, addr)
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+impl Connected<IncomingStream<'_, PlainListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, PlainListener>) -> Self {
+        Peer { addr: *stream.remote_addr(), certificate: None, tls: false }
+    }
+}
+
+/// A bound listener, plain or TLS.
+#[derive(Debug)]
+pub enum Bound {
+    /// Plain HTTP: only behind a proxy that terminates TLS (`--insecure-http`), and in tests of the HTTP layer.
+    Plain(TcpListener),
+    Tls(TlsListener),
+}
+
+impl Bound {
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            Bound::Plain(listener) => listener.local_addr(),
+            Bound::Tls(listener) => Ok(listener.address()),
+        }
+    }
+
+    /// The API's base URL on this listener.
+    pub fn url(&self) -> io::Result<String> {
+        let scheme = match self {
+            Bound::Plain(_) => "http",
+            Bound::Tls(_) => "https",
+        };
+        Ok(format!("{scheme}://{}", self.local_addr()?))
+    }
+}
+
+impl From<TcpListener> for Bound {
+    fn from(listener: TcpListener) -> Self {
+        Bound::Plain(listener)
+    }
+}
+
+impl From<TlsListener> for Bound {
+    fn from(listener: TlsListener) -> Self {
+        Bound::Tls(listener)
+    }
+}
+
+/// One side's identity in the driver protocol: its certificate chain and key (PEM), and the CA (PEM) whose
+/// certificates it accepts from the other side. Both sides present a certificate: the protocol is mutual TLS.
+#[derive(Clone)]
+pub struct Identity {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity").finish_non_exhaustive()
+    }
+}
+
+impl Identity {
+    /// Reads the three PEM files.
+    pub fn load(ca: &std::path::Path, cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<Identity> {
+        use anyhow::Context as _;
+        let read =
+            |path: &std::path::Path| std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()));
+        Ok(Identity { ca_pem: read(ca)?, cert_pem: read(cert)?, key_pem: read(key)? })
+    }
+
+    /// A server configuration that presents this identity and accepts only clients whose certificate the CA
+    /// signed: a client without one fails the handshake.
+    pub fn mutual_server_config(&self) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+        let provider = bc_pki::tls::provider();
+        let mut roots = rustls::RootCertStore::empty();
+        for certificate in bc_pki::tls::certificates(&self.ca_pem)? {
+            roots.add(certificate)?;
+        }
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build()?;
+        let chain = bc_pki::tls::certificates(&self.cert_pem)?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, bc_pki::tls::private_key(&self.key_pem)?)?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// A client configuration that presents this identity and trusts only servers the CA signed.
+    pub fn client_config(&self) -> anyhow::Result<rustls::ClientConfig> {
+        Ok(bc_pki::tls::client_config(&self.ca_pem, Some((&self.cert_pem, &self.key_pem)))?)
+    }
+}

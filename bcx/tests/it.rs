@@ -1,0 +1,171 @@
+//! The driver protocol end to end over real mutual TLS: a provider driver written against the SDK passes the
+//! conformance suite; callers without a certificate of the bundle's CA are refused at the handshake; a driver
+//! that breaks a rule fails the suite naming the rule.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bcx::client::DriverClient;
+use bcx::conformance::{self, Setup};
+use bcx::protocol::{
+    Account, AcquireRequest, DriverError, ErrorCode, ListRequest, Machine, MachineGpu, MachineState, ReleaseRequest,
+};
+use bcx::server::{Driver, DriverFuture, ProviderDriver, serve};
+use bcx::tls::Identity;
+
+/// A provider with machines in memory: each key acquires one machine, `acquiring` until listed once.
+#[derive(Default)]
+struct Memory {
+    machines: Mutex<BTreeMap<String, (String, Machine)>>,
+    /// A broken driver forgets the key: every acquire is a new machine.
+    forgets_keys: bool,
+    next: AtomicU64,
+}
+
+impl ProviderDriver for Memory {
+    fn acquire(&self, request: AcquireRequest) -> DriverFuture<'_, Machine> {
+        Box::pin(async move {
+            if request.account.credential != "secret" {
+                return Err(DriverError::new(ErrorCode::Unauthenticated, "wrong credential"));
+            }
+            let mut machines = self.machines.lock().expect("lock");
+            if !self.forgets_keys
+                && let Some((_, machine)) = machines.values().find(|(key, _)| *key == request.key)
+            {
+                return Ok(machine.clone());
+            }
+            let id = format!("m-{}", self.next.fetch_add(1, Ordering::Relaxed));
+            let gpus = (0..request.gpus)
+                .map(|g| MachineGpu {
+                    id: format!("{id}-gpu{g}"),
+                    model: request.gpu_model.clone(),
+                    memory_mib: 81_559,
+                })
+                .collect();
+            let machine =
+                Machine { id: id.clone(), state: MachineState::Acquiring, gpus, until_ms: None, detail: None };
+            machines.insert(id, (request.key, machine.clone()));
+            Ok(machine)
+        })
+    }
+
+    fn list(&self, _: ListRequest) -> DriverFuture<'_, Vec<Machine>> {
+        Box::pin(async move {
+            let mut machines = self.machines.lock().expect("lock");
+            let mut listed = Vec::new();
+            for (_, machine) in machines.values_mut() {
+                listed.push(machine.clone());
+                if machine.state == MachineState::Acquiring {
+                    machine.state = MachineState::Ready;
+                }
+            }
+            Ok(listed)
+        })
+    }
+
+    fn release(&self, request: ReleaseRequest) -> DriverFuture<'_, Machine> {
+        Box::pin(async move {
+            let mut machines = self.machines.lock().expect("lock");
+            let Some((_, machine)) = machines.get_mut(&request.machine_id) else {
+                return Err(DriverError::new(ErrorCode::NotFound, format!("no machine {}", request.machine_id)));
+            };
+            machine.state = MachineState::Released;
+            Ok(machine.clone())
+        })
+    }
+}
+
+/// A throwaway PKI bundle: the driver's identity and the control plane's, both from its CA.
+fn identities(name: &str) -> (Identity, Identity) {
+    let dir = std::env::temp_dir().join(format!("bcx-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let bundle = bc_pki::Bundle::init(&dir, &bc_pki::InitOptions::default()).expect("bundle");
+    let hosts = ["127.0.0.1".to_owned(), "localhost".to_owned()];
+    let (cert, key) = bundle.issue_driver_identity("memory", &hosts).expect("driver identity");
+    let driver = Identity { ca_pem: bundle.ca_pem().to_owned(), cert_pem: cert, key_pem: key };
+    let (cert, key) = bundle.issue_driver_identity("control-plane", &hosts).expect("control plane identity");
+    let caller = Identity { ca_pem: bundle.ca_pem().to_owned(), cert_pem: cert, key_pem: key };
+    let _ = std::fs::remove_dir_all(&dir);
+    (driver, caller)
+}
+
+async fn served(driver: Driver, identity: &Identity) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("https://127.0.0.1:{}", listener.local_addr().expect("addr").port());
+    let identity = identity.clone();
+    tokio::spawn(async move { serve(listener, &identity, driver, std::future::pending()).await });
+    url
+}
+
+fn setup(key: &str) -> Setup {
+    Setup {
+        account: Account {
+            account_id: "pacct_test".into(),
+            endpoint: "https://provider.example".into(),
+            settings: BTreeMap::new(),
+            credential: "secret".into(),
+        },
+        gpu_model: "H100".into(),
+        key: key.into(),
+        patience: Duration::from_secs(10),
+    }
+}
+
+#[tokio::test]
+async fn a_driver_written_against_the_sdk_passes_the_conformance_suite_over_mutual_tls() {
+    bc_pki::tls::install_default_provider();
+    let (driver, caller) = identities("passes");
+    let url = served(Driver::provider("memory", "1", Memory::default()), &driver).await;
+    let client = DriverClient::new(&url, &caller).expect("client");
+    let passed = conformance::provider(&client, &setup("k1")).await.expect("conformance");
+    assert!(passed.len() >= 8, "{passed:?}");
+    let mut wrong = setup("k2");
+    wrong.account.credential = "guess".into();
+    let refused = conformance::provider(&client, &wrong).await.expect_err("a wrong credential");
+    assert_eq!(refused.check, "acquire", "{refused}");
+    assert!(refused.why.contains("Unauthenticated"), "{refused}");
+}
+
+#[tokio::test]
+async fn callers_without_a_certificate_of_the_ca_are_refused_at_the_handshake() {
+    bc_pki::tls::install_default_provider();
+    let (driver, _) = identities("handshake");
+    let url = served(Driver::provider("memory", "1", Memory::default()), &driver).await;
+    // No client certificate at all.
+    let anonymous = reqwest::Client::builder()
+        .tls_backend_preconfigured(bc_pki::tls::client_config(&driver.ca_pem, None).expect("tls"))
+        .build()
+        .expect("client");
+    assert!(anonymous.get(format!("{url}/bcx/v1/describe")).send().await.is_err(), "no certificate, no answer");
+    // A certificate of another CA.
+    let (_, stranger) = identities("stranger");
+    let stranger = Identity { ca_pem: driver.ca_pem.clone(), ..stranger };
+    let client = DriverClient::new(&url, &stranger).expect("client");
+    let err = client.describe().await.expect_err("another CA's certificate");
+    assert!(matches!(err, bcx::client::CallError::Unreachable(_)), "{err}");
+}
+
+#[tokio::test]
+async fn a_driver_that_acquires_twice_for_one_key_fails_the_suite_naming_the_rule() {
+    bc_pki::tls::install_default_provider();
+    let (driver, caller) = identities("broken");
+    let broken = Memory { forgets_keys: true, ..Memory::default() };
+    let url = served(Driver::provider("broken", "1", broken), &driver).await;
+    let client = DriverClient::new(&url, &caller).expect("client");
+    let failed = conformance::provider(&client, &setup("k1")).await.expect_err("a broken driver");
+    assert_eq!(failed.check, "acquire again", "{failed}");
+    // The server checks what every acquire must satisfy before the driver sees it.
+    let mut invalid = setup("k2");
+    invalid.key = String::new();
+    let request = AcquireRequest {
+        account: invalid.account,
+        key: String::new(),
+        gpus: 1,
+        gpu_model: "H100".into(),
+        duration_s: 60,
+    };
+    let refused = client.acquire(&request).await.expect_err("an empty key");
+    assert_eq!(refused.code(), Some(ErrorCode::InvalidArgument), "{refused}");
+}
