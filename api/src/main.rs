@@ -325,6 +325,16 @@ struct ServeArgs {
     #[command(flatten)]
     images: ImageArgs,
 
+    /// The CA certificates (PEM) of the Better Compute deployments provider pools may borrow from: the built-in
+    /// `better-compute` driver trusts only these.
+    #[arg(long, env = "BETTER_COMPUTE_PROVIDER_TRUST")]
+    provider_trust: Option<PathBuf>,
+
+    /// An out-of-process provider driver, `provider=https://host:port` (repeat for each): called over the driver
+    /// protocol's mutual TLS with an identity from the PKI bundle; it replaces a built-in one of that name.
+    #[arg(long = "provider-driver", env = "BETTER_COMPUTE_PROVIDER_DRIVERS", value_delimiter = ',')]
+    provider_drivers: Vec<String>,
+
     #[command(flatten)]
     database: DatabaseArgs,
 }
@@ -337,6 +347,20 @@ impl ServeArgs {
             images: self.images.policy()?,
             ..Default::default()
         };
+        if let Some(path) = &self.provider_trust {
+            options.provider_trust = Some(
+                std::fs::read_to_string(path).with_context(|| format!("read --provider-trust {}", path.display()))?,
+            );
+        }
+        for driver in &self.provider_drivers {
+            let Some((name, url)) = driver.split_once('=') else {
+                anyhow::bail!("--provider-driver {driver:?}: expected provider=https://host:port");
+            };
+            if !url.starts_with("https://") {
+                anyhow::bail!("--provider-driver {driver:?}: drivers are reached over mutual TLS (https://)");
+            }
+            options.provider_drivers.push((name.to_owned(), url.to_owned()));
+        }
         if self.lease_ttl_ms.is_some() || self.lease_renew_ms.is_some() {
             let ttl = self.lease_ttl_ms.unwrap_or(15_000);
             let renew = self.lease_renew_ms.unwrap_or(5_000);

@@ -199,6 +199,10 @@ pub struct ServeOptions {
     pub cors_origins: Vec<String>,
     /// How images are taken: the signer allowlist and the largest size.
     pub images: bc_commands::images::ImagePolicy,
+    /// The CA certificates (PEM) of the deployments the built-in `better-compute` provider driver may call.
+    pub provider_trust: Option<String>,
+    /// Out-of-process provider drivers: (provider, URL).
+    pub provider_drivers: Vec<(String, String)>,
 }
 
 impl Default for ServeOptions {
@@ -210,8 +214,48 @@ impl Default for ServeOptions {
             pki: None,
             cors_origins: Vec::new(),
             images: bc_commands::images::ImagePolicy::default(),
+            provider_trust: None,
+            provider_drivers: Vec::new(),
         }
     }
+}
+
+/// The provider drivers of a process with a PKI bundle: the built-in `better-compute` driver served on a loopback
+/// port over the driver protocol's mutual TLS (called the same way as an out-of-process one), and the drivers
+/// `options` names, with identities the bundle issues. None without a bundle.
+pub async fn provider_drivers(
+    options: &ServeOptions,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<bc_commands::borrowing::ProviderDrivers> {
+    let mut drivers = bc_commands::borrowing::ProviderDrivers::default();
+    let Some(pki) = &options.pki else { return Ok(drivers) };
+    let hosts = ["127.0.0.1".to_owned()];
+    let identity = |name: &str| -> anyhow::Result<bcx::tls::Identity> {
+        let (cert_pem, key_pem) = pki.bundle.issue_driver_identity(name, &hosts)?;
+        Ok(bcx::tls::Identity { ca_pem: pki.bundle.ca_pem().to_owned(), cert_pem, key_pem })
+    };
+    let caller = identity("control-plane")?;
+    if !options.provider_drivers.iter().any(|(name, _)| name == bcx::better_compute::NAME) {
+        let builtin = bcx::better_compute::BetterCompute::new(options.provider_trust.as_deref())?;
+        let driver = bcx::server::Driver::provider(bcx::better_compute::NAME, env!("CARGO_PKG_VERSION"), builtin);
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("https://127.0.0.1:{}", listener.local_addr()?.port());
+        let served = identity(bcx::better_compute::NAME)?;
+        let mut stop = stop;
+        tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stop.changed().await;
+            };
+            if let Err(err) = bcx::server::serve(listener, &served, driver, shutdown).await {
+                tracing::error!(error = %err, "the built-in better-compute driver stopped");
+            }
+        });
+        drivers = drivers.with(bcx::better_compute::NAME, bcx::client::DriverClient::new(&url, &caller)?);
+    }
+    for (name, url) in &options.provider_drivers {
+        drivers = drivers.with(name, bcx::client::DriverClient::new(url, &caller)?);
+    }
+    Ok(drivers)
 }
 
 /// How often a TLS listener reads the revoked node certificates.
@@ -291,7 +335,12 @@ pub async fn serve_with(
             owner.clone(),
             ShardConfig { lease: options.work_lease, ..ShardConfig::workers(SHARDS) },
         );
-        let worker = Worker::new(App::new(db.clone()), WorkerConfig::default()).with_shard_leases(keeper.watch());
+        let mut worker_app =
+            App::new(db.clone()).with_provider_drivers(provider_drivers(&options, stopped.clone()).await?);
+        if let Some(pki) = &options.pki {
+            worker_app = worker_app.with_pki(Arc::clone(&pki.bundle));
+        }
+        let worker = Worker::new(worker_app, WorkerConfig::default()).with_shard_leases(keeper.watch());
         background.push(tokio::spawn(worker.run(stopped.clone())));
         let daemon = DaemonConfig { lease: options.work_lease, ..DaemonConfig::default() };
         background.push(tokio::spawn(framework::run_daemon(

@@ -7,6 +7,7 @@ pub mod agents;
 pub mod auth;
 pub mod availability;
 mod beats;
+pub mod borrowing;
 pub use beats::{BatchFigures as HeartbeatBatchFigures, batch_figures as heartbeat_batch_figures};
 pub mod door;
 pub mod figures;
@@ -225,6 +226,8 @@ pub struct App {
     beats: Arc<std::sync::OnceLock<beats::Batcher>>,
     /// How images are taken: the signer allowlist and the largest size.
     images: Arc<images::ImagePolicy>,
+    /// The provider drivers provider pools borrow their capacity through.
+    providers: Arc<borrowing::ProviderDrivers>,
 }
 
 impl App {
@@ -248,6 +251,7 @@ impl App {
             tenancy_refresh: Arc::new(tokio::sync::Mutex::new(())),
             beats: Arc::new(std::sync::OnceLock::new()),
             images: Arc::new(images::ImagePolicy::default()),
+            providers: Arc::new(borrowing::ProviderDrivers::default()),
         }
     }
 

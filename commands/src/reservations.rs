@@ -792,8 +792,14 @@ async fn reserve_decided(
                     store::pending_count(tx, &pool.id).await?,
                 ),
             };
+            // A provider pool borrows what it lacks: a request may wait for a machine to be acquired for it.
+            let borrows = store::provider_machines::is_provider_pool(tx, &pool.id).await?;
+            let holders = if borrows { holders.max(i64::from(request.devices.nodes())) } else { holders };
             let waiting = Waiting { pool_id: &pool.id, holders, pending, max_pending: pool.policy.max_pending };
             reservation::may_wait(request, &waiting)?;
+            if borrows {
+                work::wake_with_commit(tx, &WorkKey::PoolProvider(pool.id.clone()));
+            }
         }
     }
     let mut position = record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;

@@ -32,6 +32,9 @@ pub enum WorkKey {
     /// command freeing capacity updates, and repeatable-read commands updating one row abort each other. The
     /// worker coalesces a pool's wakes when it runs them ([`WorkKey::pending_prefix`]).
     PoolPending { pool: PoolId, wake: String },
+    /// A provider pool's round: acquire machines for its waiting reservations, register the ready ones, give back
+    /// those no longer needed (`pool:<id>:provider`).
+    PoolProvider(PoolId),
 }
 
 impl WorkKey {
@@ -59,6 +62,7 @@ impl fmt::Display for WorkKey {
             WorkKey::NodeLifecycle(node) => write!(f, "node:{node}:lifecycle"),
             WorkKey::Workflow(id) => write!(f, "wf:{id}"),
             WorkKey::PoolPending { pool, wake } => write!(f, "{}{wake}", WorkKey::pending_prefix(pool)),
+            WorkKey::PoolProvider(pool) => write!(f, "pool:{pool}:provider"),
         }
     }
 }
@@ -87,6 +91,9 @@ impl FromStr for WorkKey {
         }
         if let Some(node) = key.strip_prefix("node:").and_then(|rest| rest.strip_suffix(":lifecycle")) {
             return node.parse().map(WorkKey::NodeLifecycle).map_err(|err| unknown(format!("{err}")));
+        }
+        if let Some(pool) = key.strip_prefix("pool:").and_then(|rest| rest.strip_suffix(":provider")) {
+            return pool.parse().map(WorkKey::PoolProvider).map_err(|err| unknown(format!("{err}")));
         }
         if let Some((pool, wake)) = key.strip_prefix("pool:").and_then(|rest| rest.split_once(":pending@")) {
             if wake.is_empty() || !wake.bytes().all(|b| b.is_ascii_alphanumeric()) {

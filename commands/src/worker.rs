@@ -258,6 +258,7 @@ impl Worker {
             }
             Ok(WorkKey::Workflow(id)) => return self.app.run_workflow_item(&self.caller, item, &id, fence).await,
             Ok(WorkKey::PoolPending { pool, .. }) => return self.retry_pending(item, &pool, fence).await,
+            Ok(WorkKey::PoolProvider(pool)) => return self.app.run_provider_item(item, &pool, fence).await,
             Err(unknown) => tracing::warn!(%unknown, "dropping a work item this build does not know"),
         }
         let mut tx = self.app.db.begin(TxOptions::READ_COMMITTED).await?;

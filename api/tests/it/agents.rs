@@ -171,6 +171,11 @@ impl Cluster {
     /// tests' authorization file), which [`Cluster::kill_server`] kills with SIGKILL and [`Cluster::start_server`]
     /// starts again on the same port and database.
     pub(crate) async fn start_process(name: &str) -> Cluster {
+        Self::start_process_with(name, Vec::new()).await
+    }
+
+    /// [`Cluster::start_process`] with more arguments to `serve`.
+    pub(crate) async fn start_process_with(name: &str, extra: Vec<String>) -> Cluster {
         let t = TestDb::new().await;
         let root = tempdir::Dir::new(name);
         let app = App::new(t.db.clone());
@@ -181,7 +186,7 @@ impl Cluster {
         let command = move || {
             let listen = format!("127.0.0.1:{port}");
             let mut c = crate::process::command(&["serve", "--no-migrate", "--listen", &listen, "--auth-config"]);
-            c.arg(&auth).env("BETTER_COMPUTE_DATABASE_URL", &url);
+            c.arg(&auth).args(&extra).env("BETTER_COMPUTE_DATABASE_URL", &url);
             c
         };
         let server = tokio::task::block_in_place(|| crate::process::Server::start(command()));

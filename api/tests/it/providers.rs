@@ -188,3 +188,93 @@ async fn the_better_compute_driver_borrows_from_a_lending_deployment_and_passes_
     let refused = bcx::conformance::provider(&client, &wrong).await.expect_err("a wrong credential");
     assert!(refused.why.contains("Unauthenticated"), "{refused}");
 }
+
+/// Two real deployments on two databases: a reservation in the borrowing one's provider pool waits, its provider
+/// round acquires a machine at the lending one (a reservation of the account's tenant there), registers it as a
+/// node, and the reservation is placed on it; released, the machine is given back and its node removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_pool_borrows_a_machine_from_another_deployment_and_gives_it_back() {
+    use reqwest::Method;
+    bc_pki::tls::install_default_provider();
+    let lender = crate::agents::Cluster::start_process("lends").await;
+    let gpus: Vec<Value> = (0..2)
+        .map(|g| json!({ "uuid": format!("GPU-lends-{g}"), "name": "NVIDIA H100 80GB HBM3", "memoryMib": 81559 }))
+        .collect();
+    let node = json!({ "poolId": lender.pool, "name": "lends-1", "role": "host", "trust": "platform", "gpus": gpus });
+    let (status, body) = lender.call(Method::POST, "/v1/nodes", Some(node)).await;
+    assert_eq!(status, 201, "{body}");
+    let offer = json!({ "tenantId": "acme", "quota": { "gpu": 2 } });
+    let (status, body) = lender.call(Method::POST, &format!("/v1/pools/{}/offers", lender.pool), Some(offer)).await;
+    assert!(status < 300, "{body}");
+
+    // The borrower trusts the lender's CA (the tests' deployments share one).
+    let ca = crate::process::test_pki().join("ca.crt").display().to_string();
+    let borrower = crate::agents::Cluster::start_process_with("borrows", vec!["--provider-trust".into(), ca]).await;
+    let account = json!({ "name": "lends", "provider": "better-compute", "endpoint": lender.base, "credential": ALICE,
+                           "settings": { "poolId": lender.pool } });
+    let (status, account) = borrower.call(Method::POST, "/v1/provider-accounts", Some(account)).await;
+    assert_eq!(status, 201, "{account}");
+    let mut tx = borrower.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+    let site: String = sql::query_scalar("SELECT site_id FROM pools WHERE id = $1")
+        .bind(borrower.pool.as_str())
+        .fetch_one(tx.conn())
+        .await
+        .expect("site");
+    tx.commit().await.expect("commit");
+    let pool = json!({ "siteId": site, "name": "borrowed", "class": "provider", "gpuModel": "H100", "agent": "none",
+                       "providerAccountId": account["id"] });
+    let (status, pool) = borrower.call(Method::POST, "/v1/pools", Some(pool)).await;
+    assert_eq!(status, 201, "{pool}");
+    let pool = pool["id"].as_str().expect("pool").to_owned();
+
+    // The pool is empty: the reservation waits, and is placed on the machine borrowed for it.
+    let reserve = json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 3600 });
+    let made = borrower
+        .http
+        .post(format!("{}/v1/reservations", borrower.base))
+        .bearer_auth(ROOT)
+        .header("idempotency-key", "borrow-1")
+        .json(&reserve)
+        .send()
+        .await
+        .expect("reserve");
+    assert_eq!(made.status().as_u16(), 201);
+    let made: Value = made.json().await.expect("body");
+    assert_eq!(made["state"], "pending", "{made}");
+    let id = made["id"].as_str().expect("id").to_owned();
+    borrower.await_reservation(&id, "active").await;
+    let rows = |cluster: &crate::agents::Cluster, query: &'static str, pool: String| {
+        let db = cluster.db().clone();
+        async move {
+            let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+            let rows: Vec<(String, String)> = sql::query_as(query).bind(pool).fetch_all(tx.conn()).await.expect("rows");
+            tx.commit().await.expect("commit");
+            rows
+        }
+    };
+    let lent =
+        rows(&lender, "SELECT tenant_id, state FROM reservations WHERE pool_id = $1", lender.pool.to_string()).await;
+    assert_eq!(lent.len(), 1, "{lent:?}");
+    assert_eq!(lent[0].0, "acme", "borrowed as the account's tenant: {lent:?}");
+    let nodes = rows(&borrower, "SELECT id, name FROM nodes WHERE pool_id = $1", pool.clone()).await;
+    assert_eq!(nodes.len(), 1, "the machine is a node of the provider pool: {nodes:?}");
+    assert!(nodes[0].1.starts_with("rsv_"), "named by its machine at the lender: {nodes:?}");
+
+    // Released here, the machine goes back there and its node goes.
+    let (status, body) = borrower.call(Method::POST, &format!("/v1/reservations/{id}/release"), Some(json!({}))).await;
+    assert_eq!(status, 200, "{body}");
+    borrower.await_reservation(&id, "released").await;
+    let lender_state = || async {
+        let lent =
+            rows(&lender, "SELECT tenant_id, state FROM reservations WHERE pool_id = $1", lender.pool.to_string())
+                .await;
+        lent.first().filter(|(_, state)| ["released", "releasing"].contains(&state.as_str())).cloned()
+    };
+    crate::agents::eventually("the machine given back at the lender", lender_state).await;
+    let machine = || async {
+        let held =
+            rows(&borrower, "SELECT machine_id, state FROM provider_machines WHERE pool_id = $1", pool.clone()).await;
+        held.first().filter(|(_, state)| state == "released").cloned()
+    };
+    crate::agents::eventually("the machine recorded as given back", machine).await;
+}

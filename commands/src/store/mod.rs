@@ -24,6 +24,7 @@ pub mod instances;
 pub mod liveness;
 pub mod node_commands;
 pub mod profiles;
+pub mod provider_machines;
 pub mod providers;
 pub mod scalars;
 pub mod site;
