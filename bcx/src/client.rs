@@ -48,10 +48,13 @@ const ANSWER_LIMIT: usize = 4 * 1024 * 1024;
 
 impl DriverClient {
     pub fn new(url: &str, identity: &crate::tls::Identity) -> anyhow::Result<DriverClient> {
-        let http = reqwest::Client::builder()
-            .tls_backend_preconfigured(identity.client_config()?)
-            .timeout(CALL_TIMEOUT)
-            .build()?;
+        Self::with_timeout(url, identity, CALL_TIMEOUT)
+    }
+
+    /// [`DriverClient::new`] with calls cut after `timeout` (a driver that hangs is unreachable).
+    pub fn with_timeout(url: &str, identity: &crate::tls::Identity, timeout: Duration) -> anyhow::Result<DriverClient> {
+        let http =
+            reqwest::Client::builder().tls_backend_preconfigured(identity.client_config()?).timeout(timeout).build()?;
         Ok(DriverClient { url: url.trim_end_matches('/').to_owned(), http })
     }
 

@@ -169,3 +169,37 @@ async fn a_driver_that_acquires_twice_for_one_key_fails_the_suite_naming_the_rul
     let refused = client.acquire(&request).await.expect_err("an empty key");
     assert_eq!(refused.code(), Some(ErrorCode::InvalidArgument), "{refused}");
 }
+
+#[tokio::test]
+async fn a_driver_that_answers_garbage_or_hangs_is_a_clear_error_not_a_hang() {
+    bc_pki::tls::install_default_provider();
+    let (driver, caller) = identities("garbage");
+    let garbage = axum::Router::new()
+        .route("/bcx/v1/describe", axum::routing::get(|| async { "not a describe" }))
+        .route("/bcx/v1/provider/list", axum::routing::post(|| async { (axum::http::StatusCode::BAD_GATEWAY, "oops") }))
+        .route(
+            "/bcx/v1/provider/acquire",
+            axum::routing::post(|| async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                "never"
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("https://127.0.0.1:{}", listener.local_addr().expect("addr").port());
+    let tls = bcx::tls::TlsListener::new(listener, driver.mutual_server_config().expect("tls")).expect("listener");
+    tokio::spawn(async move { axum::serve(tls, garbage).await });
+    let client = DriverClient::with_timeout(&url, &caller, Duration::from_secs(1)).expect("client");
+    let described = client.describe().await.expect_err("garbage");
+    assert!(matches!(described, bcx::client::CallError::Protocol(_)), "{described}");
+    let listed = client.list(&ListRequest { account: setup("k").account }).await.expect_err("no error body");
+    assert!(matches!(listed, bcx::client::CallError::Protocol(ref m) if m.contains("502")), "{listed}");
+    let request = AcquireRequest {
+        account: setup("k").account,
+        key: "k".into(),
+        gpus: 1,
+        gpu_model: "H100".into(),
+        duration_s: 60,
+    };
+    let hung = client.acquire(&request).await.expect_err("a hang");
+    assert!(matches!(hung, bcx::client::CallError::Unreachable(_)), "{hung}");
+}

@@ -12,13 +12,15 @@ use std::sync::Arc;
 use bc_domain::device::GpuInfo;
 use bc_domain::id::{NodeId, PoolId};
 use bc_domain::node::{Role, Trust};
+use bc_domain::reservation::{self, Command, FailureReason};
 use bc_eventstore::lease::Lease;
 use bc_eventstore::queue::{self, WorkItem};
-use bc_eventstore::{TxOptions, clock};
+use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
 use bcx::client::{CallError, DriverClient};
 use bcx::protocol::{Account, AcquireRequest, ErrorCode, ListRequest, Machine, MachineState, ReleaseRequest};
 
 use crate::nodes::RegisterNode;
+use crate::reservations::apply_and_schedule;
 use crate::store::provider_machines::{self, Held, ProviderPool};
 use crate::work::{self, WorkKey, fenced};
 use crate::{App, AppResult, Caller};
@@ -121,6 +123,17 @@ impl App {
                 Err(CallError::Refused(err)) if err.code == ErrorCode::CapacityUnavailable => {
                     tracing::info!(%pool, reservation = %reservation.reservation_id, "the provider has no capacity now");
                     acquiring = true;
+                }
+                // Refused for good (the credential, the request): the reservation fails, saying so, rather than
+                // waiting for its deadline.
+                Err(CallError::Refused(err))
+                    if matches!(err.code, ErrorCode::Unauthenticated | ErrorCode::InvalidArgument) =>
+                {
+                    tracing::warn!(
+                        %pool, reservation = %reservation.reservation_id, error = %err,
+                        "the provider refused to lend a machine: the reservation fails"
+                    );
+                    self.fail_waiting(&reservation.reservation_id).await?;
                 }
                 Err(err) => {
                     tracing::warn!(%pool, reservation = %reservation.reservation_id, error = %err, "acquire failed");
@@ -247,6 +260,28 @@ impl App {
         tx.commit().await?;
         tracing::info!(%pool, machine = %machine.machine_id, "a provider machine was given back");
         Ok(())
+    }
+
+    /// Fails a waiting reservation its provider refused to lend for.
+    async fn fail_waiting(&self, id: &str) -> AppResult<()> {
+        let id: bc_domain::id::ReservationId =
+            id.parse().map_err(|err| crate::store::corrupt("reservations.id", err))?;
+        let caller = Caller::system();
+        self.db
+            .transaction_with_retry(TxOptions::COMMAND, &self.retry, |tx| {
+                let (id, caller) = (&id, &caller);
+                async move {
+                    let Some(r) = crate::store::reservation(tx, id).await? else { return Ok(()) };
+                    let now_ms = clock::compute_now_ms(tx).await?;
+                    let command = Command::Fail { reason: FailureReason::ProviderRefused, now_ms };
+                    // Placed meanwhile, or ended: nothing to fail.
+                    let Ok(events) = reservation::decide(&r, &command) else { return Ok(()) };
+                    apply_and_schedule(tx, caller, r, events, now_ms).await?;
+                    Ok(())
+                }
+                .scope_boxed()
+            })
+            .await
     }
 
     async fn now_ms(&self) -> AppResult<i64> {

@@ -420,6 +420,9 @@ pub enum FailureReason {
     BindingTimedOut,
     /// A node's agent could not hand the devices over.
     BindingFailed,
+    /// A provider pool's provider refused to lend a machine for it for good (the account's credential or the
+    /// request was refused, not a lack of capacity).
+    ProviderRefused,
 }
 
 impl FailureReason {
@@ -430,6 +433,7 @@ impl FailureReason {
             FailureReason::NodeLost => "node-lost",
             FailureReason::BindingTimedOut => "binding-timed-out",
             FailureReason::BindingFailed => "binding-failed",
+            FailureReason::ProviderRefused => "provider-refused",
         }
     }
 }
@@ -1009,8 +1013,10 @@ pub fn decide(r: &Reservation, command: &Command) -> Result<Vec<ReservationEvent
         Command::Fail { reason, now_ms } => {
             let allowed = matches!(
                 (r.state, reason),
-                (S::Pending, FailureReason::DeadlinePassed | FailureReason::MaxPending)
-                    | (S::Placed, FailureReason::NodeLost)
+                (
+                    S::Pending,
+                    FailureReason::DeadlinePassed | FailureReason::MaxPending | FailureReason::ProviderRefused
+                ) | (S::Placed, FailureReason::NodeLost)
                     | (S::Binding, FailureReason::BindingTimedOut | FailureReason::BindingFailed)
             );
             if !allowed {

@@ -228,4 +228,18 @@ async fn instance_requests_that_cannot_be_made_are_refused_naming_why_and_record
     let no_key = api.post("/v1/instances", ALICE, body.clone()).await;
     assert_eq!((no_key.status, no_key.field()), (StatusCode::BAD_REQUEST, "Idempotency-Key"));
     assert_eq!(api.events().await, before, "a refusal records nothing");
+
+    // Within a generous quota, a flavor larger than any node (the node lends 32 vCPUs) is refused as capacity.
+    let pool_id: bc_domain::id::PoolId = pool.parse().expect("pool");
+    let quota =
+        [("gpu", 8), ("vcpu", 1000), ("memoryGiB", 4000), ("disk", 100_000)].map(|(r, n)| (r.to_owned(), n)).into();
+    let offer =
+        OfferPool { tenant_id: "acme".parse().expect("tenant"), quota, priority: 0, include_descendants: false };
+    api.app().offer_pool(&api.fleet.owner, &pool_id, offer).await.expect("offer");
+    let huge = flavor(&api, "public", 1, 64).await;
+    let before = api.events().await;
+    let refused = create(&api, ALICE, "huge", &with("flavorId", json!(huge))).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{:?}", refused.body);
+    assert_eq!(refused.body["error"]["code"], "CAPACITY_UNAVAILABLE", "{:?}", refused.body);
+    assert_eq!(api.events().await, before, "nothing half-made");
 }

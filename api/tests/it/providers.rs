@@ -196,7 +196,7 @@ async fn the_better_compute_driver_borrows_from_a_lending_deployment_and_passes_
 async fn a_provider_pool_borrows_a_machine_from_another_deployment_and_gives_it_back() {
     use reqwest::Method;
     bc_pki::tls::install_default_provider();
-    let lender = crate::agents::Cluster::start_process("lends").await;
+    let mut lender = crate::agents::Cluster::start_process("lends").await;
     let gpus: Vec<Value> = (0..2)
         .map(|g| json!({ "uuid": format!("GPU-lends-{g}"), "name": "NVIDIA H100 80GB HBM3", "memoryMib": 81559 }))
         .collect();
@@ -227,7 +227,9 @@ async fn a_provider_pool_borrows_a_machine_from_another_deployment_and_gives_it_
     assert_eq!(status, 201, "{pool}");
     let pool = pool["id"].as_str().expect("pool").to_owned();
 
-    // The pool is empty: the reservation waits, and is placed on the machine borrowed for it.
+    // The pool is empty: the reservation waits, and is placed on the machine borrowed for it, though the lender
+    // is killed (SIGKILL) when it is asked and comes back only after the borrower's round failed to reach it.
+    lender.kill_server();
     let reserve = json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 3600 });
     let made = borrower
         .http
@@ -242,6 +244,20 @@ async fn a_provider_pool_borrows_a_machine_from_another_deployment_and_gives_it_
     let made: Value = made.json().await.expect("body");
     assert_eq!(made["state"], "pending", "{made}");
     let id = made["id"].as_str().expect("id").to_owned();
+    let round = format!("pool:{pool}:provider");
+    crate::agents::eventually("a provider round that could not reach the lender", || async {
+        let mut tx = borrower.db().begin(TxOptions::READ_ONLY).await.expect("begin");
+        let later: bool =
+            sql::query_scalar("SELECT count(*) > 0 FROM work_queue WHERE key = $1 AND not_before > compute_now()")
+                .bind(&round)
+                .fetch_one(tx.conn())
+                .await
+                .expect("work queue");
+        tx.commit().await.expect("commit");
+        later.then_some(())
+    })
+    .await;
+    lender.start_server();
     borrower.await_reservation(&id, "active").await;
     let rows = |cluster: &crate::agents::Cluster, query: &'static str, pool: String| {
         let db = cluster.db().clone();
@@ -277,4 +293,33 @@ async fn a_provider_pool_borrows_a_machine_from_another_deployment_and_gives_it_
         held.first().filter(|(_, state)| state == "released").cloned()
     };
     crate::agents::eventually("the machine recorded as given back", machine).await;
+
+    // An account whose credential the lender refuses: the waiting reservation fails, saying why, and nothing is
+    // borrowed.
+    let account = json!({ "name": "refused", "provider": "better-compute", "endpoint": lender.base,
+                           "credential": "not-a-token-of-the-lender", "settings": { "poolId": lender.pool } });
+    let (status, account) = borrower.call(Method::POST, "/v1/provider-accounts", Some(account)).await;
+    assert_eq!(status, 201, "{account}");
+    let refused = json!({ "siteId": site, "name": "refused", "class": "provider", "gpuModel": "H100", "agent": "none",
+                          "providerAccountId": account["id"] });
+    let (status, refused) = borrower.call(Method::POST, "/v1/pools", Some(refused)).await;
+    assert_eq!(status, 201, "{refused}");
+    let reserve = json!({ "poolId": refused["id"], "devices": { "class": "gpu", "count": 1 }, "duration": 3600 });
+    let made = borrower
+        .http
+        .post(format!("{}/v1/reservations", borrower.base))
+        .bearer_auth(ROOT)
+        .header("idempotency-key", "borrow-2")
+        .json(&reserve)
+        .send()
+        .await
+        .expect("reserve");
+    let made: Value = made.json().await.expect("body");
+    let id = made["id"].as_str().expect("id").to_owned();
+    borrower.await_reservation(&id, "failed").await;
+    let (_, failed) = borrower.call(Method::GET, &format!("/v1/reservations/{id}"), None).await;
+    assert_eq!(failed["outcome"], "provider-refused", "{failed}");
+    let lent =
+        rows(&lender, "SELECT tenant_id, state FROM reservations WHERE pool_id = $1", lender.pool.to_string()).await;
+    assert_eq!(lent.len(), 1, "nothing more borrowed, nothing double-booked: {lent:?}");
 }

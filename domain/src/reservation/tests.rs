@@ -101,6 +101,7 @@ fn every_command() -> Vec<Command> {
         Command::Expire { cause: ExpiryCause::Preempted, now_ms: start + 1_000 },
         Command::Fail { reason: FailureReason::DeadlinePassed, now_ms: start },
         Command::Fail { reason: FailureReason::MaxPending, now_ms: T0 },
+        Command::Fail { reason: FailureReason::ProviderRefused, now_ms: T0 + 1_000 },
         Command::Fail { reason: FailureReason::NodeLost, now_ms: T0 + 5_000 },
         Command::Fail { reason: FailureReason::BindingTimedOut, now_ms: start + 60_000 },
         Command::Fail { reason: FailureReason::BindingFailed, now_ms: start + 1_000 },
@@ -127,7 +128,10 @@ fn is_legal(state: ReservationState, command: &Command) -> bool {
         Command::CompleteRelease { .. } => state == S::Releasing,
         Command::Expire { cause: ExpiryCause::LeaseLapsed, .. } => matches!(state, S::Placed | S::Active),
         Command::Expire { cause: ExpiryCause::WindowEnded | ExpiryCause::Preempted, .. } => state == S::Active,
-        Command::Fail { reason: FailureReason::DeadlinePassed | FailureReason::MaxPending, .. } => state == S::Pending,
+        Command::Fail {
+            reason: FailureReason::DeadlinePassed | FailureReason::MaxPending | FailureReason::ProviderRefused,
+            ..
+        } => state == S::Pending,
         Command::Fail { reason: FailureReason::NodeLost, .. } => state == S::Placed,
         Command::Fail { reason: FailureReason::BindingTimedOut | FailureReason::BindingFailed, .. } => {
             state == S::Binding
@@ -505,6 +509,7 @@ fn wire_spellings_are_the_seeds() {
         FailureReason::NodeLost,
         FailureReason::BindingTimedOut,
         FailureReason::BindingFailed,
+        FailureReason::ProviderRefused,
     ] {
         assert_eq!(serde_json::to_value(reason).expect("json"), serde_json::json!(reason.as_str()));
     }
