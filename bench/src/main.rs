@@ -28,6 +28,9 @@ enum BenchCommand {
     /// Reserve-then-release cycles per second with 1, 4 and 16 clients beside pgbench's one-row INSERT, and the
     /// placement latency of an 8-GPU request in a pool of 1,000 nodes, half booked.
     Reserve(BenchReserveArgs),
+    /// Instances created and deleted per second (each with its reservation of one GPU and its flavor's scalars)
+    /// with 1, 4 and 16 clients, beside pgbench's one-row INSERT.
+    Instances(BenchInstancesArgs),
     /// Rebuild rate of every read model from a large generated log, beside an INSERT ... SELECT of as many rows,
     /// and the read models' lag while writers append.
     Projections(BenchProjectionsArgs),
@@ -184,6 +187,21 @@ struct BenchProjectionsArgs {
 }
 
 #[derive(Debug, Args)]
+struct BenchInstancesArgs {
+    /// Seconds per throughput run (there are three, plus three pgbench runs).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+
+    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+
+    /// Keep the cluster's folder afterwards.
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Debug, Args)]
 struct BenchReserveArgs {
     /// Seconds per throughput run (there are three, plus three pgbench runs).
     #[arg(long, default_value_t = 10)]
@@ -261,6 +279,15 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
                 run_for: Duration::from_secs(args.seconds.max(1)),
                 samples: args.samples.max(1),
                 statements: args.statements,
+                data_dir: args.data_dir,
+                keep: args.keep,
+            })
+            .await
+        }
+
+        BenchCommand::Instances(args) => {
+            bc_bench::instances(bc_bench::InstancesBenchConfig {
+                run_for: Duration::from_secs(args.seconds.max(1)),
                 data_dir: args.data_dir,
                 keep: args.keep,
             })

@@ -151,13 +151,16 @@ async fn an_instance_runs_as_a_qemu_guest_outlives_its_agent_and_is_stopped_star
     .await;
 
     // Created → running: the guest boots and prints its disk's first line and its user data.
+    let asked = std::time::Instant::now();
     let made = as_alice(&cluster, Method::POST, "/v1/instances", Some("vm-1"), Some(body.clone())).await;
     let id = made["instance"]["id"].as_str().expect("id").to_owned();
     let reservation = made["reservation"]["id"].as_str().expect("reservation").to_owned();
     let folder = instances.join(&id);
     let running = await_state(&cluster, &id, "running", 1).await;
+    eprintln!("created to running (QEMU started, {accel:?}): {:.2} s", asked.elapsed().as_secs_f64());
     assert!(running["nodeId"].is_string(), "{running}");
     await_console(&folder, "bc-guest: user-data", 1).await;
+    eprintln!("created to the guest's first console line: {:.2} s", asked.elapsed().as_secs_f64());
     assert!(console(&folder).contains("bc-guest: disk bc-disk: hello from the image"), "{}", console(&folder));
     assert!(console(&folder).contains("bc-guest: user-data #cloud-config from the test"), "{}", console(&folder));
     let pid = running_pid(&folder, &id).expect("QEMU runs the guest");
