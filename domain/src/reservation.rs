@@ -312,7 +312,7 @@ impl ReservationRequest {
             }
         }
         crate::device::check_no_nul("devices.selector", &devices.selector)?;
-        if self.duration_s == 0 || self.duration_s as i64 > MAX_AHEAD_MS / 1000 {
+        if self.duration_s == 0 || self.duration_s > (MAX_AHEAD_MS / 1000) as u64 {
             return Err(Rejection::invalid("duration", "must be from 1 second to 366 days"));
         }
         if let Some(start_ms) = self.start_ms {
@@ -327,7 +327,7 @@ impl ReservationRequest {
             }
         }
         if let Some(lease) = self.lease_seconds
-            && (lease == 0 || lease as i64 > MAX_AHEAD_MS / 1000)
+            && (lease == 0 || lease > (MAX_AHEAD_MS / 1000) as u64)
         {
             return Err(Rejection::invalid("leaseSeconds", "must be from 1 second to 366 days"));
         }

@@ -555,6 +555,13 @@ async fn bad_input_is_a_4xx_naming_what_is_wrong_and_writes_nothing() {
             Some(json!({ "kind": "refresh-inventory", "note": "dropped?" }).to_string()), StatusCode::BAD_REQUEST, "note"),
         ("GET", format!("/v1/pools/{pool}/availability?count=1"), vec![], None, StatusCode::BAD_REQUEST, "count"),
         ("GET", "/v1/audit?cursor=%25%25".into(), vec![], None, StatusCode::BAD_REQUEST, "cursor"),
+        // A duration past i64's range is too long, never wrapped into a short one (nor an overflow).
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "huge")],
+            Some(json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": u64::MAX }).to_string()),
+            StatusCode::BAD_REQUEST, "duration"),
+        ("POST", "/v1/reservations".into(), vec![("idempotency-key", "lease")],
+            Some(json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 60, "leaseSeconds": u64::MAX }).to_string()),
+            StatusCode::BAD_REQUEST, "leaseSeconds"),
     ];
     for (method, uri, headers, body, status, field) in cases {
         let token = if ["/v1/sites", "/v1/pools", "/v1/nodes", "/v1/projects"].iter().any(|p| uri.starts_with(p)) {

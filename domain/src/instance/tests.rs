@@ -137,3 +137,12 @@ fn an_instance_reads_back_what_it_writes() {
     let json = serde_json::to_string(&i).expect("json");
     assert_eq!(serde_json::from_str::<Instance>(&json).expect("back"), i, "{json}");
 }
+
+#[test]
+fn a_duration_past_366_days_is_refused_however_large() {
+    for duration_s in [0, 366 * 86_400 + 1, u64::MAX, i64::MAX as u64 + 1] {
+        let spec = InstanceSpec { duration_s, ..spec() };
+        let refused = spec.check().expect_err("out of bounds");
+        assert!(matches!(refused, Rejection::InvalidArgument { ref field, .. } if field == "duration"), "{duration_s}");
+    }
+}

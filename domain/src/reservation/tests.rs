@@ -247,10 +247,13 @@ fn a_request_is_checked_field_by_field() {
         ("resources", ReservationRequest { resources: scalars(&[("vcpu", 8)]), ..node.clone() }),
         ("duration", ReservationRequest { duration_s: 0, ..base.clone() }),
         ("duration", ReservationRequest { duration_s: 367 * 86_400, ..base.clone() }),
+        // Above i64's range: read as an unsigned number, never wrapped into a small one.
+        ("duration", ReservationRequest { duration_s: u64::MAX, ..base.clone() }),
         ("start", ReservationRequest { start_ms: Some(T0 + 1_500), ..base.clone() }),
         ("start", ReservationRequest { start_ms: Some(T0 - 60_000), ..base.clone() }),
         ("start", ReservationRequest { start_ms: Some(T0 + MAX_AHEAD_MS + 1_000), ..base.clone() }),
         ("leaseSeconds", ReservationRequest { lease_seconds: Some(0), ..base.clone() }),
+        ("leaseSeconds", ReservationRequest { lease_seconds: Some(u64::MAX), ..base.clone() }),
         ("deadline", ReservationRequest { deadline_ms: Some(T0 - 1), ..base.clone() }),
         (
             "deadline",
