@@ -416,14 +416,7 @@ pub async fn agents(config: AgentsBenchConfig) -> anyhow::Result<()> {
     let (mut direct_best, mut http_best) = (0f64, 0f64);
     for clients in CLIENT_COUNTS {
         let clients = clients.min(count_agents);
-        let run = PgbenchRun {
-            script: &narrow,
-            database: "bench",
-            clients: clients as u32,
-            seconds,
-            name: "1-row INSERT",
-            env: &[],
-        };
+        let run = PgbenchRun::one_row_inserts(&narrow, clients, seconds);
         let inserts = pgbench(&bench.bins, &bench.guard.cluster, run)?;
         let events_before = count(&db, "SELECT count(*) FROM events").await?;
         let direct = {

@@ -119,14 +119,7 @@ pub async fn instances(config: InstancesBenchConfig) -> anyhow::Result<()> {
     println!();
     for clients in [1usize, 4, 16] {
         let rust = cycles(&app, &pool, &flavor, &image, clients, config.run_for).await?;
-        let run = PgbenchRun {
-            script: &narrow,
-            database: "bench",
-            clients: clients as u32,
-            seconds,
-            name: "1-row INSERT",
-            env: &[],
-        };
+        let run = PgbenchRun::one_row_inserts(&narrow, clients, seconds);
         let inserts = pgbench(&bench.bins, &bench.guard.cluster, run)?;
         println!(
             "  {clients:>2} clients: {rust:>7.1} create-then-delete instance cycles/s   pgbench 1-row INSERT \

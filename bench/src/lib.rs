@@ -182,6 +182,13 @@ struct PgbenchRun<'a> {
     env: &'a [(&'a str, &'a str)],
 }
 
+impl<'a> PgbenchRun<'a> {
+    /// The baseline every benchmark prints beside its figures: pgbench's one-row INSERT (`script`).
+    fn one_row_inserts(script: &'a Path, clients: usize, seconds: u64) -> PgbenchRun<'a> {
+        PgbenchRun { script, database: "bench", clients: clients as u32, seconds, name: "1-row INSERT", env: &[] }
+    }
+}
+
 /// Runs pgbench and reads its transaction rate.
 fn pgbench(bins: &PgBinaries, cluster: &Cluster, run: PgbenchRun<'_>) -> anyhow::Result<f64> {
     let clients = run.clients.to_string();

@@ -261,7 +261,7 @@ impl Cluster {
         let (source, machine) = InventorySource::simulated(simulate::inventory(host, &spec));
         let state_dir = self.root.path().join(host).join("state");
         let cdi_dir = self.root.path().join(host).join("cdi");
-        self.start_agent(host, state_dir, cdi_dir, source, machine, Some(self.join_token().await))
+        self.start_agent_with(host, state_dir, cdi_dir, source, machine, Some(self.join_token().await), None)
     }
 
     /// Starts the agent of `vps-host` machine `host` (two simulated H100s), which runs its instances with
@@ -277,18 +277,6 @@ impl Cluster {
         let state_dir = self.root.path().join(host).join("state");
         let cdi_dir = self.root.path().join(host).join("cdi");
         self.start_agent_with(host, state_dir, cdi_dir, source, machine, join_token, Some(runtime))
-    }
-
-    fn start_agent(
-        &self,
-        host: &str,
-        state_dir: PathBuf,
-        cdi_dir: PathBuf,
-        source: InventorySource,
-        machine: Arc<Mutex<NodeInventory>>,
-        join_token: Option<String>,
-    ) -> RunningAgent {
-        self.start_agent_with(host, state_dir, cdi_dir, source, machine, join_token, None)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -347,12 +335,13 @@ impl Cluster {
     /// Starts the agent again from its state folder (no join token: it must use its credential).
     fn restart(&self, agent: &RunningAgent) -> RunningAgent {
         let source = InventorySource::Simulated(agent.machine.clone());
-        self.start_agent(
+        self.start_agent_with(
             &agent.host,
             agent.state_dir.clone(),
             agent.cdi_dir.clone(),
             source,
             agent.machine.clone(),
+            None,
             None,
         )
     }
