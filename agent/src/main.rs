@@ -15,6 +15,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print the agent's version.
@@ -82,6 +84,19 @@ enum Command {
         /// The image cache (default: `<state-dir>/images`).
         #[arg(long, env = "BCD_CACHE_DIR", requires = "boot_listen")]
         cache_dir: Option<PathBuf>,
+        /// An out-of-process BMC driver, `name=https://host:port` (repeat for each): a profile or a machine binds
+        /// a concern to it as `bcx:<name>`. Called over the driver protocol's mutual TLS with --bcx-cert.
+        #[arg(long = "bcx-driver", env = "BCD_BCX_DRIVERS", value_delimiter = ',', requires = "bcx_cert")]
+        bcx_drivers: Vec<String>,
+        /// The CA (PEM) the drivers' certificates chain to.
+        #[arg(long, env = "BCD_BCX_CA", requires = "bcx_cert")]
+        bcx_ca: Option<PathBuf>,
+        /// This agent's certificate (PEM) for the drivers (`better-compute pki driver-identity`).
+        #[arg(long, env = "BCD_BCX_CERT", requires_all = ["bcx_ca", "bcx_key"])]
+        bcx_cert: Option<PathBuf>,
+        /// Its key (PEM).
+        #[arg(long, env = "BCD_BCX_KEY", requires = "bcx_cert")]
+        bcx_key: Option<PathBuf>,
     },
 }
 
@@ -227,7 +242,29 @@ fn start() -> anyhow::Result<()> {
                 bc_agent::ramdisk::run(config, stop).await
             })
         }
-        Command::Site { run, bmc_ca, boot_listen, boot_url, ramdisk_kernel, ramdisk_initrd, cache_dir } => {
+        Command::Site {
+            run,
+            bmc_ca,
+            boot_listen,
+            boot_url,
+            ramdisk_kernel,
+            ramdisk_initrd,
+            cache_dir,
+            bcx_drivers,
+            bcx_ca,
+            bcx_cert,
+            bcx_key,
+        } => {
+            let mut external = std::collections::BTreeMap::new();
+            if let (Some(ca), Some(cert), Some(key)) = (&bcx_ca, &bcx_cert, &bcx_key) {
+                let identity = bcx::tls::Identity::load(ca, cert, key)?;
+                for driver in &bcx_drivers {
+                    let Some((name, url)) = driver.split_once('=') else {
+                        anyhow::bail!("--bcx-driver {driver:?}: expected name=https://host:port");
+                    };
+                    external.insert(name.to_owned(), bcx::client::DriverClient::new(url, &identity)?);
+                }
+            }
             let bmc_ca = bmc_ca
                 .map(|path| {
                     std::fs::read_to_string(&path).with_context(|| format!("read the BMC CA {}", path.display()))
@@ -254,7 +291,7 @@ fn start() -> anyhow::Result<()> {
                     })
                 })
                 .transpose()?;
-            run_agent(run, Some(bc_agent::site::SiteConfig { bmc_ca, bmc_timeout: None, boot }))
+            run_agent(run, Some(bc_agent::site::SiteConfig { bmc_ca, bmc_timeout: None, boot, external }))
         }
     }
 }

@@ -26,18 +26,38 @@ pub struct SiteConfig {
     pub bmc_timeout: Option<Duration>,
     /// Serve the site's machines that boot from the network (`--boot-listen`).
     pub boot: Option<crate::boot::BootConfig>,
+    /// The out-of-process BMC drivers a concern may be bound to (`bcx:<name>`), by name.
+    pub external: std::collections::BTreeMap<String, bcx::client::DriverClient>,
 }
 
 /// One machine's BMC, through the driver its step's concern is bound to.
 enum Bmc {
     Redfish(Redfish, SystemRef),
     Ipmi(Ipmi),
+    /// An out-of-process driver, over the driver protocol.
+    External(bcx::client::DriverClient, bcx::protocol::BmcTarget),
 }
 
 fn driver_for(step: &SiteStep, config: &SiteConfig) -> Result<Bmc, String> {
     let concern = step.action.concern().ok_or_else(|| format!("{:?} is not a BMC step", step.action))?;
     let bound = step.bmc.drivers.get(&concern).map(String::as_str);
     let timeout = config.bmc_timeout.unwrap_or(Duration::from_secs(30));
+    if let Some(name) = bound.and_then(|b| b.strip_prefix(bc_domain::profile::EXTERNAL_DRIVER_PREFIX)) {
+        let Some(client) = config.external.get(name) else {
+            return Err(format!(
+                "the {} concern is bound to bcx:{name}, which this site agent was not started with \
+                 (bcd site --bcx-driver {name}=https://...)",
+                concern.as_str()
+            ));
+        };
+        let target = bcx::protocol::BmcTarget {
+            address: step.bmc.address.clone(),
+            username: step.username.clone(),
+            password: step.password.clone(),
+            system_id: step.bmc.system_id.clone(),
+        };
+        return Ok(Bmc::External(client.clone(), target));
+    }
     match (bound, step.bmc.driver) {
         (Some("redfish"), BmcDriver::Redfish) => {
             let plain = step.bmc.address.starts_with("http://");
@@ -89,6 +109,10 @@ impl Bmc {
         match self {
             Bmc::Redfish(r, system) => r.power_state(system).await,
             Bmc::Ipmi(i) => i.power_state().await,
+            Bmc::External(client, bmc) => {
+                let request = bcx::protocol::PowerStateRequest { bmc: bmc.clone() };
+                client.power_state(&request).await.map(power_of).map_err(|err| bmc_error(&bmc.address, err))
+            }
         }
     }
 
@@ -96,6 +120,17 @@ impl Bmc {
         match self {
             Bmc::Redfish(r, system) => r.power(system, action).await,
             Bmc::Ipmi(i) => i.power(action).await,
+            Bmc::External(client, bmc) => {
+                use bcx::protocol::PowerAction as Wire;
+                let action = match action {
+                    PowerAction::On => Wire::On,
+                    PowerAction::Off => Wire::Off,
+                    PowerAction::GracefulOff => Wire::GracefulOff,
+                    PowerAction::Reset => Wire::Reset,
+                };
+                let request = bcx::protocol::PowerRequest { bmc: bmc.clone(), action };
+                client.set_power(&request).await.map(|_| ()).map_err(|err| bmc_error(&bmc.address, err))
+            }
         }
     }
 
@@ -103,7 +138,44 @@ impl Bmc {
         match self {
             Bmc::Redfish(r, system) => r.set_one_time_boot(system, device).await,
             Bmc::Ipmi(i) => i.set_one_time_boot(device).await,
+            Bmc::External(client, bmc) => {
+                use bcx::protocol::BootDevice as Wire;
+                let device = match device {
+                    BootDevice::Pxe => Wire::Pxe,
+                    BootDevice::Cd => Wire::Cd,
+                    BootDevice::Disk => Wire::Disk,
+                };
+                let request = bcx::protocol::BootRequest { bmc: bmc.clone(), device };
+                client.set_boot(&request).await.map(|_| ()).map_err(|err| bmc_error(&bmc.address, err))
+            }
         }
+    }
+}
+
+fn power_of(state: bcx::protocol::PowerState) -> Power {
+    match state {
+        bcx::protocol::PowerState::On => Power::On,
+        bcx::protocol::PowerState::Off => Power::Off,
+        bcx::protocol::PowerState::Unknown => Power::Unknown,
+    }
+}
+
+/// An out-of-process driver's failure, in the kinds the site agent acts on (retry, give up, say why).
+fn bmc_error(address: &str, err: bcx::client::CallError) -> BmcError {
+    use bcx::client::CallError;
+    use bcx::protocol::ErrorCode;
+    let said = format!("{address} through its driver: {err}");
+    match err {
+        CallError::Refused(refused) => match refused.code {
+            ErrorCode::Unauthenticated => BmcError::Unauthorized(said),
+            ErrorCode::NotFound => BmcError::NotFound(said),
+            ErrorCode::Unavailable | ErrorCode::CapacityUnavailable => {
+                BmcError::Unavailable { retry_after_s: None, message: said }
+            }
+            ErrorCode::InvalidArgument | ErrorCode::Unimplemented => BmcError::Config(said),
+        },
+        CallError::Unreachable(_) => BmcError::Unreachable(said),
+        CallError::Protocol(_) => BmcError::Protocol(said),
     }
 }
 
@@ -197,6 +269,7 @@ async fn carry_out(step: &SiteStep, bmc: &Bmc, config: &SiteConfig) -> Result<St
                 Ok("virtual media ejected".to_owned())
             }
             Bmc::Ipmi(_) => Err(BmcError::Config("IPMI has no virtual media".to_owned())),
+            Bmc::External(..) => Err(BmcError::Config("out-of-process drivers carry no virtual media".to_owned())),
         },
         StepAction::InsertVirtualMedia => {
             let Some(media) = &step.media else {
@@ -217,6 +290,7 @@ async fn carry_out(step: &SiteStep, bmc: &Bmc, config: &SiteConfig) -> Result<St
                     Ok(format!("inserted {} ({url})", media.image_id))
                 }
                 Bmc::Ipmi(_) => Err(BmcError::Config("IPMI has no virtual media".to_owned())),
+                Bmc::External(..) => Err(BmcError::Config("out-of-process drivers carry no virtual media".to_owned())),
             }
         }
         other => Err(BmcError::Config(format!("{other:?} does not run on the site"))),
@@ -393,5 +467,78 @@ mod tests {
         let err = run_step(&step, &SiteConfig::default()).await.expect_err("no time to wait");
         assert!(err.contains("stayed busy until the step's deadline") && err.contains("503"), "{err}");
         assert_eq!(resets.load(Ordering::SeqCst), 1);
+    }
+
+    /// A BMC driver out of process (here in the test's process, behind the driver protocol's mutual TLS): one
+    /// machine's power, which a `bcx:` binding reaches.
+    struct Switch(Arc<Mutex<bcx::protocol::PowerState>>);
+
+    impl bcx::server::BmcDriver for Switch {
+        fn power_state(
+            &self,
+            _: bcx::protocol::PowerStateRequest,
+        ) -> bcx::server::DriverFuture<'_, bcx::protocol::PowerState> {
+            Box::pin(async move { Ok(*self.0.lock().expect("lock")) })
+        }
+
+        fn set_power(
+            &self,
+            request: bcx::protocol::PowerRequest,
+        ) -> bcx::server::DriverFuture<'_, bcx::protocol::PowerState> {
+            Box::pin(async move {
+                if request.bmc.password != "pw" {
+                    return Err(bcx::protocol::DriverError::new(bcx::protocol::ErrorCode::Unauthenticated, "wrong"));
+                }
+                let mut power = self.0.lock().expect("lock");
+                *power = match request.action {
+                    bcx::protocol::PowerAction::On | bcx::protocol::PowerAction::Reset => bcx::protocol::PowerState::On,
+                    _ => bcx::protocol::PowerState::Off,
+                };
+                Ok(*power)
+            })
+        }
+
+        fn set_boot(&self, _: bcx::protocol::BootRequest) -> bcx::server::DriverFuture<'_, ()> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_concern_bound_to_an_out_of_process_driver_is_carried_out_through_the_driver_protocol() {
+        bc_pki::tls::install_default_provider();
+        let dir = std::env::temp_dir().join(format!("bcd-site-bcx-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let bundle = bc_pki::Bundle::init(&dir, &bc_pki::InitOptions::default()).expect("bundle");
+        let hosts = ["127.0.0.1".to_owned()];
+        let issue = |name: &str| {
+            let (cert_pem, key_pem) = bundle.issue_driver_identity(name, &hosts).expect("identity");
+            bcx::tls::Identity { ca_pem: bundle.ca_pem().to_owned(), cert_pem, key_pem }
+        };
+        let (served, caller) = (issue("switch"), issue("site-agent"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let power = Arc::new(Mutex::new(bcx::protocol::PowerState::Off));
+        let driver = bcx::server::Driver::bmc("switch", "1", Switch(Arc::clone(&power)));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("https://127.0.0.1:{}", listener.local_addr().expect("addr").port());
+        tokio::spawn(async move { bcx::server::serve(listener, &served, driver, std::future::pending()).await });
+        let client = bcx::client::DriverClient::new(&url, &caller).expect("client");
+        let config = SiteConfig { external: [("switch".to_owned(), client)].into(), ..SiteConfig::default() };
+
+        let mut step = power_off("ipmi.example:623", now_ms() + 60_000);
+        step.action = StepAction::PowerOn;
+        step.bmc.driver = BmcDriver::Ipmi;
+        step.bmc.drivers = [(Concern::Power, "bcx:switch".to_owned())].into_iter().collect();
+        let (done, shown) = run_step(&step, &config).await.expect("powered on through the driver");
+        assert_eq!((done.as_str(), shown), ("powered on", Some(Power::On)));
+        assert_eq!(*power.lock().expect("lock"), bcx::protocol::PowerState::On);
+
+        let mut refused = step.clone();
+        refused.password = "guess".into();
+        let err = run_step(&refused, &config).await.expect_err("wrong credentials");
+        assert!(err.contains("refused the credentials"), "{err}");
+        let mut unknown = step.clone();
+        unknown.bmc.drivers = [(Concern::Power, "bcx:other".to_owned())].into_iter().collect();
+        let err = run_step(&unknown, &config).await.expect_err("a driver the agent was not started with");
+        assert!(err.contains("--bcx-driver other="), "{err}");
     }
 }

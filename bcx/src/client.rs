@@ -6,7 +6,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::protocol::{
-    AcquireRequest, Describe, DriverError, ErrorBody, ErrorCode, ListRequest, Machine, Machines, ReleaseRequest,
+    AcquireRequest, BootAnswer, BootDevice, BootRequest, Describe, DriverError, ErrorBody, ErrorCode, ListRequest,
+    Machine, Machines, PowerAnswer, PowerRequest, PowerState, PowerStateRequest, ReleaseRequest,
 };
 
 /// Why a call to a driver failed.
@@ -97,5 +98,17 @@ impl DriverClient {
 
     pub async fn release(&self, request: &ReleaseRequest) -> Result<Machine, CallError> {
         self.call("/bcx/v1/provider/release", Some(request)).await
+    }
+
+    pub async fn power_state(&self, request: &PowerStateRequest) -> Result<PowerState, CallError> {
+        Ok(self.call::<_, PowerAnswer>("/bcx/v1/power/state", Some(request)).await?.power)
+    }
+
+    pub async fn set_power(&self, request: &PowerRequest) -> Result<PowerState, CallError> {
+        Ok(self.call::<_, PowerAnswer>("/bcx/v1/power/set", Some(request)).await?.power)
+    }
+
+    pub async fn set_boot(&self, request: &BootRequest) -> Result<BootDevice, CallError> {
+        Ok(self.call::<_, BootAnswer>("/bcx/v1/boot/set", Some(request)).await?.device)
     }
 }

@@ -1,12 +1,13 @@
-//! The conformance suite: what every provider driver must do, checked through the protocol against a running
-//! driver and a real account (`bcx conformance`, or [`provider`] from a test). It acquires one machine of one
-//! GPU, and gives it back.
+//! The conformance suites: what every provider driver ([`provider`]: acquires one machine of one GPU with a real
+//! account, and gives it back) and every BMC driver ([`bmc`]: powers a real machine on and off, sets its next
+//! boot) must do, checked through the protocol against a running driver (`bcx conformance`, or from a test).
 
 use std::time::Duration;
 
 use crate::client::{CallError, DriverClient};
 use crate::protocol::{
-    Account, AcquireRequest, Concern, ErrorCode, ListRequest, Machine, MachineState, PROTOCOL, ReleaseRequest,
+    Account, AcquireRequest, BmcTarget, BootDevice, BootRequest, Concern, ErrorCode, ListRequest, Machine,
+    MachineState, PROTOCOL, PowerAction, PowerRequest, PowerState, PowerStateRequest, ReleaseRequest,
 };
 
 /// What the suite needs besides the driver: a real account to act for, and the GPU model its provider lends.
@@ -143,4 +144,36 @@ async fn until_ready(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Runs every check of a BMC driver (the power and boot concerns) against a real BMC `bmc`: powers the machine
+/// on, then off, and sets its next boot; answers the checks that passed, or the first that failed.
+pub async fn bmc(client: &DriverClient, bmc: &BmcTarget) -> Result<Vec<&'static str>, Failure> {
+    let mut passed = Vec::new();
+    let described = call("describe", client.describe().await)?;
+    let carries = described.concerns.contains(&Concern::Power) && described.concerns.contains(&Concern::Boot);
+    if described.protocol != PROTOCOL || !carries {
+        return Err(fail("describe", format!("expected {PROTOCOL} with power and boot, got {described:?}")));
+    }
+    passed.push("describe names the protocol and the power and boot concerns");
+    let blank = BmcTarget { address: String::new(), ..bmc.clone() };
+    match client.power_state(&PowerStateRequest { bmc: blank }).await {
+        Err(err) if err.code() == Some(ErrorCode::InvalidArgument) => {}
+        other => return Err(fail("invalid target", format!("expected INVALID_ARGUMENT, got {other:?}"))),
+    }
+    passed.push("a BMC without an address is refused INVALID_ARGUMENT");
+    for (action, wanted) in [(PowerAction::On, PowerState::On), (PowerAction::Off, PowerState::Off)] {
+        let set = call("set power", client.set_power(&PowerRequest { bmc: bmc.clone(), action }).await)?;
+        let read = call("power state", client.power_state(&PowerStateRequest { bmc: bmc.clone() }).await)?;
+        if set != wanted || read != wanted {
+            return Err(fail("set power", format!("asked {action:?}: answered {set:?}, then read {read:?}")));
+        }
+    }
+    passed.push("power on and off are what the BMC then shows");
+    let device = call("set boot", client.set_boot(&BootRequest { bmc: bmc.clone(), device: BootDevice::Pxe }).await)?;
+    if device != BootDevice::Pxe {
+        return Err(fail("set boot", format!("asked pxe, answered {device:?}")));
+    }
+    passed.push("the next boot device is set");
+    Ok(passed)
 }

@@ -15,6 +15,10 @@ pub const PROTOCOL: &str = "bcx/v1";
 pub enum Concern {
     /// Acquires, lists and releases machines of an external capacity provider.
     Provider,
+    /// Reads and changes a machine's power through its BMC.
+    Power,
+    /// Sets the device a machine boots from next, once.
+    Boot,
 }
 
 /// `GET /bcx/v1/describe`: who the driver is.
@@ -128,6 +132,98 @@ pub struct Machine {
 #[serde(rename_all = "camelCase")]
 pub struct Machines {
     pub machines: Vec<Machine>,
+}
+
+/// The BMC a power or boot call acts on, as the machine was enrolled: its address, the credentials the control
+/// plane opened from their seal for this call, and the system behind it when the BMC holds several.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BmcTarget {
+    pub address: String,
+    pub username: String,
+    pub password: String,
+    #[serde(default)]
+    pub system_id: Option<String>,
+}
+
+impl std::fmt::Debug for BmcTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BmcTarget")
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &"<hidden>")
+            .field("system_id", &self.system_id)
+            .finish()
+    }
+}
+
+/// A machine's power, as its BMC says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PowerState {
+    On,
+    Off,
+    /// Neither: on its way, or not said.
+    Unknown,
+}
+
+/// What to do with a machine's power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PowerAction {
+    On,
+    /// Off now, as pulling the plug.
+    Off,
+    /// Asks the operating system to shut down.
+    GracefulOff,
+    /// A hard reset.
+    Reset,
+}
+
+/// The device a machine boots from next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BootDevice {
+    Pxe,
+    Cd,
+    Disk,
+}
+
+/// `POST /bcx/v1/power/state`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PowerStateRequest {
+    pub bmc: BmcTarget,
+}
+
+/// `POST /bcx/v1/power/set`: the action asked; the answer is the power the BMC shows afterwards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PowerRequest {
+    pub bmc: BmcTarget,
+    pub action: PowerAction,
+}
+
+/// What the power routes answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PowerAnswer {
+    pub power: PowerState,
+}
+
+/// `POST /bcx/v1/boot/set`: boot from `device` next, once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootRequest {
+    pub bmc: BmcTarget,
+    pub device: BootDevice,
+}
+
+/// What `boot/set` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootAnswer {
+    pub device: BootDevice,
 }
 
 /// A refusal, as every route answers one: `{"error": {"code", "message"}}`.

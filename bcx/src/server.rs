@@ -34,8 +34,9 @@ use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 
 use crate::protocol::{
-    AcquireRequest, Concern, Describe, DriverError, ErrorBody, ErrorCode, ErrorDetail, ListRequest, Machine, Machines,
-    PROTOCOL, ReleaseRequest, check_acquire,
+    AcquireRequest, BmcTarget, BootAnswer, BootRequest, Concern, Describe, DriverError, ErrorBody, ErrorCode,
+    ErrorDetail, ListRequest, Machine, Machines, PROTOCOL, PowerAnswer, PowerRequest, PowerState, PowerStateRequest,
+    ReleaseRequest, check_acquire,
 };
 
 /// What a driver's call returns.
@@ -51,12 +52,21 @@ pub trait ProviderDriver: Send + Sync + 'static {
     fn release(&self, request: ReleaseRequest) -> DriverFuture<'_, Machine>;
 }
 
+/// A BMC driver: a machine's power and its one-time boot device, through its BMC.
+pub trait BmcDriver: Send + Sync + 'static {
+    fn power_state(&self, request: PowerStateRequest) -> DriverFuture<'_, PowerState>;
+    /// Carries out the action; answers the power the BMC shows afterwards.
+    fn set_power(&self, request: PowerRequest) -> DriverFuture<'_, PowerState>;
+    fn set_boot(&self, request: BootRequest) -> DriverFuture<'_, ()>;
+}
+
 /// A driver as it is served: its name and version, and the concerns it implements.
 #[derive(Clone)]
 pub struct Driver {
     pub name: String,
     pub version: String,
     pub provider: Option<Arc<dyn ProviderDriver>>,
+    pub bmc: Option<Arc<dyn BmcDriver>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -68,7 +78,12 @@ impl std::fmt::Debug for Driver {
 impl Driver {
     /// A provider driver.
     pub fn provider(name: &str, version: &str, driver: impl ProviderDriver) -> Driver {
-        Driver { name: name.to_owned(), version: version.to_owned(), provider: Some(Arc::new(driver)) }
+        Driver { name: name.to_owned(), version: version.to_owned(), provider: Some(Arc::new(driver)), bmc: None }
+    }
+
+    /// A BMC driver (the power and boot concerns).
+    pub fn bmc(name: &str, version: &str, driver: impl BmcDriver) -> Driver {
+        Driver { name: name.to_owned(), version: version.to_owned(), provider: None, bmc: Some(Arc::new(driver)) }
     }
 
     /// What `describe` answers.
@@ -76,6 +91,9 @@ impl Driver {
         let mut concerns = Vec::new();
         if self.provider.is_some() {
             concerns.push(Concern::Provider);
+        }
+        if self.bmc.is_some() {
+            concerns.extend([Concern::Power, Concern::Boot]);
         }
         Describe { protocol: PROTOCOL.to_owned(), name: self.name.clone(), version: self.version.clone(), concerns }
     }
@@ -135,6 +153,40 @@ async fn release(State(driver): State<Driver>, body: axum::body::Bytes) -> Resul
     Ok(Json(provider(&driver)?.release(request).await?))
 }
 
+fn bmc(driver: &Driver) -> Result<&Arc<dyn BmcDriver>, Refusal> {
+    driver
+        .bmc
+        .as_ref()
+        .ok_or_else(|| Refusal(DriverError::new(ErrorCode::Unimplemented, "this driver carries no power or boot")))
+}
+
+fn check_bmc(target: &BmcTarget) -> Result<(), Refusal> {
+    if target.address.is_empty() || target.address.len() > 2048 {
+        return Err(Refusal(DriverError::invalid("bmc.address: 1 to 2048 characters")));
+    }
+    Ok(())
+}
+
+async fn power_state(State(driver): State<Driver>, body: axum::body::Bytes) -> Result<Json<PowerAnswer>, Refusal> {
+    let request: PowerStateRequest = parse(&body)?;
+    check_bmc(&request.bmc)?;
+    Ok(Json(PowerAnswer { power: bmc(&driver)?.power_state(request).await? }))
+}
+
+async fn set_power(State(driver): State<Driver>, body: axum::body::Bytes) -> Result<Json<PowerAnswer>, Refusal> {
+    let request: PowerRequest = parse(&body)?;
+    check_bmc(&request.bmc)?;
+    Ok(Json(PowerAnswer { power: bmc(&driver)?.set_power(request).await? }))
+}
+
+async fn set_boot(State(driver): State<Driver>, body: axum::body::Bytes) -> Result<Json<BootAnswer>, Refusal> {
+    let request: BootRequest = parse(&body)?;
+    check_bmc(&request.bmc)?;
+    let device = request.device;
+    bmc(&driver)?.set_boot(request).await?;
+    Ok(Json(BootAnswer { device }))
+}
+
 /// The protocol's routes over `driver`.
 pub fn router(driver: Driver) -> Router {
     Router::new()
@@ -142,6 +194,9 @@ pub fn router(driver: Driver) -> Router {
         .route("/bcx/v1/provider/acquire", post(acquire))
         .route("/bcx/v1/provider/list", post(list))
         .route("/bcx/v1/provider/release", post(release))
+        .route("/bcx/v1/power/state", post(power_state))
+        .route("/bcx/v1/power/set", post(set_power))
+        .route("/bcx/v1/boot/set", post(set_boot))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(driver)
 }

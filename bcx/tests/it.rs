@@ -203,3 +203,52 @@ async fn a_driver_that_answers_garbage_or_hangs_is_a_clear_error_not_a_hang() {
     let hung = client.acquire(&request).await.expect_err("a hang");
     assert!(matches!(hung, bcx::client::CallError::Unreachable(_)), "{hung}");
 }
+
+/// A machine's power and next boot, behind a BMC driver.
+#[derive(Default)]
+struct Bmc(Mutex<Option<bcx::protocol::PowerState>>);
+
+impl bcx::server::BmcDriver for Bmc {
+    fn power_state(&self, _: bcx::protocol::PowerStateRequest) -> DriverFuture<'_, bcx::protocol::PowerState> {
+        Box::pin(async move { Ok(self.0.lock().expect("lock").unwrap_or(bcx::protocol::PowerState::Unknown)) })
+    }
+
+    fn set_power(&self, request: bcx::protocol::PowerRequest) -> DriverFuture<'_, bcx::protocol::PowerState> {
+        Box::pin(async move {
+            let state = match request.action {
+                bcx::protocol::PowerAction::On | bcx::protocol::PowerAction::Reset => bcx::protocol::PowerState::On,
+                _ => bcx::protocol::PowerState::Off,
+            };
+            *self.0.lock().expect("lock") = Some(state);
+            Ok(state)
+        })
+    }
+
+    fn set_boot(&self, _: bcx::protocol::BootRequest) -> DriverFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test]
+async fn a_bmc_driver_passes_its_conformance_suite_and_a_provider_driver_is_refused_power() {
+    bc_pki::tls::install_default_provider();
+    let (driver, caller) = identities("bmc");
+    let url = served(Driver::bmc("memory-bmc", "1", Bmc::default()), &driver).await;
+    let client = DriverClient::new(&url, &caller).expect("client");
+    let target = bcx::protocol::BmcTarget {
+        address: "https://bmc.example".into(),
+        username: "admin".into(),
+        password: "pw".into(),
+        system_id: None,
+    };
+    let passed = conformance::bmc(&client, &target).await.expect("conformance");
+    assert_eq!(passed.len(), 4, "{passed:?}");
+    // A provider driver carries no power: the suite says so, and the route answers UNIMPLEMENTED.
+    let provider = served(Driver::provider("memory", "1", Memory::default()), &driver).await;
+    let provider = DriverClient::new(&provider, &caller).expect("client");
+    let failed = conformance::bmc(&provider, &target).await.expect_err("no power concern");
+    assert_eq!(failed.check, "describe", "{failed}");
+    let request = bcx::protocol::PowerStateRequest { bmc: target };
+    let refused = provider.power_state(&request).await.expect_err("unimplemented");
+    assert_eq!(refused.code(), Some(ErrorCode::Unimplemented), "{refused}");
+}

@@ -69,6 +69,25 @@ pub const DRIVERS: &[(&str, &[Concern])] = &[
     ("bcd", &[Concern::Deploy, Concern::Inspect, Concern::Config, Concern::Runtime]),
 ];
 
+/// The prefix of out-of-process drivers, `bcx:<name>`: the site agent calls them over the driver protocol
+/// (`bcx/v1`) at the address it was started with for that name.
+pub const EXTERNAL_DRIVER_PREFIX: &str = "bcx:";
+
+/// The concerns an out-of-process driver can carry: a machine's power and its one-time boot device.
+pub const EXTERNAL_CONCERNS: &[Concern] = &[Concern::Power, Concern::Management, Concern::Boot];
+
+/// The concerns driver `name` implements: a built-in one's, or an out-of-process one's (`bcx:` and 1 to 64
+/// lowercase letters, digits or '-'). `None` for a name that is neither.
+pub fn concerns_of(name: &str) -> Option<&'static [Concern]> {
+    if let Some(external) = name.strip_prefix(EXTERNAL_DRIVER_PREFIX) {
+        let valid = !external.is_empty()
+            && external.len() <= 64
+            && external.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        return valid.then_some(EXTERNAL_CONCERNS);
+    }
+    DRIVERS.iter().find(|(known, _)| *known == name).map(|(_, concerns)| *concerns)
+}
+
 /// Where a step runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -230,9 +249,12 @@ impl ProfileSpec {
     pub fn check(&self) -> Result<(), Rejection> {
         for (concern, driver) in &self.drivers {
             let field = format!("drivers.{}", concern.as_str());
-            let Some((_, concerns)) = DRIVERS.iter().find(|(name, _)| name == driver) else {
+            let Some(concerns) = concerns_of(driver) else {
                 let known: Vec<&str> = DRIVERS.iter().map(|(name, _)| *name).collect();
-                return Err(Rejection::invalid(field, format!("{driver:?} is not a driver ({})", known.join(", "))));
+                return Err(Rejection::invalid(
+                    field,
+                    format!("{driver:?} is not a driver ({}, or bcx:<name> out of process)", known.join(", ")),
+                ));
             };
             if !concerns.contains(concern) {
                 return Err(Rejection::invalid(
@@ -465,6 +487,29 @@ mod tests {
             ProfileEvent::Deleted(_) => 0,
         };
         assert_eq!((version(&first), version(&next)), (1, 5));
+    }
+
+    #[test]
+    fn power_and_boot_may_be_bound_to_an_out_of_process_driver_by_a_valid_name() {
+        let mut spec = metal();
+        spec.drivers.insert(Concern::Power, "bcx:pdu-switch".to_owned());
+        spec.drivers.insert(Concern::Boot, "bcx:pdu-switch".to_owned());
+        spec.check().expect("bcx drivers carry power and boot");
+        for (concern, driver) in [
+            (Concern::Power, "bcx:"),
+            (Concern::Power, "bcx:Upper"),
+            (Concern::Power, "bcx:a/b"),
+            (Concern::Deploy, "bcx:pdu-switch"),
+        ] {
+            let mut spec = metal();
+            spec.drivers.insert(concern, driver.to_owned());
+            let refused = spec.check().expect_err(driver);
+            let field = format!("drivers.{}", concern.as_str());
+            assert!(
+                matches!(&refused, Rejection::InvalidArgument { field: f, .. } if *f == field),
+                "{driver}: {refused:?}"
+            );
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use super::{BmcDriver, Node, NodeBmc, NodeBmcSet, NodeEvent, NodeProvisionChanged, ProvisionState};
 use crate::Rejection;
 use crate::id::NodeId;
-use crate::profile::{Concern, DRIVERS};
+use crate::profile::{Concern, concerns_of};
 
 use ProvisionState::*;
 
@@ -180,7 +180,7 @@ pub fn check_bmc(bmc: &NodeBmc) -> Result<(), Rejection> {
     }
     for (concern, driver) in &bmc.drivers {
         let field = format!("drivers.{}", concern.as_str());
-        let Some((_, concerns)) = DRIVERS.iter().find(|(name, _)| name == driver) else {
+        let Some(concerns) = concerns_of(driver) else {
             return Err(Rejection::invalid(field, format!("{driver:?} is not a driver")));
         };
         if !concerns.contains(concern) {
