@@ -197,7 +197,8 @@ async fn drive(
 ) -> anyhow::Result<()> {
     let dir = folder(config, &instance.instance_id);
     std::fs::create_dir_all(&dir)?;
-    let reported = load(&dir).and_then(|kept| kept.reported);
+    let before = load(&dir);
+    let reported = before.as_ref().and_then(|kept| kept.reported);
     let id = instance.instance_id.to_string();
     let generation = instance.generation;
     let outcome = match instance.desired {
@@ -231,7 +232,7 @@ async fn drive(
     }
     if state == InstanceState::Deleted {
         std::fs::remove_dir_all(&dir)?;
-    } else {
+    } else if before.as_ref() != Some(&kept) {
         keep(&dir, &kept)?;
     }
     Ok(())

@@ -121,13 +121,6 @@ impl Bmc {
             Bmc::Redfish(r, system) => r.power(system, action).await,
             Bmc::Ipmi(i) => i.power(action).await,
             Bmc::External(client, bmc) => {
-                use bcx::protocol::PowerAction as Wire;
-                let action = match action {
-                    PowerAction::On => Wire::On,
-                    PowerAction::Off => Wire::Off,
-                    PowerAction::GracefulOff => Wire::GracefulOff,
-                    PowerAction::Reset => Wire::Reset,
-                };
                 let request = bcx::protocol::PowerRequest { bmc: bmc.clone(), action };
                 client.set_power(&request).await.map(|_| ()).map_err(|err| bmc_error(&bmc.address, err))
             }
@@ -139,12 +132,6 @@ impl Bmc {
             Bmc::Redfish(r, system) => r.set_one_time_boot(system, device).await,
             Bmc::Ipmi(i) => i.set_one_time_boot(device).await,
             Bmc::External(client, bmc) => {
-                use bcx::protocol::BootDevice as Wire;
-                let device = match device {
-                    BootDevice::Pxe => Wire::Pxe,
-                    BootDevice::Cd => Wire::Cd,
-                    BootDevice::Disk => Wire::Disk,
-                };
                 let request = bcx::protocol::BootRequest { bmc: bmc.clone(), device };
                 client.set_boot(&request).await.map(|_| ()).map_err(|err| bmc_error(&bmc.address, err))
             }
@@ -491,7 +478,7 @@ mod tests {
                 }
                 let mut power = self.0.lock().expect("lock");
                 *power = match request.action {
-                    bcx::protocol::PowerAction::On | bcx::protocol::PowerAction::Reset => bcx::protocol::PowerState::On,
+                    PowerAction::On | PowerAction::Reset => bcx::protocol::PowerState::On,
                     _ => bcx::protocol::PowerState::Off,
                 };
                 Ok(*power)

@@ -145,7 +145,7 @@ impl App {
         let mut holding = false;
         for machine in held {
             if machine.reservation_over && !machine.node_busy {
-                self.give_back(pool, provider, client, &account, &machine).await?;
+                self.give_back(pool, provider, client, &account, &machine, now_ms).await?;
                 continue;
             }
             holding = true;
@@ -166,7 +166,7 @@ impl App {
             match found.map(|m| m.state) {
                 Some(MachineState::Ready) => {
                     let ready = found.cloned().unwrap_or_else(|| unreachable!("found"));
-                    self.register_machine(pool, provider, &ready).await?;
+                    self.register_machine(pool, provider, &ready, now_ms).await?;
                 }
                 Some(MachineState::Failed | MachineState::Released) => {
                     let detail = found.and_then(|m| m.detail.clone());
@@ -189,7 +189,13 @@ impl App {
     }
 
     /// Registers a ready machine as a node of the pool, and wakes the pool's waiting reservations.
-    async fn register_machine(&self, pool: &PoolId, provider: &ProviderPool, machine: &Machine) -> AppResult<()> {
+    async fn register_machine(
+        &self,
+        pool: &PoolId,
+        provider: &ProviderPool,
+        machine: &Machine,
+        now_ms: i64,
+    ) -> AppResult<()> {
         let owner = Caller { tenant_id: provider.owner.clone(), identity: provider_identity(), ..Caller::system() };
         let gpus = machine
             .gpus
@@ -217,7 +223,6 @@ impl App {
             resources: BTreeMap::new(),
         };
         let node = self.register_node(&owner, register).await?.value;
-        let now_ms = self.now_ms().await?;
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
         let account = &provider.account_id;
         provider_machines::update(&mut tx, account, &machine.id, "ready", Some(node.as_str()), None, now_ms).await?;
@@ -235,6 +240,7 @@ impl App {
         client: &DriverClient,
         account: &Account,
         machine: &Held,
+        now_ms: i64,
     ) -> AppResult<()> {
         let release = ReleaseRequest { account: account.clone(), machine_id: machine.machine_id.clone() };
         match client.release(&release).await {
@@ -253,7 +259,6 @@ impl App {
                 tracing::warn!(%pool, %node, error = %err, "removing a given-back machine's node failed");
             }
         }
-        let now_ms = self.now_ms().await?;
         let mut tx = self.db.begin(TxOptions::READ_COMMITTED).await?;
         provider_machines::update(&mut tx, &provider.account_id, &machine.machine_id, "released", None, None, now_ms)
             .await?;

@@ -148,10 +148,9 @@ impl App {
         let image = store::profiles::image_for(&mut tx, caller.tenant_id.as_str(), input.image_id.as_str()).await?;
         tx.commit().await?;
 
-        let flavor_id = input.flavor_id.clone();
         let flavor = flavor
             .filter(|f| f.tenant_id == caller.tenant_id.as_str() || f.visibility == "public")
-            .ok_or_else(|| Rejection::NotFound { kind: "flavor", id: flavor_id.to_string() })?;
+            .ok_or_else(|| Rejection::NotFound { kind: "flavor", id: input.flavor_id.to_string() })?;
         let sizes = crate::flavors::FlavorView::sizes_of(&flavor)?;
         let spec = InstanceSpec {
             name: input.name.clone(),
@@ -164,10 +163,11 @@ impl App {
             duration_s: input.duration_s,
         };
         spec.check()?;
+        let instance_id = InstanceId::derive(&caller.tenant_id, &caller.identity, &input.idempotency_key);
         // Decided on the draft before the image is looked at: a caller without access learns nothing of it.
         let draft = pool.clone().map(|facts| Resource {
             target: Target::Instance,
-            id: InstanceId::derive(&caller.tenant_id, &caller.identity, &input.idempotency_key).to_string(),
+            id: instance_id.to_string(),
             tenant_id: caller.tenant_id.clone(),
             attributes: resolve::instance_attributes(&spec, image.unwrap_or(false), &facts),
             pool: Some(facts),
@@ -191,7 +191,6 @@ impl App {
             return Err(Rejection::NotFound { kind: "image", id: input.image_id.to_string() }.into());
         };
 
-        let instance_id = InstanceId::derive(&caller.tenant_id, &caller.identity, &input.idempotency_key);
         let reservation_id = instance_id.reservation_id(&caller.tenant_id, &caller.identity);
         let request = reservation_request(&spec);
         let new = NewInstance {
@@ -357,10 +356,12 @@ async fn change_desired(
     if desired == DesiredState::Deleted {
         position = end_allocation(tx, caller, &i.created.reservation_id).await?.or(position);
     }
-    // Read again: ending the allocation may have ended the instance.
+    // Read again after a deletion: ending the allocation may have ended the instance.
     let state = match position {
-        Some(_) => store::instance_aggregate(tx, id).await?.map_or(state, |(i, _)| i),
-        None => state,
+        Some(_) if desired == DesiredState::Deleted => {
+            store::instance_aggregate(tx, id).await?.map_or(state, |(i, _)| i)
+        }
+        _ => state,
     };
     Ok(Committed { value: state, position })
 }

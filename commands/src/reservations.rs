@@ -2,7 +2,6 @@
 //! read, cancel, release, renew and extend.
 
 use bc_domain::Rejection;
-use bc_domain::event::DomainEvent as _;
 use bc_domain::id::{NodeId, ReservationId, TenantId};
 use bc_domain::instance::{self, Instance, NewInstance};
 use bc_domain::placement::{self, NodeCandidate, PlannedAllocation};
@@ -626,16 +625,16 @@ pub(crate) async fn record_reservation_known(
 ) -> AppResult<(Reservation, Option<Position>)> {
     let frees_capacity =
         events.iter().any(|e| e.ends_bookings_at().is_some() || matches!(e, ReservationEvent::Replaced(_)));
-    let ended = events.iter().find_map(|e| e.ends_bookings_at().map(|_| e.event_type()));
+    let ended_at_ms = events.iter().find_map(ReservationEvent::ends_bookings_at);
     super::node_commands::follow_hand_overs(tx, caller, &r, &events, known.agents).await?;
     let state = events.iter().fold(Some(r.clone()), reservation::evolve).unwrap_or_else(|| r.clone());
     let mut position =
         record(tx, caller, r.id.as_str(), &r.tenant_id, ExpectedVersion::Exact(r.version), events).await?;
-    if let Some(ended) = ended
+    if let Some(at_ms) = ended_at_ms
         && state.request.binding == Binding::Instance
     {
-        // An instance's allocation ended: so did the instance.
-        position = end_instance_of(tx, caller, &state, ended).await?.or(position);
+        // An instance's allocation ended: so did the instance, at the same time.
+        position = end_instance_of(tx, caller, &state, at_ms).await?.or(position);
     }
     if frees_capacity {
         known.wake(tx, &WorkKey::pool_pending(&state.request.pool_id)).await?;
@@ -932,15 +931,14 @@ pub(crate) async fn preempt(tx: &mut Tx, caller: &Caller, id: &ReservationId) ->
 
 /// The end of an instance's allocation (its reservation's event `ended`): the instance ends, `failed` when the
 /// allocation failed. Called where a reservation's ending events are recorded.
-async fn end_instance_of(tx: &mut Tx, caller: &Caller, r: &Reservation, ended: &str) -> AppResult<Option<Position>> {
+async fn end_instance_of(tx: &mut Tx, caller: &Caller, r: &Reservation, at_ms: i64) -> AppResult<Option<Position>> {
     let Some(id) = store::instances::of_reservation(tx, &r.id).await? else {
         // The reservation's own transaction records its instance after it: nothing to end yet.
         return Ok(None);
     };
     let Some((i, version)) = store::instance_aggregate(tx, &id).await? else { return Ok(None) };
-    let now_ms = clock::compute_now_ms(tx).await?;
     let reason = format!("its allocation ended: reservation {} is {}", r.id, r.state.as_str());
-    let failed = r.state == reservation::ReservationState::Failed || ended == "reservation.failed";
-    let events = instance::end(&i, failed, reason, now_ms);
+    let failed = r.state == reservation::ReservationState::Failed;
+    let events = instance::end(&i, failed, reason, at_ms);
     record(tx, caller, id.as_str(), &i.created.tenant_id, ExpectedVersion::Exact(version), events).await
 }

@@ -13,27 +13,10 @@ use serde::{Deserialize, Serialize};
 /// off: on its way, paused, or not reported).
 pub use bc_domain::node::Power;
 
-/// What to do with a machine's power.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PowerAction {
-    On,
-    /// Off now, as pulling the plug (Redfish `ForceOff`, IPMI `power off`).
-    Off,
-    /// Asks the operating system to shut down (Redfish `GracefulShutdown`, IPMI `power soft`).
-    GracefulOff,
-    /// A hard reset (Redfish `ForceRestart`, IPMI `power reset`).
-    Reset,
-}
-
-/// The device a machine boots from next, once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BootDevice {
-    Pxe,
-    Cd,
-    Disk,
-}
+/// What to do with a machine's power (Redfish `On`/`ForceOff`/`GracefulShutdown`/`ForceRestart`, IPMI `power
+/// on`/`off`/`soft`/`reset`), and the device a machine boots from next, once: the driver protocol's own, so an
+/// out-of-process driver is asked in the same words.
+pub use bcx::protocol::{BootDevice, PowerAction};
 
 /// What a BMC says about its machine.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
