@@ -323,6 +323,16 @@ fn print_welcome(base: &str, ca: Option<&Path>, root: &str, demo: &str) {
         "  {curl} -H 'Authorization: Bearer {demo}' -H 'Idempotency-Key: first' -H 'Content-Type: application/json' \\\n       -d '{{\"poolId\": \"<id from /v1/pools>\", \"devices\": {{\"class\": \"gpu\", \"count\": 2}}, \"duration\": 3600}}' {base}/v1/reservations"
     );
     println!("  {curl} -N -H 'Authorization: Bearer {demo}' {base}/v1/events");
+    println!("the console: {base}/console (sign in with one of the tokens above)");
+    // The CLI's contexts, so that `better-compute get pools` works at once; a configuration that cannot be
+    // written is said, not fatal.
+    match crate::cli::add_dev_contexts(base, ca, root, demo) {
+        Ok(path) => println!(
+            "the CLI: better-compute get nodes (as the administrator; --context dev-demo as the customer), set up in {}",
+            path.display()
+        ),
+        Err(err) => println!("the CLI is not set up: {err:#}"),
+    }
 }
 
 /// How `dev` listens.

@@ -5,6 +5,7 @@
 //! read.
 
 pub mod authorizer;
+pub mod cli;
 pub mod dev;
 pub mod doctor;
 pub mod http;
@@ -12,4 +13,4 @@ pub mod metrics;
 pub mod ops;
 pub mod service;
 pub mod tls;
-pub mod wire;
+pub use bc_wire as wire;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use bc_api::cli;
 use bc_api::dev::{self, DevConfig};
 use bc_api::service::{self, MigrateOnStart};
 use bc_eventstore::{Db, DbConfig, Position};
@@ -57,6 +58,32 @@ enum Command {
     /// Follow machines' workflows.
     #[command(subcommand)]
     Workflows(WorkflowsCommand),
+    /// List sites, pools, nodes, reservations, instances or the audit trail through the API (`-o
+    /// table|wide|json|yaml|name`, `-w` to watch).
+    Get(cli::GetArgs),
+    /// Show one reservation, node, pool, site or instance with its conditions, allocations and events.
+    Describe(cli::DescribeArgs),
+    /// Reserve devices in a pool (`--dry-run` says when it could start and what would be free, and reserves
+    /// nothing).
+    Reserve(cli::ReserveArgs),
+    /// Cancel a reservation before its window began.
+    Cancel(cli::ReservationVerb),
+    /// Release a running reservation's devices.
+    Release(cli::ReservationVerb),
+    /// Stop placing reservations on a node.
+    Cordon(cli::NodeVerb),
+    /// Place reservations on a cordoned node again.
+    Uncordon(cli::NodeVerb),
+    /// Cordon a node and follow it until what runs there has ended.
+    Drain(cli::NodeVerb),
+    /// The CLI's servers and tokens (the configuration file).
+    #[command(subcommand)]
+    Config(cli::ConfigCommand),
+    /// Print a shell completion script.
+    Completion {
+        #[arg(value_enum)]
+        shell: cli::Shell,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -531,6 +558,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
         },
         Command::Pki(command) => pki(command),
+        Command::Get(args) => cli::get(args).await,
+        Command::Describe(args) => cli::describe(args).await,
+        Command::Reserve(args) => cli::reserve(args).await,
+        Command::Cancel(args) => cli::cancel(args).await,
+        Command::Release(args) => cli::release(args).await,
+        Command::Cordon(args) => cli::cordon(args).await,
+        Command::Uncordon(args) => cli::uncordon(args).await,
+        Command::Drain(args) => cli::drain(args).await,
+        Command::Config(command) => cli::config(command),
+        Command::Completion { shell } => {
+            cli::completion(shell, &mut <Cli as clap::CommandFactory>::command(), &mut std::io::stdout());
+            Ok(())
+        }
         Command::Workflows(WorkflowsCommand::Watch { id, database }) => {
             bc_api::ops::workflows_watch(&connect(&database)?, &id).await
         }

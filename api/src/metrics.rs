@@ -3,7 +3,14 @@
 //! subscribers, the connection pool, transactions run again by reason. What a scrape reads from the database, in
 //! one read-only snapshot: the log's appends, each projection's applied events and lag (events and seconds), the
 //! horizon (how old the oldest transaction holding it back is, and how many transaction ids it trails), the work
-//! queue's depth and the age of its oldest due item, and the leases held, by kind, by this process and by any.
+//! queue's depth and the age of its oldest due item, the leases held, by kind, by this process and by any, and the
+//! fleet per pool: atoms by resource (all, allocatable, allocated, reserved, available), nodes by state, and the
+//! agents' sessions with the age of the stalest live heartbeat.
+//!
+//! Names follow Prometheus's conventions, which `tests/it/dashboard.rs` checks on a real scrape: the `bc_` prefix,
+//! snake case, base units at the end (`_seconds`), counters' samples ending in `_total` (the encoder adds it), and
+//! a family's labels splitting a whole, so that summing over any of them means something. `docs/grafana/fleet.json`
+//! is the dashboard over them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,7 +20,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use bc_commands::figures::{Connections, DatabaseFigures};
+use bc_commands::figures::{Connections, DatabaseFigures, FleetFigures, PoolCapacity};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -21,6 +28,7 @@ use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -106,6 +114,11 @@ pub fn exposition(metrics: &Metrics, scrape: Scrape) -> Response {
         "Time to answer HTTP requests, by route template",
         metrics.latency.clone(),
     );
+    registry.register(
+        "build",
+        "The release this process runs",
+        Info::new(vec![("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]),
+    );
     registry.register_collector(Box::new(process));
     registry.register_collector(Box::new(DatabaseCollector(scrape.figures)));
     let mut text = String::new();
@@ -144,14 +157,21 @@ impl Collector for ProcessFigures {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let mut pool = encoder.encode_descriptor(
             "db_pool_connections",
-            "This process's database connections, by state",
+            "This process's open database connections, by state (busy, idle)",
             None,
             MetricType::Gauge,
         )?;
         let busy = self.pool_size.saturating_sub(self.pool_idle);
-        for (state, n) in [("busy", busy), ("idle", self.pool_idle), ("max", self.pool_max)] {
+        for (state, n) in [("busy", busy), ("idle", self.pool_idle)] {
             ConstGauge::new(i64::from(n)).encode(pool.encode_family(&[("state", state)])?)?;
         }
+        // The limit is a family of its own: as a state beside busy and idle, a sum over states would add it in.
+        one(
+            &mut encoder,
+            "db_pool_max_connections",
+            "The most database connections this process opens",
+            ConstGauge::new(i64::from(self.pool_max)),
+        )?;
         one(
             &mut encoder,
             "sse_subscribers",
@@ -267,13 +287,13 @@ impl Collector for DatabaseCollector {
         one(&mut encoder, "work_queue_depth", "Keys in the work queue", ConstGauge::new(figures.log.queue_depth))?;
         one(
             &mut encoder,
-            "work_queue_due",
+            "work_queue_due_keys",
             "Keys in the work queue that are due now",
             ConstGauge::new(figures.log.queue_due),
         )?;
         one(
             &mut encoder,
-            "work_queue_claimed",
+            "work_queue_claimed_keys",
             "Keys a worker has claimed and not finished",
             ConstGauge::new(figures.log.queue_claimed),
         )?;
@@ -293,8 +313,74 @@ impl Collector for DatabaseCollector {
             let holder = if *mine { "this_process" } else { "other" };
             ConstGauge::new(*count).encode(leases.encode_family(&[("kind", kind.as_str()), ("holder", holder)])?)?;
         }
-        Ok(())
+        encode_fleet(&mut encoder, &figures.fleet)
     }
+}
+
+/// One capacity column of a pool's resource.
+type Column = fn(&PoolCapacity) -> i64;
+
+/// The capacity families: each is one column of the rollup, per pool and resource.
+const CAPACITY: [(&str, &str, Column); 5] = [
+    ("pool_atoms", "Bookable atoms on the pool's nodes, schedulable or not, by resource", |c| c.atoms),
+    ("pool_allocatable_atoms", "Atoms on the pool's schedulable nodes, by resource", |c| c.allocatable),
+    (
+        "pool_allocated_atoms",
+        "Atoms held now by the pool's reservations binding, active or releasing, by resource",
+        |c| c.allocated,
+    ),
+    ("pool_reserved_atoms", "Atoms of the pool's reservations placed and not yet started, by resource", |c| c.reserved),
+    ("pool_available_atoms", "Allocatable atoms of the pool not allocated now, by resource", |c| c.available),
+];
+
+/// The fleet's figures, labelled by pool id (never by node or reservation, so the series stay few).
+fn encode_fleet(encoder: &mut DescriptorEncoder, fleet: &FleetFigures) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in CAPACITY {
+        let help = format!("{help} (from the capacity rollup, which trails the log by its projection's lag)");
+        let mut family = encoder.encode_descriptor(name, &help, None, MetricType::Gauge)?;
+        for c in &fleet.capacity {
+            let labels = [("pool", c.pool_id.as_str()), ("resource", c.resource.as_str())];
+            ConstGauge::new(value(c)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    let mut nodes = encoder.encode_descriptor(
+        "nodes",
+        "Nodes by pool, connectivity, provision state and whether they are schedulable",
+        None,
+        MetricType::Gauge,
+    )?;
+    for n in &fleet.nodes {
+        let labels = [
+            ("pool", n.pool_id.as_str()),
+            ("connectivity", n.connectivity.as_str()),
+            ("provision_state", n.provision_state.as_str()),
+            ("schedulable", bool_text(n.schedulable)),
+        ];
+        ConstGauge::new(n.nodes).encode(nodes.encode_family(&labels)?)?;
+    }
+    let mut sessions = encoder.encode_descriptor(
+        "agent_sessions",
+        "Agents' sessions by pool and state (live: its liveness lease runs; expired: it ran out)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for s in &fleet.sessions {
+        for (state, count) in [("live", s.live), ("expired", s.expired)] {
+            ConstGauge::new(count)
+                .encode(sessions.encode_family(&[("pool", s.pool_id.as_str()), ("state", state)])?)?;
+        }
+    }
+    let mut oldest = encoder.encode_descriptor(
+        "agent_heartbeat_oldest_age_seconds",
+        "How long ago the pool's live session heard from least recently had its last heartbeat (0: none live)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for s in &fleet.sessions {
+        let labels = [("pool", s.pool_id.as_str())];
+        ConstGauge::new(s.oldest_heartbeat_age_seconds).encode(oldest.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 fn bool_text(value: bool) -> &'static str {

@@ -1,5 +1,6 @@
 //! What operators watch, read from the database: the figures a metrics scrape reports (the log, the read models,
-//! the horizon, the work queue, the leases), the projections' status, and whether the database answers.
+//! the horizon, the work queue, the leases, the fleet's capacity, nodes and agents' sessions), the projections'
+//! status, and whether the database answers.
 
 use std::time::Duration;
 
@@ -27,9 +28,11 @@ pub struct ProjectionFigures {
 pub struct DatabaseFigures {
     pub log: LogFigures,
     pub projections: Vec<ProjectionFigures>,
+    /// Per pool: capacity, nodes by state, agents' sessions.
+    pub fleet: FleetFigures,
 }
 
-pub use crate::store::figures::LogFigures;
+pub use crate::store::figures::{FleetFigures, LogFigures, NodeStates, PoolCapacity, PoolSessions};
 
 impl DatabaseFigures {
     async fn read(db: &Db) -> bc_eventstore::Result<Self> {
@@ -47,8 +50,9 @@ impl DatabaseFigures {
             .collect();
         let mut tx = db.begin(TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadOnly }).await?;
         let log = store::figures::log_figures(&mut tx).await?;
+        let fleet = store::figures::fleet_figures(&mut tx).await?;
         tx.commit().await?;
-        Ok(Self { log, projections })
+        Ok(Self { log, projections, fleet })
     }
 }
 

@@ -146,24 +146,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Every error: `{"error": {"code", "message", "details"}}`.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-/// The error itself.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct ErrorDetail {
-    /// `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `FORBIDDEN`, `NOT_FOUND`, `CONFLICT`, `CAPACITY_UNAVAILABLE`,
-    /// `QUOTA_EXCEEDED`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNSUPPORTED_MEDIA_TYPE`, `UNAVAILABLE`,
-    /// `INTERNAL_ERROR`.
-    pub code: String,
-    pub message: String,
-    /// Such as `field`, naming what is wrong with the input.
-    #[schema(value_type = Object)]
-    pub details: Value,
-}
+pub use bc_wire::{ErrorBody, ErrorDetail};
 
 /// The errors every route with a body or a caller can answer.
 #[derive(utoipa::IntoResponses)]

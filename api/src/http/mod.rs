@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod consistency;
+pub mod console;
 mod error;
 pub mod events;
 mod flavors;
@@ -291,6 +292,9 @@ pub fn router(state: AppState) -> Router {
     let router = routed(Router::new())
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), idempotency::keep_first_answer))
         .route("/metrics", axum::routing::get(health::metrics))
+        .route("/console", axum::routing::get(console::root))
+        .route("/console/", axum::routing::get(console::index))
+        .route("/console/{*path}", axum::routing::get(console::file))
         .fallback(not_routed)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(request::BODY_LIMIT))

@@ -3,7 +3,10 @@
 
 mod agents;
 mod browser;
+mod cli;
 mod consistency;
+mod console;
+mod dashboard;
 mod external_authorizer;
 mod flavors;
 mod health;

@@ -13,7 +13,7 @@ use crate::http_api::{Api, ROOT};
 use bc_commands::testing::{T0, request};
 
 /// The scrape's text.
-async fn scrape(api: &Api) -> String {
+pub(crate) async fn scrape(api: &Api) -> String {
     let request = Request::get("/metrics").body(Body::empty()).expect("request");
     let response = api.router.clone().oneshot(request).await.expect("response");
     assert_eq!(response.status(), StatusCode::OK);
@@ -24,7 +24,7 @@ async fn scrape(api: &Api) -> String {
 }
 
 /// The value of the sample `series` (its name and labels exactly as written).
-fn sample(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
@@ -72,15 +72,20 @@ async fn metrics_describe_requests_by_route_and_the_database_as_it_is() {
     );
 
     let mut tx = fleet.t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
-    let (events, queued): (i64, i64) =
-        sql::query_as("SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM work_queue)")
-            .fetch_one(tx.conn())
-            .await
-            .expect("counts");
+    let (events, queued, due): (i64, i64, i64) = sql::query_as(
+        "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM work_queue),
+                (SELECT count(*) FROM work_queue WHERE not_before <= compute_now())",
+    )
+    .fetch_one(tx.conn())
+    .await
+    .expect("counts");
     tx.commit().await.expect("commit");
     assert!(queued >= 1);
     assert_eq!(sample(&text, "bc_events_appended_total"), Some(events as f64));
     assert_eq!(sample(&text, "bc_work_queue_depth"), Some(queued as f64));
+    assert_eq!(sample(&text, "bc_work_queue_due_keys"), Some(due as f64));
+    // No worker runs here to claim any.
+    assert_eq!(sample(&text, "bc_work_queue_claimed_keys"), Some(0.0));
     for projection in bc_projections::models::read_models() {
         let (name, version) = (projection.name(), projection.version());
         if !["pools", "reservations", "audit_events"].contains(&name) {
@@ -92,7 +97,9 @@ async fn metrics_describe_requests_by_route_and_the_database_as_it_is() {
     }
     assert_eq!(sample(&text, r#"bc_leases_live{kind="shard",holder="this_process"}"#), Some(1.0));
     let max = fleet.t.db.connections().max;
-    assert_eq!(sample(&text, r#"bc_db_pool_connections{state="max"}"#), Some(f64::from(max)));
+    assert_eq!(sample(&text, "bc_db_pool_max_connections"), Some(f64::from(max)));
+    assert!(sample(&text, r#"bc_db_pool_connections{state="busy"}"#).is_some());
+    assert_eq!(sample(&text, r#"bc_db_pool_connections{state="max"}"#), None, "the limit is no state");
     assert_eq!(sample(&text, "bc_sse_subscribers"), Some(0.0));
     for reason in ["stream_version", "serialization", "deadlock", "exclusion"] {
         let retries = sample(&text, &format!(r#"bc_transaction_retries_total{{reason="{reason}"}}"#));

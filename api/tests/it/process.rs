@@ -90,7 +90,7 @@ impl Server {
     }
 
     /// The next standard output line containing `needle`.
-    fn line_containing(&mut self, needle: &str) -> String {
+    pub(crate) fn line_containing(&mut self, needle: &str) -> String {
         if let Some(at) = self.earlier.iter().position(|line| line.contains(needle)) {
             return self.earlier.remove(at);
         }
@@ -316,9 +316,11 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     let server = testing::server();
     let data_dir = server.scratch_dir("dev");
     server.stop_cluster_at_exit(&data_dir);
+    // dev adds its servers to the CLI's configuration: this test's own file, not the user's.
+    let cli_config = server.scratch_dir("dev-cli").join("config.toml");
     let dev = || {
         let mut c = command(&["dev", "--listen", "127.0.0.1:0", "--data-dir"]);
-        c.arg(&data_dir);
+        c.arg(&data_dir).env("BETTER_COMPUTE_CONFIG", &cli_config);
         c
     };
 
@@ -347,6 +349,8 @@ async fn dev_runs_on_an_embedded_database_and_stops_it_on_ctrl_c() {
     })
     .await;
     assert!(nodes.iter().all(|n| n["provisionState"] == "adopted"), "{nodes:?}");
+    first.line_containing("the CLI: better-compute get nodes");
+    crate::cli::the_cli_lists_reserves_describes_and_drains_through_the_api(&cli_config).await;
     assert!(dev_cluster(&data_dir).is_running());
     let demo = bc_eventstore::Db::connect_lazy_with(
         dev_cluster(&data_dir).connect_options(bc_api::dev::DEV_DATABASE),

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+#[cfg(feature = "server")]
 use bc_commands::profiles::ProfileView;
 use bc_domain::profile::{Await, Concern, ProfileSpec, ProfileTarget, RunsOn, StepAction, StepSpec};
 use serde::{Deserialize, Serialize};
@@ -48,7 +49,7 @@ impl From<&StepSpec> for StepDto {
 }
 
 /// The body of `POST /v1/profiles`: the next version of the profile `name`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProfileBody {
     /// 1 to 64 of a-z, 0-9 and `-`: the name every version of the profile shares.
@@ -118,7 +119,7 @@ impl ProfileBody {
 }
 
 /// A profile version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProfileDto {
     pub id: String,
@@ -141,6 +142,7 @@ pub struct ProfileDto {
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&ProfileView> for ProfileDto {
     fn from(p: &ProfileView) -> Self {
         let spec = &p.spec;

@@ -3,9 +3,13 @@
 
 use std::collections::BTreeMap;
 
+#[cfg(feature = "server")]
 use bc_commands::agents::{IssuedJoinToken, JoinTokenInfo};
+#[cfg(feature = "server")]
 use bc_commands::node_commands::CommandRecord;
+#[cfg(feature = "server")]
 use bc_commands::nodes::InventorySnapshot;
+#[cfg(feature = "server")]
 use bc_commands::reads::NodeView;
 use bc_domain::device::MigInstance;
 use bc_domain::inventory::NodeInventory;
@@ -13,10 +17,11 @@ use bc_domain::node::{Condition, Role, Trust};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+#[cfg(feature = "server")]
 use super::spelling;
 
 /// A MIG instance of a registered GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MigInstanceBody {
     pub gpu_instance: u32,
@@ -39,7 +44,7 @@ impl From<MigInstanceBody> for MigInstance {
 }
 
 /// One GPU of a registration.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuBody {
     pub uuid: String,
@@ -52,7 +57,7 @@ pub struct GpuBody {
 }
 
 /// The body of `POST /v1/nodes`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RegisterBody {
     pub pool_id: String,
@@ -73,7 +78,7 @@ pub struct RegisterBody {
 }
 
 /// A condition a node carries.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConditionDto {
     /// `GpuCountMismatch`, `NodeUnreachable`, `ClockSkew`, `GpuModelUnknown`, `HardwareChanged`, ...
@@ -90,7 +95,7 @@ impl From<&Condition> for ConditionDto {
 }
 
 /// A node: each axis of its state on its own.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeDto {
     pub id: String,
@@ -141,7 +146,7 @@ pub struct NodeDto {
 }
 
 /// A machine's BMC as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BmcDto {
     /// `redfish` or `ipmi`.
@@ -170,7 +175,7 @@ impl From<&bc_domain::node::NodeBmc> for BmcDto {
 }
 
 /// The body of `POST /v1/nodes/enrol`: a machine known by its BMC.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnrolBody {
     pub pool_id: String,
@@ -188,7 +193,7 @@ pub struct EnrolBody {
 }
 
 /// A BMC and its credentials.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BmcBody {
     /// `redfish` or `ipmi`.
@@ -208,7 +213,7 @@ pub struct BmcBody {
 }
 
 /// The body of `POST /v1/nodes/{id}/provision-state`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProvisionBody {
     /// The state to go to: `inspecting`, `commissioning`, `ready`, `deploying`, `deployed`, `releasing`,
@@ -219,6 +224,7 @@ pub struct ProvisionBody {
     pub reason: Option<String>,
 }
 
+#[cfg(feature = "server")]
 impl From<&NodeView> for NodeDto {
     fn from(n: &NodeView) -> Self {
         NodeDto {
@@ -255,7 +261,7 @@ impl From<&NodeView> for NodeDto {
 }
 
 /// One device of a node: a GPU, or an atom below it (a MIG instance, a time-slice slot).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceDto {
     pub id: String,
@@ -299,7 +305,7 @@ impl From<&bc_domain::device::Device> for DeviceDto {
 }
 
 /// A node's devices.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeDevicesDto {
     pub node_id: String,
@@ -307,7 +313,7 @@ pub struct NodeDevicesDto {
 }
 
 /// Body of the verbs (cordon, uncordon, maintenance): an optional reason, recorded with the event.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct VerbBody {
     /// Why, for the audit trail: at most 1024 characters.
@@ -316,7 +322,7 @@ pub struct VerbBody {
 }
 
 /// Body of `POST /v1/nodes/{node_id}/drain`.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ForceBody {
     /// End the reservations running on the node instead of letting them finish.
@@ -328,14 +334,14 @@ pub struct ForceBody {
 }
 
 /// What a verb answers: the node it changed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeChangedDto {
     pub id: String,
 }
 
 /// What `DELETE /v1/nodes/{node_id}` answers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeDeletedDto {
     pub id: String,
@@ -343,7 +349,7 @@ pub struct NodeDeletedDto {
 }
 
 /// Body of `PUT /v1/nodes/{node_id}/spec`.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SpecBody {
     #[serde(default)]
@@ -352,7 +358,7 @@ pub struct SpecBody {
 }
 
 /// What a spec change answers: the new generation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SpecSetDto {
     pub id: String,
@@ -360,7 +366,7 @@ pub struct SpecSetDto {
 }
 
 /// Body of `POST /v1/nodes/{node_id}/commands`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandBody {
     /// `probe` or `refresh-inventory`.
@@ -375,7 +381,7 @@ pub struct CommandBody {
 }
 
 /// A command queued for a node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandQueuedDto {
     pub id: String,
@@ -384,7 +390,7 @@ pub struct CommandQueuedDto {
 }
 
 /// What a command asks the agent to do, as it travels: its `kind` and the kind's fields.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandBodyDto {
     /// `bind`, `unbind`, `refresh-inventory` or `probe`.
@@ -424,7 +430,7 @@ impl From<&bc_domain::agent::CommandKind> for CommandBodyDto {
 }
 
 /// A command as stored, for operators.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandDto {
     pub id: String,
@@ -443,6 +449,7 @@ pub struct CommandDto {
     pub message: Option<String>,
 }
 
+#[cfg(feature = "server")]
 impl From<&CommandRecord> for CommandDto {
     fn from(c: &CommandRecord) -> Self {
         CommandDto {
@@ -464,14 +471,14 @@ impl From<&CommandRecord> for CommandDto {
 }
 
 /// `GET /v1/nodes/{node_id}/commands`: the latest commands, newest first.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandListDto {
     pub items: Vec<CommandDto>,
 }
 
 /// A node's latest inventory snapshot.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InventoryDto {
     pub node_id: String,
@@ -483,6 +490,7 @@ pub struct InventoryDto {
     pub document: NodeInventory,
 }
 
+#[cfg(feature = "server")]
 impl InventoryDto {
     pub fn new(node_id: String, snapshot: InventorySnapshot) -> Self {
         InventoryDto {
@@ -495,7 +503,7 @@ impl InventoryDto {
 }
 
 /// Body of `POST /v1/pools/{pool_id}/join-tokens`.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinTokenBody {
     /// How long the token admits a machine, in seconds (60 to 604800; default 3600).
@@ -504,7 +512,7 @@ pub struct JoinTokenBody {
 }
 
 /// A join token, shown once.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JoinTokenDto {
     pub id: String,
@@ -514,6 +522,7 @@ pub struct JoinTokenDto {
     pub expires_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&IssuedJoinToken> for JoinTokenDto {
     fn from(t: &IssuedJoinToken) -> Self {
         JoinTokenDto {
@@ -526,7 +535,7 @@ impl From<&IssuedJoinToken> for JoinTokenDto {
 }
 
 /// A join token as an operator lists it: never its secret.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JoinTokenInfoDto {
     pub id: String,
@@ -542,6 +551,7 @@ pub struct JoinTokenInfoDto {
     pub revoked_at: Option<i64>,
 }
 
+#[cfg(feature = "server")]
 impl From<&JoinTokenInfo> for JoinTokenInfoDto {
     fn from(t: &JoinTokenInfo) -> Self {
         let state = if t.used_at_ms.is_some() {

@@ -1,14 +1,18 @@
 //! What operators and probes read: the health check, the read models' status, the event stream's events, the
 //! OpenAPI document's own outline.
 
+#[cfg(feature = "server")]
 use bc_eventstore::events::RecordedEvent;
+#[cfg(feature = "server")]
 use bc_projections::status::VersionStatus;
-use serde::Serialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+#[cfg(feature = "server")]
+use serde_json::json;
 use utoipa::ToSchema;
 
 /// `GET /v1/healthz`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HealthDto {
     /// `ok`.
@@ -18,7 +22,7 @@ pub struct HealthDto {
 }
 
 /// One read model version's state.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProjectionStatusDto {
     pub name: String,
@@ -36,6 +40,7 @@ pub struct ProjectionStatusDto {
     pub lag_seconds: Option<f64>,
 }
 
+#[cfg(feature = "server")]
 impl From<&VersionStatus> for ProjectionStatusDto {
     fn from(v: &VersionStatus) -> Self {
         ProjectionStatusDto {
@@ -52,14 +57,14 @@ impl From<&VersionStatus> for ProjectionStatusDto {
 }
 
 /// `GET /v1/projections`.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProjectionsDto {
     pub items: Vec<ProjectionStatusDto>,
 }
 
 /// An event of the log, as the event stream (`data:`) and `events tail` show it.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EventDto {
     /// `<epoch>-<txid>-<seq>`: also the SSE `id:`, to resume after.
@@ -80,6 +85,7 @@ pub struct EventDto {
     pub metadata: Value,
 }
 
+#[cfg(feature = "server")]
 impl From<&RecordedEvent> for EventDto {
     fn from(event: &RecordedEvent) -> Self {
         let decode = |bytes: &[u8]| {
@@ -100,7 +106,7 @@ impl From<&RecordedEvent> for EventDto {
 }
 
 /// The OpenAPI document's outline (`GET /v1/openapi.json`).
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct OpenApiDto {
     /// `3.1.0`.
     pub openapi: String,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// The body of `POST /v1/nodes/{id}/workflows`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkflowBody {
     /// `inspect` (from `enrolling` or `failed`), `deploy` (from `ready`, with `profileId`) or `release` (from
@@ -18,7 +18,7 @@ pub struct WorkflowBody {
 }
 
 /// The body of `POST /v1/workflows/{id}/cancel`.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CancelWorkflowBody {
     #[serde(default)]
@@ -26,7 +26,7 @@ pub struct CancelWorkflowBody {
 }
 
 /// One step of a workflow, and where it is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkflowStepDto {
     pub index: u32,
@@ -56,7 +56,7 @@ pub struct WorkflowStepDto {
 }
 
 /// How far a workflow is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProgressDto {
     pub done: u32,
@@ -64,7 +64,7 @@ pub struct ProgressDto {
 }
 
 /// A workflow: a profile (or a built-in plan) expanded for one machine.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkflowDto {
     pub id: String,
@@ -89,7 +89,7 @@ pub struct WorkflowDto {
 }
 
 /// A machine's workflows, newest first.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkflowList {
     pub items: Vec<WorkflowDto>,

@@ -2,17 +2,20 @@
 
 use std::collections::BTreeMap;
 
+#[cfg(feature = "server")]
 use bc_commands::availability::FreeAtoms;
+#[cfg(feature = "server")]
 use bc_commands::reads::{AuditEntry, CapacityView, OfferView, PoolView, SiteView};
 use bc_domain::pool::{AdmissionPolicy, PoolAgent, PoolClass, PoolPolicy, Quota, Sharing, SharingPolicy};
 use bc_domain::site::SiteKind;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+#[cfg(feature = "server")]
 use super::spelling;
 
 /// The body of `POST /v1/sites`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteBody {
     /// 1 to 128 printable characters.
@@ -32,7 +35,7 @@ fn shared() -> SiteKind {
 }
 
 /// A site.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SiteDto {
     pub id: String,
@@ -44,6 +47,7 @@ pub struct SiteDto {
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&SiteView> for SiteDto {
     fn from(s: &SiteView) -> Self {
         SiteDto {
@@ -58,7 +62,7 @@ impl From<&SiteView> for SiteDto {
 }
 
 /// The body of `POST /v1/projects`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProjectBody {
     /// 1 to 128 printable characters.
@@ -152,7 +156,7 @@ impl From<&PoolPolicy> for PoolPolicyDto {
 }
 
 /// The body of `PATCH /v1/pools/{id}`: what to change; what is left out stays.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolUpdateBody {
     /// 1 to 128 printable characters.
@@ -166,7 +170,7 @@ pub struct PoolUpdateBody {
 }
 
 /// The body of `POST /v1/pools`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolBody {
     pub site_id: String,
@@ -193,7 +197,7 @@ pub struct PoolBody {
 }
 
 /// One offering of a pool: the tenant it is offered to, with a quota per resource.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OfferDto {
     pub tenant_id: String,
@@ -203,6 +207,7 @@ pub struct OfferDto {
     pub include_descendants: bool,
 }
 
+#[cfg(feature = "server")]
 impl From<&OfferView> for OfferDto {
     fn from(o: &OfferView) -> Self {
         OfferDto {
@@ -215,7 +220,7 @@ impl From<&OfferView> for OfferDto {
 }
 
 /// A pool; its offers other than the caller's own are left out unless the caller owns it.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolDto {
     pub id: String,
@@ -232,6 +237,7 @@ pub struct PoolDto {
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&PoolView> for PoolDto {
     fn from(p: &PoolView) -> Self {
         PoolDto {
@@ -252,7 +258,7 @@ impl From<&PoolView> for PoolDto {
 }
 
 /// One resource of a pool's capacity, in atoms.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CapacityDto {
     pub resource: String,
@@ -266,6 +272,7 @@ pub struct CapacityDto {
     pub available: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&CapacityView> for CapacityDto {
     fn from(c: &CapacityView) -> Self {
         CapacityDto {
@@ -279,7 +286,7 @@ impl From<&CapacityView> for CapacityDto {
 }
 
 /// `GET /v1/pools/{id}/capacity`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolCapacityDto {
     pub pool_id: String,
@@ -287,7 +294,7 @@ pub struct PoolCapacityDto {
 }
 
 /// The earliest start of a window that fits (`null`: none within the search's reach).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EarliestStartDto {
     pub pool_id: String,
@@ -296,13 +303,14 @@ pub struct EarliestStartDto {
 }
 
 /// Atoms of one node free over a whole window.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeAtomsDto {
     pub node_id: String,
     pub atoms: Vec<String>,
 }
 
+#[cfg(feature = "server")]
 impl From<&FreeAtoms> for NodeAtomsDto {
     fn from(f: &FreeAtoms) -> Self {
         NodeAtomsDto { node_id: f.node_id.to_string(), atoms: f.atoms.iter().map(ToString::to_string).collect() }
@@ -310,7 +318,7 @@ impl From<&FreeAtoms> for NodeAtomsDto {
 }
 
 /// The atoms free over `[start, end)`, by node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FreeAtomsDto {
     pub pool_id: String,
@@ -321,7 +329,7 @@ pub struct FreeAtomsDto {
 
 /// `GET /v1/pools/{id}/availability`: the earliest start (asked with `count` and `duration`), or the free atoms
 /// (asked with `start` and `end`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum AvailabilityDto {
     EarliestStart(EarliestStartDto),
@@ -329,7 +337,7 @@ pub enum AvailabilityDto {
 }
 
 /// The body of `POST /v1/pools/{id}/offers`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OfferBody {
     pub tenant_id: String,
@@ -341,7 +349,7 @@ pub struct OfferBody {
 }
 
 /// An offering as made.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OfferedDto {
     pub pool_id: String,
@@ -352,14 +360,14 @@ pub struct OfferedDto {
 }
 
 /// The body of `PUT /v1/pools/{id}/offers/{tenant}/quota`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct QuotaBody {
     pub quota: Quota,
 }
 
 /// An offering's quota as set.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QuotaSetDto {
     pub pool_id: String,
@@ -368,7 +376,7 @@ pub struct QuotaSetDto {
 }
 
 /// One entry of the audit trail.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditDto {
     pub position: String,
@@ -388,6 +396,7 @@ pub struct AuditDto {
     pub recorded_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&AuditEntry> for AuditDto {
     fn from(a: &AuditEntry) -> Self {
         AuditDto {
@@ -410,7 +419,7 @@ impl From<&AuditEntry> for AuditDto {
 }
 
 /// A project of the caller's tenant.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProjectDto {
     pub id: String,
@@ -418,6 +427,7 @@ pub struct ProjectDto {
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&bc_commands::fleet::ProjectInfo> for ProjectDto {
     fn from(p: &bc_commands::fleet::ProjectInfo) -> Self {
         ProjectDto { id: p.id.to_string(), name: p.name.clone(), created_at: p.created_at_ms }
@@ -425,7 +435,7 @@ impl From<&bc_commands::fleet::ProjectInfo> for ProjectDto {
 }
 
 /// An offering withdrawn.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RevokedOfferDto {
     pub pool_id: String,

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+#[cfg(feature = "server")]
 use bc_commands::providers::ProviderAccountView;
 use bc_domain::Rejection;
 use bc_domain::provider::ProviderAccountSpec;
@@ -9,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// The body of `POST /v1/provider-accounts`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProviderAccountBody {
     /// Unique in the tenant: 1 to 128 printable characters.
@@ -40,7 +41,7 @@ impl ProviderAccountBody {
 }
 
 /// The body of `POST /v1/provider-accounts/{id}/credential`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CredentialBody {
     /// The new secret; the old one is gone once this answers.
@@ -48,7 +49,7 @@ pub struct CredentialBody {
 }
 
 /// A provider account: everything but its credential.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderAccountDto {
     pub id: String,
@@ -62,6 +63,7 @@ pub struct ProviderAccountDto {
     pub credential_set_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&ProviderAccountView> for ProviderAccountDto {
     fn from(a: &ProviderAccountView) -> Self {
         ProviderAccountDto {

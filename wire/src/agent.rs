@@ -14,7 +14,7 @@ use super::nodes::CommandBodyDto;
 use super::spelling;
 
 /// A node's desired state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSpecDto {
     /// How the node's GPUs are shared, as the pool says.
@@ -23,7 +23,7 @@ pub struct NodeSpecDto {
     pub replicas: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mig_layout: Option<String>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }
 
@@ -44,7 +44,7 @@ fn hashes(h: &SectionHashes) -> BTreeMap<String, String> {
 }
 
 /// A session and how to keep it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionDto {
     pub session_id: String,
@@ -74,7 +74,7 @@ impl From<&Session> for SessionDto {
 }
 
 /// What a join answers: the node, its credential (shown once), and a first session.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JoinedDto {
     pub node_id: String,
@@ -101,7 +101,7 @@ impl From<&Joined> for JoinedDto {
 }
 
 /// A request for the node's next certificate.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CertificateRequestDto {
     /// A PKCS#10 certificate signing request, PEM, at most 4,096 characters (a P-256 request is about 500).
@@ -110,7 +110,7 @@ pub struct CertificateRequestDto {
 }
 
 /// A node certificate the control plane's CA signed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeCertificateDto {
     pub node_id: String,
@@ -134,7 +134,7 @@ impl From<&NodeCertificate> for NodeCertificateDto {
 }
 
 /// A rotated node credential.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CredentialDto {
     pub node_id: String,
@@ -143,7 +143,7 @@ pub struct CredentialDto {
 }
 
 /// What a heartbeat answers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatReplyDto {
     /// When the liveness lease now runs out (the control plane's clock).
@@ -168,7 +168,7 @@ impl From<&HeartbeatReply> for HeartbeatReplyDto {
 }
 
 /// An inventory report accepted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InventoryAcceptedDto {
     /// The snapshot now current (unchanged when nothing changed).
@@ -189,7 +189,7 @@ impl From<&InventoryAccepted> for InventoryAcceptedDto {
 }
 
 /// One command as delivered: its id, `seq`, and its kind's fields.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentCommandDto {
     pub id: String,
@@ -199,7 +199,7 @@ pub struct AgentCommandDto {
 }
 
 /// The commands deliverable now, in `seq` order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandsDto {
     pub commands: Vec<AgentCommandDto>,
@@ -217,7 +217,7 @@ impl From<&[AgentCommand]> for CommandsDto {
 }
 
 /// An acknowledged command's state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AckedDto {
     pub id: String,
@@ -226,7 +226,7 @@ pub struct AckedDto {
 }
 
 /// What a site agent should run now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SiteWorkDto {
     /// Whether this agent serves its site now (it holds the site's lease); a standby gets no steps.
@@ -235,7 +235,7 @@ pub struct SiteWorkDto {
 }
 
 /// A running site step: a call to a machine's BMC, with the credentials to make it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SiteStepDto {
     pub workflow_id: String,
@@ -275,7 +275,7 @@ impl From<&bc_domain::agent::SiteStep> for SiteStepDto {
 }
 
 /// A step's report, recorded (or recorded before: the same report twice is recorded once).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StepReportedDto {
     pub workflow_id: String,
@@ -283,7 +283,7 @@ pub struct StepReportedDto {
 }
 
 /// What a machine booting from the network boots, as the site agent asks for it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BootAnswerDto {
     /// The enrolled machine the MAC or UUID belongs to.
@@ -308,7 +308,7 @@ impl From<&bc_domain::agent::BootAnswer> for BootAnswerDto {
 }
 
 /// A ramdisk's session: a bearer credential (`rds_...`) for one workflow of one machine.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RamdiskSessionDto {
     pub workflow_id: String,
@@ -327,7 +327,7 @@ impl From<&bc_domain::agent::RamdiskSession> for RamdiskSessionDto {
 }
 
 /// Where a ramdisk's workflow is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RamdiskWorkDto {
     pub workflow_id: String,
@@ -339,7 +339,7 @@ pub struct RamdiskWorkDto {
 }
 
 /// A running ramdisk step.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RamdiskStepDto {
     pub index: u32,
@@ -376,7 +376,7 @@ impl From<&bc_domain::agent::RamdiskWork> for RamdiskWorkDto {
 }
 
 /// An instance's boot image, as the node fetches it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceImageDto {
     pub image_id: String,
@@ -388,7 +388,7 @@ pub struct InstanceImageDto {
 }
 
 /// An instance this node is to run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentInstanceDto {
     pub instance_id: String,
@@ -401,7 +401,7 @@ pub struct AgentInstanceDto {
     pub generation: u64,
     /// What the node last reported: `pending`, `running`, `stopped`.
     pub state: String,
-    pub sizes: crate::wire::instances::InstanceSizesDto,
+    pub sizes: crate::instances::InstanceSizesDto,
     /// The atoms of its allocation on this node.
     pub devices: Vec<String>,
     /// Absent when the image was deleted before the node fetched it.
@@ -411,7 +411,7 @@ pub struct AgentInstanceDto {
 }
 
 /// The instances this node is to run; any other instance it runs is to be stopped and removed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentInstancesDto {
     pub instances: Vec<AgentInstanceDto>,
@@ -426,7 +426,7 @@ impl From<&[bc_domain::agent::AgentInstance]> for AgentInstancesDto {
             desired: i.desired.as_str().to_owned(),
             generation: i.generation,
             state: i.state.as_str().to_owned(),
-            sizes: crate::wire::instances::InstanceSizesDto {
+            sizes: crate::instances::InstanceSizesDto {
                 vcpu: i.sizes.vcpu,
                 memory_gib: i.sizes.memory_gib,
                 gpus: i.sizes.gpus,

@@ -1,12 +1,13 @@
 //! Flavors.
 
+#[cfg(feature = "server")]
 use bc_commands::flavors::FlavorView;
 use bc_domain::image::Visibility;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// The body of `POST /v1/flavors`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FlavorBody {
     /// Unique in the tenant: 1 to 128 printable characters.
@@ -32,7 +33,7 @@ pub struct FlavorBody {
 }
 
 /// A flavor.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FlavorDto {
     pub id: String,
@@ -48,6 +49,7 @@ pub struct FlavorDto {
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&FlavorView> for FlavorDto {
     fn from(f: &FlavorView) -> Self {
         FlavorDto {

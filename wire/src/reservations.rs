@@ -137,7 +137,7 @@ impl From<&DeviceRequest> for DevicesDto {
 }
 
 /// The body of `POST /v1/reservations`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReserveBody {
     pub pool_id: String,
@@ -204,7 +204,7 @@ where
 }
 
 /// A request as a reservation shows it: the create body's shape.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RequestDto {
     pub pool_id: String,
@@ -222,7 +222,7 @@ pub struct RequestDto {
     pub wait: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile_id: Option<String>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: BTreeMap<String, u64>,
 }
 
@@ -245,7 +245,7 @@ impl From<&ReservationRequest> for RequestDto {
 }
 
 /// One node's share of a reservation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AllocationDto {
     pub allocation_id: String,
@@ -253,7 +253,7 @@ pub struct AllocationDto {
     /// Its atoms, in device id order.
     pub devices: Vec<String>,
     /// The scalar amounts it holds on its node.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: BTreeMap<String, u64>,
 }
 
@@ -269,7 +269,7 @@ impl From<&Allocation> for AllocationDto {
 }
 
 /// A reservation, as every route answers it (its GET, its commands, the list's items).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReservationDto {
     pub id: String,
@@ -325,7 +325,7 @@ impl From<&Reservation> for ReservationDto {
 }
 
 /// Body of `cancel`.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CancelBody {
     /// Why, for the audit trail: at most 1024 characters.
@@ -334,12 +334,12 @@ pub struct CancelBody {
 }
 
 /// No body, or `{}`.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmptyBody {}
 
 /// Body of `extend`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExtendBody {
     /// The new end of the window (epoch milliseconds).

@@ -1,5 +1,6 @@
 //! Images on the wire.
 
+#[cfg(feature = "server")]
 use bc_commands::images::ImageView;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -27,6 +28,7 @@ pub struct ImageDto {
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&ImageView> for ImageDto {
     fn from(image: &ImageView) -> Self {
         ImageDto {

@@ -1,13 +1,15 @@
 //! Tenants, identities and their tokens, grants and attribute limits on the wire.
 
+#[cfg(feature = "server")]
 use bc_commands::auth::TenantView;
+#[cfg(feature = "server")]
 use bc_commands::tenancy::{GrantInfo, IdentityInfo, IssuedToken, LimitInfo, TokenInfo};
 use bc_domain::tenancy::{Relation, SessionKind};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// The body of `POST /v1/tenants`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TenantBody {
     /// The new tenant's id: 1 to 128 letters, digits, `_`, `-`, `.` and `:`.
@@ -21,7 +23,7 @@ pub struct TenantBody {
 }
 
 /// The body of `POST /v1/tenants/{tenant_id}/suspend`.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SuspendBody {
     /// Why, for the audit trail: at most 512 printable characters.
@@ -31,7 +33,7 @@ pub struct SuspendBody {
 }
 
 /// A tenant.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TenantDto {
     pub id: String,
@@ -50,6 +52,7 @@ pub struct TenantDto {
     pub created_at: Option<i64>,
 }
 
+#[cfg(feature = "server")]
 impl From<&TenantView> for TenantDto {
     fn from(t: &TenantView) -> Self {
         TenantDto {
@@ -65,14 +68,14 @@ impl From<&TenantView> for TenantDto {
 }
 
 /// The tenants directly below one.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TenantList {
     pub items: Vec<TenantDto>,
 }
 
 /// The body of `POST /v1/tenants/{tenant_id}/identities`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct IdentityBody {
     /// 3 to 256 printable characters without spaces, unique in the tenant (`alice@acme`, `ci-runner`).
@@ -88,7 +91,7 @@ pub struct IdentityBody {
 }
 
 /// An identity made through the API.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IdentityDto {
     pub id: String,
@@ -101,6 +104,7 @@ pub struct IdentityDto {
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&IdentityInfo> for IdentityDto {
     fn from(i: &IdentityInfo) -> Self {
         IdentityDto {
@@ -116,7 +120,7 @@ impl From<&IdentityInfo> for IdentityDto {
 }
 
 /// A bearer token as issued: `token` is shown in this answer only (only its SHA-256 is kept).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IssuedTokenDto {
     pub id: String,
@@ -126,6 +130,7 @@ pub struct IssuedTokenDto {
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&IssuedToken> for IssuedTokenDto {
     fn from(t: &IssuedToken) -> Self {
         IssuedTokenDto {
@@ -138,13 +143,14 @@ impl From<&IssuedToken> for IssuedTokenDto {
 }
 
 /// A live token, without its secret.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenDto {
     pub id: String,
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&TokenInfo> for TokenDto {
     fn from(t: &TokenInfo) -> Self {
         TokenDto { id: t.id.to_string(), created_at: t.created_at_ms }
@@ -152,14 +158,14 @@ impl From<&TokenInfo> for TokenDto {
 }
 
 /// An identity's live tokens.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenList {
     pub items: Vec<TokenDto>,
 }
 
 /// The body of `POST /v1/tenants/{tenant_id}/grants`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GrantBody {
     /// An identity's name in the tenant, or `*` for every one.
@@ -174,7 +180,7 @@ pub struct GrantBody {
 }
 
 /// A grant of a relation on pools.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GrantDto {
     pub id: String,
@@ -185,6 +191,7 @@ pub struct GrantDto {
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&GrantInfo> for GrantDto {
     fn from(g: &GrantInfo) -> Self {
         GrantDto {
@@ -199,7 +206,7 @@ impl From<&GrantInfo> for GrantDto {
 }
 
 /// The body of `POST /v1/pools/{pool_id}/limits`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LimitBody {
     /// Applies to callers whose best relation on the pool is this one or below: `viewer`, `user` or `operator`.
@@ -216,7 +223,7 @@ pub struct LimitBody {
 }
 
 /// An attribute limit on reservations in a pool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LimitDto {
     pub id: String,
@@ -229,6 +236,7 @@ pub struct LimitDto {
     pub created_at: i64,
 }
 
+#[cfg(feature = "server")]
 impl From<&LimitInfo> for LimitDto {
     fn from(l: &LimitInfo) -> Self {
         LimitDto {

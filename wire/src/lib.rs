@@ -16,7 +16,7 @@ pub mod reservations;
 pub mod tenancy;
 pub mod workflows;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// The wire spelling of a domain enum: its serde name (`tenant-owned`, `bcd/v1`), which is the seeds'
@@ -29,17 +29,36 @@ pub fn spelling<T: Serialize>(value: &T) -> String {
 }
 
 /// What a create answers: the new thing's id (with its position as `X-Position`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreatedDto {
     pub id: String,
+}
+
+/// Every error: `{"error": {"code", "message", "details"}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The error itself.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `FORBIDDEN`, `NOT_FOUND`, `CONFLICT`, `CAPACITY_UNAVAILABLE`,
+    /// `QUOTA_EXCEEDED`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNSUPPORTED_MEDIA_TYPE`, `UNAVAILABLE`,
+    /// `INTERNAL_ERROR`.
+    pub code: String,
+    pub message: String,
+    /// Such as `field`, naming what is wrong with the input.
+    #[schema(value_type = Object)]
+    pub details: serde_json::Value,
 }
 
 /// Declares the page type of a list: `{"items": [...], "nextCursor": "..." | null}`.
 macro_rules! page {
     ($(#[$doc:meta])* $page:ident of $item:ty) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
+        #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
         #[serde(rename_all = "camelCase")]
         pub struct $page {
             pub items: Vec<$item>,

@@ -1,5 +1,6 @@
 //! Instances.
 
+#[cfg(feature = "server")]
 use bc_commands::instances::MadeInstance;
 use bc_domain::instance::{DesiredState, Instance};
 use serde::{Deserialize, Serialize};
@@ -8,7 +9,7 @@ use utoipa::ToSchema;
 use super::reservations::ReservationDto;
 
 /// The body of `POST /v1/instances`.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InstanceBody {
     /// 1 to 128 printable characters.
@@ -34,7 +35,7 @@ pub struct InstanceBody {
 }
 
 /// An instance's sizes, as its flavor gave them when it was made.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceSizesDto {
     pub vcpu: u32,
@@ -45,7 +46,7 @@ pub struct InstanceSizesDto {
 }
 
 /// An instance.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceDto {
     pub id: String,
@@ -111,13 +112,14 @@ impl From<&Instance> for InstanceDto {
 }
 
 /// What `POST /v1/instances` answers: the instance and the reservation that holds its allocation.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MadeInstanceDto {
     pub instance: InstanceDto,
     pub reservation: ReservationDto,
 }
 
+#[cfg(feature = "server")]
 impl From<&MadeInstance> for MadeInstanceDto {
     fn from(made: &MadeInstance) -> Self {
         MadeInstanceDto { instance: (&made.instance).into(), reservation: (&made.reservation).into() }

@@ -1,0 +1,152 @@
+//! The kubectl-style CLI (`better-compute get|describe|reserve|cancel|release|cordon|uncordon|drain|config|
+//! completion`) as a real process talking to a real server over TLS, with the contexts `dev` wrote.
+
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::Value;
+
+use crate::process::command;
+
+/// Runs the CLI with `config` as its configuration file.
+fn cli(config: &Path, args: &[&str]) -> Output {
+    command(args).env("BETTER_COMPUTE_CONFIG", config).env_remove("BETTER_COMPUTE_TOKEN").output().expect("run the CLI")
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "the CLI failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The one line a failed command printed.
+fn failure(output: &Output) -> String {
+    assert!(!output.status.success(), "expected a failure: {}", String::from_utf8_lossy(&output.stdout));
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    stderr
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_str(&stdout(output)).expect("JSON")
+}
+
+/// Called by the `dev` test once its machines are live: `dev` wrote the contexts `dev` (the administrator)
+/// and `dev-demo` (the demo customer) into `config`.
+pub(crate) async fn the_cli_lists_reserves_describes_and_drains_through_the_api(config: &Path) {
+    let view = stdout(&cli(config, &["config", "view"]));
+    assert!(view.contains("* dev\thttps://") && view.contains("dev-demo"), "{view}");
+
+    // get, in every output format.
+    let table = stdout(&cli(config, &["get", "pools", "--context", "dev-demo"]));
+    let mut lines = table.lines();
+    let header = lines.next().expect("a header");
+    assert!(header.starts_with("ID") && header.contains("NAME") && header.contains("SHARING"), "{table}");
+    let mut names: Vec<&str> = lines.map(|line| line.split_whitespace().nth(1).unwrap_or("")).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["a100", "h100"], "{table}");
+    let pools = json(&cli(config, &["get", "pools", "--context", "dev-demo", "-o", "json"]));
+    let h100 = pools["items"].as_array().expect("items").iter().find(|p| p["name"] == "h100").expect("h100");
+    let pool = h100["id"].as_str().expect("id").to_owned();
+    let named = stdout(&cli(config, &["get", "pools", "--context", "dev-demo", "-o", "name"]));
+    assert!(named.lines().all(|line| line.starts_with("pool/pool_")) && named.contains(&pool), "{named}");
+    let wide = stdout(&cli(config, &["get", "nodes", "-o", "wide", "--pool", &pool]));
+    assert!(wide.lines().next().unwrap_or("").contains("CORDONED"), "{wide}");
+    assert_eq!(wide.lines().skip(1).filter(|line| line.contains("connected")).count(), 3, "{wide}");
+    let yaml = stdout(&cli(config, &["get", "nodes", "-o", "yaml", "--pool", &pool]));
+    assert!(yaml.starts_with("items:") && yaml.contains("connectivity: connected"), "{yaml}");
+
+    // reserve: a dry run reserves nothing, then the reservation itself.
+    let dry = stdout(&cli(
+        config,
+        &["reserve", "--context", "dev-demo", "--pool", &pool, "--count", "2", "--duration", "1h", "--dry-run"],
+    ));
+    assert!(dry.contains("earliest start:") && dry.contains("devices: ") && dry.contains(" on node_"), "{dry}");
+    let none = json(&cli(config, &["get", "reservations", "--context", "dev-demo", "-o", "json"]));
+    assert_eq!(none["items"].as_array().map(Vec::len), Some(0), "a dry run reserved nothing: {none}");
+    let made = json(&cli(
+        config,
+        &["reserve", "--context", "dev-demo", "--pool", &pool, "--count", "2", "--duration", "1h", "-o", "json"],
+    ));
+    let reservation = made["id"].as_str().expect("a reservation id").to_owned();
+    let listed = stdout(&cli(config, &["get", "reservations", "--context", "dev-demo", "-o", "name"]));
+    assert_eq!(listed.trim(), format!("reservation/{reservation}"));
+    let described = stdout(&cli(config, &["describe", &reservation, "--context", "dev-demo"]));
+    assert!(described.contains("Allocations:") && described.contains(" on node_"), "{described}");
+    assert!(described.contains("reservation.requested") && described.contains("reservation.placed"), "{described}");
+    let on = made["allocations"][0]["nodeId"].as_str().expect("placed on a node").to_owned();
+
+    // Errors are one line naming the problem.
+    let missing = failure(&cli(
+        config,
+        &["get", "reservation", "rsv_sgx0czkz59dsgmjqeh10x92q4khpnsh6cekyp2xwpe51rxcczxb1", "--context", "dev-demo"],
+    ));
+    assert!(missing.contains("NOT_FOUND"), "{missing}");
+    let bad = failure(&cli(config, &["get", "pools", "--context", "staging"]));
+    assert!(bad.contains("no server named \"staging\""), "{bad}");
+    let refused = failure(&cli(config, &["cordon", &on, "--context", "dev-demo"]));
+    assert!(refused.contains("FORBIDDEN") || refused.contains("NOT_FOUND"), "a customer cannot cordon: {refused}");
+
+    // The administrator drains another node of the pool: nothing runs there, so it is drained at once.
+    let nodes = json(&cli(config, &["get", "nodes", "--pool", &pool, "-o", "json"]));
+    let other = nodes["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|n| n["id"].as_str().unwrap_or("").to_owned())
+        .find(|id| *id != on)
+        .expect("another node");
+    let drained = stdout(&cli(config, &["drain", &other, "--reason", "cli test"]));
+    assert_eq!(drained.trim(), format!("node/{other} drained"));
+    let node = json(&cli(config, &["get", "node", &other, "-o", "json"]));
+    assert_eq!((&node["cordoned"], &node["draining"]), (&Value::Bool(true), &Value::Bool(false)), "{node}");
+    assert!(stdout(&cli(config, &["uncordon", &other])).contains("uncordoned"));
+    let node = json(&cli(config, &["get", "node", &other, "-o", "json"]));
+    assert_eq!(node["cordoned"], Value::Bool(false), "{node}");
+
+    // The customer ends its reservation once its node's agent bound it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let state = json(&cli(config, &["get", "reservation", &reservation, "--context", "dev-demo", "-o", "json"]));
+        if state["state"] == "active" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never active: {state}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let ended = stdout(&cli(config, &["release", &reservation, "--context", "dev-demo"]));
+    assert!(ended.starts_with(&format!("reservation/{reservation} ")), "{ended}");
+}
+
+#[test]
+fn completion_scripts_name_the_commands_for_each_shell() {
+    for (shell, marker) in
+        [("bash", "complete -F"), ("zsh", "#compdef better-compute"), ("fish", "complete -c better-compute")]
+    {
+        let output = command(&["completion", shell]).output().expect("run");
+        let script = stdout(&output);
+        assert!(script.contains(marker), "{shell}: {script}");
+        assert!(script.contains("describe") && script.contains("reserve"), "{shell}");
+    }
+}
+
+#[test]
+fn a_bad_duration_and_a_server_that_is_not_a_url_are_refused_naming_them() {
+    let dir = bc_eventstore::testing::server().scratch_dir("cli-bad-input");
+    let config = dir.join("config.toml");
+    let output = cli(&config, &["reserve", "--pool", "pool_x", "--duration", "soon"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("\"soon\" is not a duration"), "{output:?}");
+    let refused = failure(&cli(&config, &["config", "set-server", "x", "--url", "ftp://host"]));
+    assert!(refused.contains("is not an http:// or https:// URL"), "{refused}");
+    let nothing = failure(&cli(&config, &["get", "pools"]));
+    assert!(nothing.contains("no server chosen"), "{nothing}");
+    let https = cli(&config, &["config", "set-server", "prod", "--url", "https://127.0.0.1:1"]);
+    let _ = stdout(&https);
+    let no_ca = failure(&cli(&config, &["get", "pools"]));
+    assert!(no_ca.contains("give the CA"), "{no_ca}");
+}

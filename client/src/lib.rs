@@ -1,0 +1,381 @@
+//! A typed client of Better Compute's API, over the API's own wire types ([`bc_wire`]): what the service
+//! answers is decoded into the same structs it encoded, so a change of the API is a compile error here, not a
+//! surprise at run time.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), bc_client::Error> {
+//! let client = bc_client::Client::new("https://cp.example:8443", Some("bct_...".into()), Some("-----BEGIN..."))?;
+//! for pool in client.pools().await? {
+//!     println!("{} {}", pool.id, pool.name);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Every call answers either the decoded body or an [`Error`]: the API's own error (`code`, `message` and the
+//! field it names), a transport failure, or an answer that does not decode.
+
+use std::time::Duration;
+
+use bc_wire::ErrorBody;
+use bc_wire::fleet::{AuditDto, AvailabilityDto, PoolDto, SiteDto};
+use bc_wire::nodes::{CommandDto, CommandListDto, ForceBody, InventoryDto, NodeChangedDto, NodeDto, VerbBody};
+use bc_wire::ops::EventDto;
+use bc_wire::reservations::{CancelBody, ReservationDto, ReserveBody};
+use reqwest::Method;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub mod sse;
+
+/// The longest a single request may take; the event stream has no such limit.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What went wrong with a call.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API refused the request: its status, error code, message, and the field it names (if any).
+    #[error("{code}: {message}{}", field.as_ref().map(|f| format!(" (field {f})")).unwrap_or_default())]
+    Api { status: u16, code: String, message: String, field: Option<String> },
+    /// The server could not be reached, or the connection broke.
+    #[error("cannot reach {server}: {source}")]
+    Transport {
+        server: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The answer was not what the API's types say it is.
+    #[error("the answer to {what} does not decode: {reason}")]
+    Decode { what: String, reason: String },
+    /// The client's own settings are wrong (the server's URL, its CA).
+    #[error("{0}")]
+    Config(String),
+}
+
+impl Error {
+    /// The API's error code (`NOT_FOUND`, `CAPACITY_UNAVAILABLE`, ...), when the API answered one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// The HTTP status, when the API answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Error::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A page of a list, as every list endpoint answers it.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Page<T> {
+    items: Vec<T>,
+    next_cursor: Option<String>,
+}
+
+/// The question `GET /v1/pools/{id}/availability` answers: the earliest start of `count` atoms for
+/// `duration_s` seconds, not before `not_before_ms`.
+#[derive(Debug, Clone, Default)]
+pub struct EarliestStartQuery {
+    pub count: u32,
+    pub duration_s: u64,
+    pub not_before_ms: Option<i64>,
+    /// `gpu`, `mig`, `slot` or `node`; the pool's own atom when left out.
+    pub class: Option<String>,
+}
+
+/// A client of one server, with one bearer token.
+///
+/// A client reads its own writes: the position each write answers (`X-Position`) is sent with every later read
+/// (`X-Min-Position`), so a read after a write waits until the read models show it.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+    token: Option<String>,
+    written: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Client {
+    /// A client of `server` (`https://...` trusting only `ca_pem`, or `http://...` without TLS), sending
+    /// `token` as its bearer token.
+    pub fn new(server: &str, token: Option<String>, ca_pem: Option<&str>) -> Result<Self, Error> {
+        let base = server.trim_end_matches('/').to_owned();
+        let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
+        let config = if base.starts_with("https://") {
+            let Some(ca) = ca_pem else {
+                return Err(Error::Config(format!(
+                    "{base} speaks TLS: give the CA that signed its certificate (better-compute pki show prints it)"
+                )));
+            };
+            bc_pki::tls::client_config(ca, None).map_err(|err| Error::Config(format!("the CA: {err}")))?
+        } else if base.starts_with("http://") {
+            bc_pki::tls::plain_http_client_config().map_err(|err| Error::Config(err.to_string()))?
+        } else {
+            return Err(Error::Config(format!("the server {server:?} is not an http:// or https:// URL")));
+        };
+        let http = builder
+            .tls_backend_preconfigured(config)
+            .build()
+            .map_err(|err| Error::Config(format!("cannot build the HTTP client: {err}")))?;
+        Ok(Self { base, http, token, written: Default::default() })
+    }
+
+    /// The server's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let reading = method == Method::GET;
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        match self.last_write() {
+            Some(position) if reading => request.header("X-Min-Position", position),
+            _ => request,
+        }
+    }
+
+    /// The position of this client's latest write, which its reads wait for.
+    pub fn last_write(&self) -> Option<String> {
+        self.written.lock().map(|position| position.clone()).unwrap_or_default()
+    }
+
+    fn transport(&self, source: reqwest::Error) -> Error {
+        Error::Transport { server: self.base.clone(), source }
+    }
+
+    /// Sends `request` and decodes a successful answer as `T`, or the API's error.
+    async fn exchange<T: DeserializeOwned>(&self, what: &str, request: reqwest::RequestBuilder) -> Result<T, Error> {
+        let response = request.timeout(REQUEST_TIMEOUT).send().await.map_err(|err| self.transport(err))?;
+        let status = response.status();
+        if status.is_success()
+            && let Some(position) = response.headers().get("x-position").and_then(|v| v.to_str().ok())
+            && let Ok(mut written) = self.written.lock()
+        {
+            *written = Some(position.to_owned());
+        }
+        let bytes = response.bytes().await.map_err(|err| self.transport(err))?;
+        if !status.is_success() {
+            return Err(api_error(status.as_u16(), &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|err| Error::Decode { what: what.to_owned(), reason: err.to_string() })
+    }
+
+    /// `GET path`, decoded as `T`.
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        self.exchange(&format!("GET {path}"), self.request(Method::GET, path)).await
+    }
+
+    /// `method path` with a JSON body, decoded as `T`; `idempotency_key` makes a retry answer the first
+    /// call's result.
+    pub async fn send<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &B,
+        idempotency_key: Option<&str>,
+    ) -> Result<T, Error> {
+        let what = format!("{method} {path}");
+        let mut request = self.request(method, path).json(body);
+        if let Some(key) = idempotency_key {
+            request = request.header("Idempotency-Key", key);
+        }
+        self.exchange(&what, request).await
+    }
+
+    /// Every item of a list, page after page.
+    pub async fn all<T: DeserializeOwned>(&self, path: &str) -> Result<Vec<T>, Error> {
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let separator = if path.contains('?') { '&' } else { '?' };
+            let page_path = match &cursor {
+                Some(cursor) => format!("{path}{separator}limit=500&cursor={}", encode(cursor)),
+                None => format!("{path}{separator}limit=500"),
+            };
+            let page: Page<T> = self.get(&page_path).await?;
+            items.extend(page.items);
+            match page.next_cursor {
+                Some(next) if Some(&next) != cursor.as_ref() => cursor = Some(next),
+                _ => return Ok(items),
+            }
+        }
+    }
+
+    pub async fn sites(&self) -> Result<Vec<SiteDto>, Error> {
+        self.all("/v1/sites").await
+    }
+
+    pub async fn pools(&self) -> Result<Vec<PoolDto>, Error> {
+        self.all("/v1/pools").await
+    }
+
+    pub async fn pool(&self, id: &str) -> Result<PoolDto, Error> {
+        self.get(&format!("/v1/pools/{}", encode(id))).await
+    }
+
+    /// The nodes the caller may see, of one pool when `pool` is given.
+    pub async fn nodes(&self, pool: Option<&str>) -> Result<Vec<NodeDto>, Error> {
+        match pool {
+            Some(pool) => self.all(&format!("/v1/nodes?poolId={}", encode(pool))).await,
+            None => self.all("/v1/nodes").await,
+        }
+    }
+
+    pub async fn node(&self, id: &str) -> Result<NodeDto, Error> {
+        self.get(&format!("/v1/nodes/{}", encode(id))).await
+    }
+
+    pub async fn node_inventory(&self, id: &str) -> Result<InventoryDto, Error> {
+        self.get(&format!("/v1/nodes/{}/inventory", encode(id))).await
+    }
+
+    /// A node's latest commands, newest first.
+    pub async fn node_commands(&self, id: &str) -> Result<Vec<CommandDto>, Error> {
+        Ok(self.get::<CommandListDto>(&format!("/v1/nodes/{}/commands", encode(id))).await?.items)
+    }
+
+    /// The caller's reservations.
+    pub async fn reservations(&self) -> Result<Vec<ReservationDto>, Error> {
+        self.all("/v1/reservations").await
+    }
+
+    pub async fn reservation(&self, id: &str) -> Result<ReservationDto, Error> {
+        self.get(&format!("/v1/reservations/{}", encode(id))).await
+    }
+
+    /// The audit trail of the caller's tenant, oldest first.
+    pub async fn audit(&self) -> Result<Vec<AuditDto>, Error> {
+        self.all("/v1/audit").await
+    }
+
+    /// When a request could start in `pool`.
+    pub async fn earliest_start(&self, pool: &str, query: &EarliestStartQuery) -> Result<Option<i64>, Error> {
+        let mut path =
+            format!("/v1/pools/{}/availability?count={}&duration={}", encode(pool), query.count, query.duration_s);
+        if let Some(not_before) = query.not_before_ms {
+            path.push_str(&format!("&notBefore={not_before}"));
+        }
+        if let Some(class) = &query.class {
+            path.push_str(&format!("&class={}", encode(class)));
+        }
+        match self.get::<AvailabilityDto>(&path).await? {
+            AvailabilityDto::EarliestStart(answer) => Ok(answer.earliest_start),
+            AvailabilityDto::FreeAtoms(_) => {
+                Err(Error::Decode { what: format!("GET {path}"), reason: "free atoms, not an earliest start".into() })
+            }
+        }
+    }
+
+    /// The atoms of `pool` free over all of `[start_ms, end_ms)`, node by node.
+    pub async fn free_atoms(
+        &self,
+        pool: &str,
+        start_ms: i64,
+        end_ms: i64,
+    ) -> Result<Vec<bc_wire::fleet::NodeAtomsDto>, Error> {
+        let path = format!("/v1/pools/{}/availability?start={start_ms}&end={end_ms}", encode(pool));
+        match self.get::<AvailabilityDto>(&path).await? {
+            AvailabilityDto::FreeAtoms(answer) => Ok(answer.nodes),
+            AvailabilityDto::EarliestStart(_) => {
+                Err(Error::Decode { what: format!("GET {path}"), reason: "an earliest start, not free atoms".into() })
+            }
+        }
+    }
+
+    /// Makes a reservation; `idempotency_key` makes a retry answer the same one.
+    pub async fn reserve(&self, body: &ReserveBody, idempotency_key: &str) -> Result<ReservationDto, Error> {
+        self.send(Method::POST, "/v1/reservations", body, Some(idempotency_key)).await
+    }
+
+    pub async fn cancel(&self, id: &str, reason: Option<String>) -> Result<ReservationDto, Error> {
+        self.send(Method::POST, &format!("/v1/reservations/{}/cancel", encode(id)), &CancelBody { reason }, None).await
+    }
+
+    pub async fn release(&self, id: &str) -> Result<ReservationDto, Error> {
+        let empty = serde_json::json!({});
+        self.send(Method::POST, &format!("/v1/reservations/{}/release", encode(id)), &empty, None).await
+    }
+
+    /// Cordons a node (no new placements), with a reason.
+    pub async fn cordon(&self, id: &str, reason: Option<String>) -> Result<NodeChangedDto, Error> {
+        self.send(Method::POST, &format!("/v1/nodes/{}/cordon", encode(id)), &VerbBody { reason }, None).await
+    }
+
+    pub async fn uncordon(&self, id: &str, reason: Option<String>) -> Result<NodeChangedDto, Error> {
+        self.send(Method::POST, &format!("/v1/nodes/{}/uncordon", encode(id)), &VerbBody { reason }, None).await
+    }
+
+    /// Drains a node: no new placements, and what runs there finishes (or ends now with `force`).
+    pub async fn drain(&self, id: &str, force: bool, reason: Option<String>) -> Result<NodeChangedDto, Error> {
+        self.send(Method::POST, &format!("/v1/nodes/{}/drain", encode(id)), &ForceBody { force, reason }, None).await
+    }
+
+    /// The event stream from after `after` (from the start of the log when `None`), of one stream or event
+    /// type family when given.
+    pub async fn events(&self, query: &sse::StreamQuery) -> Result<sse::EventStream, Error> {
+        let path = query.path();
+        let response = self
+            .request(Method::GET, &path)
+            .header("Accept", "text/event-stream")
+            .send()
+            .await
+            .map_err(|err| self.transport(err))?;
+        let status = response.status();
+        if !status.is_success() {
+            let bytes = response.bytes().await.map_err(|err| self.transport(err))?;
+            return Err(api_error(status.as_u16(), &bytes));
+        }
+        Ok(sse::EventStream::new(response, self.base.clone()))
+    }
+
+    /// The events of one stream (a reservation, a node, ...) up to its version `through`, in order.
+    pub async fn stream_history(&self, stream: &str, through: u32) -> Result<Vec<EventDto>, Error> {
+        let mut events = Vec::new();
+        if through == 0 {
+            return Ok(events);
+        }
+        let query = sse::StreamQuery { stream: Some(stream.to_owned()), ..sse::StreamQuery::from_start() };
+        let mut stream = self.events(&query).await?;
+        while let Some(item) = stream.next().await? {
+            if let sse::Item::Event(event) = item {
+                let version = event.stream_version;
+                events.push(*event);
+                if version >= through {
+                    break;
+                }
+            }
+        }
+        Ok(events)
+    }
+}
+
+/// The API's error answer as an [`Error`]; an answer that is not the API's error shape still names its
+/// status and what it said.
+fn api_error(status: u16, bytes: &[u8]) -> Error {
+    match serde_json::from_slice::<ErrorBody>(bytes) {
+        Ok(body) => Error::Api {
+            status,
+            code: body.error.code,
+            message: body.error.message,
+            field: body.error.details.get("field").and_then(|f| f.as_str()).map(str::to_owned),
+        },
+        Err(_) => {
+            let text: String = String::from_utf8_lossy(bytes).chars().take(200).collect();
+            Error::Api { status, code: format!("HTTP_{status}"), message: text.trim().to_owned(), field: None }
+        }
+    }
+}
+
+/// Percent-encodes one path segment or query value.
+pub fn encode(text: &str) -> String {
+    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}

@@ -1,0 +1,120 @@
+//! The event stream (`GET /v1/events`, server-sent events) read as typed events: each `data:` is an
+//! [`EventDto`], each `id:` its position to resume after; the stream's own notices (`cut-off`, `closing`,
+//! `error`) say where to resume.
+
+use bc_wire::ops::EventDto;
+
+use crate::{Error, encode};
+
+/// What to follow: from after a position (the log's start when `after` is `"0-0-0"`, what commits from now
+/// on when `None`), of one stream, of some event types.
+#[derive(Debug, Clone, Default)]
+pub struct StreamQuery {
+    pub after: Option<String>,
+    pub stream: Option<String>,
+    /// Comma-separated types or families (`reservation.*`).
+    pub types: Option<String>,
+}
+
+impl StreamQuery {
+    /// Every event from the start of the log.
+    pub fn from_start() -> Self {
+        Self { after: Some("0-0-0".to_owned()), ..Self::default() }
+    }
+
+    pub(crate) fn path(&self) -> String {
+        let mut params = vec!["eventName=message".to_owned()];
+        if let Some(after) = &self.after {
+            params.push(format!("after={}", encode(after)));
+        }
+        if let Some(stream) = &self.stream {
+            params.push(format!("stream={}", encode(stream)));
+        }
+        if let Some(types) = &self.types {
+            params.push(format!("types={}", encode(types)));
+        }
+        format!("/v1/events?{}", params.join("&"))
+    }
+}
+
+/// One thing the stream said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    Event(Box<EventDto>),
+    /// The server ended the stream (a slow reader, a restart): open it again after `resume_after`.
+    Notice {
+        name: String,
+        data: String,
+    },
+}
+
+/// An open event stream.
+#[derive(Debug)]
+pub struct EventStream {
+    response: reqwest::Response,
+    server: String,
+    buffer: Vec<u8>,
+    /// The fields of the message being read.
+    event: Option<String>,
+    data: String,
+}
+
+impl EventStream {
+    pub(crate) fn new(response: reqwest::Response, server: String) -> Self {
+        Self { response, server, buffer: Vec::new(), event: None, data: String::new() }
+    }
+
+    /// The next item, or `None` when the server closed the stream.
+    pub async fn next(&mut self) -> Result<Option<Item>, Error> {
+        loop {
+            while let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=end).collect();
+                let line = String::from_utf8_lossy(&line);
+                let line = line.trim_end_matches(['\n', '\r']);
+                if let Some(item) = self.line(line)? {
+                    return Ok(Some(item));
+                }
+            }
+            match self.response.chunk().await {
+                Ok(Some(bytes)) => self.buffer.extend_from_slice(&bytes),
+                Ok(None) => return Ok(None),
+                Err(source) => return Err(Error::Transport { server: self.server.clone(), source }),
+            }
+        }
+    }
+
+    /// Takes one line; a blank line ends a message.
+    fn line(&mut self, line: &str) -> Result<Option<Item>, Error> {
+        if line.is_empty() {
+            let event = self.event.take();
+            let data = std::mem::take(&mut self.data);
+            if data.is_empty() {
+                return Ok(None);
+            }
+            return match event.as_deref() {
+                None | Some("message") => serde_json::from_str::<EventDto>(&data)
+                    .map(|event| Some(Item::Event(Box::new(event))))
+                    .map_err(|err| Error::Decode { what: "an event of the stream".into(), reason: err.to_string() }),
+                Some(name) => Ok(Some(Item::Notice { name: name.to_owned(), data })),
+            };
+        }
+        if line.starts_with(':') {
+            return Ok(None);
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
+            None => (line, ""),
+        };
+        match field {
+            "event" => self.event = Some(value.to_owned()),
+            "data" => {
+                if !self.data.is_empty() {
+                    self.data.push('\n');
+                }
+                self.data.push_str(value);
+            }
+            _ => {}
+        }
+        Ok(None)
+    }
+}
