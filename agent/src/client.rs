@@ -30,25 +30,38 @@ pub struct ApiError {
     pub message: String,
 }
 
-/// The agent's client of the control plane.
+/// The agent's client of the control plane: the API's typed client ([`bc_client::Client`]) with the agent
+/// protocol's calls, its errors turned into [`ApiError`]s.
 #[derive(Debug, Clone)]
 pub struct Client {
-    http: reqwest::Client,
-    base: String,
+    api: bc_client::Client,
     trust: ServerTrust,
-    credential: Option<String>,
 }
 
 impl Client {
     pub fn new(base: &str, trust: &ServerTrust) -> anyhow::Result<Client> {
-        let http = http_client(base, trust, None)?;
-        Ok(Client { http, base: base.trim_end_matches('/').to_owned(), trust: trust.clone(), credential: None })
+        let base = base.trim_end_matches('/');
+        let api = match trust {
+            ServerTrust::PinnedCa(ca) => {
+                if !base.starts_with("https://") {
+                    bail!("the server {base:?} is not https://: a pinned CA needs TLS (or run with --insecure-http)");
+                }
+                bc_client::Client::new(base, None, Some(ca)).context("the pinned CA")?
+            }
+            ServerTrust::InsecureHttp => {
+                if !base.starts_with("http://") {
+                    bail!("--insecure-http talks plain HTTP, but the server {base:?} is not http://");
+                }
+                bc_client::Client::new(base, None, None)?
+            }
+        };
+        Ok(Client { api, trust: trust.clone() })
     }
 
     /// The same client presenting the node's certificate (chain and key, PEM) to the control plane.
     pub fn with_identity(&self, cert_pem: &str, key_pem: &str) -> anyhow::Result<Client> {
-        let http = http_client(&self.base, &self.trust, Some((cert_pem, key_pem)))?;
-        Ok(Client { http, ..self.clone() })
+        let api = self.api.with_identity(cert_pem, key_pem).context("the node certificate")?;
+        Ok(Client { api, ..self.clone() })
     }
 
     /// Whether the control plane is reached through TLS with a pinned CA (and so signs node certificates).
@@ -58,12 +71,12 @@ impl Client {
 
     /// The same client speaking with a node credential.
     pub fn with_credential(&self, credential: &str) -> Client {
-        Client { credential: Some(credential.to_owned()), ..self.clone() }
+        Client { api: self.api.with_token(credential), ..self.clone() }
     }
 
     /// The control plane's base URL.
     pub fn base(&self) -> &str {
-        &self.base
+        self.api.base()
     }
 
     /// How the control plane is trusted.
@@ -74,24 +87,7 @@ impl Client {
     /// A GET whose answer is read as a stream by the caller (image bytes): an error answer becomes an
     /// [`ApiError`].
     pub(crate) async fn get_raw(&self, path: &str) -> anyhow::Result<reqwest::Response> {
-        let mut request = self.http.get(format!("{}{path}", self.base)).timeout(Duration::from_secs(3600));
-        if let Some(credential) = &self.credential {
-            request = request.bearer_auth(credential);
-        }
-        let response = request.send().await.with_context(|| format!("call {path}"))?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(response);
-        }
-        let bytes = response.bytes().await.unwrap_or_default();
-        let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-        let error = &value["error"];
-        Err(ApiError {
-            status: status.as_u16(),
-            code: error["code"].as_str().unwrap_or("UNKNOWN").to_owned(),
-            message: error["message"].as_str().unwrap_or_default().to_owned(),
-        }
-        .into())
+        self.api.get_stream(path, Duration::from_secs(3600)).await.map_err(|err| agent_error(err, path))
     }
 
     pub(crate) async fn call<B: Serialize, R: for<'de> Deserialize<'de>>(
@@ -100,27 +96,7 @@ impl Client {
         path: &str,
         body: Option<&B>,
     ) -> anyhow::Result<R> {
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(credential) = &self.credential {
-            request = request.bearer_auth(credential);
-        }
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let response = request.send().await.with_context(|| format!("call {path}"))?;
-        let status = response.status();
-        let bytes = response.bytes().await.with_context(|| format!("read the answer of {path}"))?;
-        if !status.is_success() {
-            let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-            let error = &value["error"];
-            return Err(ApiError {
-                status: status.as_u16(),
-                code: error["code"].as_str().unwrap_or("UNKNOWN").to_owned(),
-                message: error["message"].as_str().unwrap_or_default().to_owned(),
-            }
-            .into());
-        }
-        serde_json::from_slice(&bytes).with_context(|| format!("decode the answer of {path}"))
+        self.api.call(method, path, body).await.map_err(|err| agent_error(err, path))
     }
 
     pub async fn join(&self, request: &JoinRequest) -> anyhow::Result<Joined> {
@@ -226,25 +202,13 @@ fn query_component(value: &str) -> String {
     encoded
 }
 
-/// The HTTP client for `base`: TLS trusting only the pinned CA, presenting `identity` when given.
-fn http_client(base: &str, trust: &ServerTrust, identity: Option<(&str, &str)>) -> anyhow::Result<reqwest::Client> {
-    let builder = reqwest::Client::builder().timeout(Duration::from_secs(30));
-    let builder = match trust {
-        ServerTrust::PinnedCa(ca) => {
-            if !base.starts_with("https://") {
-                bail!("the server {base:?} is not https://: a pinned CA needs TLS (or run with --insecure-http)");
-            }
-            let config = bc_pki::tls::client_config(ca, identity).context("the pinned CA or the node certificate")?;
-            builder.tls_backend_preconfigured(config)
-        }
-        ServerTrust::InsecureHttp => {
-            if !base.starts_with("http://") {
-                bail!("--insecure-http talks plain HTTP, but the server {base:?} is not http://");
-            }
-            builder.tls_backend_preconfigured(bc_pki::tls::plain_http_client_config()?)
-        }
-    };
-    builder.build().context("build the HTTP client")
+/// The API client's error as the agent's: an error answer is an [`ApiError`] (which [`status_of`] reads); a
+/// transport failure keeps its cause (the reqwest error), with the path it was calling.
+fn agent_error(err: bc_client::Error, path: &str) -> anyhow::Error {
+    match err {
+        bc_client::Error::Api { status, code, message, .. } => ApiError { status, code, message }.into(),
+        other => anyhow::Error::new(other).context(format!("call {path}")),
+    }
 }
 
 /// The status of an error answer, if it was one.

@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use bc_client::Client;
 use bc_domain::id::PoolId;
 use bc_eventstore::TxOptions;
-use serde_json::{Value, json};
+use bc_wire::reservations::ReserveBody;
+use serde_json::json;
 use tokio::net::TcpListener;
 
 use super::fanout::{FanOutSpec, WRITERS, fan_out};
@@ -77,35 +79,19 @@ fn caller() -> anyhow::Result<Caller> {
 }
 
 /// One reserve-then-cancel cycle through the HTTP API.
-async fn http_cycle(client: &reqwest::Client, base: &str, pool: &PoolId, key: String) -> anyhow::Result<()> {
-    http_cycle_timed(client, base, pool, key).await.map(|_| ())
+async fn http_cycle(client: &Client, pool: &PoolId, key: String) -> anyhow::Result<()> {
+    http_cycle_timed(client, pool, key).await.map(|_| ())
 }
 
-/// One reserve-then-cancel cycle through the HTTP API; returns how long the reserve took, from sending the
-/// request to reading the whole answer.
-async fn http_cycle_timed(
-    client: &reqwest::Client,
-    base: &str,
-    pool: &PoolId,
-    key: String,
-) -> anyhow::Result<Duration> {
+/// One reserve-then-cancel cycle through the HTTP API, with the typed client a user of the API would use;
+/// returns how long the reserve took, from sending the request to decoding the whole answer.
+async fn http_cycle_timed(client: &Client, pool: &PoolId, key: String) -> anyhow::Result<Duration> {
+    let body: ReserveBody =
+        serde_json::from_value(json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 3600 }))?;
     let at = Instant::now();
-    let body = json!({ "poolId": pool, "devices": { "class": "gpu", "count": 1 }, "duration": 3600 });
-    let reply = client
-        .post(format!("{base}/v1/reservations"))
-        .bearer_auth(TOKEN)
-        .header("idempotency-key", key)
-        .json(&body)
-        .send()
-        .await?;
-    let status = reply.status();
-    let reserved: Value = reply.json().await?;
+    let reserved = client.reserve(&body, &key).await.context("reserve")?;
     let took = at.elapsed();
-    anyhow::ensure!(status.as_u16() == 201, "reserve answered {status}: {reserved}");
-    let id = reserved["id"].as_str().context("the reservation's id")?;
-    let reply = client.post(format!("{base}/v1/reservations/{id}/cancel")).bearer_auth(TOKEN).send().await?;
-    let status = reply.status();
-    anyhow::ensure!(status.is_success(), "cancel answered {status}: {}", reply.text().await?);
+    client.cancel(&reserved.id, None).await.context("cancel")?;
     Ok(took)
 }
 
@@ -120,8 +106,7 @@ struct OneClient {
 async fn one_client(
     app: &App,
     who: &Caller,
-    client: &reqwest::Client,
-    base: &str,
+    client: &Client,
     pool: &PoolId,
     run_for: Duration,
 ) -> anyhow::Result<OneClient> {
@@ -138,7 +123,7 @@ async fn one_client(
     let deadline = Instant::now() + run_for;
     while Instant::now() < deadline {
         let key = format!("one-http-{}", http.len());
-        http.push(http_cycle_timed(client, base, pool, key).await?);
+        http.push(http_cycle_timed(client, pool, key).await?);
     }
     direct.sort();
     http.sort();
@@ -191,8 +176,8 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
     println!();
 
     let who = caller()?;
-    let http_client = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS).build()?;
-    let one = one_client(&app, &who, &http_client, &base, &pool, config.run_for / 2).await?;
+    let http_client = Client::new(&base, Some(TOKEN.to_owned()), None)?;
+    let one = one_client(&app, &who, &http_client, &pool, config.run_for / 2).await?;
     let direct = {
         let (app, pool) = (app.clone(), pool.clone());
         drive(CLIENTS, config.run_for, move |client, n| {
@@ -208,10 +193,10 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
         .await?
     };
     let through_http = {
-        let (client, base, pool) = (http_client.clone(), base.clone(), pool.clone());
+        let (client, pool) = (http_client.clone(), pool.clone());
         drive(CLIENTS, config.run_for, move |c, n| {
-            let (client, base, pool) = (client.clone(), base.clone(), pool.clone());
-            async move { http_cycle(&client, &base, &pool, format!("http-{c}-{n}")).await }
+            let (client, pool) = (client.clone(), pool.clone());
+            async move { http_cycle(&client, &pool, format!("http-{c}-{n}")).await }
         })
         .await?
     };

@@ -98,6 +98,8 @@ pub struct Client {
     base: String,
     http: reqwest::Client,
     token: Option<String>,
+    /// The CA an `https://` server is checked against, kept to build the client again with an identity.
+    ca_pem: Option<String>,
     written: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
@@ -106,24 +108,26 @@ impl Client {
     /// `token` as its bearer token.
     pub fn new(server: &str, token: Option<String>, ca_pem: Option<&str>) -> Result<Self, Error> {
         let base = server.trim_end_matches('/').to_owned();
-        let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
-        let config = if base.starts_with("https://") {
-            let Some(ca) = ca_pem else {
-                return Err(Error::Config(format!(
-                    "{base} speaks TLS: give the CA that signed its certificate (better-compute pki show prints it)"
-                )));
-            };
-            bc_pki::tls::client_config(ca, None).map_err(|err| Error::Config(format!("the CA: {err}")))?
-        } else if base.starts_with("http://") {
-            bc_pki::tls::plain_http_client_config().map_err(|err| Error::Config(err.to_string()))?
-        } else {
-            return Err(Error::Config(format!("the server {server:?} is not an http:// or https:// URL")));
-        };
-        let http = builder
-            .tls_backend_preconfigured(config)
-            .build()
-            .map_err(|err| Error::Config(format!("cannot build the HTTP client: {err}")))?;
-        Ok(Self { base, http, token, written: Default::default() })
+        let http = http_client(&base, ca_pem, None)?;
+        Ok(Self { base, http, token, ca_pem: ca_pem.map(str::to_owned), written: Default::default() })
+    }
+
+    /// The same client presenting a certificate (chain and key, PEM) to the server, for mutual TLS (a node's
+    /// identity); only over `https://`.
+    pub fn with_identity(&self, cert_pem: &str, key_pem: &str) -> Result<Self, Error> {
+        if self.ca_pem.is_none() {
+            return Err(Error::Config(format!(
+                "{} is not reached over TLS: a certificate cannot be presented",
+                self.base
+            )));
+        }
+        let http = http_client(&self.base, self.ca_pem.as_deref(), Some((cert_pem, key_pem)))?;
+        Ok(Self { http, ..self.clone() })
+    }
+
+    /// The same client with another bearer token.
+    pub fn with_token(&self, token: &str) -> Self {
+        Self { token: Some(token.to_owned()), ..self.clone() }
     }
 
     /// The server's base URL.
@@ -189,6 +193,34 @@ impl Client {
             request = request.header("Idempotency-Key", key);
         }
         self.exchange(&what, request).await
+    }
+
+    /// `method path` with an optional JSON body, decoded as `T`.
+    pub async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, Error> {
+        let what = format!("{method} {path}");
+        let mut request = self.request(method, path);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        self.exchange(&what, request).await
+    }
+
+    /// `GET path` answered as a stream the caller reads (image bytes), allowed `timeout` in all; an error
+    /// answer is the API's [`Error`].
+    pub async fn get_stream(&self, path: &str, timeout: Duration) -> Result<reqwest::Response, Error> {
+        let response =
+            self.request(Method::GET, path).timeout(timeout).send().await.map_err(|err| self.transport(err))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let bytes = response.bytes().await.unwrap_or_default();
+        Err(api_error(status.as_u16(), &bytes))
     }
 
     /// Every item of a list, page after page.
@@ -358,6 +390,28 @@ impl Client {
     }
 }
 
+/// The HTTP client for `base`: TLS trusting only `ca_pem` (presenting `identity` when given), or plain HTTP.
+fn http_client(base: &str, ca_pem: Option<&str>, identity: Option<(&str, &str)>) -> Result<reqwest::Client, Error> {
+    let config = if base.starts_with("https://") {
+        let Some(ca) = ca_pem else {
+            return Err(Error::Config(format!(
+                "{base} speaks TLS: give the CA that signed its certificate (better-compute pki show prints it)"
+            )));
+        };
+        bc_pki::tls::client_config(ca, identity)
+            .map_err(|err| Error::Config(format!("the CA or the client certificate: {err}")))?
+    } else if base.starts_with("http://") {
+        bc_pki::tls::plain_http_client_config().map_err(|err| Error::Config(err.to_string()))?
+    } else {
+        return Err(Error::Config(format!("the server {base:?} is not an http:// or https:// URL")));
+    };
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .tls_backend_preconfigured(config)
+        .build()
+        .map_err(|err| Error::Config(format!("cannot build the HTTP client: {err}")))
+}
+
 /// The API's error answer as an [`Error`]; an answer that is not the API's error shape still names its
 /// status and what it said.
 fn api_error(status: u16, bytes: &[u8]) -> Error {
@@ -375,7 +429,41 @@ fn api_error(status: u16, bytes: &[u8]) -> Error {
     }
 }
 
-/// Percent-encodes one path segment or query value.
+/// Percent-encodes one path segment or query value (a space as `%20`, which both read as a space).
 pub fn encode(text: &str) -> String {
-    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+    form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>().replace('+', "%20")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_answer_names_its_code_message_and_field() {
+        let body =
+            br#"{"error":{"code":"INVALID_ARGUMENT","message":"must be at least 1","details":{"field":"duration"}}}"#;
+        let err = api_error(400, body);
+        assert_eq!((err.status(), err.code()), (Some(400), Some("INVALID_ARGUMENT")));
+        assert_eq!(err.to_string(), "INVALID_ARGUMENT: must be at least 1 (field duration)");
+        let proxy = api_error(502, b"<html>Bad Gateway</html>\n");
+        assert_eq!(proxy.to_string(), "HTTP_502: <html>Bad Gateway</html>");
+    }
+
+    #[test]
+    fn a_server_must_be_an_http_url_and_tls_needs_its_ca() {
+        for (server, says) in [("ftp://x", "is not an http:// or https:// URL"), ("https://x", "give the CA")] {
+            let err = Client::new(server, None, None).expect_err(server);
+            assert!(err.to_string().contains(says), "{err}");
+        }
+        let plain = Client::new("http://127.0.0.1:1/", Some("t".into()), None).expect("plain HTTP");
+        assert_eq!(plain.base(), "http://127.0.0.1:1");
+        let err = plain.with_identity("cert", "key").expect_err("no TLS");
+        assert!(err.to_string().contains("not reached over TLS"), "{err}");
+    }
+
+    #[test]
+    fn values_are_encoded_for_paths_and_queries() {
+        assert_eq!(encode("a b+/c?d&e"), "a%20b%2B%2Fc%3Fd%26e");
+        assert_eq!(encode("rsv_01abc"), "rsv_01abc");
+    }
 }

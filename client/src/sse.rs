@@ -54,14 +54,19 @@ pub struct EventStream {
     response: reqwest::Response,
     server: String,
     buffer: Vec<u8>,
-    /// The fields of the message being read.
+    parser: Parser,
+}
+
+/// The server-sent events format, a line at a time: the fields of the message being read.
+#[derive(Debug, Default)]
+struct Parser {
     event: Option<String>,
     data: String,
 }
 
 impl EventStream {
     pub(crate) fn new(response: reqwest::Response, server: String) -> Self {
-        Self { response, server, buffer: Vec::new(), event: None, data: String::new() }
+        Self { response, server, buffer: Vec::new(), parser: Parser::default() }
     }
 
     /// The next item, or `None` when the server closed the stream.
@@ -71,7 +76,7 @@ impl EventStream {
                 let line: Vec<u8> = self.buffer.drain(..=end).collect();
                 let line = String::from_utf8_lossy(&line);
                 let line = line.trim_end_matches(['\n', '\r']);
-                if let Some(item) = self.line(line)? {
+                if let Some(item) = self.parser.line(line)? {
                     return Ok(Some(item));
                 }
             }
@@ -82,7 +87,9 @@ impl EventStream {
             }
         }
     }
+}
 
+impl Parser {
     /// Takes one line; a blank line ends a message.
     fn line(&mut self, line: &str) -> Result<Option<Item>, Error> {
         if line.is_empty() {
@@ -116,5 +123,51 @@ impl EventStream {
             _ => {}
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(text: &str) -> Vec<Result<Item, Error>> {
+        let mut parser = Parser::default();
+        text.split('\n').filter_map(|line| parser.line(line).transpose()).collect()
+    }
+
+    #[test]
+    fn events_notices_and_comments_are_told_apart() {
+        let event = r#"{"position":"1-2-3","streamId":"rsv_x","streamVersion":1,"eventType":"reservation.requested","schemaVersion":1,"tenantId":"acme","recordedAt":5,"payload":{},"metadata":{}}"#;
+        let text = format!(
+            ": keep-alive\n\nid: 1-2-3\ndata: {event}\n\nevent: cut-off\ndata: {{\"resumeAfter\":\"1-2-3\"}}\n\n"
+        );
+        let items = feed(&text);
+        assert_eq!(items.len(), 2, "{items:?}");
+        match &items[0] {
+            Ok(Item::Event(event)) => {
+                assert_eq!((event.position.as_str(), event.stream_version), ("1-2-3", 1));
+                assert_eq!(event.event_type, "reservation.requested");
+            }
+            other => panic!("not an event: {other:?}"),
+        }
+        match &items[1] {
+            Ok(Item::Notice { name, data }) => {
+                assert_eq!((name.as_str(), data.as_str()), ("cut-off", "{\"resumeAfter\":\"1-2-3\"}"))
+            }
+            other => panic!("not a notice: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn data_over_several_lines_is_one_message_and_a_bad_event_is_named() {
+        let items = feed("event: closing\ndata: a\ndata: b\n\ndata: {not json\n\n");
+        match &items[0] {
+            Ok(Item::Notice { data, .. }) => assert_eq!(data, "a\nb"),
+            other => panic!("{other:?}"),
+        }
+        match &items[1] {
+            Err(Error::Decode { what, .. }) => assert_eq!(what, "an event of the stream"),
+            other => panic!("{other:?}"),
+        }
     }
 }

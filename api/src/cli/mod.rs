@@ -237,22 +237,24 @@ pub fn parse_time(text: &str) -> Result<i64, String> {
     i64::try_from(since.as_millis()).map_err(|_| format!("{text:?} is too far ahead"))
 }
 
-/// `get`.
+/// `get`. With `-w`, the event stream is opened first and the list read after it, so nothing that changes
+/// between the two is missed; then each change prints its thing's new row.
 pub async fn get(args: GetArgs) -> anyhow::Result<()> {
     let client = args.connection.client()?;
+    let mut stream = match (args.watch, args.kind.event_family()) {
+        (false, _) => None,
+        (true, None) => bail!("{} cannot be watched", args.kind.plural()),
+        (true, Some(family)) => {
+            let query = StreamQuery { after: None, stream: args.id.clone(), types: Some(family.to_owned()) };
+            Some(client.events(&query).await?)
+        }
+    };
     let rows = output::fetch(&client, args.kind, args.id.as_deref(), args.pool.as_deref()).await?;
     let mut out = std::io::stdout().lock();
     rows.print(args.output, true, &mut out)?;
     out.flush()?;
     drop(out);
-    if !args.watch {
-        return Ok(());
-    }
-    let Some(family) = args.kind.event_family() else {
-        bail!("{} cannot be watched", args.kind.plural());
-    };
-    let query = StreamQuery { after: None, stream: args.id.clone(), types: Some(family.to_owned()) };
-    let mut stream = client.events(&query).await?;
+    let Some(stream) = stream.as_mut() else { return Ok(()) };
     while let Some(item) = stream.next().await? {
         let Item::Event(event) = item else { continue };
         // The read models answer once they have passed the event's position.

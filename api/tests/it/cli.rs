@@ -73,8 +73,62 @@ pub(crate) async fn the_cli_lists_reserves_describes_and_drains_through_the_api(
         &["reserve", "--context", "dev-demo", "--pool", &pool, "--count", "2", "--duration", "1h", "-o", "json"],
     ));
     let reservation = made["id"].as_str().expect("a reservation id").to_owned();
+
+    // A watch prints the list, then each change as its row: a second reservation appears on it.
+    let mut watch = command(&["get", "reservations", "--context", "dev-demo", "-w"])
+        .env("BETTER_COMPUTE_CONFIG", config)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start a watch");
+    let (lines, seen) = std::sync::mpsc::channel();
+    let watched = watch.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(watched).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait = std::time::Duration::from_secs(60);
+    let header = seen.recv_timeout(wait).expect("the watch's header");
+    assert!(header.starts_with("ID") && header.contains("STATE"), "{header}");
+    assert!(seen.recv_timeout(wait).expect("the first reservation").starts_with(&reservation));
+    // Tomorrow, so that it can still be cancelled.
+    let tomorrow =
+        humantime::format_rfc3339_seconds(std::time::SystemTime::now() + std::time::Duration::from_secs(86_400))
+            .to_string();
+    let second = json(&cli(
+        config,
+        &[
+            "reserve",
+            "--context",
+            "dev-demo",
+            "--pool",
+            &pool,
+            "--count",
+            "1",
+            "--duration",
+            "30m",
+            "--start",
+            &tomorrow,
+            "-o",
+            "json",
+        ],
+    ));
+    let second = second["id"].as_str().expect("a second reservation").to_owned();
+    loop {
+        let line = seen.recv_timeout(wait).expect("the second reservation on the watch");
+        if line.starts_with(&second) {
+            break;
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let cancelled = stdout(&cli(config, &["cancel", &second, "--context", "dev-demo", "--reason", "cli test"]));
+    assert!(cancelled.starts_with(&format!("reservation/{second} ")), "{cancelled}");
     let listed = stdout(&cli(config, &["get", "reservations", "--context", "dev-demo", "-o", "name"]));
-    assert_eq!(listed.trim(), format!("reservation/{reservation}"));
+    assert!(listed.lines().any(|line| line == format!("reservation/{reservation}")), "{listed}");
     let described = stdout(&cli(config, &["describe", &reservation, "--context", "dev-demo"]));
     assert!(described.contains("Allocations:") && described.contains(" on node_"), "{described}");
     assert!(described.contains("reservation.requested") && described.contains("reservation.placed"), "{described}");
