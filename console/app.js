@@ -223,6 +223,10 @@ signOutButton.addEventListener("click", () => {
   api.signOut();
   source?.close();
   source = null;
+  // What the last caller's stream showed is theirs: the next caller starts from an empty feed, at the stream's
+  // present.
+  lastPosition = "";
+  list.replaceChildren();
   location.hash = "";
   signInForm();
 });

@@ -13,4 +13,5 @@ pub mod metrics;
 pub mod ops;
 pub mod service;
 pub mod tls;
+pub mod webhooks;
 pub use bc_wire as wire;

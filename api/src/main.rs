@@ -55,6 +55,10 @@ enum Command {
     /// The control plane's PKI bundle: its CA, server certificate and sealing key.
     #[command(subcommand)]
     Pki(PkiCommand),
+    /// The tamper-evident audit trail: export its signed checkpoints, entries and inclusion proofs through the
+    /// API, and verify them offline or against the database.
+    #[command(subcommand)]
+    Audit(AuditCommand),
     /// Follow machines' workflows.
     #[command(subcommand)]
     Workflows(WorkflowsCommand),
@@ -76,6 +80,9 @@ enum Command {
     Uncordon(cli::NodeVerb),
     /// Cordon a node and follow it until what runs there has ended.
     Drain(cli::NodeVerb),
+    /// Fleet as code: export the sites, pools and profiles as YAML, plan a document's changes, apply them.
+    #[command(subcommand)]
+    Fleet(cli::FleetCommand),
     /// The CLI's servers and tokens (the configuration file).
     #[command(subcommand)]
     Config(cli::ConfigCommand),
@@ -83,6 +90,36 @@ enum Command {
     Completion {
         #[arg(value_enum)]
         shell: cli::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Write the caller's tenant's checkpoints (with their leaves), audit entries and the asked inclusion
+    /// proofs as one JSON bundle to standard output, for `audit verify`.
+    Export(cli::audit::ExportArgs),
+    /// Verify a bundle offline: each tenant's chain of checkpoints, their signatures against the pinned key,
+    /// the entries against their checkpoints' leaves and roots, and the inclusion proofs. With --database,
+    /// recompute every checkpoint from the database's audit rows instead. Exits 1 naming the first failure.
+    Verify {
+        /// The bundle `audit export` wrote (`-` for standard input).
+        #[arg(required_unless_present = "database", conflicts_with = "database")]
+        bundle: Option<PathBuf>,
+        /// The audit key to hold the checkpoints to, hex (`pki show` prints it, `/v1/pki/audit-key` serves it).
+        #[arg(long)]
+        public_key: Option<String>,
+        /// Pin the audit key of this PKI bundle instead of --public-key.
+        #[arg(long, conflicts_with = "public_key")]
+        pki_dir: Option<PathBuf>,
+        /// Verify against the database (BETTER_COMPUTE_DATABASE_URL) instead of a bundle: every checkpoint
+        /// recomputed from the audit rows as they are now, naming any row that changed, went missing or appeared.
+        #[arg(long)]
+        database: bool,
+        /// Only this tenant's checkpoints (with --database).
+        #[arg(long, requires = "database")]
+        tenant: Option<String>,
+        #[command(flatten)]
+        db: DatabaseArgs,
     },
 }
 
@@ -109,7 +146,8 @@ enum PkiCommand {
         #[arg(long = "name")]
         names: Vec<String>,
     },
-    /// Show the bundle: the CA's fingerprint (what `bcd` pins) and the server certificate's names and expiry.
+    /// Show the bundle: the CA's fingerprint (what `bcd` pins), the server certificate's expiry and the audit
+    /// key (what `audit verify` pins).
     Show {
         #[arg(long, env = "BETTER_COMPUTE_PKI_DIR")]
         dir: PathBuf,
@@ -230,8 +268,12 @@ enum EventsCommand {
     /// The state of a stream, or of a pool's capacity, as the fold of the log up to a position.
     Replay {
         /// The last position to include.
-        #[arg(long)]
+        #[arg(long, visible_alias = "at")]
         until: Position,
+        /// With --pool: what changed in the pool (capacity, bookings, quotas, policy) from --until to this
+        /// position.
+        #[arg(long)]
+        diff: Option<Position>,
         /// The stream whose state to fold.
         #[arg(long, conflicts_with = "pool", required_unless_present = "pool")]
         stream: Option<String>,
@@ -341,6 +383,19 @@ struct ServeArgs {
     #[arg(long)]
     lease_renew_ms: Option<u64>,
 
+    /// Attempts of one webhook delivery before the event becomes a dead letter.
+    #[arg(long, env = "BETTER_COMPUTE_WEBHOOK_ATTEMPTS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=30))]
+    webhook_attempts: u32,
+
+    /// The pause after a webhook delivery's first failure, in milliseconds; it doubles after each later one
+    /// (up to five minutes), with up to half of it again added at random.
+    #[arg(long, env = "BETTER_COMPUTE_WEBHOOK_BACKOFF_MS", default_value_t = 1000)]
+    webhook_backoff_ms: u64,
+
+    /// The longest one webhook POST may take, in milliseconds.
+    #[arg(long, env = "BETTER_COMPUTE_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000)]
+    webhook_timeout_ms: u64,
+
     /// A web origin whose pages may call the API (CORS), as `https://console.example.com`; repeat for more.
     /// None by default: browsers then refuse other origins' pages.
     #[arg(long = "cors-origin", env = "BETTER_COMPUTE_CORS_ORIGINS", value_delimiter = ',')]
@@ -372,6 +427,12 @@ impl ServeArgs {
             role: self.role,
             cors_origins: self.cors_origins.clone(),
             images: self.images.policy()?,
+            webhooks: bc_api::webhooks::WebhookConfig {
+                attempts: self.webhook_attempts,
+                backoff: Duration::from_millis(self.webhook_backoff_ms),
+                timeout: Duration::from_millis(self.webhook_timeout_ms.max(1)),
+                ..Default::default()
+            },
             ..Default::default()
         };
         if let Some(path) = &self.provider_trust {
@@ -548,16 +609,59 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 bc_api::ops::events_tail(&connect(&database)?, after, &types, stream.as_deref()).await
             }
             EventsCommand::Show { stream, database } => bc_api::ops::events_show(&connect(&database)?, &stream).await,
-            EventsCommand::Replay { until, stream, pool, database } => {
-                let target = match (stream, pool) {
-                    (Some(stream), _) => bc_api::ops::ReplayTarget::Stream(stream),
-                    (None, Some(pool)) => bc_api::ops::ReplayTarget::PoolCapacity(pool),
-                    (None, None) => anyhow::bail!("name a --stream or a --pool"),
+            EventsCommand::Replay { until, diff, stream, pool, database } => {
+                let target = match (stream, pool, diff) {
+                    (Some(_), _, Some(_)) => {
+                        anyhow::bail!(
+                            "INVALID_ARGUMENT: --diff compares a pool at two positions: give --pool, not --stream"
+                        )
+                    }
+                    (Some(stream), _, None) => bc_api::ops::ReplayTarget::Stream(stream),
+                    (None, Some(pool), Some(to)) => bc_api::ops::ReplayTarget::PoolDiff { pool, to },
+                    (None, Some(pool), None) => bc_api::ops::ReplayTarget::PoolCapacity(pool),
+                    (None, None, _) => anyhow::bail!("name a --stream or a --pool"),
                 };
                 bc_api::ops::events_replay(&connect(&database)?, until, target).await
             }
         },
         Command::Pki(command) => pki(command),
+        Command::Audit(AuditCommand::Export(args)) => {
+            let bundle = cli::audit::export(&args).await?;
+            println!("{}", serde_json::to_string_pretty(&bundle)?);
+            Ok(())
+        }
+        Command::Audit(AuditCommand::Verify { bundle, public_key, pki_dir, database, tenant, db }) => {
+            let pinned = match (public_key, pki_dir) {
+                (Some(key), _) => Some(key.trim().to_ascii_lowercase()),
+                (None, Some(dir)) => Some(bc_pki::Bundle::load(&dir)?.audit_signer().public_key_hex()),
+                (None, None) => None,
+            };
+            if database {
+                let key = pinned.context("--database needs the key: give --pki-dir or --public-key")?;
+                let tenant = tenant.map(|t| t.parse::<bc_domain::id::TenantId>()).transpose()?;
+                let app = bc_commands::App::new(connect(&db)?);
+                let failures = app.verify_audit_checkpoints(tenant.as_ref(), &key).await?;
+                return cli::audit::report(&failures, "every checkpoint matches the audit rows");
+            }
+            let path = bundle.context("name the bundle to verify, or give --database")?;
+            let bundle = cli::audit::read_bundle(&path)?;
+            let key = match (pinned, &bundle.public_key) {
+                (Some(key), _) => key,
+                (None, Some(key)) => {
+                    eprintln!("warning: no key pinned; verifying against the key the bundle names, {key}");
+                    key.clone()
+                }
+                (None, None) => anyhow::bail!("no key to verify against: give --public-key or --pki-dir"),
+            };
+            let failures = cli::audit::verify_bundle(&bundle, &key);
+            let checked = format!(
+                "{} checkpoints, {} entries, {} proofs verified against key {key}",
+                bundle.checkpoints.len(),
+                bundle.entries.len(),
+                bundle.proofs.len()
+            );
+            cli::audit::report(&failures, &checked)
+        }
         Command::Get(args) => cli::get(args).await,
         Command::Describe(args) => cli::describe(args).await,
         Command::Reserve(args) => cli::reserve(args).await,
@@ -567,6 +671,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Uncordon(args) => cli::uncordon(args).await,
         Command::Drain(args) => cli::drain(args).await,
         Command::Config(command) => cli::config(command),
+        Command::Fleet(command) => cli::fleet(command).await,
         Command::Completion { shell } => {
             cli::completion(shell, &mut <Cli as clap::CommandFactory>::command(), &mut std::io::stdout());
             Ok(())
@@ -623,6 +728,7 @@ fn pki(command: PkiCommand) -> anyhow::Result<()> {
             println!("  CA sha256 {}", bundle.ca_fingerprint());
             println!("  CA valid from {} until {}", bc_pki::date(ca_from), bc_pki::date(ca_until));
             println!("  server certificate valid until {}", bc_pki::date(server_until));
+            println!("  audit key (ed25519) {}", bundle.audit_signer().public_key_hex());
             Ok(())
         }
         PkiCommand::DriverIdentity { dir, driver, hosts, out } => {

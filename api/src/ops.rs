@@ -147,10 +147,15 @@ pub async fn events_show(db: &Db, stream: &str) -> anyhow::Result<()> {
 pub enum ReplayTarget {
     Stream(String),
     PoolCapacity(String),
+    /// What changed in a pool (capacity, bookings, quotas, policy) between `--until` and `to`.
+    PoolDiff {
+        pool: String,
+        to: Position,
+    },
 }
 
 /// `events replay --until POSITION`: the state of a stream, or a pool's capacity, as the fold of the log up to
-/// that position.
+/// that position; with `--diff TO`, what changed in the pool from the one position to the other.
 pub async fn events_replay(db: &Db, until: Position, target: ReplayTarget) -> anyhow::Result<()> {
     refuse_beyond_log(db, "--until", until).await?;
     let state = match &target {
@@ -165,8 +170,28 @@ pub async fn events_replay(db: &Db, until: Position, target: ReplayTarget) -> an
             let figures = replay::capacity_until(db, pool, until).await?;
             json!({ "poolId": pool, "until": until.to_string(), "capacity": figures })
         }
+        ReplayTarget::PoolDiff { pool, to } => return pool_diff(db, pool, until, *to).await,
     };
     println!("{}", serde_json::to_string_pretty(&state)?);
+    Ok(())
+}
+
+/// `events replay --pool P --until A --diff B`.
+async fn pool_diff(db: &Db, pool: &str, from: Position, to: Position) -> anyhow::Result<()> {
+    refuse_beyond_log(db, "--diff", to).await?;
+    let snapshots = replay::pool_snapshots(db, pool, &[from, to]).await?;
+    let [before, after] = snapshots.as_slice() else { bail!("the replay answered {} snapshots", snapshots.len()) };
+    if !before.exists && !after.exists {
+        bail!("NOT_FOUND: pool {pool} existed at neither {from} nor {to}");
+    }
+    println!("pool {pool} from {from} to {to}:");
+    let lines = replay::pool_diff(before, after);
+    if lines.is_empty() {
+        println!("  no change in its capacity, bookings, quotas or policy");
+    }
+    for line in lines {
+        println!("  {line}");
+    }
     Ok(())
 }
 

@@ -203,6 +203,8 @@ pub struct ServeOptions {
     pub provider_trust: Option<String>,
     /// Out-of-process provider drivers: (provider, URL).
     pub provider_drivers: Vec<(String, String)>,
+    /// How webhooks are delivered (their leases are `work_lease`).
+    pub webhooks: crate::webhooks::WebhookConfig,
 }
 
 impl Default for ServeOptions {
@@ -216,6 +218,7 @@ impl Default for ServeOptions {
             images: bc_commands::images::ImagePolicy::default(),
             provider_trust: None,
             provider_drivers: Vec::new(),
+            webhooks: crate::webhooks::WebhookConfig::default(),
         }
     }
 }
@@ -340,6 +343,8 @@ pub async fn serve_with(
         if let Some(pki) = &options.pki {
             worker_app = worker_app.with_pki(Arc::clone(&pki.bundle));
         }
+        let webhooks = crate::webhooks::WebhookConfig { lease: options.work_lease, ..options.webhooks.clone() };
+        background.push(tokio::spawn(crate::webhooks::run(worker_app.clone(), webhooks, stopped.clone())));
         let worker = Worker::new(worker_app, WorkerConfig::default()).with_shard_leases(keeper.watch());
         background.push(tokio::spawn(worker.run(stopped.clone())));
         let daemon = DaemonConfig { lease: options.work_lease, ..DaemonConfig::default() };

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use bc_domain::agent::{Heartbeat, HeartbeatReply, JoinRequest};
+use bc_agent::client::{Client as AgentClient, ServerTrust};
+use bc_domain::agent::{Heartbeat, JoinRequest};
 use bc_domain::id::{NodeId, SessionId};
 use bc_domain::inventory::SectionHashes;
 use bc_eventstore::{Db, DbConfig, TxOptions, sql};
@@ -154,13 +155,9 @@ async fn count(db: &Db, query: &'static str) -> anyhow::Result<i64> {
     Ok(n)
 }
 
-/// One heartbeat through the API, as `bcd` sends it.
-async fn http_beat(client: &reqwest::Client, url: &str, agent: &SimAgent) -> anyhow::Result<()> {
-    let reply = client.post(url).bearer_auth(&agent.credential).json(&agent.beat()).send().await?;
-    let status = reply.status();
-    let body = reply.bytes().await?;
-    anyhow::ensure!(status.is_success(), "the heartbeat answered {status}: {}", String::from_utf8_lossy(&body));
-    let reply: HeartbeatReply = serde_json::from_slice(&body).context("read the heartbeat's reply")?;
+/// One heartbeat through the API, sent by `bcd`'s own client.
+async fn http_beat(client: &AgentClient, agent: &SimAgent) -> anyhow::Result<()> {
+    let reply = client.with_credential(&agent.credential).heartbeat(&agent.beat()).await.context("the heartbeat")?;
     anyhow::ensure!(reply.spec.is_none(), "the heartbeat sent the spec again: the observed generation is stale");
     Ok(())
 }
@@ -403,7 +400,7 @@ pub async fn agents(config: AgentsBenchConfig) -> anyhow::Result<()> {
     // The API on a real port, over an app with the same liveness settings; no worker, no projection daemon.
     let state = AppState::new(setup_app.clone()).context("check the method table")?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/v1/agent/heartbeat", listener.local_addr()?);
+    let url = format!("http://{}", listener.local_addr()?);
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         axum::serve(listener, bc_api::http::router(state))
@@ -460,12 +457,12 @@ pub async fn agents(config: AgentsBenchConfig) -> anyhow::Result<()> {
             })
             .await?
         };
-        let http_client = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
+        let http_client = AgentClient::new(&url, &ServerTrust::InsecureHttp)?;
         let through_http = {
-            let (client, url, agents) = (http_client.clone(), url.clone(), Arc::clone(&agents));
+            let (client, agents) = (http_client.clone(), Arc::clone(&agents));
             drive_timed(clients, config.run_for, move |c, n| {
-                let (client, url, agents) = (client.clone(), url.clone(), Arc::clone(&agents));
-                async move { http_beat(&client, &url, &agents[share(agents.len(), clients, c, n)]).await }
+                let (client, agents) = (client.clone(), Arc::clone(&agents));
+                async move { http_beat(&client, &agents[share(agents.len(), clients, c, n)]).await }
             })
             .await?
         };

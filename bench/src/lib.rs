@@ -10,6 +10,7 @@ pub mod instances;
 pub mod projections;
 pub mod provision;
 pub mod reserve;
+pub mod webhooks;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ pub use instances::{InstancesBenchConfig, instances};
 pub use projections::{ProjectionsBenchConfig, projections};
 pub use provision::{ProvisionBenchConfig, provision};
 pub use reserve::{ReserveBenchConfig, reserve};
+pub use webhooks::{WebhooksBenchConfig, webhooks};
 
 /// Stops the benchmark's cluster (and removes its folder) however the benchmark ends.
 pub(crate) struct ClusterGuard {

@@ -48,6 +48,32 @@ enum BenchCommand {
     /// path and in-process ramdisks: the time until all are ready and the control plane's cost per machine,
     /// beside pgbench's one-row INSERT.
     Provision(BenchProvisionArgs),
+    /// Signed webhook deliveries per second to a local receiver (a backlog, one and eight subscriptions) and
+    /// their commit-to-delivery p50 and p99 at a steady rate, beside pgbench's one-row INSERT.
+    Webhooks(BenchWebhooksArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchWebhooksArgs {
+    /// Events waiting for each subscription when the deliverer starts.
+    #[arg(long, default_value_t = 2_000)]
+    backlog: usize,
+
+    /// Events per second the latency run commits.
+    #[arg(long, default_value_t = 50)]
+    rate: u32,
+
+    /// Seconds the latency run lasts (and pgbench's run).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+
+    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+
+    /// Keep the cluster's folder afterwards.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Debug, Args)]
@@ -285,6 +311,16 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
             .await
         }
 
+        BenchCommand::Webhooks(args) => {
+            bc_bench::webhooks(bc_bench::WebhooksBenchConfig {
+                backlog: args.backlog.max(1),
+                rate: args.rate.max(1),
+                run_for: Duration::from_secs(args.seconds.max(1)),
+                data_dir: args.data_dir,
+                keep: args.keep,
+            })
+            .await
+        }
         BenchCommand::Instances(args) => {
             bc_bench::instances(bc_bench::InstancesBenchConfig {
                 run_for: Duration::from_secs(args.seconds.max(1)),

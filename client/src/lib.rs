@@ -18,6 +18,7 @@
 use std::time::Duration;
 
 use bc_wire::ErrorBody;
+use bc_wire::audit::{AuditKeyDto, AuditProofDto, CheckpointDto};
 use bc_wire::fleet::{AuditDto, AvailabilityDto, PoolDto, SiteDto};
 use bc_wire::nodes::{CommandDto, CommandListDto, ForceBody, InventoryDto, NodeChangedDto, NodeDto, VerbBody};
 use bc_wire::ops::EventDto;
@@ -242,6 +243,11 @@ impl Client {
         }
     }
 
+    /// Who this client's token speaks for.
+    pub async fn whoami(&self) -> Result<bc_wire::tenancy::WhoAmIDto, Error> {
+        self.get("/v1/whoami").await
+    }
+
     pub async fn sites(&self) -> Result<Vec<SiteDto>, Error> {
         self.all("/v1/sites").await
     }
@@ -287,6 +293,34 @@ impl Client {
     /// The audit trail of the caller's tenant, oldest first.
     pub async fn audit(&self) -> Result<Vec<AuditDto>, Error> {
         self.all("/v1/audit").await
+    }
+
+    /// Another tenant's audit trail, oldest first (for the root tenant's administrators).
+    pub async fn fleet_audit(&self, tenant: &str) -> Result<Vec<AuditDto>, Error> {
+        self.all(&format!("/v1/fleet/audit?tenant={}", encode(tenant))).await
+    }
+
+    /// The signed audit checkpoints of the caller's tenant (or `tenant`'s), oldest first, without their leaves.
+    pub async fn audit_checkpoints(&self, tenant: Option<&str>) -> Result<Vec<CheckpointDto>, Error> {
+        match tenant {
+            Some(tenant) => self.all(&format!("/v1/audit/checkpoints?tenant={}", encode(tenant))).await,
+            None => self.all("/v1/audit/checkpoints").await,
+        }
+    }
+
+    /// One audit checkpoint with its leaves.
+    pub async fn audit_checkpoint(&self, id: &str) -> Result<CheckpointDto, Error> {
+        self.get(&format!("/v1/audit/checkpoints/{}", encode(id))).await
+    }
+
+    /// The audit entry at `position`, its checkpoint and its inclusion proof.
+    pub async fn audit_proof(&self, position: &str) -> Result<AuditProofDto, Error> {
+        self.get(&format!("/v1/audit/proof?position={}", encode(position))).await
+    }
+
+    /// The public key the server signs audit checkpoints with (pin your own copy; this is what it says).
+    pub async fn audit_key(&self) -> Result<AuditKeyDto, Error> {
+        self.get("/v1/pki/audit-key").await
     }
 
     /// When a request could start in `pool`.

@@ -4,6 +4,7 @@
 //! whole transaction is retried on serialization failures, deadlocks, booking races and version conflicts.
 
 pub mod agents;
+pub mod audit;
 pub mod auth;
 pub mod availability;
 mod beats;
@@ -34,6 +35,7 @@ pub mod tenancy;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tickets;
+pub mod webhooks;
 mod whole_nodes;
 pub mod work;
 pub mod worker;

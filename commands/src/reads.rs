@@ -237,7 +237,7 @@ pub struct ReservationFilter {
 }
 
 /// The table a read model's active version keeps `table` in (`pools` → `pools_v2`).
-async fn active_table(tx: &mut Tx, name: &str, table: &str) -> AppResult<String> {
+pub(crate) async fn active_table(tx: &mut Tx, name: &str, table: &str) -> AppResult<String> {
     // Before any projection ran, nothing is active: the newest version's table (made by its migration, empty
     // until the daemon fills it) is the one the queries here are written for.
     let newest = || {

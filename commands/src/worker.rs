@@ -39,6 +39,9 @@ pub struct WorkerConfig {
     /// statement timeouts, 20 s by default): two sightings of a wrong count must be further apart than that.
     pub hint_recount: Duration,
     pub hint_recount_nodes: i64,
+    /// How often the worker serving shard 0 makes the audit checkpoints that are due
+    /// ([`App::make_audit_checkpoints`]; hours close [`bc_domain::audit::CLOSE_AFTER_MS`] after they end).
+    pub audit_checkpoints: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -52,6 +55,7 @@ impl Default for WorkerConfig {
             liveness_sweep: Duration::from_secs(1),
             hint_recount: Duration::from_secs(30),
             hint_recount_nodes: 600,
+            audit_checkpoints: Duration::from_secs(60),
         }
     }
 }
@@ -195,6 +199,7 @@ impl Worker {
     pub async fn run(self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         let mut last_sweep = tokio::time::Instant::now();
         let mut last_recount = tokio::time::Instant::now();
+        let mut last_checkpoints = tokio::time::Instant::now();
         let mut walked: Option<String> = None;
         // Free counts the walk found disagreeing, each until the walk passes its node again.
         let mut disagreeing: Vec<crate::availability::FreeCountSeen> = Vec::new();
@@ -230,6 +235,14 @@ impl Worker {
                     Ok(0) => {}
                     Ok(removed) => tracing::info!(removed, "removed abandoned image uploads"),
                     Err(err) => tracing::warn!(error = %err, "sweeping abandoned image uploads failed"),
+                }
+            }
+            // The same process makes the audit checkpoints of the hours that closed; several processes doing it
+            // at once would only be refused by the checkpoints' unique keys.
+            if last_checkpoints.elapsed() >= self.config.audit_checkpoints && self.serving().0.contains(&0) {
+                last_checkpoints = tokio::time::Instant::now();
+                if let Err(err) = self.app.make_audit_checkpoints().await {
+                    tracing::warn!(error = %err, "making the audit checkpoints failed");
                 }
             }
             let claimed = match self.run_once().await {

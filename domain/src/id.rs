@@ -207,6 +207,10 @@ generated_id!(
     ProviderAccountId, "pacct", "provider account id"
 );
 generated_id!(
+    /// A webhook subscription: a tenant's events POSTed, signed, to a URL of its own.
+    WebhookId, "whk", "webhook id"
+);
+generated_id!(
     /// A workflow: a profile expanded for one machine into persisted steps.
     WorkflowId, "wf", "workflow id"
 );

@@ -7,6 +7,7 @@
 
 pub mod acceptance;
 pub mod agent;
+pub mod audit;
 pub mod device;
 pub mod event;
 pub mod flavor;
@@ -29,6 +30,7 @@ pub mod stream;
 pub mod tenancy;
 pub mod testing;
 pub mod upcast;
+pub mod webhook;
 pub mod workflow;
 
 pub use rejection::Rejection;

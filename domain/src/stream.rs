@@ -12,6 +12,7 @@ use crate::provider::ProviderAccountEvent;
 use crate::reservation::ReservationEvent;
 use crate::site::{ProjectEvent, SiteEvent};
 use crate::tenancy::{GrantEvent, IdentityEvent, LimitEvent, TenantEvent};
+use crate::webhook::WebhookEvent;
 use crate::workflow::WorkflowEvent;
 
 /// An event of any aggregate.
@@ -32,6 +33,7 @@ pub enum AnyEvent {
     ProviderAccount(ProviderAccountEvent),
     Flavor(FlavorEvent),
     Instance(InstanceEvent),
+    Webhook(WebhookEvent),
 }
 
 impl AnyEvent {
@@ -53,6 +55,7 @@ impl AnyEvent {
             "workflow" => AnyEvent::Workflow(WorkflowEvent::decode(event_type, schema_version, payload)?),
             "flavor" => AnyEvent::Flavor(FlavorEvent::decode(event_type, schema_version, payload)?),
             "instance" => AnyEvent::Instance(InstanceEvent::decode(event_type, schema_version, payload)?),
+            "webhook" => AnyEvent::Webhook(WebhookEvent::decode(event_type, schema_version, payload)?),
             "provider_account" => {
                 AnyEvent::ProviderAccount(ProviderAccountEvent::decode(event_type, schema_version, payload)?)
             }
@@ -77,6 +80,7 @@ impl AnyEvent {
             AnyEvent::ProviderAccount(e) => e.event_type(),
             AnyEvent::Flavor(e) => e.event_type(),
             AnyEvent::Instance(e) => e.event_type(),
+            AnyEvent::Webhook(e) => e.event_type(),
         }
     }
 
@@ -97,6 +101,7 @@ impl AnyEvent {
             AnyEvent::ProviderAccount(e) => e.schema_version(),
             AnyEvent::Flavor(e) => e.schema_version(),
             AnyEvent::Instance(e) => e.schema_version(),
+            AnyEvent::Webhook(e) => e.schema_version(),
         }
     }
 
@@ -117,6 +122,7 @@ impl AnyEvent {
             AnyEvent::ProviderAccount(e) => e.encode_payload(),
             AnyEvent::Flavor(e) => e.encode_payload(),
             AnyEvent::Instance(e) => e.encode_payload(),
+            AnyEvent::Webhook(e) => e.encode_payload(),
         }
     }
 }
@@ -133,7 +139,7 @@ macro_rules! into_any {
 
 into_any!(SiteEvent => Site, ProjectEvent => Project, PoolEvent => Pool, NodeEvent => Node, ReservationEvent => Reservation,
     TenantEvent => Tenant, IdentityEvent => Identity, GrantEvent => Grant, LimitEvent => Limit, ImageEvent => Image, ProfileEvent => Profile, WorkflowEvent => Workflow,
-    ProviderAccountEvent => ProviderAccount, FlavorEvent => Flavor, InstanceEvent => Instance);
+    ProviderAccountEvent => ProviderAccount, FlavorEvent => Flavor, InstanceEvent => Instance, WebhookEvent => Webhook);
 
 impl AnyEvent {
     /// Every event type this build knows, family by family.
@@ -154,6 +160,7 @@ impl AnyEvent {
             ProviderAccountEvent::event_types(),
             FlavorEvent::event_types(),
             InstanceEvent::event_types(),
+            WebhookEvent::event_types(),
         ]
         .concat()
     }

@@ -1,4 +1,4 @@
-//! Every request body type the API reads (`api/src/wire`), from any bytes, parsed the way the API parses JSON
+//! Every request body type the API reads (`bc-wire`), from any bytes, parsed the way the API parses JSON
 //! bodies (`serde_path_to_error`, then nothing but whitespace), then checked the way its handler checks it before
 //! anything is written: a reservation's request, a pool's fields and policy, a site's region, names, ids,
 //! quotas, a tenant, an identity, a grant, a limit, a provider account. Nothing may panic, and what a check accepts must satisfy
@@ -6,7 +6,7 @@
 
 #![no_main]
 
-use bc_api::wire::{agent, flavors, fleet, instances, nodes, providers, reservations, tenancy};
+use bc_wire::{agent, flavors, fleet, instances, nodes, providers, reservations, tenancy};
 use bc_domain::id::{GrantId, IdentityId, LimitId, PoolId, TenantId};
 use bc_domain::pool::{PoolCreated, PoolPolicy};
 use bc_domain::tenancy as t;

@@ -10,8 +10,11 @@
 //! ([`Bundle::sign_node_csr`]) and the node speaks mutual TLS from then on. [`tls`] builds the rustls
 //! configurations of both ends, each trusting only this CA; [`seal`] is the AEAD around stored secrets.
 //!
+//! [`audit`] is the Ed25519 key that signs the audit trail's checkpoints, derived from the sealing key.
+//!
 //! The crate does no network or database IO: it reads and writes the bundle's files, nothing else.
 
+pub mod audit;
 mod bundle;
 mod error;
 mod node;

@@ -97,6 +97,10 @@ pub fn stream_state(events: &[Envelope]) -> Result<Value> {
                 decoded.iter().filter_map(|e| if let AnyEvent::ProviderAccount(a) = e { Some(a) } else { None });
             to_json(&events.fold(None, bc_domain::provider::evolve_provider_account))?
         }
+        Some(AnyEvent::Webhook(_)) => {
+            let events = decoded.iter().filter_map(|e| if let AnyEvent::Webhook(w) = e { Some(w) } else { None });
+            to_json(&events.fold(None, bc_domain::webhook::evolve_webhook))?
+        }
         None => json!({}),
     };
     if let Value::Object(map) = &mut state {
@@ -233,4 +237,222 @@ pub async fn capacity_until(db: &Db, pool_id: &str, until: Position) -> Result<V
         }
     }
     fold.figures(pool_id)
+}
+
+/// A reservation of a pool as a time-travel snapshot shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BookingView {
+    pub tenant_id: Option<String>,
+    pub state: String,
+    pub resource: String,
+    pub count: i64,
+    pub start: Option<i64>,
+    pub end: Option<i64>,
+    /// The nodes its allocations are on.
+    pub nodes: Vec<String>,
+}
+
+/// A pool at one position of the log: its capacity, its reservations (in every state), the offers that set
+/// its tenants' quotas, and its policy.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSnapshot {
+    pub position: String,
+    /// Whether the pool existed (and was not deleted) then.
+    pub exists: bool,
+    pub capacity: Vec<CapacityFigures>,
+    pub bookings: BTreeMap<String, BookingView>,
+    /// By tenant: `{quota, priority, includeDescendants}`.
+    pub quotas: BTreeMap<String, Value>,
+    pub policy: Value,
+}
+
+/// The fold behind [`pool_snapshots`]: the capacity fold, the pool's own stream, and its reservations.
+struct PoolHistory {
+    pool_id: String,
+    capacity: CapacityFold,
+    pool: Option<pool::Pool>,
+    bookings: BTreeMap<String, BookingView>,
+}
+
+impl PoolHistory {
+    fn apply(&mut self, envelope: &Envelope) -> Result<()> {
+        self.capacity.apply(envelope)?;
+        let stream = &envelope.recorded.stream_id;
+        match &envelope.event {
+            Some(AnyEvent::Pool(event)) if *stream == self.pool_id => {
+                self.pool = pool::evolve(self.pool.take(), event);
+            }
+            Some(AnyEvent::Reservation(event)) => {
+                if let ReservationEvent::Requested(e) = event {
+                    if e.request.pool_id.as_str() == self.pool_id {
+                        self.bookings.insert(
+                            stream.clone(),
+                            BookingView {
+                                tenant_id: envelope.recorded.tenant_id.clone(),
+                                state: ReservationState::Pending.as_str().to_owned(),
+                                resource: e.request.resource().to_owned(),
+                                count: i64::from(e.request.devices.count),
+                                start: e.request.start_ms,
+                                end: None,
+                                nodes: Vec::new(),
+                            },
+                        );
+                    }
+                } else if let Some(booking) = self.bookings.get_mut(stream) {
+                    if let Some(state) = event.state_after() {
+                        booking.state = state.as_str().to_owned();
+                    }
+                    if let ReservationEvent::Placed(placed) = event {
+                        booking.start = Some(placed.start_ms);
+                        booking.end = Some(placed.end_ms);
+                        booking.nodes = placed.allocations.iter().map(|a| a.node_id.to_string()).collect();
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn snapshot(&self, position: Position) -> Result<PoolSnapshot> {
+        let live = self.pool.as_ref().filter(|p| p.deleted_at_ms.is_none());
+        let quotas = live
+            .map(|p| {
+                p.offers
+                    .iter()
+                    .map(|o| {
+                        let offer = json!({
+                            "quota": o.quota, "priority": o.priority, "includeDescendants": o.include_descendants,
+                        });
+                        (o.tenant_id.to_string(), offer)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(PoolSnapshot {
+            position: position.to_string(),
+            exists: live.is_some(),
+            capacity: self.capacity.figures(&self.pool_id)?,
+            bookings: self.bookings.clone(),
+            quotas,
+            policy: live.map(|p| to_json(&p.policy)).transpose()?.unwrap_or(Value::Null),
+        })
+    }
+}
+
+/// A pool as the fold of the log up to each of `positions` (in any order; answered in the order given), read
+/// once from the start of the log.
+pub async fn pool_snapshots(db: &Db, pool_id: &str, positions: &[Position]) -> Result<Vec<PoolSnapshot>> {
+    let mut order: Vec<usize> = (0..positions.len()).collect();
+    order.sort_by_key(|&i| positions[i]);
+    let mut history = PoolHistory {
+        pool_id: pool_id.to_owned(),
+        capacity: CapacityFold::default(),
+        pool: None,
+        bookings: BTreeMap::new(),
+    };
+    let mut answers: Vec<Option<PoolSnapshot>> = vec![None; positions.len()];
+    let mut cursor = Position::START;
+    for i in order {
+        let until = positions[i];
+        while cursor < until {
+            let mut tx = db.begin(TxOptions::READ_ONLY).await?;
+            let batch = events::read_range(&mut tx, cursor, until, 5_000).await?;
+            tx.commit().await?;
+            let Some(last) = batch.last() else { break };
+            cursor = last.position;
+            for recorded in batch {
+                let family = recorded.event_type.split('.').next().unwrap_or_default();
+                if matches!(family, "node" | "reservation" | "pool") {
+                    history.apply(&Envelope::decode(recorded)?)?;
+                }
+            }
+        }
+        answers[i] = Some(history.snapshot(until)?);
+    }
+    Ok(answers.into_iter().flatten().collect())
+}
+
+/// What changed in a pool between two snapshots, a line each: `+` appeared, `-` went away, `~` changed.
+pub fn pool_diff(from: &PoolSnapshot, to: &PoolSnapshot) -> Vec<String> {
+    let mut lines = Vec::new();
+    if from.exists != to.exists {
+        lines.push(if to.exists {
+            "+ pool (made between the two positions)".into()
+        } else {
+            "- pool (deleted)".into()
+        });
+    }
+    let figures = |snapshot: &PoolSnapshot| -> BTreeMap<String, CapacityFigures> {
+        snapshot.capacity.iter().map(|f| (f.resource.clone(), f.clone())).collect()
+    };
+    let (before, after) = (figures(from), figures(to));
+    for resource in before.keys().chain(after.keys()).collect::<std::collections::BTreeSet<_>>() {
+        let zero = empty(resource);
+        let (a, b) = (before.get(resource).unwrap_or(&zero), after.get(resource).unwrap_or(&zero));
+        let mut changed = Vec::new();
+        for (name, x, y) in [
+            ("allocatable", a.allocatable, b.allocatable),
+            ("allocated", a.allocated, b.allocated),
+            ("reserved", a.reserved, b.reserved),
+            ("available", a.available, b.available),
+        ] {
+            if x != y {
+                changed.push(format!("{name} {x} → {y} ({:+})", y - x));
+            }
+        }
+        if !changed.is_empty() {
+            lines.push(format!("~ capacity {resource}: {}", changed.join(", ")));
+        }
+    }
+    let describe = |b: &BookingView| {
+        let window = match (b.start, b.end) {
+            (Some(start), Some(end)) => format!(" [{start}, {end})"),
+            _ => String::new(),
+        };
+        let nodes = if b.nodes.is_empty() { String::new() } else { format!(" on {}", b.nodes.join(",")) };
+        format!("{}: {} {}, {}{window}{nodes}", b.tenant_id.as_deref().unwrap_or("-"), b.count, b.resource, b.state)
+    };
+    for (id, b) in &to.bookings {
+        match from.bookings.get(id) {
+            None => lines.push(format!("+ booking {id}: {}", describe(b))),
+            Some(a) if a != b => {
+                let mut changed = Vec::new();
+                if a.state != b.state {
+                    changed.push(format!("{} → {}", a.state, b.state));
+                }
+                if (a.start, a.end) != (b.start, b.end) {
+                    changed.push(format!("window {:?}..{:?} → {:?}..{:?}", a.start, a.end, b.start, b.end));
+                }
+                if a.nodes != b.nodes {
+                    changed.push(format!("nodes {} → {}", a.nodes.join(","), b.nodes.join(",")));
+                }
+                lines.push(format!("~ booking {id}: {}", changed.join(", ")));
+            }
+            Some(_) => {}
+        }
+    }
+    for (tenant, after) in &to.quotas {
+        match from.quotas.get(tenant) {
+            None => lines.push(format!("+ quota of {tenant}: {after}")),
+            Some(before) if before != after => lines.push(format!("~ quota of {tenant}: {before} → {after}")),
+            Some(_) => {}
+        }
+    }
+    for (tenant, before) in &from.quotas {
+        if !to.quotas.contains_key(tenant) {
+            lines.push(format!("- quota of {tenant}: {before} (offer withdrawn)"));
+        }
+    }
+    if let (Value::Object(a), Value::Object(b)) = (&from.policy, &to.policy) {
+        for key in a.keys().chain(b.keys()).collect::<std::collections::BTreeSet<_>>() {
+            let (x, y) = (a.get(key).unwrap_or(&Value::Null), b.get(key).unwrap_or(&Value::Null));
+            if x != y {
+                lines.push(format!("~ policy {key}: {x} → {y}"));
+            }
+        }
+    }
+    lines
 }

@@ -19,8 +19,16 @@ pub const T0: i64 = 1_893_456_000_000;
 const HOUR: i64 = 3_600_000;
 
 /// The scenarios by name.
-pub const NAMES: &[&str] =
-    &["fleet_basics", "reservation_lifecycle", "reservation_endings", "agent_life", "tenancy", "images", "instances"];
+pub const NAMES: &[&str] = &[
+    "fleet_basics",
+    "reservation_lifecycle",
+    "reservation_endings",
+    "agent_life",
+    "tenancy",
+    "images",
+    "instances",
+    "webhooks",
+];
 
 fn caller(tenant: &str, identity: &str) -> anyhow::Result<Caller> {
     Ok(Caller {
@@ -92,6 +100,7 @@ pub async fn run(name: &str, app: &App) -> anyhow::Result<()> {
         "tenancy" => tenancy(app).await,
         "images" => images(app).await,
         "instances" => instances(app).await,
+        "webhooks" => webhooks(app).await,
         other => anyhow::bail!("no scenario named {other}"),
     }
 }
@@ -691,5 +700,35 @@ async fn instances(app: &App) -> anyhow::Result<()> {
     clock::set_sim_clock(app.db(), T0 + 180_000).await?;
     app.change_instance(&acme, &id, DesiredState::Deleted).await?;
     ack_all().await?;
+    Ok(())
+}
+
+/// A tenant's webhook subscription: created, its secret rotated, a dead letter (written as the deliverer would,
+/// under the subscription's lease) replayed, and deleted.
+async fn webhooks(app: &App) -> anyhow::Result<()> {
+    use bc_commands::webhooks::{Buried, Settled};
+    use bc_domain::webhook::WebhookSpec;
+    let dir = std::env::temp_dir().join(format!("bc-scenario-webhooks-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    bc_pki::Bundle::init(&dir, &bc_pki::InitOptions::default())?;
+    let app = app.clone().with_pki(std::sync::Arc::new(bc_pki::Bundle::load(&dir)?));
+    let _ = std::fs::remove_dir_all(&dir);
+    let acme = caller("acme", "alice@acme")?;
+    let spec = WebhookSpec {
+        url: "https://hooks.acme.example/better-compute".into(),
+        event_types: vec!["reservation.*".into(), "webhook.deleted".into()],
+        description: "acme's operations".into(),
+    };
+    let made = app.create_webhook(&acme, spec).await?.value.webhook;
+    app.rotate_webhook_secret(&acme, &made.id).await?;
+    let name = format!("webhook:{}", made.id);
+    let lease = bc_eventstore::lease::acquire(app.db(), &name, "scenario", std::time::Duration::from_secs(15))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the subscription's lease is free"))?;
+    let position = made.position.clone().ok_or_else(|| anyhow::anyhow!("a cursor"))?.parse()?;
+    let buried = Buried { position, event_type: "webhook.created".into(), attempts: 8, error: "answered 500".into() };
+    app.settle_webhook(&lease, &made.id, &Settled { buried: vec![buried], ..Settled::default() }).await?;
+    app.replay_webhook_dead_letters(&acme, &made.id).await?;
+    app.delete_webhook(&acme, &made.id).await?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! failure, never a silent change of the API.
 
 pub mod agent;
+pub mod audit;
 pub mod flavors;
 pub mod fleet;
 pub mod images;
@@ -14,6 +15,7 @@ pub mod profiles;
 pub mod providers;
 pub mod reservations;
 pub mod tenancy;
+pub mod webhooks;
 pub mod workflows;
 
 use serde::{Deserialize, Serialize};
@@ -94,6 +96,10 @@ page!(
     ProviderAccountPage of providers::ProviderAccountDto
 );
 page!(
+    /// A page of webhook subscriptions, by id.
+    WebhookPage of webhooks::WebhookDto
+);
+page!(
     /// A page of projects.
     ProjectPage of fleet::ProjectDto
 );
@@ -104,6 +110,10 @@ page!(
 page!(
     /// A page of the audit trail, oldest first.
     AuditPage of fleet::AuditDto
+);
+page!(
+    /// A page of a tenant's audit checkpoints, oldest first.
+    CheckpointPage of audit::CheckpointDto
 );
 page!(
     /// A page of a pool's join tokens.

@@ -32,6 +32,22 @@ pub struct SuspendBody {
     pub reason: String,
 }
 
+/// Who the caller's token speaks for (`GET /v1/whoami`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WhoAmIDto {
+    pub tenant_id: String,
+    pub identity: String,
+    /// `user`, `service` or `agent`.
+    pub session_kind: String,
+    pub agent: Option<String>,
+    pub delegation: Option<String>,
+    /// The tenant's ancestors, parent first.
+    pub ancestors: Vec<String>,
+    /// Whether the tenant is the root tenant: the platform that runs the fleet.
+    pub platform: bool,
+}
+
 /// A tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -3,7 +3,9 @@
 //! the server, token and CA of a named context in the configuration file ([`config`]). Every failure prints one
 //! line naming the problem and exits 1.
 
+pub mod audit;
 pub mod config;
+pub mod fleet;
 mod output;
 
 use std::io::Write as _;
@@ -192,6 +194,67 @@ pub enum ConfigCommand {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+}
+
+/// `fleet`.
+#[derive(Debug, Subcommand)]
+pub enum FleetCommand {
+    /// Print the caller's sites, pools (policies, offers and quotas) and profiles as a YAML document.
+    Export {
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Say what `apply` would change to make the fleet as the document says.
+    Plan(FleetArgs),
+    /// Make the fleet as the document says (twice is a no-op).
+    Apply(FleetArgs),
+}
+
+/// `fleet plan` and `fleet apply`.
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    /// The document (YAML or JSON); `-` reads standard input.
+    #[arg(short, long)]
+    pub file: PathBuf,
+    /// Also remove what the document does not name: offers, pools, sites.
+    #[arg(long)]
+    pub prune: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+/// `fleet`.
+pub async fn fleet(command: FleetCommand) -> anyhow::Result<()> {
+    let read = |args: &FleetArgs| -> anyhow::Result<fleet::FleetDocument> {
+        let text = if args.file.as_os_str() == "-" {
+            std::io::read_to_string(std::io::stdin()).context("read the document from standard input")?
+        } else {
+            std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?
+        };
+        fleet::FleetDocument::parse(&text)
+    };
+    match command {
+        FleetCommand::Export { connection } => {
+            print!("{}", fleet::export(&connection.client()?).await?);
+        }
+        FleetCommand::Plan(args) => {
+            let document = read(&args)?;
+            let plan = fleet::plan(&args.connection.client()?, &document, args.prune).await?;
+            print!("{}", plan.text(args.prune));
+        }
+        FleetCommand::Apply(args) => {
+            let document = read(&args)?;
+            let client = args.connection.client()?;
+            let plan = fleet::plan(&client, &document, args.prune).await?;
+            if plan.is_empty() {
+                print!("{}", plan.text(args.prune));
+                return Ok(());
+            }
+            fleet::apply(&client, &plan).await?;
+            println!("Applied.");
+        }
+    }
+    Ok(())
 }
 
 /// A shell for `completion`.

@@ -189,7 +189,7 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn admits(&self, tenant: Option<&str>, event_type: &str, stream_id: &str) -> bool {
+    pub(crate) fn admits(&self, tenant: Option<&str>, event_type: &str, stream_id: &str) -> bool {
         self.tenant.as_deref().is_none_or(|wanted| tenant == Some(wanted))
             && self.stream.as_deref().is_none_or(|wanted| wanted == stream_id)
             && (self.types.is_empty() || self.types.iter().any(|t| type_matches(t, event_type)))

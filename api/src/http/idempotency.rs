@@ -34,6 +34,7 @@ pub const CREATES: &[(&str, bool)] = &[
     ("profiles.create", false),
     ("provider_accounts.create", false),
     ("flavors.create", false),
+    ("webhooks.create", true),
 ];
 
 /// The headers of an answer that a replay repeats.

@@ -3,6 +3,7 @@
 //! decided by the [`Authorizer`](bc_commands::auth::Authorizer) against the method table.
 
 pub mod agent;
+mod audit;
 pub mod consistency;
 pub mod console;
 mod error;
@@ -24,6 +25,7 @@ mod ramdisk;
 pub mod request;
 mod reservations;
 mod tenancy;
+mod webhooks;
 mod workflows;
 
 use std::sync::Arc;
@@ -162,6 +164,7 @@ routes! {
     openapi::document => open;
     pki::ca_certificate => open;
     pki::revocation_list => open;
+    pki::audit_key => open;
     fleet::create_site => "sites.create";
     fleet::list_sites => "sites.list";
     fleet::get_site => "sites.get";
@@ -232,6 +235,7 @@ routes! {
     reservations::extend_reservation => "reservations.extend";
     reservations::cancel_reservation => "reservations.cancel";
     reservations::release_reservation => "reservations.release";
+    tenancy::whoami => "whoami";
     tenancy::create_tenant => "tenants.create";
     tenancy::list_tenants => "tenants.list";
     tenancy::get_tenant => "tenants.get";
@@ -273,8 +277,18 @@ routes! {
     providers::get_provider_account => "provider_accounts.get";
     providers::rotate_provider_credential => "provider_accounts.credential.rotate";
     providers::delete_provider_account => "provider_accounts.delete";
+    webhooks::create_webhook => "webhooks.create";
+    webhooks::list_webhooks => "webhooks.list";
+    webhooks::get_webhook => "webhooks.get";
+    webhooks::delete_webhook => "webhooks.delete";
+    webhooks::rotate_webhook_secret => "webhooks.secret.rotate";
+    webhooks::webhook_deliveries => "webhooks.deliveries.list";
+    webhooks::replay_webhook_dead_letters => "webhooks.dead_letters.replay";
     fleet::audit => "audit.list";
     fleet::fleet_audit => "fleet.audit.list";
+    audit::list_checkpoints => "audit.checkpoints.list";
+    audit::get_checkpoint => "audit.checkpoints.get";
+    audit::get_proof => "audit.proofs.get";
     events::event_stream => "events.stream";
     events::issue_ticket => "events.tickets.create";
     projections::projection_status => "projections.status";

@@ -3,7 +3,7 @@
 use axum::Json;
 use bc_domain::id::{
     CommandId, GrantId, IdentityId, ImageId, LimitId, NodeId, PoolId, ProfileId, ProjectId, ReservationId, SessionId,
-    SiteId, TenantId, TokenId, WorkflowId,
+    SiteId, TenantId, TokenId, WebhookId, WorkflowId,
 };
 use bc_eventstore::Position;
 use utoipa::openapi::schema::{ArrayItems, Schema};
@@ -50,6 +50,7 @@ pub const IDEMPOTENT_CREATES: &[&str] = &[
     "create_profile",
     "create_provider_account",
     "create_flavor",
+    "create_webhook",
 ];
 
 impl Modify for IdempotentCreates {
@@ -103,6 +104,7 @@ fn pattern_of(name: &str) -> Option<&'static str> {
         "imageId" | "image_id" => ImageId::PATTERN,
         "profileId" | "profile_id" => ProfileId::PATTERN,
         "workflowId" | "workflow_id" => WorkflowId::PATTERN,
+        "webhookId" | "webhook_id" => WebhookId::PATTERN,
         "after" | "X-Min-Position" | "Last-Event-ID" => Position::PATTERN,
         // URL-safe base64 without padding, as `encode_cursor` writes it.
         "cursor" | "nextCursor" => "^[A-Za-z0-9_-]+$",

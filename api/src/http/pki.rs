@@ -1,12 +1,15 @@
 //! `/v1/pki/*`: what anyone may fetch of the control plane's PKI: the CA certificate (what nodes and clients
-//! pin) and the revocation list of node certificates (signed by that CA). Both are public by nature.
+//! pin), the revocation list of node certificates (signed by that CA) and the public key that signs the audit
+//! checkpoints (what auditors pin). All are public by nature.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 use super::error::ErrorBody;
 use super::{ApiError, AppState};
+use crate::wire::audit::AuditKeyDto;
 
 fn no_pki() -> ApiError {
     ApiError::not_found("pki", "bundle")
@@ -37,4 +40,17 @@ pub async fn ca_certificate(State(state): State<AppState>) -> Result<Response, A
 pub async fn revocation_list(State(state): State<AppState>) -> Result<Response, ApiError> {
     let crl = state.app.revocation_list().await?.ok_or_else(no_pki)?;
     Ok(([(header::CONTENT_TYPE, "application/pkix-crl")], crl).into_response())
+}
+
+/// `GET /v1/pki/audit-key`: the Ed25519 public key that signs the audit checkpoints.
+#[utoipa::path(
+    get,
+    path = "/v1/pki/audit-key",
+    tag = "pki",
+    summary = "The Ed25519 public key that signs the audit checkpoints (what `better-compute audit verify` pins)",
+    responses((status = 200, description = "The audit key", body = AuditKeyDto), (status = 404, description = "The control plane serves without a PKI bundle", body = ErrorBody)),
+)]
+pub async fn audit_key(State(state): State<AppState>) -> Result<Json<AuditKeyDto>, ApiError> {
+    let signer = state.app.audit_signer().ok_or_else(no_pki)?;
+    Ok(Json(AuditKeyDto { algorithm: "ed25519".into(), public_key: signer.public_key_hex() }))
 }

@@ -17,13 +17,36 @@ use super::request::{
 use super::{ApiError, AppState};
 use crate::wire::tenancy::{
     GrantBody, GrantDto, IdentityBody, IdentityDto, IssuedTokenDto, LimitBody, LimitDto, SuspendBody, TenantBody,
-    TenantDto, TenantList, TokenList,
+    TenantDto, TenantList, TokenList, WhoAmIDto,
 };
 use crate::wire::{CreatedDto, GrantPage, IdentityPage, LimitPage};
 
 /// The `parentId` a call names, or the caller's own tenant.
 fn parent_or_own(who: &Authed, parent: Option<&str>) -> Result<TenantId, ApiError> {
     parent.map_or_else(|| Ok(who.0.principal.tenant_id.clone()), |parent| path_id("parentId", parent))
+}
+
+/// `GET /v1/whoami`.
+#[utoipa::path(
+    get,
+    path = "/v1/whoami",
+    tag = "tenancy",
+    summary = "Who the caller's token speaks for: tenant, identity, session kind, and whether it is the platform",
+    responses(CommonErrors, (status = 200, description = "The caller", body = WhoAmIDto)),
+    security(("bearer" = [])),
+)]
+pub async fn whoami(State(state): State<AppState>, who: Authed) -> Result<Json<WhoAmIDto>, ApiError> {
+    state.app.authorize(&who.0, "whoami", Subject::OwnTenant).await?;
+    let principal = &who.0.principal;
+    Ok(Json(WhoAmIDto {
+        tenant_id: principal.tenant_id.to_string(),
+        identity: principal.identity.to_string(),
+        session_kind: principal.session_kind.clone(),
+        agent: principal.agent.clone(),
+        delegation: principal.delegation.clone(),
+        ancestors: principal.ancestors.iter().map(ToString::to_string).collect(),
+        platform: principal.is_root(),
+    }))
 }
 
 /// `POST /v1/tenants`.

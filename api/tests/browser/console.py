@@ -156,10 +156,33 @@ def main() -> int:
         say(f"node {','.join(sections)}")
         shot("node")
         assert driver.execute_script("return window.consoleMarker") == "kept", "the page was reloaded"
+
+        # The demo customer signs in on the same page: it sees only what is its own or offered to it.
+        if len(sys.argv) > 4 and sys.argv[4]:
+            click("#sign-out")
+            one("#sign-in #token").send_keys(sys.argv[4])
+            click("#sign-in button[type=submit]")
+            wait.until(lambda _: all_of("#fleet tr[data-pool]"))
+            pools = len(all_of("#fleet tr[data-pool]"))
+            nodes = len(all_of("#fleet tr[data-node]"))
+            go("#/reservations")
+            wait.until(lambda _: one("#reservation-list").text.strip())
+            theirs = sorted(set(driver.execute_script(
+                "return [...document.querySelectorAll('#reservation-list tr[data-reservation]')]"
+                ".map((e) => e.dataset.reservation)")))
+            go("#/audit")
+            wait.until(lambda _: "entries" in text_of("#audit-list"))
+            audited = text_of("#audit-list")
+            fed = driver.execute_script("return document.getElementById('events').innerText")
+            say(f"tenant pools {pools} nodes {nodes} reservations {','.join(theirs) or '-'} "
+                f"audit-mentions-admin {'yes' if rsv in audited or node in audited else 'no'} "
+                f"feed-mentions-admin {'yes' if rsv[:12] in fed or node[:12] in fed else 'no'}")
         return 0
     except TimeoutException:
         text = driver.execute_script("return document.body.innerText")
-        print(f"timeout at {driver.current_url}: errors {errors()!r}, page:\n{text}", flush=True)
+        html = driver.execute_script("return document.body.outerHTML")[:3000]
+        print(f"timeout at {driver.current_url}: errors {errors()!r}, page:\n{text}\n{html}".replace("\n", " | "),
+              flush=True)
         return 1
     finally:
         driver.quit()

@@ -162,6 +162,8 @@ pub(crate) async fn the_cli_lists_reserves_describes_and_drains_through_the_api(
     let node = json(&cli(config, &["get", "node", &other, "-o", "json"]));
     assert_eq!(node["cordoned"], Value::Bool(false), "{node}");
 
+    the_fleet_is_exported_planned_and_applied_as_code(config);
+
     // The customer ends its reservation once its node's agent bound it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
@@ -203,4 +205,72 @@ fn a_bad_duration_and_a_server_that_is_not_a_url_are_refused_naming_them() {
     let _ = stdout(&https);
     let no_ca = failure(&cli(&config, &["get", "pools"]));
     assert!(no_ca.contains("give the CA"), "{no_ca}");
+}
+
+/// `fleet export | plan | apply` as the platform administrator of `dev`'s fleet.
+fn the_fleet_is_exported_planned_and_applied_as_code(config: &Path) {
+    let dir = config.parent().expect("the configuration's folder").to_path_buf();
+    let exported = stdout(&cli(config, &["fleet", "export"]));
+    let mut document: Value = yaml_serde::from_str(&exported).expect("the export is YAML");
+    assert_eq!(document["apiVersion"], "better-compute/v1");
+    let pool_names: Vec<&str> =
+        document["pools"].as_array().expect("pools").iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(pool_names.len(), 2, "{exported}");
+    let file = dir.join("fleet.yaml");
+    std::fs::write(&file, &exported).expect("write the document");
+    let path = file.to_str().expect("a path");
+    let unchanged = stdout(&cli(config, &["fleet", "plan", "-f", path]));
+    assert!(unchanged.starts_with("No changes"), "the export applies as no change: {unchanged}");
+
+    // A new site with a pool offered to the demo customer, a policy changed, a quota raised.
+    document["sites"].as_array_mut().expect("sites").push(serde_json::json!({ "name": "lab", "iamRegion": "local-1" }));
+    document["pools"].as_array_mut().expect("pools").push(serde_json::json!({
+        "name": "l40s", "site": "lab", "class": "metal-host", "gpuModel": "L40S",
+        "policy": { "maxPending": 5 },
+        "offers": [{ "tenantId": "acme", "quota": { "gpu": 4 } }],
+    }));
+    let pools = document["pools"].as_array_mut().expect("pools");
+    let h100 = pools.iter_mut().find(|p| p["name"] == "h100").expect("h100");
+    h100["policy"]["maxPending"] = serde_json::json!(7);
+    let a100 = pools.iter_mut().find(|p| p["name"] == "a100").expect("a100");
+    a100["offers"][0]["quota"]["gpu"] = serde_json::json!(1234);
+    std::fs::write(&file, serde_json::to_string_pretty(&document).expect("JSON")).expect("write the document");
+    let planned = stdout(&cli(config, &["fleet", "plan", "-f", path]));
+    for line in [
+        "+ site lab",
+        "+ pool l40s (site lab, metal-host, L40S",
+        "+ offer of pool l40s to acme",
+        "~ pool h100: policy.maxPending",
+        "~ offer of pool a100 to acme",
+        "Plan: 3 to add, 2 to change, 0 to remove",
+    ] {
+        assert!(planned.contains(line), "{line:?} in {planned}");
+    }
+    let applied = stdout(&cli(config, &["fleet", "apply", "-f", path]));
+    assert!(applied.trim_end().ends_with("Applied."), "{applied}");
+    for args in [&["fleet", "plan", "-f", path][..], &["fleet", "apply", "-f", path][..]] {
+        let again = stdout(&cli(config, args));
+        assert!(again.starts_with("No changes"), "twice is a no-op: {again}");
+    }
+    let live = json(&cli(config, &["get", "pools", "-o", "json"]));
+    let l40s = live["items"].as_array().expect("items").iter().find(|p| p["name"] == "l40s").expect("l40s made");
+    assert_eq!(l40s["policy"]["maxPending"], 5, "{l40s}");
+    assert_eq!(l40s["offers"][0]["tenantId"], "acme", "{l40s}");
+
+    // Without --prune, what the document no longer names is kept; with it, removed.
+    let a100 = document["pools"].as_array_mut().expect("pools").iter_mut().find(|p| p["name"] == "a100").expect("a100");
+    a100["offers"] = serde_json::json!([]);
+    std::fs::write(&file, serde_json::to_string_pretty(&document).expect("JSON")).expect("write the document");
+    let kept = stdout(&cli(config, &["fleet", "plan", "-f", path]));
+    assert!(kept.contains("offer of pool a100 to acme (not in the document: kept"), "{kept}");
+    let pruned = stdout(&cli(config, &["fleet", "apply", "--prune", "-f", path]));
+    assert!(pruned.contains("- offer of pool a100 to acme"), "{pruned}");
+    assert!(stdout(&cli(config, &["fleet", "plan", "--prune", "-f", path])).starts_with("No changes"));
+
+    // What cannot change is refused, naming it, and nothing is applied.
+    let h100 = document["pools"].as_array_mut().expect("pools").iter_mut().find(|p| p["name"] == "h100").expect("h100");
+    h100["gpuModel"] = serde_json::json!("B200");
+    std::fs::write(&file, serde_json::to_string_pretty(&document).expect("JSON")).expect("write the document");
+    let refused = failure(&cli(config, &["fleet", "apply", "-f", path]));
+    assert!(refused.contains("pool h100: gpuModel cannot change (H100 → B200)"), "{refused}");
 }

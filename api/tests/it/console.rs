@@ -187,6 +187,8 @@ async fn the_console_in_headless_chromium_shows_every_view_and_what_the_api_chan
     let mut server = crate::process::Server::start(dev);
     let admin = server.line_containing("platform administrator");
     let admin = admin.split("Bearer ").nth(1).expect("a bearer token").trim().to_owned();
+    let customer = server.line_containing("demo customer");
+    let customer = customer.split("Bearer ").nth(1).expect("a bearer token").trim().to_owned();
     let console_line = server.line_containing("the console: ");
     assert!(console_line.ends_with(&format!("{}/console (sign in with one of the tokens above)", server.base_url)));
     let client = server.client();
@@ -224,7 +226,7 @@ async fn the_console_in_headless_chromium_shows_every_view_and_what_the_api_chan
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/browser/console.py");
     let python = std::env::var("BETTER_COMPUTE_PYTHON").unwrap_or_else(|_| "python3".to_owned());
     let mut browser = std::process::Command::new(python)
-        .args([script, &server.base_url, &admin, &shots])
+        .args([script, &server.base_url, &admin, &shots, &customer])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -279,6 +281,13 @@ async fn the_console_in_headless_chromium_shows_every_view_and_what_the_api_chan
     assert!(audit >= 6, "{audit}");
     let sections = hear("node ");
     assert_eq!(sections, ["disks,gpus,nics,system"]);
+
+    // Signed in as the demo customer, the same console shows the two pools offered to it, none of the
+    // platform's machines, none of the administrator's reservations, nothing of their audit trail, and none of
+    // the events the administrator's session listed.
+    let tenant = hear("tenant ");
+    assert_eq!(&tenant[..6], ["pools", "2", "nodes", "0", "reservations", "-"], "{tenant:?}");
+    assert_eq!(&tenant[6..], ["audit-mentions-admin", "no", "feed-mentions-admin", "no"], "{tenant:?}");
     assert!(browser.wait().expect("the driver exits").success());
     server.signal("INT");
     assert!(server.wait().success());

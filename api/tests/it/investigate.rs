@@ -412,3 +412,51 @@ async fn doctor_passes_a_healthy_database_and_names_each_problem_with_what_to_do
         assert!(text.contains(line), "{line:?} missing:\n{text}");
     }
 }
+
+#[tokio::test]
+async fn a_pool_replayed_at_two_positions_says_what_changed_in_its_capacity_bookings_and_quotas() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("diffs", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 4, 0).await;
+    fleet.offer(&pool, "acme", 4).await;
+    let reserve = |key: &'static str, count: u32, start_in_h: i64| {
+        let (app, owner, pool) = (fleet.app.clone(), fleet.owner.clone(), pool.clone());
+        async move {
+            let mut r = request(&pool, DeviceClass::Gpu, count);
+            r.start_ms = Some(T0 + start_in_h * 3_600_000);
+            app.reserve(&owner, bc_commands::reservations::Reserve { idempotency_key: key.into(), request: r })
+                .await
+                .expect("reserve")
+        }
+    };
+    let first = reserve("first", 2, 1).await;
+    let at = first.position.expect("a position").to_string();
+    let first = first.value.reservation.id;
+
+    // Between the two positions: a second machine, the first reservation cancelled, the quota raised, and a
+    // second reservation placed.
+    fleet.node(&pool, "b", 4, 0).await;
+    fleet.app.cancel_reservation(&fleet.owner, &first, None).await.expect("cancel");
+    fleet.offer(&pool, "acme", 8).await;
+    let second = reserve("second", 1, 2).await;
+    let to = second.position.expect("a position").to_string();
+    let second = second.value.reservation.id;
+
+    let said = run(&fleet, &["events", "replay", "--pool", pool.as_str(), "--at", &at, "--diff", &to]);
+    let lines: Vec<&str> = said.lines().map(str::trim).collect();
+    assert_eq!(lines[0], format!("pool {pool} from {at} to {to}:"));
+    let has = |prefix: &str, needle: &str| lines.iter().any(|l| l.starts_with(prefix) && l.contains(needle));
+    assert!(has("~ capacity gpu:", "allocatable 4 → 8 (+4)"), "{said}");
+    assert!(has(&format!("~ booking {first}:"), "placed → cancelled"), "{said}");
+    assert!(has(&format!("+ booking {second}:"), "1 gpu, placed"), "{said}");
+    assert!(has("~ quota of acme:", "\"gpu\":8"), "{said}");
+    assert!(!said.contains("policy"), "the policy did not change: {said}");
+
+    let same = run(&fleet, &["events", "replay", "--pool", pool.as_str(), "--at", &to, "--diff", &to]);
+    assert!(same.contains("no change in its capacity, bookings, quotas or policy"), "{same}");
+    let refused = command(&fleet, &["events", "replay", "--stream", first.as_str(), "--at", &at, "--diff", &to])
+        .output()
+        .expect("run");
+    assert!(!refused.status.success(), "--diff is for a pool");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("give --pool"), "{refused:?}");
+}

@@ -2,6 +2,7 @@
 //! port, and the `better-compute` binary as a real process.
 
 mod agents;
+mod audit_checkpoints;
 mod browser;
 mod cli;
 mod consistency;
@@ -30,5 +31,6 @@ mod site;
 mod sse;
 mod tenancy;
 mod tidy;
+mod webhooks;
 mod whole_nodes;
 mod workflows;

@@ -72,6 +72,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/pki/audit-key": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The Ed25519 public key that signs the audit checkpoints (what `better-compute audit verify` pins) */
+        get: operations["audit_key"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sites": {
         parameters: {
             query?: never;
@@ -1029,6 +1046,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/whoami": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Who the caller's token speaks for: tenant, identity, session kind, and whether it is the platform */
+        get: operations["whoami"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants": {
         parameters: {
             query?: never;
@@ -1504,6 +1538,96 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The caller's tenant's webhook subscriptions, by id */
+        get: operations["list_webhooks"];
+        put?: never;
+        /**
+         * Subscribe a URL to events of the caller's tenant
+         * @description Each event of the listed types that the caller's tenant may see (as on `GET /v1/events`) and that commits after the subscription is POSTed to the URL as the stream shows it, in log order, signed the Standard Webhooks way (`webhook-id`, `webhook-timestamp`, `webhook-signature`). The signing secret is answered here once, sealed with the PKI bundle's key; a control plane without a bundle refuses (409).
+         */
+        post: operations["create_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One webhook subscription (never its secret) */
+        get: operations["get_webhook"];
+        put?: never;
+        post?: never;
+        /** Delete a webhook subscription, its secret and its deliveries' records */
+        delete: operations["delete_webhook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}/rotate-secret": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Replace a subscription's signing secret (answered once); deliveries are signed with the new one from now on */
+        post: operations["rotate_webhook_secret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A subscription's recent delivery attempts (newest first) and its dead letters */
+        get: operations["webhook_deliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}/dead-letters/replay": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Queue a subscription's dead letters for delivery again, oldest first, before its next events */
+        post: operations["replay_webhook_dead_letters"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/audit": {
         parameters: {
             query?: never;
@@ -1530,6 +1654,57 @@ export interface paths {
         };
         /** Every tenant's audit trail (or one tenant's, with ?tenant=), oldest first: for the root tenant's administrators */
         get: operations["fleet_audit"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/audit/checkpoints": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The caller's tenant's signed audit checkpoints, oldest first (another tenant's with ?tenant=, for the root tenant's administrators) */
+        get: operations["list_checkpoints"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/audit/checkpoints/{checkpoint_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One audit checkpoint with its leaves (each entry's position and leaf hash) */
+        get: operations["get_checkpoint"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/audit/proof": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** An audit entry, the checkpoint that holds it and its inclusion proof (the audit path to the checkpoint's signed root) */
+        get: operations["get_proof"];
         put?: never;
         post?: never;
         delete?: never;
@@ -1668,11 +1843,29 @@ export interface components {
             /** Format: int64 */
             recordedAt: number;
         };
+        /** @description The key that signs the audit checkpoints: what verifiers pin. */
+        AuditKeyDto: {
+            /** @description `ed25519`. */
+            algorithm: string;
+            /** @description The public key, 32 bytes, hex. */
+            publicKey: string;
+        };
         /** @description A page of the audit trail, oldest first. */
         AuditPage: {
             items: components["schemas"]["AuditDto"][];
             /** @description Pass as `?cursor=` for the next page; `null` on the last one. */
             nextCursor: string | null;
+        };
+        /** @description An audit entry, its leaf index in its checkpoint and the audit path (RFC 9162) to the checkpoint's root. */
+        AuditProofDto: {
+            /** @description The entry as the trail holds it now. */
+            entry: components["schemas"]["AuditDto"];
+            /** Format: int64 */
+            leafIndex: number;
+            /** @description The checkpoint that holds it (without its leaves). */
+            checkpoint: components["schemas"]["CheckpointDto"];
+            /** @description Sibling hashes from the leaf up, hex. */
+            auditPath: string[];
         };
         /**
          * @description `GET /v1/pools/{id}/availability`: the earliest start (asked with `count` and `duration`), or the free atoms
@@ -1746,6 +1939,48 @@ export interface components {
         CertificateRequestDto: {
             /** @description A PKCS#10 certificate signing request, PEM, at most 4,096 characters (a P-256 request is about 500). */
             csr: string;
+        };
+        /** @description A signed Merkle checkpoint over one tenant's audit entries of one hour, chained to its previous one. */
+        CheckpointDto: {
+            /** @description `ckp_` and the first 16 bytes of its hash, hex. */
+            id: string;
+            tenantId: string;
+            /**
+             * Format: int64
+             * @description Its place in the tenant's chain, from 1.
+             */
+            sequence: number;
+            /**
+             * Format: int64
+             * @description The start of the hour it closed (epoch milliseconds, UTC).
+             */
+            hour: number;
+            /** @description The position of its first entry. */
+            firstPosition: string;
+            /** @description The position of its last entry. */
+            lastPosition: string;
+            /** Format: int64 */
+            leafCount: number;
+            /** @description The Merkle root (RFC 6962) of its entries' leaves, hex. */
+            root: string;
+            /** @description The hash of the tenant's previous checkpoint (64 zeros for the first), hex. */
+            previousHash: string;
+            /** @description SHA-256 of its signed message, hex. */
+            hash: string;
+            /** @description The Ed25519 public key that signed it, hex. */
+            publicKey: string;
+            /** @description The Ed25519 signature of its message, hex. */
+            signature: string;
+            /** Format: int64 */
+            madeAt: number;
+            /** @description Its leaves in order (a read of one checkpoint; empty in lists). */
+            leaves?: components["schemas"]["LeafDto"][];
+        };
+        /** @description A page of a tenant's audit checkpoints, oldest first. */
+        CheckpointPage: {
+            items: components["schemas"]["CheckpointDto"][];
+            /** @description Pass as `?cursor=` for the next page; `null` on the last one. */
+            nextCursor: string | null;
         };
         /** @description Body of `POST /v1/nodes/{node_id}/commands`. */
         CommandBody: {
@@ -2269,6 +2504,11 @@ export interface components {
             session: components["schemas"]["SessionDto"];
             /** @description The node's certificate (PEM) for the join's `csr`, signed by the control plane's CA. */
             certificate?: string | null;
+        };
+        /** @description One leaf: an entry's position and its leaf hash (SHA-256 of 0x00 and the entry's canonical encoding). */
+        LeafDto: {
+            position: string;
+            leafHash: string;
         };
         /** @description The body of `POST /v1/pools/{pool_id}/limits`. */
         LimitBody: {
@@ -3115,6 +3355,138 @@ export interface components {
             /** @enum {string} */
             kind: "gang";
         };
+        /** @description One attempt of a delivery. */
+        WebhookAttemptDto: {
+            /** @description The `webhook-id` header: the same on every attempt of one event. */
+            messageId: string;
+            /** @description The event's position. */
+            position: string;
+            eventType: string;
+            /**
+             * Format: int32
+             * @description 1 for the first attempt.
+             */
+            attempt: number;
+            /**
+             * Format: int64
+             * @description Epoch milliseconds.
+             */
+            at: number;
+            /**
+             * Format: int32
+             * @description The receiver's HTTP status; `null` when it did not answer.
+             */
+            status?: number | null;
+            /** @description Why the attempt failed, if it did. */
+            error?: string | null;
+            /** @description `delivered`, `failed` (tried again later) or `dead` (the last attempt: now a dead letter). */
+            outcome: string;
+        };
+        /** @description The body of `POST /v1/webhooks`. */
+        WebhookBody: {
+            /**
+             * @description Where deliveries are POSTed: an `https://` URL (`http://` only on a loopback address: 127.0.0.1,
+             *     localhost, ::1).
+             * @example https://hooks.example.com/better-compute
+             */
+            url: string;
+            /**
+             * @description 1 to 32 event types (`reservation.placed`) or families (`reservation.*`), each one the service knows.
+             * @example [
+             *       "reservation.*",
+             *       "node.cordoned"
+             *     ]
+             */
+            eventTypes: string[];
+            /** @description At most 256 characters. */
+            description?: string;
+        };
+        /** @description A subscription with its signing secret, which is shown only here: at its creation and at each rotation. */
+        WebhookCreatedDto: components["schemas"]["WebhookDto"] & {
+            /**
+             * @description `whsec_` and the key's bytes in base64: verify `webhook-signature` with HMAC-SHA256 keyed with the
+             *     decoded bytes (Standard Webhooks).
+             * @example whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
+             */
+            secret: string;
+        };
+        /** @description An event whose every attempt failed. */
+        WebhookDeadLetterDto: {
+            position: string;
+            eventType: string;
+            /** Format: int32 */
+            attempts: number;
+            lastError: string;
+            /**
+             * Format: int64
+             * @description Epoch milliseconds.
+             */
+            deadAt: number;
+            /** @description Queued by a replay and not yet delivered. */
+            queued: boolean;
+        };
+        /** @description A subscription's recent attempts (newest first, up to 100) and its dead letters (oldest first). */
+        WebhookDeliveriesDto: {
+            attempts: components["schemas"]["WebhookAttemptDto"][];
+            deadLetters: components["schemas"]["WebhookDeadLetterDto"][];
+        };
+        /** @description A subscription: everything but its signing secret. */
+        WebhookDto: {
+            id: string;
+            tenantId: string;
+            url: string;
+            eventTypes: string[];
+            description: string;
+            /**
+             * Format: int64
+             * @description Epoch milliseconds.
+             */
+            createdAt: number;
+            /**
+             * Format: int64
+             * @description When its signing secret was last set (epoch milliseconds).
+             */
+            secretSetAt: number;
+            /**
+             * Format: int64
+             * @description Deliveries acknowledged (2xx) so far.
+             */
+            delivered: number;
+            /**
+             * Format: int64
+             * @description Dead letters waiting for a replay.
+             */
+            deadLetters: number;
+            /** @description The last event of the log its deliveries have dealt with (delivered, dead-lettered or not wanted). */
+            position?: string | null;
+        };
+        /** @description A page of webhook subscriptions, by id. */
+        WebhookPage: {
+            items: components["schemas"]["WebhookDto"][];
+            /** @description Pass as `?cursor=` for the next page; `null` on the last one. */
+            nextCursor: string | null;
+        };
+        /** @description What a replay queued. */
+        WebhookReplayDto: {
+            /**
+             * Format: int32
+             * @description Dead letters queued for delivery again.
+             */
+            queued: number;
+        };
+        /** @description Who the caller's token speaks for (`GET /v1/whoami`). */
+        WhoAmIDto: {
+            tenantId: string;
+            identity: string;
+            /** @description `user`, `service` or `agent`. */
+            sessionKind: string;
+            agent?: string | null;
+            delegation?: string | null;
+            /** @description The tenant's ancestors, parent first. */
+            ancestors: string[];
+            /** @description Whether the tenant is the root tenant: the platform that runs the fleet. */
+            platform: boolean;
+        };
         /** @description The body of `POST /v1/nodes/{id}/workflows`. */
         WorkflowBody: {
             /**
@@ -3285,6 +3657,35 @@ export interface operations {
                 };
                 content: {
                     "application/pkix-crl": string;
+                };
+            };
+            /** @description The control plane serves without a PKI bundle */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    audit_key: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The audit key */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditKeyDto"];
                 };
             };
             /** @description The control plane serves without a PKI bundle */
@@ -10782,6 +11183,110 @@ export interface operations {
             };
         };
     };
+    whoami: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The caller */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WhoAmIDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     list_tenants: {
         parameters: {
             query?: {
@@ -15321,6 +15826,763 @@ export interface operations {
             };
         };
     };
+    list_webhooks: {
+        parameters: {
+            query?: {
+                /** @description Items per page, 1 to 500 (100 by default). */
+                limit?: number;
+                /** @description The `nextCursor` of the previous page. */
+                cursor?: string;
+                /** @description A consistency token: answer once the read models have passed this position. */
+                after?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page: items and nextCursor */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookPage"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_webhook: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description A retry with the same key, route and body is answered the first answer (with `Idempotent-Replayed: true`) without running again; another request with it is IDEMPOTENCY_KEY_REUSED. Kept a day. */
+                "Idempotency-Key"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookBody"];
+            };
+        };
+        responses: {
+            /** @description Created, with its secret; `X-Position` is its consistency token */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookCreatedDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The subscription's id */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The subscription */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The subscription's id */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CreatedDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    rotate_webhook_secret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The subscription's id */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Replaced, with the new secret */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookCreatedDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    webhook_deliveries: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The subscription's id */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Attempts and dead letters */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveriesDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    replay_webhook_dead_letters: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The subscription's id */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description How many were queued */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookReplayDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     audit: {
         parameters: {
             query?: {
@@ -15539,6 +16801,329 @@ export interface operations {
                 };
             };
             /** @description NOT_YET_CONSISTENT */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_checkpoints: {
+        parameters: {
+            query?: {
+                /** @description Another tenant's checkpoints: for the root tenant's administrators. */
+                tenant?: string;
+                limit?: number;
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page: items and nextCursor */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CheckpointPage"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_checkpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The checkpoint's id (`ckp_` and 32 hex digits) */
+                checkpoint_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The checkpoint */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CheckpointDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_proof: {
+        parameters: {
+            query?: {
+                /** @description The audit entry's position (`<epoch>-<txid>-<seq>`). */
+                position?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The entry and its proof */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditProofDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
             503: {
                 headers: {
                     [name: string]: unknown;

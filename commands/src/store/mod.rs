@@ -13,6 +13,7 @@ use sqlx::Row as _;
 use super::{AppError, AppResult};
 
 pub mod agents;
+pub mod audit;
 pub mod certificates;
 pub mod facts;
 pub mod figures;
@@ -29,6 +30,7 @@ pub mod providers;
 pub mod scalars;
 pub mod site;
 pub mod tenancy;
+pub mod webhooks;
 pub mod whole_nodes;
 pub mod workflows;
 
@@ -292,6 +294,14 @@ pub async fn provider_account_aggregate(
     id: &bc_domain::id::ProviderAccountId,
 ) -> AppResult<Option<(bc_domain::provider::ProviderAccount, u32)>> {
     folded_stream(tx, id.as_str(), bc_domain::provider::evolve_provider_account).await
+}
+
+/// A webhook subscription as the fold of its stream, with the stream's version.
+pub async fn webhook_aggregate(
+    tx: &mut Tx,
+    id: &bc_domain::id::WebhookId,
+) -> AppResult<Option<(bc_domain::webhook::Webhook, u32)>> {
+    folded_stream(tx, id.as_str(), bc_domain::webhook::evolve_webhook).await
 }
 
 /// A workflow as the fold of its stream, with the stream's version.

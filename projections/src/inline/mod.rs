@@ -23,6 +23,7 @@ use bc_domain::reservation::{Allocation, ReservationEvent, ReservationState};
 use bc_domain::site::{ProjectEvent, SiteEvent};
 use bc_domain::stream::AnyEvent;
 use bc_domain::tenancy::{GrantEvent, IdentityEvent, LimitEvent, TenantEvent};
+use bc_domain::webhook::WebhookEvent;
 use bc_domain::workflow::WorkflowEvent;
 use bc_eventstore::{Error, Result, Tx, sql};
 use sqlx::Row as _;
@@ -54,6 +55,7 @@ pub const TABLES: &[&str] = &[
     "provider_accounts",
     "flavors",
     "instances",
+    "webhooks",
 ];
 
 fn json(value: &impl serde::Serialize) -> Result<String> {
@@ -85,6 +87,7 @@ pub async fn apply(tx: &mut Tx, stream_id: &str, event: &AnyEvent) -> Result<()>
         AnyEvent::ProviderAccount(e) => apply_provider_account(tx, e).await,
         AnyEvent::Flavor(e) => apply_flavor(tx, e).await,
         AnyEvent::Instance(e) => apply_instance(tx, e).await,
+        AnyEvent::Webhook(e) => apply_webhook(tx, e).await,
     }
 }
 
@@ -151,6 +154,38 @@ async fn apply_flavor(tx: &mut Tx, event: &FlavorEvent) -> Result<()> {
         }
         FlavorEvent::Deleted(e) => {
             sql::query("DELETE FROM flavors WHERE id = $1").bind(e.flavor_id.as_str()).execute(tx.conn()).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A subscription's row: what it asks for; its secret is a sealed secret, its deliveries runtime rows.
+async fn apply_webhook(tx: &mut Tx, event: &WebhookEvent) -> Result<()> {
+    match event {
+        WebhookEvent::Created(e) => {
+            sql::query(
+                "INSERT INTO webhooks (id, tenant_id, url, event_types, description, created_at, secret_at)
+                 VALUES ($1, $2, $3, $4::jsonb, $5, ms_ts($6), ms_ts($6))",
+            )
+            .bind(e.webhook_id.as_str())
+            .bind(e.tenant_id.as_str())
+            .bind(&e.spec.url)
+            .bind(json(&e.spec.event_types)?)
+            .bind(&e.spec.description)
+            .bind(e.at_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        WebhookEvent::SecretRotated(e) => {
+            sql::query("UPDATE webhooks SET secret_at = ms_ts($2) WHERE id = $1")
+                .bind(e.webhook_id.as_str())
+                .bind(e.at_ms)
+                .execute(tx.conn())
+                .await?;
+        }
+        WebhookEvent::DeadLettersReplayed(_) => {}
+        WebhookEvent::Deleted(e) => {
+            sql::query("DELETE FROM webhooks WHERE id = $1").bind(e.webhook_id.as_str()).execute(tx.conn()).await?;
         }
     }
     Ok(())
@@ -1373,6 +1408,7 @@ pub fn handles(event_type: &str) -> bool {
         ProviderAccountEvent::event_types(),
         FlavorEvent::event_types(),
         InstanceEvent::event_types(),
+        WebhookEvent::event_types(),
     ]
     .iter()
     .any(|types| types.contains(&event_type))

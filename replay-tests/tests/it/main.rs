@@ -70,6 +70,11 @@ async fn instances() {
     replay(include_str!("../../data/instances.jsonl"), expect_file!["../../snapshots/instances.txt"]).await;
 }
 
+#[tokio::test]
+async fn webhooks() {
+    replay(include_str!("../../data/webhooks.jsonl"), expect_file!["../../snapshots/webhooks.txt"]).await;
+}
+
 /// The recorded logs, together, hold every event type this build knows: each type's `apply` in every read
 /// model is held against a checked-in snapshot.
 #[test]
@@ -83,6 +88,7 @@ fn every_event_type_appears_in_a_recorded_log() {
         include_str!("../../data/tenancy.jsonl"),
         include_str!("../../data/images.jsonl"),
         include_str!("../../data/instances.jsonl"),
+        include_str!("../../data/webhooks.jsonl"),
     ];
     let recorded: std::collections::BTreeSet<String> =
         logs.iter().flat_map(|log| parse(log).expect("parse the log")).map(|line| line.event_type.clone()).collect();
