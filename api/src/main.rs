@@ -80,6 +80,11 @@ enum Command {
     Uncordon(cli::NodeVerb),
     /// Cordon a node and follow it until what runs there has ended.
     Drain(cli::NodeVerb),
+    /// Who the CLI's token speaks for, on which server.
+    Whoami {
+        #[command(flatten)]
+        connection: cli::Connection,
+    },
     /// Fleet as code: export the sites, pools and profiles as YAML, plan a document's changes, apply them.
     #[command(subcommand)]
     Fleet(cli::FleetCommand),
@@ -672,6 +677,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Drain(args) => cli::drain(args).await,
         Command::Config(command) => cli::config(command),
         Command::Fleet(command) => cli::fleet(command).await,
+        Command::Whoami { connection } => cli::whoami(connection).await,
         Command::Completion { shell } => {
             cli::completion(shell, &mut <Cli as clap::CommandFactory>::command(), &mut std::io::stdout());
             Ok(())

@@ -339,6 +339,19 @@ async fn settle(client: &Client, path: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `whoami`: who the context's token speaks for, on which server.
+pub async fn whoami(connection: Connection) -> anyhow::Result<()> {
+    let client = connection.client()?;
+    let me = client.whoami().await?;
+    println!("server:   {}", client.base());
+    println!("tenant:   {}{}", me.tenant_id, if me.platform { " (the platform)" } else { "" });
+    println!("identity: {} ({} session)", me.identity, me.session_kind);
+    if !me.ancestors.is_empty() {
+        println!("under:    {}", me.ancestors.join(" < "));
+    }
+    Ok(())
+}
+
 /// `describe`.
 pub async fn describe(args: DescribeArgs) -> anyhow::Result<()> {
     let client = args.connection.client()?;

@@ -157,7 +157,7 @@ async fn cors_answers_the_configured_origins_only() {
 }
 
 /// A child's standard output lines, read on a thread.
-fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+pub(crate) fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead as _;
     let stdout = child.stdout.take().expect("stdout");
     let (send, lines) = std::sync::mpsc::channel();

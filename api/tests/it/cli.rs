@@ -40,6 +40,9 @@ fn json(output: &Output) -> Value {
 pub(crate) async fn the_cli_lists_reserves_describes_and_drains_through_the_api(config: &Path) {
     let view = stdout(&cli(config, &["config", "view"]));
     assert!(view.contains("* dev\thttps://") && view.contains("dev-demo"), "{view}");
+    let me = stdout(&cli(config, &["whoami", "--context", "dev-demo"]));
+    assert!(me.contains("tenant:   acme\n") && me.contains("identity: alice@acme"), "{me}");
+    assert!(stdout(&cli(config, &["whoami"])).contains("tenant:   root (the platform)"));
 
     // get, in every output format.
     let table = stdout(&cli(config, &["get", "pools", "--context", "dev-demo"]));
@@ -80,16 +83,7 @@ pub(crate) async fn the_cli_lists_reserves_describes_and_drains_through_the_api(
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start a watch");
-    let (lines, seen) = std::sync::mpsc::channel();
-    let watched = watch.stdout.take().expect("stdout");
-    std::thread::spawn(move || {
-        use std::io::BufRead as _;
-        for line in std::io::BufReader::new(watched).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let seen = crate::browser::lines_of(&mut watch);
     let wait = std::time::Duration::from_secs(60);
     let header = seen.recv_timeout(wait).expect("the watch's header");
     assert!(header.starts_with("ID") && header.contains("STATE"), "{header}");

@@ -147,21 +147,6 @@ fn the_console_builds_pages_without_html_strings_and_loads_nothing_from_elsewher
     }
 }
 
-/// A child's standard output lines, read on a thread.
-fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
-    use std::io::BufRead as _;
-    let stdout = child.stdout.take().expect("stdout");
-    let (send, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            if send.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    lines
-}
-
 /// The browser driver's next line, which must start with `wanted`; the words after it.
 fn expect_line(lines: &std::sync::mpsc::Receiver<String>, wanted: &str) -> Vec<String> {
     let line = lines
@@ -231,7 +216,7 @@ async fn the_console_in_headless_chromium_shows_every_view_and_what_the_api_chan
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start the browser driver (pip install selenium; apt install chromium chromium-driver)");
-    let lines = lines_of(&mut browser);
+    let lines = crate::browser::lines_of(&mut browser);
     let mut say = browser.stdin.take().expect("stdin");
     let mut tell = |line: &str| writeln!(say, "{line}").and_then(|()| say.flush()).expect("tell the browser driver");
     let hear = |wanted: &str| tokio::task::block_in_place(|| expect_line(&lines, wanted));
