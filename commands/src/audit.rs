@@ -10,9 +10,7 @@
 //! visible late (a transaction that committed after the hour closed, or one ordered after a later entry) lands in
 //! the next checkpoint instead of being left out.
 
-use bc_domain::audit::{
-    self, AuditRecord, CLOSE_AFTER_MS, CheckpointBody, CheckpointClaim, Failure, GENESIS, HOUR_MS, Hash,
-};
+use bc_domain::audit::{self, CLOSE_AFTER_MS, CheckpointBody, CheckpointClaim, Failure, GENESIS, HOUR_MS, Hash};
 use bc_domain::id::TenantId;
 use bc_eventstore::{Position, TxOptions, clock};
 
@@ -64,27 +62,6 @@ pub struct AuditProof {
 pub enum AuditScope {
     OwnTenant,
     Fleet,
-}
-
-impl From<&AuditEntry> for AuditRecord {
-    fn from(e: &AuditEntry) -> Self {
-        AuditRecord {
-            position: e.position.clone(),
-            stream_id: e.stream_id.clone(),
-            stream_version: e.stream_version,
-            event_type: e.event_type.clone(),
-            tenant_id: e.tenant_id.clone(),
-            decision: e.decision.clone(),
-            reason: e.reason.clone(),
-            identity: e.identity.clone(),
-            session_kind: e.session_kind.clone(),
-            agent: e.agent.clone(),
-            delegation: e.delegation.clone(),
-            request_id: e.request_id.clone(),
-            admission_tenant_id: e.admission_tenant_id.clone(),
-            recorded_at_ms: e.recorded_at_ms,
-        }
-    }
 }
 
 fn view(row: CheckpointRow, leaves: &[LeafRow]) -> CheckpointView {
@@ -201,7 +178,7 @@ impl App {
         };
         let leaves = entries
             .iter()
-            .map(|e| Ok(LeafRow { position: position_of(e)?, leaf_hash: AuditRecord::from(e).leaf_hash().to_vec() }))
+            .map(|e| Ok(LeafRow { position: position_of(e)?, leaf_hash: e.leaf_hash().to_vec() }))
             .collect::<AppResult<Vec<_>>>()?;
         let hashes: Vec<Hash> = leaves.iter().map(|l| hash_of(&l.leaf_hash)).collect();
         let body = CheckpointBody {
@@ -332,8 +309,7 @@ impl App {
             let claim = claim(row, &leaves);
             let entries =
                 rows::entries_between(&mut tx, &table, &row.tenant_id, &row.first_position, &row.last_position).await?;
-            let records: Vec<AuditRecord> = entries.iter().map(AuditRecord::from).collect();
-            found.extend(audit::verify_entries(&claim, &records));
+            found.extend(audit::verify_entries(&claim, &entries));
             claims.push(claim);
         }
         tx.commit().await?;

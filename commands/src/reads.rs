@@ -207,27 +207,9 @@ pub struct CapacityView {
     pub available: i64,
 }
 
-/// One entry of a tenant's audit trail: an allowed mutation with its admission context, or a recorded denial.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AuditEntry {
-    pub position: String,
-    pub stream_id: String,
-    pub stream_version: i64,
-    pub event_type: String,
-    pub tenant_id: Option<String>,
-    /// `allowed` or `denied`.
-    pub decision: String,
-    pub reason: Option<String>,
-    pub identity: Option<String>,
-    pub session_kind: Option<String>,
-    pub agent: Option<String>,
-    pub delegation: Option<String>,
-    pub request_id: Option<String>,
-    pub admission_tenant_id: Option<String>,
-    #[serde(rename = "recordedAt")]
-    pub recorded_at_ms: i64,
-}
+/// One entry of a tenant's audit trail: an allowed mutation with its admission context, or a recorded denial
+/// (`decision` is `allowed` or `denied`). The same record the audit checkpoints hash into their leaves.
+pub use bc_domain::audit::AuditRecord as AuditEntry;
 
 /// Filters of `reservations.list`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -25,8 +25,10 @@ pub fn hour_of(at_ms: i64) -> i64 {
     at_ms.div_euclid(HOUR_MS) * HOUR_MS
 }
 
-/// One entry of the audit trail, field for field as the API shows it: what a leaf is made of.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One entry of the audit trail, field for field as the API shows it: what a leaf is made of. The write side
+/// reads it from the audit read model's rows as it is (`bc_commands::reads::AuditEntry`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct AuditRecord {
     pub position: String,
     pub stream_id: String,
@@ -41,6 +43,7 @@ pub struct AuditRecord {
     pub delegation: Option<String>,
     pub request_id: Option<String>,
     pub admission_tenant_id: Option<String>,
+    #[serde(rename = "recordedAt")]
     pub recorded_at_ms: i64,
 }
 

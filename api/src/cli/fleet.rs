@@ -242,6 +242,9 @@ pub struct Plan {
     changes: Vec<Change>,
     kept: Vec<String>,
     key: String,
+    /// The ids of the live sites and pools, by name, as the plan read them.
+    site_ids: BTreeMap<String, String>,
+    pool_ids: BTreeMap<String, String>,
 }
 
 impl Plan {
@@ -469,14 +472,15 @@ pub async fn plan(client: &Client, document: &FleetDocument, prune: bool) -> any
     hash.update(serde_json::to_vec(&(&live.sites, &live.pools, &live.profiles))?);
     hash.update(serde_json::to_vec(document)?);
     let key = format!("fleet-{}", &hex::encode(hash.finalize())[..32]);
-    Ok(Plan { changes, kept, key })
+    let site_ids = live.sites.iter().map(|s| (s.name.clone(), s.id.clone())).collect();
+    let pool_ids = live.pools.iter().map(|p| (p.name.clone(), p.id.clone())).collect();
+    Ok(Plan { changes, kept, key, site_ids, pool_ids })
 }
 
 /// Does what `plan` says, in order: sites, pools, pools' changes, offers, profiles, then what `--prune`
 /// removes (offers, pools, sites). Prints each change as it is made.
 pub async fn apply(client: &Client, plan: &Plan) -> anyhow::Result<()> {
-    let mut site_ids: BTreeMap<String, String> = client.sites().await?.into_iter().map(|s| (s.name, s.id)).collect();
-    let mut pool_ids: BTreeMap<String, String> = client.pools().await?.into_iter().map(|p| (p.name, p.id)).collect();
+    let (mut site_ids, mut pool_ids) = (plan.site_ids.clone(), plan.pool_ids.clone());
     let key = |what: &str| format!("{}-{}", plan.key, &hex::encode(Sha256::digest(what.as_bytes()))[..16]);
     for change in &plan.changes {
         match change {
