@@ -39,11 +39,13 @@ export class ApiError extends Error {
    * @param {number} status
    * @param {string} code
    * @param {string} message
+   * @param {Record<string, any>} [details] what names the problem (a field, or a refused reserve's explanation)
    */
-  constructor(status, code, message) {
+  constructor(status, code, message, details) {
     super(`${code}: ${message}`);
     this.status = status;
     this.code = code;
+    this.details = details ?? {};
   }
 }
 
@@ -117,6 +119,7 @@ async function call(method, path, params = {}, body = undefined) {
       answer.status,
       error?.error?.code ?? `HTTP_${answer.status}`,
       error?.error?.message ?? answer.statusText,
+      error?.error?.details,
     );
   }
   return json;

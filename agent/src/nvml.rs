@@ -44,6 +44,14 @@ pub fn gpus() -> Result<Gpus, NvmlUnavailable> {
     Err(NvmlUnavailable::new("this build of the agent has no NVML support (the `nvml` feature is off)"))
 }
 
+/// Each GPU's utilization now, as NVML samples it (`utilization.gpu`); none where NVML is not available.
+pub fn utilization() -> Vec<bc_domain::agent::GpuSample> {
+    #[cfg(feature = "nvml")]
+    return device::utilization();
+    #[cfg(not(feature = "nvml"))]
+    Vec::new()
+}
+
 /// This machine's inventory: the host's facts and NVML's GPUs, with the warnings of both reads (including why
 /// there are no GPUs, when NVML is not available).
 pub fn local_inventory(hostname: Option<&str>) -> (NodeInventory, Vec<String>) {
@@ -173,6 +181,21 @@ mod tests {
                 assert!(found.sections.iter().all(|g| g.info.uuid.as_str().starts_with("GPU-")), "{found:?}");
             }
         }
+    }
+
+    #[test]
+    fn without_nvml_nothing_is_sampled_and_with_it_each_sample_is_one_of_its_gpus() {
+        let samples = utilization();
+        match gpus() {
+            Err(_) => assert!(samples.is_empty(), "{samples:?}"),
+            Ok(found) => {
+                assert!(samples.len() <= found.sections.len(), "{samples:?}");
+                for sample in &samples {
+                    assert!(found.sections.iter().any(|g| g.info.uuid == sample.gpu), "{sample:?} is not a GPU here");
+                }
+            }
+        }
+        assert_eq!(bc_domain::agent::check_gpu_samples(&samples), Ok(()), "the control plane takes them");
     }
 
     #[test]

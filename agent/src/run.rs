@@ -42,6 +42,14 @@ impl InventorySource {
         (InventorySource::Simulated(shared.clone()), shared)
     }
 
+    /// Each GPU's utilization now: NVML's samples on a real machine, none on a simulated one.
+    pub fn utilization(&self) -> Vec<bc_domain::agent::GpuSample> {
+        match self {
+            InventorySource::Local { .. } => crate::nvml::utilization(),
+            InventorySource::Simulated(_) => Vec::new(),
+        }
+    }
+
     /// Reads the inventory now.
     pub fn read(&self) -> NodeInventory {
         match self {
@@ -437,6 +445,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> any
                 session_id: state.session.session_id.clone(),
                 observed_generation: state.observed_generation,
                 clock_ms: now_ms(),
+                gpu_utilization: config.inventory.utilization(),
             };
             match state.client.heartbeat(&beat).await {
                 Ok(reply) => {

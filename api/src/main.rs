@@ -80,6 +80,9 @@ enum Command {
     Uncordon(cli::NodeVerb),
     /// Cordon a node and follow it until what runs there has ended.
     Drain(cli::NodeVerb),
+    /// The GPU-hour ledger: per pool and UTC hour the capacity, booked and free GPU-hours, per tenant the booked,
+    /// bound and idle ones (`-o table|csv|json`).
+    Ledger(cli::ledger::LedgerArgs),
     /// Who the CLI's token speaks for, on which server.
     Whoami {
         #[command(flatten)]
@@ -677,6 +680,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Drain(args) => cli::drain(args).await,
         Command::Config(command) => cli::config(command),
         Command::Fleet(command) => cli::fleet(command).await,
+        Command::Ledger(args) => cli::ledger::ledger(args).await,
         Command::Whoami { connection } => cli::whoami(connection).await,
         Command::Completion { shell } => {
             cli::completion(shell, &mut <Cli as clap::CommandFactory>::command(), &mut std::io::stdout());

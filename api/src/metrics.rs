@@ -4,8 +4,8 @@
 //! one read-only snapshot: the log's appends, each projection's applied events and lag (events and seconds), the
 //! horizon (how old the oldest transaction holding it back is, and how many transaction ids it trails), the work
 //! queue's depth and the age of its oldest due item, the leases held, by kind, by this process and by any, and the
-//! fleet per pool: atoms by resource (all, allocatable, allocated, reserved, available), nodes by state, and the
-//! agents' sessions with the age of the stalest live heartbeat.
+//! fleet per pool: atoms by resource (all, allocatable, allocated, reserved, available), nodes by state, the
+//! agents' sessions with the age of the stalest live heartbeat, and the GPU-hour ledger's last and current hours.
 //!
 //! Names follow Prometheus's conventions, which `tests/it/dashboard.rs` checks on a real scrape: the `bc_` prefix,
 //! snake case, base units at the end (`_seconds`), counters' samples ending in `_total` (the encoder adds it), and
@@ -379,6 +379,32 @@ fn encode_fleet(encoder: &mut DescriptorEncoder, fleet: &FleetFigures) -> Result
     for s in &fleet.sessions {
         let labels = [("pool", s.pool_id.as_str())];
         ConstGauge::new(s.oldest_heartbeat_age_seconds).encode(oldest.encode_family(&labels)?)?;
+    }
+    encode_ledger(encoder, fleet)
+}
+
+/// The GPU-hour ledger's last and current hours per pool: capacity split into bound, idle and free atom-seconds
+/// (summing over `kind` gives the capacity; bound and idle make up what was booked).
+fn encode_ledger(encoder: &mut DescriptorEncoder, fleet: &FleetFigures) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "ledger_atom_seconds",
+        "The GPU-hour ledger's atom-seconds per pool in the last and the current UTC hour (the current one as booked \
+         so far, its later minutes included), by kind: bound (booked and active), idle (booked, not active) and free \
+         (not booked); their sum is the pool's capacity (from the ledger read model, which trails the log by its lag)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for l in &fleet.ledger {
+        let seconds = |atom_ms: i64| atom_ms as f64 / 1000.0;
+        let kinds = [
+            ("bound", seconds(l.bound)),
+            ("idle", seconds(l.booked - l.bound)),
+            ("free", seconds(l.capacity - l.booked)),
+        ];
+        for (kind, value) in kinds {
+            let labels = [("pool", l.pool_id.as_str()), ("hour", l.hour), ("kind", kind)];
+            ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+        }
     }
     Ok(())
 }

@@ -69,7 +69,12 @@ struct SimAgent {
 
 impl SimAgent {
     fn beat(&self) -> Heartbeat {
-        Heartbeat { session_id: self.session.clone(), observed_generation: self.generation, clock_ms: wall_ms() }
+        Heartbeat {
+            session_id: self.session.clone(),
+            observed_generation: self.generation,
+            clock_ms: wall_ms(),
+            gpu_utilization: Vec::new(),
+        }
     }
 }
 

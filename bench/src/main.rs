@@ -34,6 +34,9 @@ enum BenchCommand {
     /// Rebuild rate of every read model from a large generated log, beside an INSERT ... SELECT of as many rows,
     /// and the read models' lag while writers append.
     Projections(BenchProjectionsArgs),
+    /// Rebuild rate of the GPU-hour ledger from a generated log of reservations placed, bound and released, beside
+    /// INSERT ... SELECT of as many rows as the log has events and of the rows the ledger writes, and its reads.
+    Ledger(BenchLedgerArgs),
     /// Reserve-then-release cycles through the HTTP API next to the command layer at 16 clients, and SSE fan-out:
     /// commit-to-delivery latency to many subscribers while reservations are made.
     Http(BenchHttpArgs),
@@ -179,6 +182,21 @@ struct BenchHttpArgs {
     /// Reservations per second made during the fan-out run.
     #[arg(long, default_value_t = 50)]
     rate: u32,
+
+    /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+
+    /// Keep the cluster's folder afterwards.
+    #[arg(long)]
+    keep: bool,
+}
+
+#[derive(Debug, Args)]
+struct BenchLedgerArgs {
+    /// Reservations in the generated log (six events each).
+    #[arg(long, default_value_t = 200_000)]
+    reservations: u64,
 
     /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
     #[arg(long)]
@@ -375,6 +393,15 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
                 data_dir: args.data_dir,
                 keep: args.keep,
                 generate_only: args.generate_only,
+            })
+            .await
+        }
+
+        BenchCommand::Ledger(args) => {
+            bc_bench::ledger(bc_bench::LedgerBenchConfig {
+                reservations: args.reservations,
+                data_dir: args.data_dir,
+                keep: args.keep,
             })
             .await
         }

@@ -52,6 +52,7 @@ fn templates() -> anyhow::Result<Vec<NewEvent>> {
             quota_holder: None,
             pending_deadline_ms: at_ms,
             at_ms,
+            explanation: None,
         }),
         ReservationEvent::Placed(Placed {
             allocations: vec![Allocation {
@@ -64,6 +65,7 @@ fn templates() -> anyhow::Result<Vec<NewEvent>> {
             end_ms: at_ms + 3_600_000,
             lease_deadline_ms: None,
             at_ms,
+            explanation: None,
         }),
         ReservationEvent::Cancelled(Cancelled { at_ms: at_ms + 60_000, reason: None }),
     ];
@@ -96,7 +98,7 @@ async fn generate(db: &Db, reservations: i64) -> anyhow::Result<()> {
 
 /// Runs one read model from `0-0-0` until it has passed `total` events, the way the daemon runs it (batches
 /// growing while behind, the next read while one is applied). Returns events per second.
-async fn rebuild_rate(db: &Db, projection: &Arc<dyn Projection>, total: i64) -> anyhow::Result<f64> {
+pub(crate) async fn rebuild_rate(db: &Db, projection: &Arc<dyn Projection>, total: i64) -> anyhow::Result<f64> {
     let held = lease::acquire(db, &projection.lease_name(), "prc_bench", Duration::from_secs(3600))
         .await?
         .context("the projection lease is held")?;

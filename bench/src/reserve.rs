@@ -86,15 +86,15 @@ async fn cycles(
     clients: usize,
     run_for: Duration,
     scalars: &[(&str, u64)],
+    tag: &'static str,
 ) -> anyhow::Result<f64> {
     let (app, pool) = (app.clone(), pool.clone());
     let resources: std::collections::BTreeMap<String, u64> =
         scalars.iter().map(|(r, n)| ((*r).to_owned(), *n)).collect();
-    let tag = if scalars.is_empty() { "c" } else { "s" };
     drive(clients, run_for, move |client, n| {
         let (app, pool, resources) = (app.clone(), pool.clone(), resources.clone());
         async move {
-            let who = bench_caller(&format!("cycle-{clients}-{client}"))?;
+            let who = bench_caller(&format!("cycle-{tag}-{clients}-{client}"))?;
             let request = ReservationRequest { resources, ..gpu_request(&pool, 1) };
             let reserved = app.reserve(&who, Reserve { idempotency_key: format!("{tag}{n}"), request }).await?;
             app.cancel_reservation(&who, &reserved.value.reservation.id, None).await?;
@@ -102,6 +102,64 @@ async fn cycles(
         }
     })
     .await
+}
+
+/// What recording each decision's explanation costs: the cycles with and without it (alternating, so the noise
+/// of the shared machine falls on both), and a refusal in a full pool of 1,000 nodes, the one path that reads
+/// every node of the pool to say why each was passed over.
+async fn explanation_cost(
+    app: &App,
+    db: &Db,
+    site: &SiteId,
+    cycle_pool: &PoolId,
+    config: &ReserveBenchConfig,
+) -> anyhow::Result<()> {
+    let mut plain = app.clone();
+    plain.explain = false;
+    println!();
+    for clients in [1usize, 16] {
+        let with = cycles(app, cycle_pool, clients, config.run_for, &[], "ew").await?;
+        let without = cycles(&plain, cycle_pool, clients, config.run_for, &[], "eo").await?;
+        println!(
+            "  explanations, {clients:>2} clients: {with:>7.1} cycles/s explained, {without:>7.1} without (ratio {:.3})",
+            with / without
+        );
+    }
+    let owner = bench_caller("operator@bench")?;
+    let full = app.create_pool(&owner, h100_pool(site, "full")).await?.value;
+    bulk_fleet(db, &full, site, 300_000, 1_000, 8, 1_000).await?;
+    let who = bench_caller("refused@bench")?;
+    let refusals = |app: App, tag: &'static str| {
+        let (full, who) = (full.clone(), who.clone());
+        async move {
+            let mut latencies = Vec::with_capacity(config.samples);
+            for n in 0..config.samples {
+                let request = ReservationRequest { wait: false, ..gpu_request(&full, 8) };
+                let started = Instant::now();
+                let refused = app.reserve(&who, Reserve { idempotency_key: format!("{tag}{n}"), request }).await;
+                latencies.push(started.elapsed());
+                anyhow::ensure!(
+                    refused.as_ref().is_err_and(|err| err.code() == "CAPACITY_UNAVAILABLE"),
+                    "a request in a full pool was not refused: {refused:?}"
+                );
+            }
+            latencies.sort();
+            Ok::<_, anyhow::Error>(latencies)
+        }
+    };
+    let with = refusals(app.clone(), "rw").await?;
+    let without = refusals(plain, "ro").await?;
+    let ms = |l: &[Duration], p| percentile(l, p).as_secs_f64() * 1000.0;
+    println!(
+        "  a refusal in a full pool of 1,000 nodes x 8 GPUs ({} samples): p50 {:.1} ms explained (p99 {:.1}), {:.1} ms          without (p99 {:.1}); ratio of p50s {:.2}",
+        with.len(),
+        ms(&with, 0.5),
+        ms(&with, 0.99),
+        ms(&without, 0.5),
+        ms(&without, 0.99),
+        ms(&without, 0.5) / ms(&with, 0.5),
+    );
+    Ok(())
 }
 
 /// Forgets what pg_stat_statements counted so far.
@@ -189,7 +247,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
             reset_statements(&db).await?;
         }
         let retried = bc_eventstore::retries();
-        let rust = cycles(&app, &cycle_pool, clients, config.run_for, &[]).await?;
+        let rust = cycles(&app, &cycle_pool, clients, config.run_for, &[], "c").await?;
         let retries = crate::retries_per_cycle(&retried, (rust * config.run_for.as_secs_f64()).round() as usize);
         if profiled {
             print_statements(&db).await?;
@@ -207,7 +265,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
             ceiling / inserts,
         );
         let scalars = [("vcpu", 8), ("memoryGiB", 64)];
-        let with_scalars = cycles(&app, &scalar_pool, clients, config.run_for, &scalars).await?;
+        let with_scalars = cycles(&app, &scalar_pool, clients, config.run_for, &scalars, "s").await?;
         println!(
             "      with 8 vCPUs and 64 GiB beside the GPU: {with_scalars:>7.1} cycles/s (ratio {:.4} of the INSERT, {:.2} of \
              the GPU alone)",
@@ -243,6 +301,7 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         percentile(&latencies, 0.5).as_secs_f64() * 1000.0,
         percentile(&latencies, 0.99).as_secs_f64() * 1000.0,
     );
+    explanation_cost(&app, &db, &site, &cycle_pool, &config).await?;
     db.close().await;
     drop(bench);
     Ok(())

@@ -19,9 +19,11 @@ use std::time::Duration;
 
 use bc_wire::ErrorBody;
 use bc_wire::audit::{AuditKeyDto, AuditProofDto, CheckpointDto};
+use bc_wire::explanations::ReservationExplanationDto;
 use bc_wire::fleet::{AuditDto, AvailabilityDto, PoolDto, SiteDto};
 use bc_wire::nodes::{CommandDto, CommandListDto, ForceBody, InventoryDto, NodeChangedDto, NodeDto, VerbBody};
 use bc_wire::ops::EventDto;
+use bc_wire::quotes::{QuoteBody, QuoteDto};
 use bc_wire::reservations::{CancelBody, ReservationDto, ReserveBody};
 use reqwest::Method;
 use serde::Serialize;
@@ -88,6 +90,15 @@ pub struct EarliestStartQuery {
     pub not_before_ms: Option<i64>,
     /// `gpu`, `mig`, `slot` or `node`; the pool's own atom when left out.
     pub class: Option<String>,
+}
+
+/// The hours `GET /v1/ledger` answers: `[from_ms, to_ms)` rounded out to whole UTC hours (the last 24 by
+/// default), of one pool or of every pool the caller sees.
+#[derive(Debug, Clone, Default)]
+pub struct LedgerQuery {
+    pub pool: Option<String>,
+    pub from_ms: Option<i64>,
+    pub to_ms: Option<i64>,
 }
 
 /// A client of one server, with one bearer token.
@@ -290,6 +301,15 @@ impl Client {
         self.get(&format!("/v1/reservations/{}", encode(id))).await
     }
 
+    /// Why a reservation's last placement decision went as it did (`at`: as the log stood at that position).
+    pub async fn explanation(&self, id: &str, at: Option<&str>) -> Result<ReservationExplanationDto, Error> {
+        let mut path = format!("/v1/reservations/{}/explanation", encode(id));
+        if let Some(at) = at {
+            path.push_str(&format!("?at={}", encode(at)));
+        }
+        self.get(&path).await
+    }
+
     /// The audit trail of the caller's tenant, oldest first.
     pub async fn audit(&self) -> Result<Vec<AuditDto>, Error> {
         self.all("/v1/audit").await
@@ -357,9 +377,38 @@ impl Client {
         }
     }
 
+    /// The GPU-hour ledger: per pool and hour its capacity, booked and free atom-hours; per tenant its booked,
+    /// bound and idle ones.
+    pub async fn ledger(&self, query: &LedgerQuery) -> Result<bc_wire::ledger::LedgerDto, Error> {
+        let mut params = form_urlencoded::Serializer::new(String::new());
+        if let Some(pool) = &query.pool {
+            params.append_pair("pool", pool);
+        }
+        if let Some(from) = query.from_ms {
+            params.append_pair("from", &from.to_string());
+        }
+        if let Some(to) = query.to_ms {
+            params.append_pair("to", &to.to_string());
+        }
+        let params = params.finish();
+        self.get(&if params.is_empty() { "/v1/ledger".to_owned() } else { format!("/v1/ledger?{params}") }).await
+    }
+
     /// Makes a reservation; `idempotency_key` makes a retry answer the same one.
     pub async fn reserve(&self, body: &ReserveBody, idempotency_key: &str) -> Result<ReservationDto, Error> {
         self.send(Method::POST, "/v1/reservations", body, Some(idempotency_key)).await
+    }
+
+    /// The quote of a request in `pool`: the exact devices and window it would get now, and the token that books
+    /// them ([`Client::book`]). Writes nothing.
+    pub async fn quote(&self, pool: &str, body: &QuoteBody) -> Result<QuoteDto, Error> {
+        self.send(Method::POST, &format!("/v1/pools/{}/quotes", encode(pool)), body, None).await
+    }
+
+    /// Books exactly what `quote` quoted (its `reserve` body, unchanged), or fails with `QUOTE_STALE` naming what
+    /// changed; `idempotency_key` makes a retry answer the same reservation.
+    pub async fn book(&self, quote: &QuoteDto, idempotency_key: &str) -> Result<ReservationDto, Error> {
+        self.reserve(&quote.reserve, idempotency_key).await
     }
 
     pub async fn cancel(&self, id: &str, reason: Option<String>) -> Result<ReservationDto, Error> {

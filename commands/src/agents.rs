@@ -786,6 +786,7 @@ impl App {
     /// log must record something (the node back to `connected`, a newly observed generation, clock skew crossing
     /// its limit) does it run a command transaction as well.
     pub async fn heartbeat(&self, node: &NodeAuth, beat: &Heartbeat) -> AppResult<HeartbeatReply> {
+        bc_domain::agent::check_gpu_samples(&beat.gpu_utilization)?;
         let row = self.renew(self.beat_item(agents::Beater::Node(node.node_id.clone()), beat)).await?;
         let Some(row) = row else {
             return Err(Rejection::Conflict(format!(
@@ -812,6 +813,7 @@ impl App {
         if !credential.starts_with(CREDENTIAL_PREFIX) {
             return Err(Rejection::Unauthenticated(format!("a node credential starts with {CREDENTIAL_PREFIX}")).into());
         }
+        bc_domain::agent::check_gpu_samples(&beat.gpu_utilization)?;
         let hash = bc_domain::sha256_hex(credential);
         let beater = agents::Beater::CredentialHash(hash, certified.map(str::to_owned));
         let row = self.renew(self.beat_item(beater, beat)).await?;
@@ -867,6 +869,9 @@ impl App {
         if connectivity != "connected" || newly_observed || skewed != skew_raised {
             self.heartbeat_changes(node, beat.observed_generation, skew_ms).await?;
         }
+        if !beat.gpu_utilization.is_empty() {
+            self.record_utilization(&node.node_id, &beat.gpu_utilization).await;
+        }
         Ok(HeartbeatReply {
             lease_expires_ms: row.expires_ms,
             generation,
@@ -877,6 +882,16 @@ impl App {
             },
             commands_waiting: row.waiting,
         })
+    }
+
+    /// Adds a heartbeat's GPU samples to the node's current hour: one more statement, only for a heartbeat that
+    /// carries samples. The samples only feed the ledger's utilization, so a failed write loses them and the
+    /// heartbeat still counts.
+    async fn record_utilization(&self, node_id: &NodeId, samples: &[bc_domain::agent::GpuSample]) {
+        let call = agents::utilization_call(node_id, samples);
+        if let Err(err) = self.db.call(TxOptions::READ_COMMITTED, &call).await {
+            tracing::warn!(node = %node_id, error = %err, "a heartbeat's GPU utilization samples were not recorded");
+        }
     }
 
     async fn heartbeat_changes(&self, node: &NodeAuth, observed_generation: u64, skew_ms: i64) -> AppResult<()> {

@@ -3,11 +3,11 @@
 
 use bc_domain::Rejection;
 use bc_domain::device::DeviceClass;
-use bc_domain::id::{DeviceId, NodeId, PoolId};
-use bc_domain::placement;
+use bc_domain::id::{DeviceId, NodeId, PoolId, ReservationId, TenantId};
+use bc_domain::placement::{self, PlannedAllocation};
 use bc_domain::pool::governing_offer;
-use bc_domain::reservation::{DeviceRequest, MAX_AHEAD_MS};
-use bc_eventstore::{TxOptions, clock};
+use bc_domain::reservation::{self, DeviceRequest, MAX_AHEAD_MS};
+use bc_eventstore::{Tx, TxOptions, clock};
 
 pub use super::store::hints::FreeCountSeen;
 use super::store::{self, PoolRow, hints};
@@ -36,45 +36,76 @@ pub struct FreeAtoms {
     pub atoms: Vec<DeviceId>,
 }
 
-fn round_up_to_second(ms: i64) -> i64 {
+pub(crate) fn round_up_to_second(ms: i64) -> i64 {
     (ms + 999).div_euclid(1000) * 1000
 }
 
-/// One earliest-start question, asked of one candidate start at a time.
-struct Ask<'a> {
-    caller: &'a Caller,
-    pool: &'a PoolRow,
-    devices: &'a DeviceRequest,
-    quota: Option<u32>,
-    duration_ms: i64,
-    probe: &'a bc_domain::id::ReservationId,
+/// One placement question, asked of one candidate start at a time: which atoms the request would get over a window,
+/// within the tenant's quota at every instant of it. The earliest-start query and the quotes ask it.
+pub(crate) struct Ask<'a> {
+    pub tenant: &'a TenantId,
+    pub pool: &'a PoolRow,
+    pub devices: &'a DeviceRequest,
+    pub quota: Option<u32>,
+    pub duration_ms: i64,
+    /// The id placement's ties are spread by.
+    pub probe: &'a ReservationId,
 }
 
 impl Ask<'_> {
-    /// Whether the request fits the pool over `[start, start + duration)`, within the caller's quota.
-    async fn fits(&self, tx: &mut bc_eventstore::Tx, start: i64) -> AppResult<bool> {
+    /// The atoms the request would get over `[start, start + duration)` (placement's own choice, best fit first),
+    /// when it fits the pool then within the tenant's quota; `None` when it does not.
+    pub(crate) async fn plan_at(&self, tx: &mut Tx, start: i64) -> AppResult<Option<Vec<PlannedAllocation>>> {
         let end = start + self.duration_ms;
-        if self.devices.class == DeviceClass::Node {
+        let plan = if self.devices.class == DeviceClass::Node {
             let machines = store::whole_nodes::candidates(tx, &self.pool.id, self.devices, start, end).await?;
-            if placement::plan(self.probe, self.devices, &machines).is_none() {
-                return Ok(false);
+            placement::plan(self.probe, self.devices, &machines)
+        } else {
+            let summary = store::summary_candidates(tx, &self.pool.id, self.devices, start, 0).await?;
+            match placement::plan(self.probe, self.devices, &summary) {
+                Some(plan) => Some(plan),
+                None => {
+                    let candidates = store::candidates(tx, &self.pool.id, self.devices, start, end).await?;
+                    placement::plan(self.probe, self.devices, &candidates)
+                }
             }
-        } else if placement::plan(
-            self.probe,
-            self.devices,
-            &store::summary_candidates(tx, &self.pool.id, self.devices, start, 0).await?,
-        )
-        .is_none()
-        {
-            let candidates = store::candidates(tx, &self.pool.id, self.devices, start, end).await?;
-            if placement::plan(self.probe, self.devices, &candidates).is_none() {
-                return Ok(false);
+        };
+        let Some(plan) = plan else { return Ok(None) };
+        let Some(quota) = self.quota else { return Ok(Some(plan)) };
+        let resource = self.devices.class.as_str();
+        let peak = store::peak_usage(tx, self.tenant, &self.pool.id, resource, start, end).await?;
+        Ok(reservation::within_quota(peak, self.devices.count, quota).then_some(plan))
+    }
+
+    /// The earliest start at or after `first` (and no later than `horizon`) at which [`Ask::plan_at`] finds a
+    /// plan, with that plan. Capacity only frees when a booking ends, so the candidates are `first` and every
+    /// booking end after it, read a page at a time in order; the search stops at the first that fits, or after
+    /// [`MAX_CANDIDATE_STARTS`].
+    pub(crate) async fn earliest(
+        &self,
+        tx: &mut Tx,
+        first: i64,
+        horizon: i64,
+    ) -> AppResult<Option<(i64, Vec<PlannedAllocation>)>> {
+        // Most requests fit at once: the booking ends are read only when they do not.
+        if let Some(plan) = self.plan_at(tx, first).await? {
+            return Ok(Some((first, plan)));
+        }
+        let (mut after, mut tried) = (first, 0);
+        while tried < MAX_CANDIDATE_STARTS {
+            let page = ENDS_PAGE.min(MAX_CANDIDATE_STARTS - tried);
+            let ends = store::booking_ends(tx, &self.pool.id, after, horizon, page).await?;
+            for &start in &ends {
+                if let Some(plan) = self.plan_at(tx, start).await? {
+                    return Ok(Some((start, plan)));
+                }
+            }
+            match ends.last() {
+                Some(&last) if ends.len() as i64 == page => (after, tried) = (last, tried + page),
+                _ => break,
             }
         }
-        let Some(quota) = self.quota else { return Ok(true) };
-        let resource = self.devices.class.as_str();
-        let peak = store::peak_usage(tx, &self.caller.tenant_id, &self.pool.id, resource, start, end).await?;
-        Ok(peak + i64::from(self.devices.count) <= i64::from(quota))
+        Ok(None)
     }
 }
 
@@ -83,7 +114,7 @@ impl App {
     /// the caller there (`None` for the owner).
     async fn visible_pool(
         &self,
-        tx: &mut bc_eventstore::Tx,
+        tx: &mut Tx,
         caller: &Caller,
         pool_id: &PoolId,
         resource: &str,
@@ -100,8 +131,7 @@ impl App {
     }
 
     /// The earliest start at or after `not_before` (or now) at which the request fits the pool for its whole
-    /// duration, within the caller's quota; `None` when it fits nowhere in the next 366 days. Capacity only
-    /// frees when a booking ends, so the candidates are the first possible second and every booking end after it.
+    /// duration, within the caller's quota; `None` when it fits nowhere in the next 366 days.
     pub async fn earliest_start(&self, caller: &Caller, query: &EarliestStart) -> AppResult<Option<i64>> {
         if query.devices.count == 0 || query.duration_s == 0 {
             return Err(
@@ -118,32 +148,13 @@ impl App {
         let now_ms = clock::compute_now_ms(&mut tx).await?;
         let first = round_up_to_second(query.not_before_ms.unwrap_or(now_ms).max(now_ms));
         let horizon = now_ms + MAX_AHEAD_MS;
-        let probe = bc_domain::id::ReservationId::derive(&caller.tenant_id, &caller.identity, "availability");
+        let probe = ReservationId::derive(&caller.tenant_id, &caller.identity, "availability");
         let duration_ms = query.duration_s as i64 * 1000;
-        let ask = Ask { caller, pool: &pool, devices: &query.devices, quota, duration_ms, probe: &probe };
-        // Most requests fit at once: the booking ends are read only when they do not.
-        if ask.fits(&mut tx, first).await? {
-            tx.commit().await?;
-            return Ok(Some(first));
-        }
-        // The ends are read a page at a time, in order, and the search stops at the first that fits.
-        let (mut after, mut tried) = (first, 0);
-        while tried < MAX_CANDIDATE_STARTS {
-            let page = ENDS_PAGE.min(MAX_CANDIDATE_STARTS - tried);
-            let ends = store::booking_ends(&mut tx, &pool.id, after, horizon, page).await?;
-            for &start in &ends {
-                if ask.fits(&mut tx, start).await? {
-                    tx.commit().await?;
-                    return Ok(Some(start));
-                }
-            }
-            match ends.last() {
-                Some(&last) if ends.len() as i64 == page => (after, tried) = (last, tried + page),
-                _ => break,
-            }
-        }
+        let ask =
+            Ask { tenant: &caller.tenant_id, pool: &pool, devices: &query.devices, quota, duration_ms, probe: &probe };
+        let found = ask.earliest(&mut tx, first, horizon).await?;
         tx.commit().await?;
-        Ok(None)
+        Ok(found.map(|(start, _)| start))
     }
 
     /// The atoms of the pool that are free over the whole of `[start, end)` on schedulable nodes.
@@ -171,7 +182,7 @@ impl App {
                 class,
                 count: 1,
                 selector: Default::default(),
-                topology: bc_domain::reservation::Topology::SameNode,
+                topology: reservation::Topology::SameNode,
             };
             store::whole_nodes::candidates(&mut tx, &pool.id, &every, start_ms, end_ms).await?
         } else {

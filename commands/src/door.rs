@@ -62,22 +62,30 @@ impl App {
         // The draft is decided in the reserve's own transaction, on the pool facts its first read brings; no
         // reservation decision answers FORBIDDEN, so that is the authorizer's refusal.
         match self.reserve_gated(&call.caller(), input.clone(), Some(call)).await {
-            Err(AppError::Rejected(Rejection::Forbidden(reason)))
-                if !self.denial_budget.take(&call.principal.tenant_id, &call.principal.identity) =>
-            {
-                self.denials.count("reservations.create", "unrecorded");
-                Err(Rejection::Forbidden(format!(
-                    "{reason} (not recorded: {} has had more than {} denials recorded this minute)",
-                    call.principal.identity,
-                    crate::auth::RECORDED_DENIALS_PER_MINUTE
-                ))
-                .into())
-            }
             Err(AppError::Rejected(Rejection::Forbidden(reason))) => {
-                let recorded = self.deny_reservation(&call.caller(), input, reason.clone()).await?;
-                Err(AppError::Denied(Denied { reason, reservation_id: recorded.value.id, state: recorded.value.state }))
+                Err(self.refused_reserve(call, input, reason).await)
             }
             other => other,
+        }
+    }
+
+    /// The answer to a reserve the authorizer refused: recorded as `denied` ([`App::deny_reservation`]) within
+    /// the caller's budget of recorded denials, refused unrecorded beyond it.
+    pub(crate) async fn refused_reserve(&self, call: &Call, input: Reserve, reason: String) -> AppError {
+        if !self.denial_budget.take(&call.principal.tenant_id, &call.principal.identity) {
+            self.denials.count("reservations.create", "unrecorded");
+            return Rejection::Forbidden(format!(
+                "{reason} (not recorded: {} has had more than {} denials recorded this minute)",
+                call.principal.identity,
+                crate::auth::RECORDED_DENIALS_PER_MINUTE
+            ))
+            .into();
+        }
+        match self.deny_reservation(&call.caller(), input, reason.clone()).await {
+            Ok(recorded) => {
+                AppError::Denied(Denied { reason, reservation_id: recorded.value.id, state: recorded.value.state })
+            }
+            Err(err) => err,
         }
     }
 

@@ -32,7 +32,7 @@ pub struct DatabaseFigures {
     pub fleet: FleetFigures,
 }
 
-pub use crate::store::figures::{FleetFigures, LogFigures, NodeStates, PoolCapacity, PoolSessions};
+pub use crate::store::figures::{FleetFigures, LedgerHourFigures, LogFigures, NodeStates, PoolCapacity, PoolSessions};
 
 impl DatabaseFigures {
     async fn read(db: &Db) -> bc_eventstore::Result<Self> {

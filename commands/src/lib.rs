@@ -11,6 +11,7 @@ mod beats;
 pub mod borrowing;
 pub use beats::{BatchFigures as HeartbeatBatchFigures, batch_figures as heartbeat_batch_figures};
 pub mod door;
+pub mod explain;
 pub mod figures;
 pub mod flavors;
 pub mod fleet;
@@ -18,6 +19,7 @@ mod gate;
 pub mod idempotency;
 pub mod images;
 pub mod instances;
+pub mod ledger;
 pub mod lifecycle;
 pub mod liveness;
 pub mod log;
@@ -25,6 +27,7 @@ pub mod node_commands;
 pub mod nodes;
 pub mod profiles;
 pub mod providers;
+pub mod quotes;
 pub mod ramdisk;
 pub mod reads;
 pub mod reservations;
@@ -138,6 +141,9 @@ pub enum AppError {
     /// A reservation request the authorizer refused, recorded (`FORBIDDEN`).
     #[error("{}", .0.reason)]
     Denied(door::Denied),
+    /// A reserve refused (nothing recorded), with the explanation of why.
+    #[error("{}", .0.rejection)]
+    Explained(Box<explain::Explained>),
 }
 
 impl AppError {
@@ -161,6 +167,7 @@ impl AppError {
             AppError::Store(err) => err.code(),
             AppError::NotYetConsistent { .. } => "NOT_YET_CONSISTENT",
             AppError::Denied(_) => "FORBIDDEN",
+            AppError::Explained(explained) => explained.rejection.code(),
         }
     }
 }
@@ -230,6 +237,9 @@ pub struct App {
     images: Arc<images::ImagePolicy>,
     /// The provider drivers provider pools borrow their capacity through.
     providers: Arc<borrowing::ProviderDrivers>,
+    /// Whether reserves record the explanation of their decisions (on by default; the benchmark turns it off to
+    /// measure its cost).
+    pub explain: bool,
 }
 
 impl App {
@@ -254,6 +264,7 @@ impl App {
             beats: Arc::new(std::sync::OnceLock::new()),
             images: Arc::new(images::ImagePolicy::default()),
             providers: Arc::new(borrowing::ProviderDrivers::default()),
+            explain: true,
         }
     }
 

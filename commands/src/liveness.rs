@@ -19,6 +19,7 @@ use bc_eventstore::lease::Lease;
 use bc_eventstore::queue::{self, WorkItem};
 use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
 
+use super::explain::Trace;
 use super::reservations::{apply_and_schedule, preempt, try_place};
 use super::store::liveness;
 use super::work::{self, WorkKey, fenced};
@@ -150,7 +151,7 @@ impl App {
                         format!("node {node_id} can no longer hold it")
                     };
                     let Some(pool) = store::pool(tx, &r.request.pool_id).await? else { return Ok(()) };
-                    let command = match try_place(tx, &r, &pool, now_ms, 0, None).await? {
+                    let command = match try_place(tx, &r, &pool, now_ms, 0, None, &mut Trace::default()).await? {
                         Some(allocations) => {
                             Command::Replace { allocations, from_node: node_id.clone(), reason, now_ms }
                         }

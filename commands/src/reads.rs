@@ -321,7 +321,7 @@ const SITE_JSON: &str = "jsonb_build_object(
 
 impl App {
     /// Waits for the consistency token, if any.
-    async fn consistent(&self, names: &[&str], after: Option<Position>) -> AppResult<()> {
+    pub(crate) async fn consistent(&self, names: &[&str], after: Option<Position>) -> AppResult<()> {
         let Some(after) = after else { return Ok(()) };
         match consistency::wait_for(&self.db, names, after, CONSISTENCY_WAIT).await? {
             None => Ok(()),

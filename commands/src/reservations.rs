@@ -6,6 +6,7 @@ use bc_domain::id::{NodeId, ReservationId, TenantId};
 use bc_domain::instance::{self, Instance, NewInstance};
 use bc_domain::placement::{self, NodeCandidate, PlannedAllocation};
 use bc_domain::pool::PoolOffered;
+use bc_domain::reservation::explanation::{Decision, Tier};
 use bc_domain::reservation::{
     self, AdmissionFacts, Allocation, Binding, Command, DeviceRequest, ExpiryCause, NewRequest, Reservation,
     ReservationEvent, ReservationRequest, Waiting, placed_start,
@@ -13,6 +14,7 @@ use bc_domain::reservation::{
 use bc_eventstore::events::{self, ExpectedVersion};
 use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock};
 
+use super::explain::{self, Trace};
 use super::gate::{Call, Subject, draft};
 use super::store::facts::{Placing, ReserveAnswer, ReserveFacts};
 use super::store::{self, PoolRow};
@@ -140,6 +142,7 @@ pub(crate) async fn try_place(
     now_ms: i64,
     spread: usize,
     offers: Option<&[PoolOffered]>,
+    trace: &mut Trace,
 ) -> AppResult<Option<Vec<Allocation>>> {
     let request = &r.request;
     let resource = request.resource();
@@ -151,7 +154,9 @@ pub(crate) async fn try_place(
         // Whole machines: few, slow to hand over, and mostly not schedulable (a `ready` machine runs no agent), so
         // they are read straight from their node atoms' bookings rather than from the free-capacity summary.
         let candidates = store::whole_nodes::candidates(tx, &pool.id, &request.devices, start_ms, end_ms).await?;
-        let Some(plan) = placement::plan_spread(&r.id, &request.devices, &candidates, spread) else {
+        let plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
+        trace.look(Tier::WholeNodes, &candidates, plan.is_some());
+        let Some(plan) = plan else {
             return Ok(None);
         };
         let nodes: Vec<&str> = plan.iter().map(|a| a.node_id.as_str()).collect();
@@ -161,6 +166,7 @@ pub(crate) async fn try_place(
         }
         if let Some(quota) = quota {
             let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, start_ms, end_ms).await?;
+            trace.quota(resource, quota, peak, request.devices.count);
             if !reservation::within_quota(peak, request.devices.count, quota) {
                 return Ok(None);
             }
@@ -169,16 +175,18 @@ pub(crate) async fn try_place(
     }
     if !request.resources.is_empty() {
         let window = (start_ms, end_ms);
-        return place_with_scalars(tx, r, pool, window, spread, quota, &scalar_quotas).await;
+        return place_with_scalars(tx, r, pool, window, spread, (quota, &scalar_quotas), trace).await;
     }
     // The summary answers most requests from the first nodes it reads; the exact query (the nodes that can hold the
     // atoms until the window's end, then the atoms free over the window) finds what the summary cannot see, atoms
     // booked only after the window.
     let mut candidates = store::summary_candidates(tx, &pool.id, &request.devices, start_ms, spread).await?;
     let mut plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
+    trace.look(Tier::Summary, &candidates, plan.is_some());
     if plan.is_none() {
         candidates = store::candidates(tx, &pool.id, &request.devices, start_ms, end_ms).await?;
         plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
+        trace.look(Tier::Exact, &candidates, plan.is_some());
     }
     let Some(plan) = plan else {
         return Ok(None);
@@ -188,6 +196,7 @@ pub(crate) async fn try_place(
     };
     if let Some(quota) = quota {
         let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, resource, start_ms, end_ms).await?;
+        trace.quota(resource, quota, peak, request.devices.count);
         if !reservation::within_quota(peak, request.devices.count, quota) {
             return Ok(None);
         }
@@ -205,8 +214,8 @@ async fn place_with_scalars(
     pool: &PoolRow,
     (start_ms, end_ms): (i64, i64),
     spread: usize,
-    quota: Option<u32>,
-    scalar_quotas: &[(&str, u64, u32)],
+    (quota, scalar_quotas): (Option<u32>, &[(&str, u64, u32)]),
+    trace: &mut Trace,
 ) -> AppResult<Option<Vec<Allocation>>> {
     let request = &r.request;
     let mut candidates = store::scalars::atom_candidates(tx, &pool.id, &request.devices, start_ms, end_ms).await?;
@@ -214,7 +223,9 @@ async fn place_with_scalars(
     let nodes: Vec<&str> = candidates.iter().map(|c| c.node_id.as_str()).collect();
     let held = store::scalars::node_peaks(tx, &nodes, &resources, start_ms, end_ms, Some(&r.id)).await?;
     candidates.retain(|c| placement::scalars_fit(&pool.policy, &request.resources, &c.node_id, &held));
-    let Some(plan) = placement::plan_spread(&r.id, &request.devices, &candidates, spread) else {
+    let plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
+    trace.look(Tier::Scalars, &candidates, plan.is_some());
+    let Some(plan) = plan else {
         return Ok(None);
     };
     let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread).await? else {
@@ -225,6 +236,7 @@ async fn place_with_scalars(
     store::scalars::lock_nodes(tx, &chosen, &resources).await?;
     if let Some(quota) = quota {
         let peak = store::peak_usage(tx, &r.tenant_id, &pool.id, request.resource(), start_ms, end_ms).await?;
+        trace.quota(request.resource(), quota, peak, request.devices.count);
         if !reservation::within_quota(peak, request.devices.count, quota) {
             return Ok(None);
         }
@@ -567,7 +579,8 @@ impl App {
                 let subject = Subject::Pool(&request.pool_id);
                 self.decide(call, "reservations.create", resource.as_ref(), subject).await?;
             }
-            reserve_decided(&mut tx, caller, id, request, placement, answer, instance).await
+            let how = Decide { placement, explain: self.explain };
+            reserve_decided(&mut tx, caller, id, request, how, answer, instance).await
         }
         .await;
         tx.end(decided).await
@@ -686,13 +699,20 @@ pub(crate) async fn apply_and_schedule_known(
     Ok(Committed { value: state, position })
 }
 
+/// How a reserve attempt decides: whether it may place, and whether it records why.
+#[derive(Debug, Clone, Copy)]
+struct Decide {
+    placement: Placement,
+    explain: bool,
+}
+
 /// A reserve's decision on the facts `reserve_facts` answered, in the transaction that read them.
 async fn reserve_decided(
     tx: &mut Tx,
     caller: &Caller,
     id: &ReservationId,
     request: &ReservationRequest,
-    placement: Placement,
+    Decide { placement, explain }: Decide,
     answer: ReserveAnswer,
     with_instance: Option<&NewInstance>,
 ) -> AppResult<Committed<Reserved>> {
@@ -750,21 +770,28 @@ async fn reserve_decided(
     let mut state = reservation::fold(&events)
         .ok_or_else(|| AppError::Store(bc_eventstore::Error::Internal("no state after a request".into())))?;
     let mut waiting = None;
+    let mut trace = Trace::default();
+    let window = reservation::placed_window(request, now_ms);
+    let start_ms = window.0;
     let placed = match (placement, facts.placing) {
         (Placement::Skip, _) => None,
-        (Placement::Try { spread }, Some(placing)) if placing.start_ms == placed_start(request, now_ms) => {
+        (Placement::Try { spread }, Some(placing)) if placing.start_ms == start_ms => {
             waiting = placing.waiting;
-            place_from_facts(tx, &state, pool, &facts.offers, placing, spread).await?
+            place_from_facts(tx, &state, pool, &facts.offers, placing, spread, &mut trace).await?
         }
         // The facts call read nothing for placing (it always does for a valid request): place statement by statement.
         (Placement::Try { spread }, _) => {
             let known = (pool.owner_tenant_id != caller.tenant_id).then_some(facts.offers.as_slice());
-            try_place(tx, &state, pool, now_ms, spread, known).await?
+            try_place(tx, &state, pool, now_ms, spread, known, &mut trace).await?
         }
     };
     match placed {
         Some(allocations) => {
-            let more = reservation::decide(&state, &Command::Place { allocations, now_ms })?;
+            let explained = explain.then(|| trace.placed(window, &allocations));
+            let mut more = reservation::decide(&state, &Command::Place { allocations, now_ms })?;
+            if let Some(explained) = explained {
+                reservation::explain(&mut more, explained);
+            }
             for event in &more {
                 state = reservation::evolve(Some(state), event).unwrap_or_else(|| unreachable!("evolve keeps a state"));
             }
@@ -795,7 +822,39 @@ async fn reserve_decided(
             let borrows = store::provider_machines::is_provider_pool(tx, &pool.id).await?;
             let holders = if borrows { holders.max(i64::from(request.devices.nodes())) } else { holders };
             let waiting = Waiting { pool_id: &pool.id, holders, pending, max_pending: pool.policy.max_pending };
-            reservation::may_wait(request, &waiting)?;
+            let may_wait = reservation::may_wait(request, &waiting);
+            if explain {
+                let quota_limit =
+                    quota_limit(tx, pool, state.quota_holder.as_ref(), request.resource(), Some(&facts.offers));
+                let (decision, policy) = match &may_wait {
+                    Ok(()) if placement == Placement::Skip => (
+                        Decision::Pending,
+                        Some("concurrent requests took the fitting atoms first on every try; it is placed as capacity frees".to_owned()),
+                    ),
+                    Ok(()) => (Decision::Pending, None),
+                    Err(rejection) => (Decision::Refused, policy_refusal(request, &waiting, rejection)),
+                };
+                let what = explain::NotPlaced {
+                    reservation: id,
+                    tenant: &caller.tenant_id,
+                    pool_id: &pool.id,
+                    request,
+                    window,
+                    quota_limit: quota_limit.await?,
+                    decision,
+                    policy,
+                };
+                let explained = explain::not_placed(tx, trace, what).await?;
+                match may_wait {
+                    Ok(()) => reservation::explain(&mut events, explained),
+                    Err(rejection) => {
+                        let explanation = Box::new(explained);
+                        return Err(AppError::Explained(Box::new(explain::Explained { rejection, explanation })));
+                    }
+                }
+            } else {
+                may_wait?;
+            }
             if borrows {
                 work::wake_with_commit(tx, &WorkKey::PoolProvider(pool.id.clone()));
             }
@@ -816,6 +875,24 @@ async fn reserve_decided(
     Ok(Committed { value: Reserved { reservation: state, created: true, instance }, position })
 }
 
+/// The pool rule a refusal to wait comes from, in words; `None` when the request can never fit (then the nodes'
+/// reasons explain it).
+fn policy_refusal(request: &ReservationRequest, waiting: &Waiting<'_>, rejection: &Rejection) -> Option<String> {
+    if waiting.holders < i64::from(request.devices.nodes()) {
+        return None;
+    }
+    Some(if !request.wait {
+        "the request asked not to wait (wait: false)".to_owned()
+    } else if waiting.pending >= i64::from(waiting.max_pending) {
+        format!(
+            "the pool's pending queue is full: {} waiting, policy.maxPending {}",
+            waiting.pending, waiting.max_pending
+        )
+    } else {
+        rejection.to_string()
+    })
+}
+
 /// Places a new reservation from what `reserve_facts` read and locked: plans on its candidates (the exact query
 /// when the summary's cannot hold it), locks the choice, and checks the quota against the peak it read.
 async fn place_from_facts(
@@ -825,15 +902,18 @@ async fn place_from_facts(
     offers: &[PoolOffered],
     placing: Placing,
     spread: usize,
+    trace: &mut Trace,
 ) -> AppResult<Option<Vec<Allocation>>> {
     let request = &r.request;
     let resource = request.resource();
     let quota = quota_limit(tx, pool, r.quota_holder.as_ref(), resource, Some(offers)).await?;
     let mut candidates = placing.candidates;
     let mut plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
+    trace.look(if placing.exact { Tier::Exact } else { Tier::Summary }, &candidates, plan.is_some());
     if plan.is_none() && !placing.exact {
         candidates = store::candidates(tx, &pool.id, &request.devices, placing.start_ms, placing.end_ms).await?;
         plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
+        trace.look(Tier::Exact, &candidates, plan.is_some());
     }
     let Some(plan) = plan else { return Ok(None) };
     let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread).await? else {
@@ -847,6 +927,7 @@ async fn place_from_facts(
                 store::peak_usage(tx, &r.tenant_id, &pool.id, resource, placing.start_ms, placing.end_ms).await?
             }
         };
+        trace.quota(resource, quota, peak, request.devices.count);
         if !reservation::within_quota(peak, request.devices.count, quota) {
             return Ok(None);
         }

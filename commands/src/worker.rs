@@ -12,6 +12,7 @@ use bc_eventstore::queue::{self, Backoff, WorkItem};
 use bc_eventstore::shards::OwnedShards;
 use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
 
+use super::explain::Trace;
 use super::reservations::{apply_and_schedule, record_reservation, try_place};
 use bc_eventstore::Retryable as _;
 
@@ -298,6 +299,7 @@ impl Worker {
                     let mut answering: Option<Caller> = None;
                     // A few steps at most: placed → binding → active happen together at the start.
                     for _ in 0..4 {
+                        let mut explanation = None;
                         let handing_over = matches!(r.state, ReservationState::Binding | ReservationState::Releasing);
                         let whole = if handing_over && r.request.binding == Binding::Node {
                             super::whole_nodes::step(tx, caller, &r, now_ms).await?
@@ -315,12 +317,18 @@ impl Worker {
                             }
                             Due::TryPlace { wake_at_ms } => {
                                 let pool = store::pool(tx, &r.request.pool_id).await?;
+                                let mut trace = Trace::default();
                                 let placed = match &pool {
-                                    Some(pool) => try_place(tx, &r, pool, now_ms, 0, None).await?,
+                                    Some(pool) => try_place(tx, &r, pool, now_ms, 0, None, &mut trace).await?,
                                     None => None,
                                 };
                                 match placed {
-                                    Some(allocations) => Command::Place { allocations, now_ms },
+                                    Some(allocations) => {
+                                        explanation = self.app.explain.then(|| {
+                                            trace.placed(reservation::placed_window(&r.request, now_ms), &allocations)
+                                        });
+                                        Command::Place { allocations, now_ms }
+                                    }
                                     None => {
                                         queue::reschedule(tx, item, wake_at_ms).await?;
                                         return Ok(());
@@ -329,7 +337,10 @@ impl Worker {
                             }
                             Due::Apply(command) => super::node_commands::with_awaiting(tx, &r, command).await?,
                         };
-                        let events = reservation::decide(&r, &command)?;
+                        let mut events = reservation::decide(&r, &command)?;
+                        if let Some(explained) = explanation.take() {
+                            reservation::explain(&mut events, explained);
+                        }
                         // The worker holds this reservation's key and reschedules it itself, so it records without waking it.
                         if answering.is_none() {
                             answering = Some(answering_last_event(tx, caller, id.as_str()).await?);
@@ -368,8 +379,14 @@ impl Worker {
                             return Ok(());
                         }
                         let Some(pool) = store::pool(tx, pool_id).await? else { return Ok(()) };
-                        if let Some(allocations) = try_place(tx, &r, &pool, now_ms, 0, None).await? {
-                            let events = reservation::decide(&r, &Command::Place { allocations, now_ms })?;
+                        let mut trace = Trace::default();
+                        if let Some(allocations) = try_place(tx, &r, &pool, now_ms, 0, None, &mut trace).await? {
+                            let window = reservation::placed_window(&r.request, now_ms);
+                            let explained = self.app.explain.then(|| trace.placed(window, &allocations));
+                            let mut events = reservation::decide(&r, &Command::Place { allocations, now_ms })?;
+                            if let Some(explained) = explained {
+                                reservation::explain(&mut events, explained);
+                            }
                             let caller = &answering_last_event(tx, caller, id.as_str()).await?;
                             apply_and_schedule(tx, caller, r, events, now_ms).await?;
                         }

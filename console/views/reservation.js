@@ -5,7 +5,7 @@
 
 import * as api from "../api.js";
 import { badge, facts, h, replace, section, short, table, time } from "../dom.js";
-import { actions } from "./reservations.js";
+import { actions, explain } from "./reservations.js";
 
 /** @typedef {import('../../clients/typescript/src/schema').components['schemas']} Schemas */
 /** @typedef {import('../app.js').Context} Context */
@@ -19,6 +19,7 @@ import { actions } from "./reservations.js";
  */
 export async function mount(context, id) {
   const summary = h("div", { id: "reservation-summary" });
+  const why = h("div", { id: "reservation-why" });
   const rows = h("tbody", {});
   const events = h(
     "table",
@@ -29,8 +30,21 @@ export async function mount(context, id) {
   const refresh = async () => {
     const r = await api.get("/v1/reservations/{reservation_id}", { path: { reservation_id: id } });
     replace(summary, ...draw(r, refresh));
+    try {
+      const explained = await api.get("/v1/reservations/{reservation_id}/explanation", { path: { reservation_id: id } });
+      replace(why, explain(explained.explanation));
+    } catch (err) {
+      if (!(err instanceof api.ApiError && err.status === 404)) throw err;
+      replace(why, h("p", { class: "muted" }, "No decision explained (recorded before explanations were)."));
+    }
   };
-  replace(context.main, h("h1", {}, "Reservation ", h("span", { class: "id" }, id)), summary, section("Events", events));
+  replace(
+    context.main,
+    h("h1", {}, "Reservation ", h("span", { class: "id" }, id)),
+    summary,
+    section("Why", why),
+    section("Events", events),
+  );
   await refresh();
   // Its history and what follows, from the event stream filtered to its stream.
   const stream = new EventSource(await api.eventStreamUrl({ stream: id, after: "0-0-0" }));

@@ -142,6 +142,44 @@ export function actions(r, done) {
 }
 
 /**
+ * Why a decision went as it did: its summary, the reads it made, the quota arithmetic, the pool rule, and the
+ * passed-over nodes with their reasons ("why not").
+ * @param {Schemas['ExplanationDto']} e
+ */
+export function explain(e) {
+  const lines = [h("p", { class: "why-summary" }, h("b", {}, e.summary))];
+  if (e.tiers.length) {
+    const tiers = e.tiers.map((t) => `${t.tier} (${t.candidates} fitting${t.fits ? ", planned" : ""})`);
+    lines.push(h("p", {}, h("span", { class: "muted" }, "Searched: "), tiers.join(" → ")));
+  }
+  if (e.quota) {
+    lines.push(h("p", {}, h("span", { class: "muted" }, "Quota: "), e.quota.arithmetic));
+  }
+  if (e.policy) {
+    lines.push(h("p", {}, h("span", { class: "muted" }, "Policy: "), e.policy));
+  }
+  const counts = Object.entries(e.excludedBy).map(([kind, n]) => `${n} ${kind}`);
+  if (counts.length) {
+    lines.push(h("p", {}, h("span", { class: "muted" }, "Passed over: "), counts.join(", ")));
+    lines.push(
+      table(
+        ["Node", "Why not"],
+        e.excluded.map((n) =>
+          h(
+            "tr",
+            { "data-kind": n.kind },
+            h("td", {}, h("a", { href: `#/nodes/${n.nodeId}`, title: n.nodeId }, short(n.nodeId))),
+            h("td", {}, n.reason),
+          ),
+        ),
+        "None.",
+      ),
+    );
+  }
+  return h("div", { class: "why" }, lines);
+}
+
+/**
  * The form that reserves devices in a pool: now (as soon as possible) or from a start, for a duration.
  * @param {Schemas['PoolDto'][]} pools
  * @param {Context} context
@@ -179,7 +217,12 @@ function createForm(pools, context) {
       const made = await api.post("/v1/reservations", { headers: { "Idempotency-Key": api.idempotencyKey() } }, body);
       context.go(`#/reservations/${made.id}`);
     } catch (err) {
-      replace(problem, err instanceof Error ? err.message : String(err));
+      const explanation = err instanceof api.ApiError ? err.details.explanation : undefined;
+      replace(
+        problem,
+        err instanceof Error ? err.message : String(err),
+        ...(explanation ? [explain(explanation)] : []),
+      );
     }
   });
   return section("New reservation", form);

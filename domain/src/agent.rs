@@ -143,6 +143,45 @@ pub struct Heartbeat {
     pub observed_generation: u64,
     /// The agent's wall clock, epoch milliseconds, when it sent the heartbeat.
     pub clock_ms: i64,
+    /// Each GPU's utilization as NVML sampled it just before the heartbeat, where the agent can read it (older
+    /// agents, and machines without NVML, send none). The GPU-hour ledger shows their hourly means.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_utilization: Vec<GpuSample>,
+}
+
+/// One GPU's utilization: the percent of the last sample period in which a kernel ran on it (NVML's
+/// `utilization.gpu`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuSample {
+    /// The GPU's UUID, as its inventory names it.
+    pub gpu: DeviceId,
+    /// 0 to 100.
+    pub percent: u32,
+}
+
+/// The most GPUs one heartbeat may sample.
+pub const MAX_GPU_SAMPLES: usize = 64;
+
+/// Checks a heartbeat's samples: at most [`MAX_GPU_SAMPLES`], each GPU once (a MIG slice or slot is sampled as its
+/// GPU), each percent at most 100. A refusal names the sample at fault.
+pub fn check_gpu_samples(samples: &[GpuSample]) -> Result<(), crate::Rejection> {
+    if samples.len() > MAX_GPU_SAMPLES {
+        return Err(crate::Rejection::invalid("gpuUtilization", format!("at most {MAX_GPU_SAMPLES} GPUs")));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, sample) in samples.iter().enumerate() {
+        if sample.gpu.as_str().contains('/') {
+            return Err(crate::Rejection::invalid(format!("gpuUtilization[{i}].gpu"), "must be a GPU's UUID"));
+        }
+        if !seen.insert(sample.gpu.as_str()) {
+            return Err(crate::Rejection::invalid(format!("gpuUtilization[{i}].gpu"), "is sampled twice"));
+        }
+        if sample.percent > 100 {
+            return Err(crate::Rejection::invalid(format!("gpuUtilization[{i}].percent"), "must be from 0 to 100"));
+        }
+    }
+    Ok(())
 }
 
 /// What a heartbeat answers.
@@ -297,6 +336,27 @@ mod tests {
         let probe: AgentCommand =
             serde_json::from_str(r#"{"id":"cmd_01jd8w2k3m4n5p6q7r8s9t0v1w","seq":1,"kind":"probe"}"#).expect("probe");
         assert_eq!(probe.kind, CommandKind::Probe { note: None });
+    }
+
+    #[test]
+    fn an_old_agents_heartbeat_has_no_samples_and_bad_samples_are_refused_naming_them() {
+        let old: Heartbeat = serde_json::from_str(
+            r#"{"sessionId":"ses_00000000000000000000000000","observedGeneration":1,"clockMs":5}"#,
+        )
+        .expect("a heartbeat without samples");
+        assert!(old.gpu_utilization.is_empty());
+        assert!(!serde_json::to_string(&old).expect("json").contains("gpuUtilization"), "left out when empty");
+        let sample = |gpu: &str, percent| GpuSample { gpu: gpu.parse().expect("gpu"), percent };
+        assert_eq!(check_gpu_samples(&[sample("GPU-a", 0), sample("GPU-b", 100)]), Ok(()));
+        let field = |samples: &[GpuSample]| match check_gpu_samples(samples) {
+            Err(crate::Rejection::InvalidArgument { field, .. }) => field,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        assert_eq!(field(&[sample("GPU-a", 101)]), "gpuUtilization[0].percent");
+        assert_eq!(field(&[sample("GPU-a", 5), sample("GPU-a", 6)]), "gpuUtilization[1].gpu");
+        assert_eq!(field(&[sample("GPU-a/gi1/ci0", 5)]), "gpuUtilization[0].gpu");
+        let many: Vec<GpuSample> = (0..=MAX_GPU_SAMPLES).map(|g| sample(&format!("GPU-{g}"), 1)).collect();
+        assert_eq!(field(&many), "gpuUtilization");
     }
 }
 

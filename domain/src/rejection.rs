@@ -57,6 +57,11 @@ pub enum Rejection {
     /// wait. `CAPACITY_UNAVAILABLE`.
     #[error("{0}")]
     CapacityUnavailable(String),
+
+    /// A quoted booking whose devices, nodes or quota changed since the quote, so nothing was booked.
+    /// `QUOTE_STALE`, naming what changed.
+    #[error("{0}")]
+    QuoteStale(String),
 }
 
 impl Rejection {
@@ -73,6 +78,7 @@ impl Rejection {
             Rejection::IdempotencyKeyReused { .. } | Rejection::KeyReused(_) => "IDEMPOTENCY_KEY_REUSED",
             Rejection::QuotaExceeded(_) => "QUOTA_EXCEEDED",
             Rejection::CapacityUnavailable(_) => "CAPACITY_UNAVAILABLE",
+            Rejection::QuoteStale(_) => "QUOTE_STALE",
             Rejection::Unauthenticated(_) => "UNAUTHENTICATED",
             Rejection::Forbidden(_) => "FORBIDDEN",
             Rejection::TenantSuspended(_) => "TENANT_SUSPENDED",

@@ -15,6 +15,7 @@ use crate::Rejection;
 use crate::device::{AttrValue, DeviceClass};
 use crate::domain_events;
 use crate::id::{AllocationId, DeviceId, Identity, NodeId, PoolId, ProfileId, ProjectId, ReservationId, TenantId};
+pub use explanation::Explanation;
 
 /// The furthest ahead a window may start, and the longest a window may last.
 pub const MAX_AHEAD_MS: i64 = 366 * 24 * 3600 * 1000;
@@ -456,6 +457,9 @@ pub struct Requested {
     pub quota_holder: Option<TenantId>,
     pub pending_deadline_ms: i64,
     pub at_ms: i64,
+    /// Why it did not fit when requested, when it was left pending by the call that requested it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<Box<Explanation>>,
 }
 
 /// The request refused by authorization: recorded, booking and charging nothing.
@@ -481,6 +485,9 @@ pub struct Placed {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_deadline_ms: Option<i64>,
     pub at_ms: i64,
+    /// Why these atoms: the reads the placement made, the nodes it chose and the quota line it was within.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<Box<Explanation>>,
 }
 
 /// A transition that carries only its time.
@@ -663,6 +670,9 @@ pub struct Reservation {
     pub expiry_cause: Option<ExpiryCause>,
     pub failure_reason: Option<FailureReason>,
     pub denial_reason: Option<String>,
+    /// The explanation of its last placement decision (placed, left pending, or denied), as recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<Box<Explanation>>,
     /// The number of events folded.
     pub version: u32,
 }
@@ -700,6 +710,7 @@ impl Reservation {
             expiry_cause: None,
             failure_reason: None,
             denial_reason: None,
+            explanation: None,
             version: 1,
         }
     }
@@ -721,6 +732,7 @@ pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Re
             r.priority = e.priority;
             r.quota_holder = e.quota_holder.clone();
             r.pending_deadline_ms = e.pending_deadline_ms;
+            r.explanation = e.explanation.clone();
             return Some(r);
         }
         (None, ReservationEvent::Denied(e)) => {
@@ -736,6 +748,9 @@ pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Re
             r.ended_at_ms = Some(e.at_ms);
             r.denial_reason = Some(e.reason.clone());
             r.outcome = event.outcome();
+            let start = e.request.start_ms.unwrap_or(e.at_ms);
+            r.explanation =
+                Some(Box::new(Explanation::denied((start, window_end(start, e.request.duration_s)), &e.reason)));
             return Some(r);
         }
         (None, _) => return None,
@@ -750,6 +765,9 @@ pub fn evolve(state: Option<Reservation>, event: &ReservationEvent) -> Option<Re
             r.start_ms = Some(e.start_ms);
             r.end_ms = Some(e.end_ms);
             r.lease_deadline_ms = e.lease_deadline_ms;
+            if e.explanation.is_some() {
+                r.explanation = e.explanation.clone();
+            }
         }
         ReservationEvent::BindingStarted(e) => {
             r.state = ReservationState::Binding;
@@ -837,7 +855,21 @@ pub fn request(existing: Option<&Reservation>, new: NewRequest) -> Result<Vec<Re
         priority: new.priority,
         quota_holder: new.quota_holder,
         at_ms: new.now_ms,
+        explanation: None,
     })])
+}
+
+/// Records `explanation` on the decision among `events` it explains: the placement, or else the request left
+/// pending. Nothing when neither is among them.
+pub fn explain(events: &mut [ReservationEvent], explanation: Explanation) {
+    let decision = events.iter_mut().rev().find_map(|event| match event {
+        ReservationEvent::Placed(e) => Some(&mut e.explanation),
+        ReservationEvent::Requested(e) => Some(&mut e.explanation),
+        _ => None,
+    });
+    if let Some(slot) = decision {
+        *slot = Some(Box::new(explanation));
+    }
 }
 
 /// A command on an existing reservation.
@@ -921,6 +953,12 @@ pub fn placed_start(request: &ReservationRequest, now_ms: i64) -> i64 {
     request.start_ms.unwrap_or_else(|| now_ms.div_euclid(1000) * 1000 + if now_ms % 1000 == 0 { 0 } else { 1000 })
 }
 
+/// The window a reservation placed at `now_ms` gets: `[placed_start, placed_start + duration)`.
+pub fn placed_window(request: &ReservationRequest, now_ms: i64) -> (i64, i64) {
+    let start = placed_start(request, now_ms);
+    (start, window_end(start, request.duration_s))
+}
+
 /// Decides a command on a reservation: the events it causes, or why it is refused.
 pub fn decide(r: &Reservation, command: &Command) -> Result<Vec<ReservationEvent>, Rejection> {
     use ReservationState as S;
@@ -941,6 +979,7 @@ pub fn decide(r: &Reservation, command: &Command) -> Result<Vec<ReservationEvent
                 end_ms: window_end(start_ms, r.request.duration_s),
                 lease_deadline_ms: r.request.lease_seconds.map(|lease| now_ms + lease as i64 * 1000),
                 at_ms: *now_ms,
+                explanation: None,
             })])
         }
         Command::StartBinding { now_ms, awaiting } => {
@@ -1183,6 +1222,7 @@ pub fn due(r: &Reservation, now_ms: i64) -> Due {
 }
 
 mod admission;
+pub mod explanation;
 pub mod whole_nodes;
 
 pub use admission::{AdmissionFacts, Admitted, Waiting, admit, may_wait, quota_of, within_limit, within_quota};

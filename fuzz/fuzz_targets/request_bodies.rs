@@ -1,12 +1,12 @@
 //! Every request body type the API reads (`bc-wire`), from any bytes, parsed the way the API parses JSON
 //! bodies (`serde_path_to_error`, then nothing but whitespace), then checked the way its handler checks it before
-//! anything is written: a reservation's request, a pool's fields and policy, a site's region, names, ids,
+//! anything is written: a reservation's request and a quote's, a pool's fields and policy, a site's region, names, ids,
 //! quotas, a tenant, an identity, a grant, a limit, a provider account. Nothing may panic, and what a check accepts must satisfy
 //! the bounds the OpenAPI document states.
 
 #![no_main]
 
-use bc_wire::{agent, flavors, fleet, instances, nodes, providers, reservations, tenancy};
+use bc_wire::{agent, flavors, fleet, instances, nodes, providers, quotes, reservations, tenancy};
 use bc_domain::id::{GrantId, IdentityId, LimitId, PoolId, TenantId};
 use bc_domain::pool::{PoolCreated, PoolPolicy};
 use bc_domain::tenancy as t;
@@ -25,6 +25,15 @@ fuzz_target!(|data: &[u8]| {
         for amount in request.resources.values() {
             assert!((1..=1_000_000).contains(amount), "an accepted scalar amount is within its bounds");
         }
+    }
+    if let Some(body) = parse::<quotes::QuoteBody>(data)
+        && let Ok((request, _)) = body.request(&PoolId::generate())
+        && request.check(T0).is_ok()
+    {
+        assert!(
+            request.devices.count >= 1 && request.duration_s >= 1,
+            "an accepted quote asks for a device that lasts"
+        );
     }
     if let Some(body) = parse::<providers::ProviderAccountBody>(data)
         && let Ok((spec, credential)) = body.spec()

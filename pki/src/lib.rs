@@ -10,7 +10,8 @@
 //! ([`Bundle::sign_node_csr`]) and the node speaks mutual TLS from then on. [`tls`] builds the rustls
 //! configurations of both ends, each trusting only this CA; [`seal`] is the AEAD around stored secrets.
 //!
-//! [`audit`] is the Ed25519 key that signs the audit trail's checkpoints, derived from the sealing key.
+//! [`audit`] is the Ed25519 key that signs the audit trail's checkpoints, derived from the sealing key; [`quote`]
+//! the HMAC key that signs reservation quotes, derived the same way under a context of its own.
 //!
 //! The crate does no network or database IO: it reads and writes the bundle's files, nothing else.
 
@@ -18,6 +19,7 @@ pub mod audit;
 mod bundle;
 mod error;
 mod node;
+pub mod quote;
 pub mod seal;
 pub mod tls;
 

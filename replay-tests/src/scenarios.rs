@@ -562,6 +562,7 @@ async fn agent_life(app: &App) -> anyhow::Result<()> {
         session_id: joined.session.session_id.clone(),
         observed_generation: observed,
         clock_ms: server_ms(),
+        gpu_utilization: Vec::new(),
     };
     app.heartbeat(&auth, &beat(joined.session.generation)).await?;
     let labels = [("rack".to_owned(), "r12".to_owned())].into();
@@ -644,6 +645,7 @@ async fn instances(app: &App) -> anyhow::Result<()> {
         session_id: joined.session.session_id.clone(),
         observed_generation: joined.session.generation,
         clock_ms: server_ms,
+        gpu_utilization: Vec::new(),
     };
     app.heartbeat(&auth, &beat).await?;
 

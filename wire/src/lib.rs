@@ -5,14 +5,17 @@
 
 pub mod agent;
 pub mod audit;
+pub mod explanations;
 pub mod flavors;
 pub mod fleet;
 pub mod images;
 pub mod instances;
+pub mod ledger;
 pub mod nodes;
 pub mod ops;
 pub mod profiles;
 pub mod providers;
+pub mod quotes;
 pub mod reservations;
 pub mod tenancy;
 pub mod webhooks;
@@ -47,8 +50,8 @@ pub struct ErrorBody {
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, ToSchema)]
 pub struct ErrorDetail {
     /// `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `FORBIDDEN`, `NOT_FOUND`, `CONFLICT`, `CAPACITY_UNAVAILABLE`,
-    /// `QUOTA_EXCEEDED`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNSUPPORTED_MEDIA_TYPE`, `UNAVAILABLE`,
-    /// `INTERNAL_ERROR`.
+    /// `QUOTA_EXCEEDED`, `QUOTE_STALE`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNSUPPORTED_MEDIA_TYPE`,
+    /// `UNAVAILABLE`, `INTERNAL_ERROR`.
     pub code: String,
     pub message: String,
     /// Such as `field`, naming what is wrong with the input.

@@ -170,9 +170,33 @@ pub struct ReserveBody {
     #[serde(default)]
     #[schema(example = json!({"vcpu": 16, "memoryGiB": 128}))]
     pub resources: BTreeMap<String, u64>,
+    /// A quote's token (`POST /v1/pools/{id}/quotes`): book exactly the quoted devices, with the quote's `reserve`
+    /// body unchanged, or answer `QUOTE_STALE` naming what changed; a quoted reserve never waits in `pending`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quote: Option<String>,
 }
 
 impl ReserveBody {
+    /// The body that sends `request` (with `quote`, if any): [`ReserveBody::request`] reads it back as the same
+    /// request.
+    pub fn of(request: &ReservationRequest, quote: Option<String>) -> ReserveBody {
+        ReserveBody {
+            pool_id: request.pool_id.to_string(),
+            devices: (&request.devices).into(),
+            start: request.start_ms,
+            duration: request.duration_s,
+            binding: request.binding,
+            profile_id: request.profile_id.as_ref().map(ToString::to_string),
+            lease_seconds: request.lease_seconds,
+            project_id: request.project_id.as_ref().map(ToString::to_string),
+            deadline: request.deadline_ms,
+            wait: Some(request.wait),
+            spot: None,
+            resources: request.resources.clone(),
+            quote,
+        }
+    }
+
     /// The domain's request, its ids parsed (naming the field when one is not).
     pub fn request(self) -> Result<ReservationRequest, Rejection> {
         if self.spot == Some(true) {

@@ -1,7 +1,9 @@
 //! The calls into NVML itself (nvml-wrapper), compiled with the `nvml` feature only.
 
 use std::path::Path;
+use std::sync::OnceLock;
 
+use bc_domain::agent::GpuSample;
 use bc_domain::device::{GpuInfo, MigInstance};
 use bc_domain::id::DeviceId;
 use bc_domain::inventory::GpuSection;
@@ -51,6 +53,28 @@ pub(super) fn gpus() -> Result<Gpus, NvmlUnavailable> {
         )
     });
     Ok(Gpus { sections, driver_version: nvml.sys_driver_version().ok(), cuda_version, warnings })
+}
+
+/// NVML, initialized once for the agent's life (`nvmlInit` loads the library and opens the driver: too slow to
+/// repeat every heartbeat); `None` where it cannot be.
+fn shared() -> Option<&'static Nvml> {
+    static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
+    NVML.get_or_init(|| Nvml::init().ok()).as_ref()
+}
+
+/// Each GPU's utilization now. A GPU whose UUID or utilization NVML cannot read (a GPU in MIG mode answers
+/// NotSupported) is left out.
+pub(super) fn utilization() -> Vec<GpuSample> {
+    let Some(nvml) = shared() else { return Vec::new() };
+    let count = nvml.device_count().unwrap_or(0);
+    (0..count)
+        .filter_map(|index| {
+            let device = nvml.device_by_index(index).ok()?;
+            let gpu = device.uuid().ok()?.parse().ok()?;
+            let rates = device.utilization_rates().ok()?;
+            Some(GpuSample { gpu, percent: rates.gpu.min(100) })
+        })
+        .collect()
 }
 
 /// Why `nvmlInit` failed, in words.

@@ -1,11 +1,12 @@
 //! The kubectl-style command line: `get`, `describe`, `reserve`, `cancel`, `release`, `cordon`, `uncordon`,
-//! `drain`, `config` and `completion`. It talks to the API through [`bc_client`] (never to the database), with
+//! `drain`, `ledger`, `config` and `completion`. It talks to the API through [`bc_client`] (never to the database), with
 //! the server, token and CA of a named context in the configuration file ([`config`]). Every failure prints one
 //! line naming the problem and exits 1.
 
 pub mod audit;
 pub mod config;
 pub mod fleet;
+pub mod ledger;
 mod output;
 
 use std::io::Write as _;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use bc_client::Client;
 use bc_client::sse::{Item, StreamQuery};
+use bc_wire::quotes::QuoteBody;
 use bc_wire::reservations::{DevicesDto, ReserveBody};
 use clap::{Args, Subcommand, ValueEnum};
 
@@ -125,12 +127,20 @@ pub struct ReserveArgs {
     /// The project it is charged to.
     #[arg(long)]
     pub project: Option<String>,
+    /// Spread the devices evenly over this many nodes (a gang); on one node when left out.
+    #[arg(long)]
+    pub nodes: Option<u32>,
     /// Makes a retried command answer the same reservation (a fresh one is made up when left out).
     #[arg(long)]
     pub idempotency_key: Option<String>,
-    /// Say when it could start and which devices are free then, and reserve nothing.
-    #[arg(long)]
+    /// Quote it and reserve nothing: the earliest start (not before --start), the exact devices per node, and the
+    /// token that books them with --quote.
+    #[arg(long, conflicts_with = "quote")]
     pub dry_run: bool,
+    /// Book exactly what a dry run quoted (its token; the other flags as the dry run printed them), or fail
+    /// naming what changed since. Never waits in pending.
+    #[arg(long)]
+    pub quote: Option<String>,
     #[arg(short, long, default_value = "table")]
     pub output: Format,
     #[command(flatten)]
@@ -363,48 +373,22 @@ pub async fn describe(args: DescribeArgs) -> anyhow::Result<()> {
 /// `reserve`.
 pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     let client = args.connection.client()?;
+    // The pool's own atom unless the class is given: ask the pool what it books.
+    let class = match &args.class {
+        Some(class) => class.clone(),
+        None => output::pool_atom_class(&client.pool(&args.pool).await?).to_owned(),
+    };
+    let topology = match args.nodes {
+        Some(nodes) => serde_json::json!({ "kind": "gang", "nodes": nodes }),
+        None => serde_json::json!({ "kind": "same-node" }),
+    };
+    let devices: DevicesDto =
+        serde_json::from_value(serde_json::json!({ "class": class, "count": args.count, "topology": topology }))
+            .context("the device request")?;
     if args.dry_run {
-        let query = bc_client::EarliestStartQuery {
-            count: args.count,
-            duration_s: args.duration,
-            not_before_ms: args.start,
-            class: args.class.clone(),
-        };
-        let earliest = client.earliest_start(&args.pool, &query).await?;
-        let Some(start) = earliest else {
-            println!(
-                "{} cannot ever hold {} devices for {}s: nothing would be reserved",
-                args.pool, args.count, args.duration
-            );
-            return Ok(());
-        };
-        let start = args.start.map_or(start, |asked| asked.max(start));
-        let end = start.saturating_add(i64::try_from(args.duration).unwrap_or(i64::MAX / 1000).saturating_mul(1000));
-        let free = client.free_atoms(&args.pool, start, end).await?;
-        println!("earliest start: {} (dry run: nothing was reserved)", output::time(start));
-        println!("window: {} to {}", output::time(start), output::time(end));
-        let fits: Vec<_> = free.iter().filter(|node| node.atoms.len() >= args.count as usize).collect();
-        match fits.first() {
-            Some(node) => {
-                let devices: Vec<&str> = node.atoms.iter().take(args.count as usize).map(String::as_str).collect();
-                println!("devices: {} on {}", devices.join(", "), node.node_id);
-                if fits.len() > 1 {
-                    println!(
-                        "({} nodes have room then; placement picks the best fit at the time of the request)",
-                        fits.len()
-                    );
-                }
-            }
-            None => println!("devices: none free on one node over that whole window"),
-        }
-        return Ok(());
+        return dry_run(&client, &args, devices).await;
     }
     let key = args.idempotency_key.clone().unwrap_or_else(|| ulid::Ulid::new().to_string());
-    let devices: DevicesDto = serde_json::from_value(serde_json::json!({
-        "class": args.class.clone().unwrap_or_else(|| "gpu".to_owned()),
-        "count": args.count,
-    }))
-    .context("the device request")?;
     let mut body: ReserveBody = serde_json::from_value(serde_json::json!({
         "poolId": args.pool,
         "devices": devices,
@@ -413,22 +397,58 @@ pub async fn reserve(args: ReserveArgs) -> anyhow::Result<()> {
     .context("the reservation request")?;
     body.start = args.start;
     body.project_id = args.project.clone();
-    body.wait = args.no_wait.then_some(false);
-    if args.class.is_none() {
-        // The pool's own atom: ask the pool what it books.
-        let pool = client.pool(&args.pool).await?;
-        body.devices = serde_json::from_value(serde_json::json!({
-            "class": output::pool_atom_class(&pool),
-            "count": args.count,
-        }))
-        .context("the device request")?;
-    }
+    // A quote's request never waits: it books the quoted devices or is refused.
+    body.wait = (args.no_wait || args.quote.is_some()).then_some(false);
+    body.quote = args.quote.clone();
     let made = client.reserve(&body, &key).await?;
     // Read back once the read models show it, so that the next command sees it too.
     let made = client.reservation(&made.id).await?;
     settle(&client, "/v1/reservations?limit=1").await?;
     let mut out = std::io::stdout().lock();
     Rows::reservations(vec![made]).print(args.output, true, &mut out)?;
+    Ok(())
+}
+
+/// `reserve --dry-run`: the quote, and the command that books it.
+async fn dry_run(client: &Client, args: &ReserveArgs, devices: DevicesDto) -> anyhow::Result<()> {
+    let mut body: QuoteBody = serde_json::from_value(serde_json::json!({
+        "devices": devices,
+        "duration": args.duration,
+    }))
+    .context("the quote request")?;
+    body.not_before = args.start;
+    body.project_id = args.project.clone();
+    let quote = match client.quote(&args.pool, &body).await {
+        Ok(quote) => quote,
+        Err(bc_client::Error::Api { code, message, .. })
+            if code == "CAPACITY_UNAVAILABLE" || code == "QUOTA_EXCEEDED" =>
+        {
+            println!("{message}: nothing would be reserved");
+            return Ok(());
+        }
+        Err(err) => return Err(err.into()),
+    };
+    println!("earliest start: {} (dry run: nothing was reserved)", output::time(quote.start));
+    println!("window: {} to {}", output::time(quote.start), output::time(quote.end));
+    for allocation in &quote.allocations {
+        println!("devices: {} on {}", allocation.devices.join(", "), allocation.node_id);
+    }
+    println!("quote: {} (book it before {})", quote.quote, output::time(quote.expires_at));
+    let mut book = format!(
+        "better-compute reserve --pool {} --count {} --class {} --duration {}",
+        args.pool, args.count, quote.reserve.devices.class, args.duration
+    );
+    if let Some(nodes) = args.nodes {
+        book.push_str(&format!(" --nodes {nodes}"));
+    }
+    match quote.reserve.start {
+        Some(start) => book.push_str(&format!(" --start {}", output::time(start))),
+        None => println!("(the window starts when it is booked)"),
+    }
+    if let Some(project) = &args.project {
+        book.push_str(&format!(" --project {project}"));
+    }
+    println!("book it: {book} --quote {}", quote.quote);
     Ok(())
 }
 

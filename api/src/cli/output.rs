@@ -379,6 +379,33 @@ pub async fn fetch_one_after(
     }
 }
 
+/// The `Why:` section of a reservation's `describe`: the decision's summary, the reads it made, the quota
+/// arithmetic, and the passed-over nodes with their reasons.
+fn explanation(text: &mut String, e: &bc_wire::explanations::ExplanationDto) {
+    text.push_str(&format!("Why:            {}\n", e.summary));
+    if !e.tiers.is_empty() {
+        let tiers: Vec<String> = e
+            .tiers
+            .iter()
+            .map(|t| format!("{} ({} fitting{})", t.tier, t.candidates, if t.fits { ", planned" } else { "" }))
+            .collect();
+        text.push_str(&format!("  Searched:     {}\n", tiers.join(" → ")));
+    }
+    if let Some(quota) = &e.quota {
+        text.push_str(&format!("  Quota:        {}\n", quota.arithmetic));
+    }
+    if let Some(policy) = &e.policy {
+        text.push_str(&format!("  Policy:       {policy}\n"));
+    }
+    if !e.excluded_by.is_empty() {
+        let kinds: Vec<String> = e.excluded_by.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
+        text.push_str(&format!("  Passed over:  {}\n", kinds.join(", ")));
+    }
+    for node in &e.excluded {
+        text.push_str(&format!("    {}  {}\n", node.node_id, node.reason));
+    }
+}
+
 /// `describe <id>`: the thing's fields, its conditions (nodes) or allocations (reservations), and its events.
 pub async fn describe(client: &Client, id: &str) -> anyhow::Result<String> {
     let Some(kind) = Kind::of_id(id) else {
@@ -430,6 +457,12 @@ pub async fn describe(client: &Client, id: &str) -> anyhow::Result<String> {
                 None => text.push_str("  none\n"),
             }
             through = item["version"].as_u64().and_then(|v| u32::try_from(v).ok());
+            match client.explanation(id, None).await {
+                Ok(explained) => explanation(&mut text, &explained.explanation),
+                // Recorded before decisions were explained.
+                Err(err) if err.status() == Some(404) => {}
+                Err(err) => return Err(err.into()),
+            }
         }
         Kind::Instances => through = item["version"].as_u64().and_then(|v| u32::try_from(v).ok()),
         _ => {}

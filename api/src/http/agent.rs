@@ -193,7 +193,7 @@ pub async fn issue_certificate(
     path = "/v1/agent/heartbeat",
     tag = "agent",
     summary = "Renew the liveness lease; answers the generation, the spec when newer, and whether commands wait",
-    request_body(content = Object, description = "Heartbeat: sessionId, observedGeneration, clockMs"),
+    request_body(content = Object, description = "Heartbeat: sessionId, observedGeneration, clockMs, and optionally gpuUtilization, one {gpu, percent} per GPU (its UUID; 0 to 100)"),
     responses(CommonErrors, (status = 200, description = "Renewed", body = HeartbeatReplyDto), (status = 409, description = "The session was replaced", body = ErrorBody)),
     security(("node" = [])),
 )]

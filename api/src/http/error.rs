@@ -35,6 +35,17 @@ impl ApiError {
         self
     }
 
+    /// The same answer with one more entry in its details.
+    pub fn with_detail(mut self, key: &str, value: Value) -> Self {
+        match &mut self.details {
+            Value::Object(details) => {
+                details.insert(key.to_owned(), value);
+            }
+            _ => self.details = serde_json::json!({ key: value }),
+        }
+        self
+    }
+
     /// The same answer, with what went wrong inside for the log (never sent).
     pub fn with_cause(mut self, cause: impl std::fmt::Display) -> Self {
         self.cause = Some(cause.to_string());
@@ -103,7 +114,8 @@ impl From<AppError> for ApiError {
                     | Rejection::IdempotencyKeyReused { .. }
                     | Rejection::KeyReused(_)
                     | Rejection::QuotaExceeded(_)
-                    | Rejection::CapacityUnavailable(_) => StatusCode::CONFLICT,
+                    | Rejection::CapacityUnavailable(_)
+                    | Rejection::QuoteStale(_) => StatusCode::CONFLICT,
                     Rejection::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
                     Rejection::Forbidden(_) | Rejection::TenantSuspended(_) => StatusCode::FORBIDDEN,
                 };
@@ -126,6 +138,15 @@ impl From<AppError> for ApiError {
                     details["state"] = json!(denied.state.as_str());
                 }
                 ApiError::forbidden(denied.reason).with_details(details)
+            }
+            AppError::Explained(explained) => {
+                let bc_commands::explain::Explained { rejection, explanation } = *explained;
+                let mut error = ApiError::from(AppError::Rejected(rejection));
+                let explanation = crate::wire::explanations::ExplanationDto::from(&*explanation);
+                if let Ok(value) = serde_json::to_value(explanation) {
+                    error = error.with_detail("explanation", value);
+                }
+                error
             }
         }
     }

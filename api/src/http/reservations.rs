@@ -13,10 +13,12 @@ use super::error::{CommonErrors, ErrorBody};
 use super::request::{Authed, JsonBody, OptionalBody, PageParams, QueryParams, committed_answer, next_cursor, path_id};
 use super::{ApiError, AppState};
 use crate::wire::ReservationPage;
+use crate::wire::explanations::ReservationExplanationDto;
 use crate::wire::reservations::{CancelBody, EmptyBody, ExtendBody, ReservationDto, ReserveBody};
 use bc_commands::Caller;
 use bc_commands::Committed;
 use bc_commands::door::Subject;
+use bc_commands::quotes::BookQuote;
 use bc_commands::reads::ReservationFilter;
 use bc_commands::reservations::Reserve;
 
@@ -32,7 +34,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
 
 /// `POST /v1/reservations`: `201` with the new reservation (`placed` or `pending`), `200` with the existing one
 /// for a retry with the same key and body. A request the authorizer refuses is recorded as `denied` and answered
-/// `403`.
+/// `403`. With a `quote`, exactly the quoted devices are booked, or `409 QUOTE_STALE` says what changed.
 #[utoipa::path(
     post,
     path = "/v1/reservations",
@@ -40,18 +42,22 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
     summary = "Reserve GPUs in a pool",
     params(("Idempotency-Key" = String, Header, description = "Names the reservation with the caller: a retry with the same key and body answers the same one")),
     request_body = ReserveBody,
-    responses(CommonErrors, (status = 201, description = "Created, placed or pending; `X-Position` is its consistency token", body = ReservationDto), (status = 200, description = "A retry: the existing reservation", body = ReservationDto), (status = 409, description = "CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED", body = ErrorBody)),
+    responses(CommonErrors, (status = 201, description = "Created, placed or pending; `X-Position` is its consistency token", body = ReservationDto), (status = 200, description = "A retry: the existing reservation", body = ReservationDto), (status = 409, description = "CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED, QUOTE_STALE (a quoted booking whose devices, nodes or quota changed) or IDEMPOTENCY_KEY_REUSED", body = ErrorBody)),
     security(("bearer" = [])),
 )]
 pub async fn create_reservation(
     State(state): State<AppState>,
     who: Authed,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<ReserveBody>,
+    JsonBody(mut body): JsonBody<ReserveBody>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
+    let quote = body.quote.take();
     let request = body.request()?;
-    let reserved = state.app.reserve_as(&who.0, Reserve { idempotency_key: key, request }).await?;
+    let reserved = match quote {
+        Some(quote) => state.app.book_quote_as(&who.0, BookQuote { idempotency_key: key, request, quote }).await?,
+        None => state.app.reserve_as(&who.0, Reserve { idempotency_key: key, request }).await?,
+    };
     let status = if reserved.value.created { StatusCode::CREATED } else { StatusCode::OK };
     let r = &reserved.value.reservation;
     let location = format!("/v1/reservations/{}", r.id);
@@ -88,6 +94,45 @@ pub async fn get_reservation(
     let (id, caller) = authorized(&state, &who, "reservations.get", &id).await?;
     let found = state.app.reservation(&caller, &id).await?;
     Ok(answer(StatusCode::OK, &found))
+}
+
+/// Query of `GET /v1/reservations/{id}/explanation`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ExplanationParams {
+    /// A log position: the explanation as the log stood there (now when absent).
+    pub at: Option<String>,
+}
+
+/// `GET /v1/reservations/{id}/explanation`: why its last placement decision went as it did, folded from its
+/// stream (up to `at`), so a replay to the answered position gives the same explanation.
+#[utoipa::path(
+    get,
+    path = "/v1/reservations/{reservation_id}/explanation",
+    tag = "reservations",
+    summary = "Why the reservation was placed where it is, waits, or was denied: the candidates by tier, the quota arithmetic, each passed-over node's reason",
+    params(("reservation_id" = String, Path, description = "The reservation id"), ExplanationParams),
+    responses(CommonErrors, (status = 200, description = "The explanation", body = ReservationExplanationDto)),
+    security(("bearer" = [])),
+)]
+pub async fn get_explanation(
+    State(state): State<AppState>,
+    who: Authed,
+    Path(id): Path<String>,
+    QueryParams(params): QueryParams<ExplanationParams>,
+) -> Result<Json<ReservationExplanationDto>, ApiError> {
+    let (id, caller) = authorized(&state, &who, "reservations.get", &id).await?;
+    let at = match params.at.as_deref() {
+        Some(at) => Some(path_id::<bc_eventstore::Position>("at", at)?),
+        None => None,
+    };
+    let (explanation, position) = state.app.explanation(&caller, &id, at).await?;
+    Ok(Json(ReservationExplanationDto {
+        reservation_id: id.to_string(),
+        position: position.to_string(),
+        explanation: (&explanation).into(),
+    }))
 }
 
 /// Query of `GET /v1/reservations`.

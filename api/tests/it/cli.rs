@@ -63,7 +63,7 @@ pub(crate) async fn the_cli_lists_reserves_describes_and_drains_through_the_api(
     let yaml = stdout(&cli(config, &["get", "nodes", "-o", "yaml", "--pool", &pool]));
     assert!(yaml.starts_with("items:") && yaml.contains("connectivity: connected"), "{yaml}");
 
-    // reserve: a dry run reserves nothing, then the reservation itself.
+    // reserve: a dry run quotes and reserves nothing, then its quote is booked as printed.
     let dry = stdout(&cli(
         config,
         &["reserve", "--context", "dev-demo", "--pool", &pool, "--count", "2", "--duration", "1h", "--dry-run"],
@@ -71,11 +71,16 @@ pub(crate) async fn the_cli_lists_reserves_describes_and_drains_through_the_api(
     assert!(dry.contains("earliest start:") && dry.contains("devices: ") && dry.contains(" on node_"), "{dry}");
     let none = json(&cli(config, &["get", "reservations", "--context", "dev-demo", "-o", "json"]));
     assert_eq!(none["items"].as_array().map(Vec::len), Some(0), "a dry run reserved nothing: {none}");
-    let made = json(&cli(
-        config,
-        &["reserve", "--context", "dev-demo", "--pool", &pool, "--count", "2", "--duration", "1h", "-o", "json"],
-    ));
+    let quoted = dry.lines().find_map(|line| line.strip_prefix("devices: ")).expect("the quoted devices").to_owned();
+    let book = dry.lines().find_map(|line| line.strip_prefix("book it: better-compute ")).expect("the command");
+    let mut args: Vec<&str> = book.split(' ').collect();
+    args.extend(["--context", "dev-demo", "-o", "json"]);
+    let made = json(&cli(config, &args));
     let reservation = made["id"].as_str().expect("a reservation id").to_owned();
+    let devices: Vec<&str> =
+        made["allocations"][0]["devices"].as_array().expect("devices").iter().filter_map(Value::as_str).collect();
+    let node = made["allocations"][0]["nodeId"].as_str().expect("a node");
+    assert_eq!(format!("{} on {node}", devices.join(", ")), quoted, "booked exactly what the dry run quoted");
 
     // A watch prints the list, then each change as its row: a second reservation appears on it.
     let mut watch = command(&["get", "reservations", "--context", "dev-demo", "-w"])

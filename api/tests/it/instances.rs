@@ -36,6 +36,7 @@ async fn vps_node(api: &Api, pool: &str) -> (String, String) {
         observed_generation: opened.body["generation"].as_u64().expect("generation"),
         // The node's clock agrees with the database server's.
         clock_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64,
+        gpu_utilization: Vec::new(),
     };
     let beat =
         as_(api, "POST", "/v1/agent/heartbeat", &credential, Some(serde_json::to_value(beat).expect("json"))).await;

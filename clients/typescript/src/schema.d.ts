@@ -232,6 +232,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/pools/{pool_id}/quotes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Quote a request: the exact devices and window it would get now, and the token that books them
+         * @description Decided as `pools.quote` on the pool and as `reservations.create` on the draft, so a quote is only given for what the caller could book. The placement is the reservation's own: the earliest start (or exactly `start`) at which the request fits the pool within the caller's quota at every instant of the window. Book it by sending `reserve` unchanged to `POST /v1/reservations` before `expiresAt`: it gets exactly these devices, or `409 QUOTE_STALE` naming what changed. Nothing is written.
+         */
+        post: operations["quote_reservation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/pools/{pool_id}/offers": {
         parameters: {
             query?: never;
@@ -978,6 +998,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/reservations/{reservation_id}/explanation": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Why the reservation was placed where it is, waits, or was denied: the candidates by tier, the quota arithmetic, each passed-over node's reason */
+        get: operations["get_explanation"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/reservations/{reservation_id}/renew": {
         parameters: {
             query?: never;
@@ -1628,6 +1665,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/ledger": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The GPU-hour ledger: per pool and UTC hour the capacity, booked and free atom-hours; per tenant the booked, bound and idle ones (every tenant's in the caller's own pools, its own elsewhere) */
+        get: operations["get_ledger"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/audit": {
         parameters: {
             query?: never;
@@ -2135,13 +2189,40 @@ export interface components {
         ErrorDetail: {
             /**
              * @description `INVALID_ARGUMENT`, `UNAUTHENTICATED`, `FORBIDDEN`, `NOT_FOUND`, `CONFLICT`, `CAPACITY_UNAVAILABLE`,
-             *     `QUOTA_EXCEEDED`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNSUPPORTED_MEDIA_TYPE`, `UNAVAILABLE`,
-             *     `INTERNAL_ERROR`.
+             *     `QUOTA_EXCEEDED`, `QUOTE_STALE`, `IDEMPOTENCY_KEY_REUSED`, `NOT_YET_CONSISTENT`, `UNSUPPORTED_MEDIA_TYPE`,
+             *     `UNAVAILABLE`, `INTERNAL_ERROR`.
              */
             code: string;
             message: string;
             /** @description Such as `field`, naming what is wrong with the input. */
             details: Record<string, never>;
+        };
+        /** @description The explanation of one decision. */
+        ExplanationDto: {
+            /** @description `placed`, `pending`, `refused` or `denied`. */
+            decision: string;
+            /** @description The decision and its main reason, in one line. */
+            summary: string;
+            /**
+             * Format: int64
+             * @description The window decided about (epoch milliseconds).
+             */
+            start: number;
+            /** Format: int64 */
+            end: number;
+            /** @description The reads the placement made, in order. */
+            tiers: components["schemas"]["TierLookDto"][];
+            quota?: components["schemas"]["QuotaLineDto"] | null;
+            /** @description The nodes placed on. */
+            chosen: string[];
+            /** @description Passed-over nodes, the closest to fitting first (at most 16). */
+            excluded: components["schemas"]["NodeExcludedDto"][];
+            /** @description How many of the pool's nodes each kind of exclusion covered. */
+            excludedBy: {
+                [key: string]: number;
+            };
+            /** @description The pool rule that decided, when one did. */
+            policy?: string | null;
         };
         /** @description Body of `extend`. */
         ExtendBody: {
@@ -2510,6 +2591,85 @@ export interface components {
             position: string;
             leafHash: string;
         };
+        /** @description `GET /v1/ledger`: the hours `[from, to)`. */
+        LedgerDto: {
+            /**
+             * Format: int64
+             * @description The first hour's start, epoch milliseconds.
+             */
+            from: number;
+            /**
+             * Format: int64
+             * @description The end of the last hour, epoch milliseconds (exclusive).
+             */
+            to: number;
+            /**
+             * @description Per pool and hour: the pools the caller owns or is offered, in pool then hour order. An hour in which the
+             *     pool had no atoms and nothing booked is left out.
+             */
+            pools: components["schemas"]["LedgerPoolHourDto"][];
+            /**
+             * @description Per pool, tenant and hour: every tenant's in the pools the caller owns, its own elsewhere; in pool, hour
+             *     then tenant order. An hour in which the tenant booked nothing is left out.
+             */
+            tenants: components["schemas"]["LedgerTenantHourDto"][];
+        };
+        /** @description One pool's hour. `booked + free = capacity`. */
+        LedgerPoolHourDto: {
+            poolId: string;
+            /**
+             * Format: int64
+             * @description The hour's start, epoch milliseconds (a whole UTC hour).
+             */
+            hour: number;
+            /**
+             * Format: double
+             * @description Atom-hours the pool's nodes had in the hour, for the part of it each belonged to the pool.
+             */
+            capacity: number;
+            /**
+             * Format: double
+             * @description Atom-hours every tenant's reservations booked in the hour.
+             */
+            booked: number;
+            /**
+             * Format: double
+             * @description Capacity no reservation booked.
+             */
+            free: number;
+        };
+        /** @description One tenant's hour in one pool. `bound + idle = booked`. */
+        LedgerTenantHourDto: {
+            poolId: string;
+            tenantId: string;
+            /**
+             * Format: int64
+             * @description The hour's start, epoch milliseconds (a whole UTC hour).
+             */
+            hour: number;
+            /**
+             * Format: double
+             * @description Atom-hours its reservations booked: from their windows, ended early by a cancel, release, expiry or
+             *     failure, lengthened by extensions.
+             */
+            booked: number;
+            /**
+             * Format: double
+             * @description The part of `booked` its reservations were active (bound to their workload).
+             */
+            bound: number;
+            /**
+             * Format: double
+             * @description Booked, not bound: placed and waiting for the window, binding, or releasing.
+             */
+            idle: number;
+            /**
+             * Format: double
+             * @description The mean GPU utilization (0 to 100) the agents sampled in the hour on the GPUs of its bound reservations;
+             *     `null` where no agent sampled one.
+             */
+            utilization: number | null;
+        };
         /** @description The body of `POST /v1/pools/{pool_id}/limits`. */
         LimitBody: {
             /** @description Applies to callers whose best relation on the pool is this one or below: `viewer`, `user` or `operator`. */
@@ -2653,6 +2813,41 @@ export interface components {
              * @description Since when it is in a transitional `provisionState`; it goes to `failed` if it stays past the state's limit.
              */
             provisionSince?: number | null;
+        };
+        /** @description One passed-over node and why. */
+        NodeExcludedDto: {
+            nodeId: string;
+            /** @description `unschedulable`, `too-few-matching`, `busy` or `not-needed`. */
+            kind: string;
+            /** @description The reason in words. */
+            reason: string;
+            /** @description The failed schedulability conditions (`unschedulable`). */
+            conditions?: string[];
+            /**
+             * Format: int32
+             * @description Atoms matching the request's class and selector.
+             */
+            matching?: number | null;
+            /**
+             * Format: int32
+             * @description Of those, free over the window.
+             */
+            free?: number | null;
+            /**
+             * Format: int32
+             * @description What one node's share of the request needs.
+             */
+            needed?: number | null;
+            /**
+             * Format: int32
+             * @description Bookings overlapping the window on its matching atoms.
+             */
+            overlapping?: number | null;
+            /**
+             * Format: int64
+             * @description When the first of those ends (epoch milliseconds).
+             */
+            firstFreesAt?: number | null;
         };
         /** @description A page of nodes. */
         NodePage: {
@@ -2980,11 +3175,86 @@ export interface components {
         QuotaBody: {
             quota: components["schemas"]["BTreeMap"];
         };
+        /** @description `peak + requested <= limit` at the window's busiest instant. */
+        QuotaLineDto: {
+            resource: string;
+            /** Format: int32 */
+            limit: number;
+            /**
+             * Format: int64
+             * @description Held at the busiest instant of the window.
+             */
+            peak: number;
+            /**
+             * Format: int64
+             * @description That instant (epoch milliseconds), when read.
+             */
+            peakAt?: number | null;
+            /** Format: int32 */
+            requested: number;
+            admits: boolean;
+            /** @description The arithmetic in words. */
+            arithmetic: string;
+        };
         /** @description An offering's quota as set. */
         QuotaSetDto: {
             poolId: string;
             tenantId: string;
             quota: components["schemas"]["BTreeMap"];
+        };
+        /** @description The body of `POST /v1/pools/{id}/quotes`: what a reservation would ask for (held devices), and from when. */
+        QuoteBody: {
+            devices: components["schemas"]["DevicesDto"];
+            /**
+             * Format: int64
+             * @description Quote exactly this start (epoch milliseconds, on a whole second, from now to 366 days ahead); without it,
+             *     the earliest start that fits.
+             */
+            start?: number | null;
+            /**
+             * Format: int64
+             * @description The earliest start to consider (epoch milliseconds); now when left out. Not with `start`.
+             */
+            notBefore?: number | null;
+            /**
+             * Format: int64
+             * @description The window's length in whole seconds, 1 to 31622400 (366 days).
+             */
+            duration: number;
+            /** Format: int64 */
+            leaseSeconds?: number | null;
+            projectId?: string | null;
+        };
+        /** @description A quote: the exact devices and window the request gets if booked before `expiresAt`. */
+        QuoteDto: {
+            poolId: string;
+            /**
+             * Format: int64
+             * @description The window's start (epoch milliseconds). When `reserve.start` is absent the window starts when booked (now,
+             *     at the quote) and lasts `duration`; otherwise it is exactly `start` to `end`.
+             */
+            start: number;
+            /** Format: int64 */
+            end: number;
+            allocations: components["schemas"]["QuotedAllocationDto"][];
+            /**
+             * @description The body that books it: send it unchanged to `POST /v1/reservations` (with an `Idempotency-Key`). It carries
+             *     the token as `quote`.
+             */
+            reserve: components["schemas"]["ReserveBody"];
+            /** @description The signed token (base64url text), bound to the caller, this request, the window and the devices. */
+            quote: string;
+            /**
+             * Format: int64
+             * @description Until when it can be booked (epoch milliseconds).
+             */
+            expiresAt: number;
+        };
+        /** @description One node's share of a quote. */
+        QuotedAllocationDto: {
+            nodeId: string;
+            /** @description Its atoms, in device id order. */
+            devices: string[];
         };
         /** @description A ramdisk's session: a bearer credential (`rds_...`) for one workflow of one machine. */
         RamdiskSessionDto: {
@@ -3103,6 +3373,13 @@ export interface components {
              */
             version: number;
         };
+        /** @description `GET /v1/reservations/{id}/explanation`. */
+        ReservationExplanationDto: {
+            reservationId: string;
+            /** @description The position of the event that recorded it: a replay to there folds the same explanation. */
+            position: string;
+            explanation: components["schemas"]["ExplanationDto"];
+        };
         /** @description A page of reservations, in id order. */
         ReservationPage: {
             items: components["schemas"]["ReservationDto"][];
@@ -3156,6 +3433,11 @@ export interface components {
             resources?: {
                 [key: string]: number;
             };
+            /**
+             * @description A quote's token (`POST /v1/pools/{id}/quotes`): book exactly the quoted devices, with the quote's `reserve`
+             *     body unchanged, or answer `QUOTE_STALE` naming what changed; a quoted reserve never waits in `pending`.
+             */
+            quote?: string | null;
         };
         /** @description An offering withdrawn. */
         RevokedOfferDto: {
@@ -3334,6 +3616,18 @@ export interface components {
         /** @description The tenants directly below one. */
         TenantList: {
             items: components["schemas"]["TenantDto"][];
+        };
+        /** @description What one read of the search offered. */
+        TierLookDto: {
+            /** @description `summary`, `exact`, `whole-nodes`, `scalars` or `quote`. */
+            tier: string;
+            /**
+             * Format: int32
+             * @description The fitting nodes it offered.
+             */
+            candidates: number;
+            /** @description Whether a placement was planned from them. */
+            fits: boolean;
         };
         /** @description A live token, without its secret. */
         TokenDto: {
@@ -5302,6 +5596,114 @@ export interface operations {
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
              */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    quote_reservation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The pool id */
+                pool_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["QuoteBody"];
+            };
+        };
+        responses: {
+            /** @description The quote */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["QuoteDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description CAPACITY_UNAVAILABLE (it fits nowhere within 366 days, or not at `start`) or QUOTA_EXCEEDED (the quota can never admit it) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -10486,7 +10888,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED */
+            /** @description CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED, QUOTE_STALE (a quoted booking whose devices, nodes or quota changed) or IDEMPOTENCY_KEY_REUSED */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -10668,6 +11070,116 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ReservationDto"];
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_explanation: {
+        parameters: {
+            query?: {
+                /** @description A log position: the explanation as the log stood there (now when absent). */
+                at?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The reservation id */
+                reservation_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The explanation */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReservationExplanationDto"];
                 };
             };
             /** @description Bad input, naming the field in `details.field`; nothing was written. */
@@ -16573,6 +17085,128 @@ export interface operations {
                 };
             };
             /** @description The database is unreachable (or, for reads with a consistency token, `NOT_YET_CONSISTENT`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_ledger: {
+        parameters: {
+            query?: {
+                /** @description Only this pool's rows. */
+                pool?: string;
+                /** @description The first hour, epoch milliseconds (rounded down to a whole UTC hour); by default 24 hours before `to`. */
+                from?: number;
+                /**
+                 * @description The end, epoch milliseconds (rounded up to a whole UTC hour; at most 31 days after `from`); by default 24
+                 *     hours after `from`, or the end of the current hour.
+                 */
+                to?: number;
+                /** @description `json` (the default) or `csv` (the same as `Accept: text/csv`). */
+                format?: "json" | "csv";
+                /** @description A consistency token: answer once the read models have passed this position (as `X-Min-Position`). */
+                after?: string;
+            };
+            header?: {
+                /** @description A consistency token, as ?after= */
+                "X-Min-Position"?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The hours, as JSON or CSV */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LedgerDto"];
+                    "text/csv": string;
+                };
+            };
+            /** @description Bad input, naming the field in `details.field`; nothing was written. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No bearer token, or one nobody knows. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not allowed, with the reason. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not found, or not visible to the caller (the two are not told apart). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
+             *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body is larger than the API reads. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Something failed inside; the message is generic and the cause is logged. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description NOT_YET_CONSISTENT */
             503: {
                 headers: {
                     [name: string]: unknown;

@@ -474,6 +474,14 @@ impl BeatItem {
     }
 }
 
+/// The call that adds one heartbeat's GPU utilization samples to the node's current hour (`record_gpu_utilization`,
+/// `nodes/0005`), sent only when the heartbeat carries samples.
+pub fn utilization_call(node_id: &NodeId, samples: &[bc_domain::agent::GpuSample]) -> sql::Call {
+    let gpus: Vec<&str> = samples.iter().map(|s| s.gpu.as_str()).collect();
+    let percents: Vec<i32> = samples.iter().map(|s| i32::try_from(s.percent).unwrap_or(i32::MAX)).collect();
+    sql::Call::new("record_gpu_utilization").text(node_id.as_str()).texts(&gpus).int4s(&percents)
+}
+
 /// The call that renews the sessions of many heartbeats in one transaction (`agent_heartbeats_json`): each item as
 /// [`BeatItem::call`] would, its answer at its position.
 pub fn heartbeats_call<'a>(items: impl Iterator<Item = &'a BeatItem>) -> sql::Call {

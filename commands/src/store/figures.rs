@@ -1,5 +1,6 @@
 //! The figures a scrape reads: from the runtime tables the log's sequence, the horizon, the work queue and the
-//! leases; and the fleet's, per pool, from the capacity rollup, the inline `nodes` table and the agents' sessions.
+//! leases; and the fleet's, per pool, from the capacity rollup, the inline `nodes` table, the agents' sessions and
+//! the GPU-hour ledger.
 
 use bc_eventstore::{Tx, lease, sql};
 use bc_projections::{framework, models};
@@ -109,12 +110,27 @@ pub struct PoolSessions {
     pub oldest_heartbeat_age_seconds: f64,
 }
 
-/// The fleet's figures: capacity, nodes by state and agents' sessions, each a bounded number of rows per pool.
+/// One pool's GPU-hour ledger over one hour (the `ledger` read model, summed over its tenants), in
+/// atom-milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerHourFigures {
+    pub pool_id: String,
+    /// `current` (the hour now running, as booked so far, its later minutes included) or `last` (the hour before).
+    pub hour: &'static str,
+    pub capacity: i64,
+    pub booked: i64,
+    /// The part of `booked` its reservations were active.
+    pub bound: i64,
+}
+
+/// The fleet's figures: capacity, nodes by state, agents' sessions and the ledger's last and current hours, each a
+/// bounded number of rows per pool.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct FleetFigures {
     pub capacity: Vec<PoolCapacity>,
     pub nodes: Vec<NodeStates>,
     pub sessions: Vec<PoolSessions>,
+    pub ledger: Vec<LedgerHourFigures>,
 }
 
 /// Reads them in the caller's transaction (one snapshot). Each is one aggregate: the rollup's rows (one per pool
@@ -191,5 +207,27 @@ pub async fn fleet_figures(tx: &mut Tx) -> bc_eventstore::Result<FleetFigures> {
             oldest_heartbeat_age_seconds: row.try_get("oldest")?,
         });
     }
-    Ok(FleetFigures { capacity, nodes, sessions })
+    let ledger = ledger_figures(tx).await?;
+    Ok(FleetFigures { capacity, nodes, sessions, ledger })
+}
+
+/// Every pool's ledger over the last complete hour and the current one.
+async fn ledger_figures(tx: &mut Tx) -> bc_eventstore::Result<Vec<LedgerHourFigures>> {
+    use models::ledger::{self, HOUR_MS, LedgerQuery, Scope};
+    let newest = models::read_models().iter().filter(|m| m.name() == "ledger").map(|m| m.version()).max().unwrap_or(1);
+    let version = framework::active_version(tx, "ledger").await?.unwrap_or(newest);
+    let current = bc_eventstore::clock::compute_now_ms(tx).await?.div_euclid(HOUR_MS) * HOUR_MS;
+    let query =
+        LedgerQuery { from_ms: current - HOUR_MS, to_ms: current + HOUR_MS, pool_id: None, scope: &Scope::Fleet };
+    let hours = ledger::read(tx, version, &query).await?;
+    Ok(ledger::pool_totals(&hours)
+        .into_iter()
+        .map(|((pool_id, hour_ms), (capacity, booked, bound))| LedgerHourFigures {
+            pool_id,
+            hour: if hour_ms == current { "current" } else { "last" },
+            capacity,
+            booked,
+            bound,
+        })
+        .collect())
 }

@@ -55,8 +55,12 @@ async fn join(fleet: &Fleet, pool: &PoolId, document: &NodeInventory) -> (Joined
 
 /// A heartbeat that reports `observed` as applied.
 async fn beat(fleet: &Fleet, auth: &NodeAuth, joined: &Joined, observed: u64) {
-    let beat =
-        Heartbeat { session_id: joined.session.session_id.clone(), observed_generation: observed, clock_ms: now_ms() };
+    let beat = Heartbeat {
+        session_id: joined.session.session_id.clone(),
+        observed_generation: observed,
+        clock_ms: now_ms(),
+        gpu_utilization: Vec::new(),
+    };
     fleet.app.heartbeat(auth, &beat).await.expect("heartbeat");
 }
 
@@ -166,7 +170,12 @@ async fn one_nodes_credential_cannot_speak_for_another() {
     assert_eq!(code(&err), "NOT_FOUND");
     assert_eq!(fleet.app.agent_commands(&a_auth, 10).await.expect("A's commands").len(), 1);
     // B heartbeating with A's session: refused, and A's lease is untouched.
-    let stolen = Heartbeat { session_id: a.session.session_id.clone(), observed_generation: 1, clock_ms: now_ms() };
+    let stolen = Heartbeat {
+        session_id: a.session.session_id.clone(),
+        observed_generation: 1,
+        clock_ms: now_ms(),
+        gpu_utilization: Vec::new(),
+    };
     let err = fleet.app.heartbeat(&b_auth, &stolen).await.expect_err("B with A's session");
     assert_eq!(code(&err), "CONFLICT");
     assert_eq!(
@@ -443,8 +452,12 @@ async fn a_skewed_clock_and_a_missing_gpu_raise_conditions_that_keep_the_node_of
         }
     };
     // Five seconds ahead of the database server's clock.
-    let skewed =
-        Heartbeat { session_id: joined.session.session_id.clone(), observed_generation: 1, clock_ms: now_ms() + 5_000 };
+    let skewed = Heartbeat {
+        session_id: joined.session.session_id.clone(),
+        observed_generation: 1,
+        clock_ms: now_ms() + 5_000,
+        gpu_utilization: Vec::new(),
+    };
     fleet.app.heartbeat(&auth, &skewed).await.expect("heartbeat");
     assert_eq!(schedulable(&fleet).await, (false, vec!["ClockSkew".to_owned()]));
     beat(&fleet, &auth, &joined, 1).await;
@@ -667,6 +680,7 @@ async fn a_heartbeat_by_credential_renews_in_one_call_and_says_what_is_wrong_oth
         session_id: session.session.session_id.clone(),
         observed_generation: 1,
         clock_ms: now_ms(),
+        gpu_utilization: Vec::new(),
     };
     let reply = fleet.app.heartbeat_with_credential(&a.credential, &beat(&a), None).await.expect("heartbeat");
     assert_eq!((reply.generation, reply.spec.is_none()), (1, true));
@@ -711,8 +725,12 @@ async fn a_steady_heartbeat_is_one_round_trip_by_node_and_by_credential() {
     beat(&fleet, &auth, &joined, 1).await;
     let trips = RoundTrips::start(fleet.t.connect_options());
     let app = bc_commands::App::new(Db::connect_lazy_with(trips.connect_options(), &test_db_config()));
-    let steady =
-        Heartbeat { session_id: joined.session.session_id.clone(), observed_generation: 1, clock_ms: now_ms() };
+    let steady = Heartbeat {
+        session_id: joined.session.session_id.clone(),
+        observed_generation: 1,
+        clock_ms: now_ms(),
+        gpu_utilization: Vec::new(),
+    };
     trips.take();
     let reply = app.heartbeat(&auth, &steady).await.expect("heartbeat by node");
     assert_eq!(trips.take(), 1);
@@ -753,6 +771,7 @@ async fn heartbeats_sent_together_share_one_transaction_and_each_gets_its_own_an
         session_id: joined.session.session_id.clone(),
         observed_generation: 1,
         clock_ms: now_ms(),
+        gpu_utilization: Vec::new(),
     };
     let stale =
         Heartbeat { session_id: "ses_00000000000000000000000000".parse().expect("session"), ..steady(&nodes[1].0) };

@@ -4,6 +4,7 @@ pub mod audit;
 mod axes;
 pub mod capacity;
 pub mod folded;
+pub mod ledger;
 pub mod nodes;
 pub mod pools;
 pub mod reservations;
@@ -22,6 +23,7 @@ pub fn read_models() -> Vec<Arc<dyn Projection>> {
         Arc::new(reservations::ReservationsV3),
         Arc::new(capacity::CapacityRollupV1),
         Arc::new(audit::AuditV1),
+        Arc::new(ledger::LedgerV1),
     ]
 }
 
