@@ -151,7 +151,8 @@ async fn explanation_cost(
     let without = refusals(plain, "ro").await?;
     let ms = |l: &[Duration], p| percentile(l, p).as_secs_f64() * 1000.0;
     println!(
-        "  a refusal in a full pool of 1,000 nodes x 8 GPUs ({} samples): p50 {:.1} ms explained (p99 {:.1}), {:.1} ms          without (p99 {:.1}); ratio of p50s {:.2}",
+        "  a refusal in a full pool of 1,000 nodes x 8 GPUs ({} samples): p50 {:.1} ms explained (p99 {:.1}), \
+         {:.1} ms without (p99 {:.1}); ratio of p50s {:.2}",
         with.len(),
         ms(&with, 0.5),
         ms(&with, 0.99),

@@ -6,7 +6,7 @@ use bc_domain::id::{NodeId, ReservationId, TenantId};
 use bc_domain::instance::{self, Instance, NewInstance};
 use bc_domain::placement::{self, NodeCandidate, PlannedAllocation};
 use bc_domain::pool::PoolOffered;
-use bc_domain::reservation::explanation::{Decision, Tier};
+use bc_domain::reservation::explanation::{Decision, Explanation, Tier};
 use bc_domain::reservation::{
     self, AdmissionFacts, Allocation, Binding, Command, DeviceRequest, ExpiryCause, NewRequest, Reservation,
     ReservationEvent, ReservationRequest, Waiting, placed_start,
@@ -760,7 +760,23 @@ async fn reserve_decided(
         ancestors: &caller.ancestors,
         project_in_tenant: facts.project_in_tenant,
     };
-    let admitted = reservation::admit(request, &admission)?;
+    let admitted = reservation::admit(request, &admission).map_err(|rejection| match rejection {
+        // The pool's rules refused it before any placement: its explanation is the rule.
+        Rejection::QuotaExceeded(_) | Rejection::CapacityUnavailable(_) if explain => {
+            let window = reservation::placed_window(request, now_ms);
+            let rule = Some(rejection.to_string());
+            let explanation = Box::new(Explanation::not_placed(
+                Decision::Refused,
+                window,
+                Vec::new(),
+                None,
+                Default::default(),
+                rule,
+            ));
+            AppError::Explained(Box::new(explain::Explained { rejection, explanation }))
+        }
+        rejection => rejection.into(),
+    })?;
     if let Some(profile_id) = &request.profile_id {
         // The profile its machines will be deployed with: a live metal profile of the caller's tenant.
         crate::profiles::deploy_steps(tx, profile_id, &caller.tenant_id, bc_domain::workflow::WorkflowKind::Deploy)

@@ -8,7 +8,8 @@ CREATE TABLE gpu_utilization (
     hour_ms bigint NOT NULL,
     percent_sum bigint NOT NULL CHECK (percent_sum >= 0),
     samples integer NOT NULL CHECK (samples > 0),
-    PRIMARY KEY (node_id, gpu, hour_ms)
+    -- A node's hour first: the ledger looks up the hours of the nodes a tenant's reservations held.
+    PRIMARY KEY (node_id, hour_ms, gpu)
 );
 
 -- One heartbeat's samples, one per GPU (each GPU once), added to the current UTC hour's rows in one statement.
@@ -19,6 +20,6 @@ AS $$
     INSERT INTO gpu_utilization AS u (node_id, gpu, hour_ms, percent_sum, samples)
     SELECT p_node_id, s.gpu, ts_ms(compute_now()) / 3600000 * 3600000, s.percent, 1
     FROM unnest(p_gpus, p_percents) AS s(gpu, percent)
-    ON CONFLICT (node_id, gpu, hour_ms) DO UPDATE
+    ON CONFLICT (node_id, hour_ms, gpu) DO UPDATE
         SET percent_sum = u.percent_sum + excluded.percent_sum, samples = u.samples + 1
 $$;

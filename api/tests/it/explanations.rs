@@ -96,27 +96,36 @@ async fn a_refusal_answers_its_explanation_with_the_quota_arithmetic_and_records
     let pool = api.fleet.pool("h100", Sharing::Exclusive, None).await;
     api.fleet.node(&pool, "a", 8, 0).await;
     api.fleet.node(&pool, "b", 8, 0).await;
-    api.fleet.offer(&pool, "globex", 8).await;
+    api.fleet.offer(&pool, "globex", 6).await;
     let pool = pool.to_string();
-    let held = api.reserve(GUS, "held", request(&pool, 6)).await;
+    let held = api.reserve(GUS, "held", request(&pool, 4)).await;
     assert_eq!(held.status, StatusCode::CREATED, "{:?}", held.body);
     let events = api.events().await;
-    let mut impatient = request(&pool, 4);
+    let mut impatient = request(&pool, 3);
     impatient["wait"] = json!(false);
     let refused = api.reserve(GUS, "impatient", impatient).await;
     assert_eq!(refused.status, StatusCode::CONFLICT, "{:?}", refused.body);
     assert_eq!(refused.body["error"]["code"], "CAPACITY_UNAVAILABLE");
     let e = &refused.body["error"]["details"]["explanation"];
     assert_eq!(e["decision"], "refused", "{:?}", refused.body);
-    assert_eq!(e["quota"]["limit"], 8);
-    assert_eq!(e["quota"]["peak"], 6);
-    assert_eq!(e["quota"]["requested"], 4);
+    assert_eq!(e["quota"]["limit"], 6);
+    assert_eq!(e["quota"]["peak"], 4);
+    assert_eq!(e["quota"]["requested"], 3);
     assert_eq!(e["quota"]["admits"], false);
     assert_eq!(
         e["quota"]["arithmetic"],
-        format!("quota gpu: 6 held + 4 requested = 10 > 8 (busiest at {})", e["start"])
+        format!("quota gpu: 4 held + 3 requested = 7 > 6 (busiest at {})", e["start"])
     );
     assert!(e["policy"].as_str().is_some_and(|p| p.contains("wait: false")), "{e:?}");
+    assert_eq!(api.events().await, events, "a refusal records nothing");
+
+    // More than the quota could ever admit: refused by the rule, before any placement.
+    let over = api.reserve(GUS, "over", request(&pool, 7)).await;
+    assert_eq!(over.status, StatusCode::CONFLICT, "{:?}", over.body);
+    assert_eq!(over.body["error"]["code"], "QUOTA_EXCEEDED");
+    let e = &over.body["error"]["details"]["explanation"];
+    assert_eq!(e["decision"], "refused");
+    assert_eq!(e["policy"], over.body["error"]["message"]);
     assert_eq!(api.events().await, events, "a refusal records nothing");
 }
 
