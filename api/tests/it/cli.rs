@@ -131,6 +131,7 @@ pub(crate) async fn the_cli_lists_reserves_describes_and_drains_through_the_api(
     let described = stdout(&cli(config, &["describe", &reservation, "--context", "dev-demo"]));
     assert!(described.contains("Allocations:") && described.contains(" on node_"), "{described}");
     assert!(described.contains("reservation.requested") && described.contains("reservation.placed"), "{described}");
+    assert!(described.contains("Why:            placed on node_") && described.contains("  Quota:        quota "), "{described}");
     let on = made["allocations"][0]["nodeId"].as_str().expect("placed on a node").to_owned();
 
     // Errors are one line naming the problem.

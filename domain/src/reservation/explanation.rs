@@ -378,7 +378,7 @@ mod tests {
 
     fn look(id: &str, unschedulable: &[&str], matching: u32, free: u32) -> NodeLook {
         NodeLook {
-            node_id: id.parse().unwrap(),
+            node_id: id.parse().expect("a node id"),
             unschedulable: unschedulable.iter().map(|s| (*s).to_owned()).collect(),
             matching,
             free,
@@ -438,8 +438,8 @@ mod tests {
             (excluded, by),
             None,
         );
-        let bytes = rmp_serde::to_vec_named(&explained).unwrap();
-        let back: Explanation = rmp_serde::from_slice(&bytes).unwrap();
+        let bytes = rmp_serde::to_vec_named(&explained).expect("encodes");
+        let back: Explanation = rmp_serde::from_slice(&bytes).expect("decodes");
         assert_eq!(back, explained);
         assert_eq!(back.summary, "waits: no nodes fit: 1 unschedulable");
     }
