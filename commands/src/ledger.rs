@@ -71,21 +71,12 @@ impl App {
         self.consistent(&["ledger", "pools"], after).await?;
         let (owned, visible) = self.pool_scope(caller).await?;
         let scope = Scope::Tenant { tenant_id: caller.tenant_id.to_string(), owned, visible };
-        self.ledger_in(range, &scope).await
-    }
-
-    /// Every pool's and tenant's hours (the metrics scrape's figures, the platform's tools).
-    pub async fn fleet_ledger(&self, range: &LedgerRange) -> AppResult<LedgerView> {
-        self.ledger_in(range, &Scope::Fleet).await
-    }
-
-    async fn ledger_in(&self, range: &LedgerRange, scope: &Scope) -> AppResult<LedgerView> {
         let mut tx =
             self.db.begin(TxOptions { isolation: Isolation::RepeatableRead, access: Access::ReadOnly }).await?;
         let now_ms = clock::compute_now_ms(&mut tx).await?;
         let (from_ms, to_ms) = hours_of(range, now_ms)?;
         let version = ledger_version(&mut tx).await?;
-        let query = LedgerQuery { from_ms, to_ms, pool_id: range.pool_id.as_ref().map(PoolId::as_str), scope };
+        let query = LedgerQuery { from_ms, to_ms, pool_id: range.pool_id.as_ref().map(PoolId::as_str), scope: &scope };
         let hours = ledger::read(&mut tx, version, &query).await?;
         tx.commit().await?;
         Ok(LedgerView { from_ms, to_ms, hours })

@@ -131,7 +131,10 @@ pub(crate) async fn the_cli_lists_reserves_describes_and_drains_through_the_api(
     let described = stdout(&cli(config, &["describe", &reservation, "--context", "dev-demo"]));
     assert!(described.contains("Allocations:") && described.contains(" on node_"), "{described}");
     assert!(described.contains("reservation.requested") && described.contains("reservation.placed"), "{described}");
-    assert!(described.contains("Why:            placed on node_") && described.contains("  Quota:        quota "), "{described}");
+    assert!(
+        described.contains("Why:            placed on node_") && described.contains("  Quota:        quota "),
+        "{described}"
+    );
     let on = made["allocations"][0]["nodeId"].as_str().expect("placed on a node").to_owned();
 
     // Errors are one line naming the problem.
@@ -176,6 +179,17 @@ pub(crate) async fn the_cli_lists_reserves_describes_and_drains_through_the_api(
     }
     let ended = stdout(&cli(config, &["release", &reservation, "--context", "dev-demo"]));
     assert!(ended.starts_with(&format!("reservation/{reservation} ")), "{ended}");
+
+    // The GPU-hour ledger: the customer sees its own rows, as JSON and CSV; the platform every tenant's, as tables.
+    let ledger = json(&cli(config, &["ledger", "--context", "dev-demo", "-o", "json"]));
+    let rows = ledger["tenants"].as_array().expect("tenants");
+    assert!(rows.iter().all(|row| row["tenantId"] == "acme"), "{ledger}");
+    assert!(rows.iter().any(|row| row["poolId"] == pool.as_str() && row["booked"].as_f64() > Some(0.0)), "{ledger}");
+    let csv = stdout(&cli(config, &["ledger", "--context", "dev-demo", "--pool", &pool, "-o", "csv"]));
+    assert!(csv.starts_with("pool_id,tenant_id,hour,capacity,booked,bound,idle,free,utilization\n"), "{csv}");
+    assert!(csv.lines().any(|line| line.starts_with(&format!("{pool},acme,"))), "{csv}");
+    let table = stdout(&cli(config, &["ledger", "--pool", &pool]));
+    assert!(table.contains("CAPACITY") && table.contains("BOUND") && table.contains(" acme "), "{table}");
 }
 
 #[test]

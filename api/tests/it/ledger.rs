@@ -26,6 +26,9 @@ fn h(atom_ms: i64) -> f64 {
     atom_ms as f64 / 3_600_000.0
 }
 
+/// A tenant's expected hour: its id, booked and bound atom-milliseconds.
+type Expected = (&'static str, i64, i64);
+
 /// An hour of the first day after T0 (2030-01-01T00:00:00Z) as RFC 3339.
 fn utc(hour_ms: i64) -> String {
     assert!((T0..T0 + 24 * HOUR).contains(&hour_ms));
@@ -39,8 +42,8 @@ async fn ledger(api: &Api, token: &str, query: &str) -> Value {
     reply.body
 }
 
-/// The rows of `rows` of `pool` at `hour`, by tenant.
-fn tenant_rows<'a>(body: &'a Value, hour: i64) -> Vec<(&'a str, &'a Value)> {
+/// The tenants' rows at `hour`, with their tenant.
+fn tenant_rows(body: &Value, hour: i64) -> Vec<(&str, &Value)> {
     body["tenants"]
         .as_array()
         .expect("tenants")
@@ -153,7 +156,8 @@ async fn each_hour_holds_exactly_what_was_booked_bound_and_idle_and_the_invarian
     let pool = scenario(&api).await;
     let body = ledger(&api, ROOT, &format!("pool={pool}&from={T0}&to={}", T0 + 4 * HOUR)).await;
     assert_eq!((body["from"].as_i64(), body["to"].as_i64()), (Some(T0), Some(T0 + 4 * HOUR)));
-    let expected: [(i64, Vec<(&str, i64, i64)>); 4] = [
+    // Per hour, each tenant's booked and bound atom-milliseconds.
+    let expected: [(i64, Vec<Expected>); 4] = [
         // acme: r1's 2 GPUs for 45 minutes, all bound; globex: r2's half hour from T0+30m, bound.
         (T0, vec![("acme", 2 * 45 * MIN, 2 * 45 * MIN), ("globex", 30 * MIN, 30 * MIN)]),
         // acme: r4 booked from T0+80m, bound from T0+90m; globex: r2 the whole hour.

@@ -9198,7 +9198,7 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        /** @description Heartbeat: sessionId, observedGeneration, clockMs */
+        /** @description Heartbeat: sessionId, observedGeneration, clockMs, and optionally gpuUtilization, one {gpu, percent} per GPU (its UUID; 0 to 100) */
         requestBody: {
             content: {
                 "application/json": Record<string, never>;

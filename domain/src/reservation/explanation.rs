@@ -278,6 +278,7 @@ impl Explanation {
     /// A placement: the tiers asked, the nodes chosen, and the quota line it was within.
     pub fn placed(window: (i64, i64), tiers: Vec<TierLook>, quota: Option<QuotaLine>, chosen: Vec<NodeId>) -> Self {
         let how = match tiers.iter().rev().find(|t| t.fits) {
+            Some(TierLook { tier: Tier::Quote, .. }) => "as quoted".to_owned(),
             Some(look) => format!("from the {} read", tier_name(look.tier)),
             None => "as planned".to_owned(),
         };
@@ -367,8 +368,7 @@ fn tier_name(tier: Tier) -> &'static str {
 fn join_nodes(nodes: &[NodeId]) -> String {
     match nodes {
         [] => "no node".to_owned(),
-        [one] => format!("node {one}"),
-        many => format!("nodes {}", many.iter().map(NodeId::as_str).collect::<Vec<_>>().join(", ")),
+        many => many.iter().map(NodeId::as_str).collect::<Vec<_>>().join(", "),
     }
 }
 

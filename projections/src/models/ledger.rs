@@ -453,8 +453,8 @@ pub struct LedgerHours {
     pub tenants: Vec<TenantHour>,
 }
 
-/// The hours of each booking that overlap `[$1, $2)`, from the bookings `{b}` (an alias): a booking's first hour
-/// (or the range's), to its last (or the range's).
+/// The hours of the booking aliased `b` that overlap `[$1, $2)`: from its first hour (or the range's) to its last
+/// (or the range's).
 const BOOKED_HOURS: &str = "generate_series(greatest($1, b.booked_from - b.booked_from % 3600000),
                                   least($2 - 3600000, (b.booked_to - 1) - (b.booked_to - 1) % 3600000), 3600000)";
 
