@@ -15,8 +15,7 @@ use bc_domain::id::{AllocationId, DeviceId, Identity, NodeId, PoolId, Reservatio
 use bc_domain::pool::PoolOffered;
 use bc_domain::reservation::explanation::{Tier, TierLook};
 use bc_domain::reservation::{
-    self, AdmissionFacts, Allocation, Binding, Command, MAX_AHEAD_MS, NewRequest, Reservation, ReservationRequest,
-    placed_start,
+    self, Allocation, Binding, Command, MAX_AHEAD_MS, Reservation, ReservationRequest, placed_start,
 };
 use bc_eventstore::events::ExpectedVersion;
 use bc_eventstore::{Retryable as _, Tx, TxOptions, clock};
@@ -26,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::availability::{Ask, MAX_CANDIDATE_STARTS, round_up_to_second};
 use crate::explain::Trace;
 use crate::gate::{Call, Subject, draft};
-use crate::reservations::{Reserve, Reserved, check_idempotency_key};
+use crate::reservations::{Reserve, Reserved, admission, check_idempotency_key, new_request};
 use crate::store::facts::{self, ReserveAnswer, ReserveFacts};
 use crate::store::{self, AtomLock, Chosen, PoolRow};
 use crate::work::{self, WorkKey};
@@ -347,26 +346,6 @@ impl App {
     }
 }
 
-/// What admitting a request reads, from the rows the quote or the booking read.
-fn admission<'a>(
-    pool: &'a PoolRow,
-    offers: &'a [PoolOffered],
-    caller: &'a Caller,
-    project_in_tenant: bool,
-) -> AdmissionFacts<'a> {
-    AdmissionFacts {
-        pool_id: &pool.id,
-        pool_owner: &pool.owner_tenant_id,
-        sharing: pool.sharing,
-        tenant_root: pool.policy.tenant_root,
-        gpu_model: &pool.gpu_model,
-        offers,
-        tenant: &caller.tenant_id,
-        ancestors: &caller.ancestors,
-        project_in_tenant,
-    }
-}
-
 /// Why no quote: the request can never fit the pool, or not at the start asked, or nowhere within 366 days.
 fn nowhere(request: &ReservationRequest, pool: &PoolRow, holders: i64) -> Rejection {
     let devices = &request.devices;
@@ -405,15 +384,7 @@ async fn book_decided(
     explain: bool,
 ) -> AppResult<Committed<Reserved>> {
     let ReserveAnswer { now_ms, facts, .. } = answer;
-    let new = |priority, quota_holder| NewRequest {
-        reservation_id: id.clone(),
-        tenant_id: caller.tenant_id.clone(),
-        identity: caller.identity.clone(),
-        request: request.clone(),
-        priority,
-        quota_holder,
-        now_ms,
-    };
+    let new = new_request(caller, id, request, now_ms);
     let facts = match facts {
         ReserveFacts::Existing(existing, position) => {
             reservation::request(Some(&existing), new(0, None))?;

@@ -699,6 +699,45 @@ pub(crate) async fn apply_and_schedule_known(
     Ok(Committed { value: state, position })
 }
 
+/// The request `caller` makes as reservation `id` at `now_ms`, with the priority and quota holder its admission
+/// gives it.
+pub(crate) fn new_request<'a>(
+    caller: &'a Caller,
+    id: &'a ReservationId,
+    request: &'a ReservationRequest,
+    now_ms: i64,
+) -> impl Fn(i32, Option<TenantId>) -> NewRequest + 'a {
+    move |priority, quota_holder| NewRequest {
+        reservation_id: id.clone(),
+        tenant_id: caller.tenant_id.clone(),
+        identity: caller.identity.clone(),
+        request: request.clone(),
+        priority,
+        quota_holder,
+        now_ms,
+    }
+}
+
+/// What admission decides a new request on: the pool, its offers and the caller.
+pub(crate) fn admission<'a>(
+    pool: &'a PoolRow,
+    offers: &'a [PoolOffered],
+    caller: &'a Caller,
+    project_in_tenant: bool,
+) -> AdmissionFacts<'a> {
+    AdmissionFacts {
+        pool_id: &pool.id,
+        pool_owner: &pool.owner_tenant_id,
+        sharing: pool.sharing,
+        tenant_root: pool.policy.tenant_root,
+        gpu_model: &pool.gpu_model,
+        offers,
+        tenant: &caller.tenant_id,
+        ancestors: &caller.ancestors,
+        project_in_tenant,
+    }
+}
+
 /// How a reserve attempt decides: whether it may place, and whether it records why.
 #[derive(Debug, Clone, Copy)]
 struct Decide {
@@ -717,15 +756,7 @@ async fn reserve_decided(
     with_instance: Option<&NewInstance>,
 ) -> AppResult<Committed<Reserved>> {
     let ReserveAnswer { now_ms, facts, .. } = answer;
-    let new = |priority, quota_holder| NewRequest {
-        reservation_id: id.clone(),
-        tenant_id: caller.tenant_id.clone(),
-        identity: caller.identity.clone(),
-        request: request.clone(),
-        priority,
-        quota_holder,
-        now_ms,
-    };
+    let new = new_request(caller, id, request, now_ms);
     let facts = match facts {
         ReserveFacts::Existing(existing, position) => {
             reservation::request(Some(&existing), new(0, None))?;
@@ -749,17 +780,7 @@ async fn reserve_decided(
         ReserveFacts::New(facts) => *facts,
     };
     let pool = &facts.pool;
-    let admission = AdmissionFacts {
-        pool_id: &pool.id,
-        pool_owner: &pool.owner_tenant_id,
-        sharing: pool.sharing,
-        tenant_root: pool.policy.tenant_root,
-        gpu_model: &pool.gpu_model,
-        offers: &facts.offers,
-        tenant: &caller.tenant_id,
-        ancestors: &caller.ancestors,
-        project_in_tenant: facts.project_in_tenant,
-    };
+    let admission = admission(pool, &facts.offers, caller, facts.project_in_tenant);
     let admitted = reservation::admit(request, &admission).map_err(|rejection| match rejection {
         // The pool's rules refused it before any placement: its explanation is the rule.
         Rejection::QuotaExceeded(_) | Rejection::CapacityUnavailable(_) if explain => {
