@@ -14,9 +14,7 @@ use bc_domain::Rejection;
 use bc_domain::id::{AllocationId, DeviceId, Identity, NodeId, PoolId, ReservationId, TenantId};
 use bc_domain::pool::PoolOffered;
 use bc_domain::reservation::explanation::{Tier, TierLook};
-use bc_domain::reservation::{
-    self, Allocation, Binding, Command, MAX_AHEAD_MS, Reservation, ReservationRequest, placed_start,
-};
+use bc_domain::reservation::{self, Allocation, Binding, MAX_AHEAD_MS, Reservation, ReservationRequest, placed_start};
 use bc_eventstore::events::ExpectedVersion;
 use bc_eventstore::{Retryable as _, Tx, TxOptions, clock};
 use bc_pki::quote::QuoteKey;
@@ -25,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::availability::{Ask, MAX_CANDIDATE_STARTS, round_up_to_second};
 use crate::explain::Trace;
 use crate::gate::{Call, Subject, draft};
-use crate::reservations::{Reserve, Reserved, admission, check_idempotency_key, new_request};
+use crate::reservations::{Reserve, Reserved, admission, check_idempotency_key, new_request, place_events};
 use crate::store::facts::{self, ReserveAnswer, ReserveFacts};
 use crate::store::{self, AtomLock, Chosen, PoolRow};
 use crate::work::{self, WorkKey};
@@ -406,11 +404,7 @@ async fn book_decided(
         .ok_or_else(|| AppError::Store(bc_eventstore::Error::Internal("no state after a request".into())))?;
     let mut trace = Trace::default();
     let allocations = place_quoted(tx, &state, pool, &facts.offers, claims, now_ms, &mut trace).await?;
-    let explained = explain.then(|| trace.placed(reservation::placed_window(request, now_ms), &allocations));
-    let mut placed = reservation::decide(&state, &Command::Place { allocations, now_ms })?;
-    if let Some(explained) = explained {
-        reservation::explain(&mut placed, explained);
-    }
+    let placed = place_events(&state, allocations, now_ms, explain.then_some(trace))?;
     for event in &placed {
         state = reservation::evolve(Some(state), event).unwrap_or_else(|| unreachable!("evolve keeps a state"));
     }

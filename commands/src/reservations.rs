@@ -699,6 +699,22 @@ pub(crate) async fn apply_and_schedule_known(
     Ok(Committed { value: state, position })
 }
 
+/// The events that place `r` on `allocations` at `now_ms`, explained by `trace` when the explanation is kept.
+pub(crate) fn place_events(
+    r: &Reservation,
+    allocations: Vec<Allocation>,
+    now_ms: i64,
+    trace: Option<Trace>,
+) -> AppResult<Vec<ReservationEvent>> {
+    let window = reservation::placed_window(&r.request, now_ms);
+    let explained = trace.map(|trace| trace.placed(window, &allocations));
+    let mut events = reservation::decide(r, &Command::Place { allocations, now_ms })?;
+    if let Some(explained) = explained {
+        reservation::explain(&mut events, explained);
+    }
+    Ok(events)
+}
+
 /// The request `caller` makes as reservation `id` at `now_ms`, with the priority and quota holder its admission
 /// gives it.
 pub(crate) fn new_request<'a>(
@@ -781,10 +797,10 @@ async fn reserve_decided(
     };
     let pool = &facts.pool;
     let admission = admission(pool, &facts.offers, caller, facts.project_in_tenant);
+    let window = reservation::placed_window(request, now_ms);
     let admitted = reservation::admit(request, &admission).map_err(|rejection| match rejection {
         // The pool's rules refused it before any placement: its explanation is the rule.
         Rejection::QuotaExceeded(_) | Rejection::CapacityUnavailable(_) if explain => {
-            let window = reservation::placed_window(request, now_ms);
             let rule = Some(rejection.to_string());
             let explanation = Box::new(Explanation::not_placed(
                 Decision::Refused,
@@ -808,7 +824,6 @@ async fn reserve_decided(
         .ok_or_else(|| AppError::Store(bc_eventstore::Error::Internal("no state after a request".into())))?;
     let mut waiting = None;
     let mut trace = Trace::default();
-    let window = reservation::placed_window(request, now_ms);
     let start_ms = window.0;
     let placed = match (placement, facts.placing) {
         (Placement::Skip, _) => None,
@@ -824,11 +839,7 @@ async fn reserve_decided(
     };
     match placed {
         Some(allocations) => {
-            let explained = explain.then(|| trace.placed(window, &allocations));
-            let mut more = reservation::decide(&state, &Command::Place { allocations, now_ms })?;
-            if let Some(explained) = explained {
-                reservation::explain(&mut more, explained);
-            }
+            let more = place_events(&state, allocations, now_ms, explain.then_some(trace))?;
             for event in &more {
                 state = reservation::evolve(Some(state), event).unwrap_or_else(|| unreachable!("evolve keeps a state"));
             }

@@ -6,14 +6,14 @@
 use std::time::Duration;
 
 use bc_domain::id::{PoolId, ReservationId};
-use bc_domain::reservation::{self, Binding, Command, Due, ReservationState};
+use bc_domain::reservation::{self, Binding, Due, ReservationState};
 use bc_eventstore::lease::{self, Lease};
 use bc_eventstore::queue::{self, Backoff, WorkItem};
 use bc_eventstore::shards::OwnedShards;
 use bc_eventstore::{ScopedFutureExt as _, TxOptions, clock};
 
 use super::explain::Trace;
-use super::reservations::{apply_and_schedule, record_reservation, try_place};
+use super::reservations::{apply_and_schedule, place_events, record_reservation, try_place};
 use bc_eventstore::Retryable as _;
 
 use super::work::{self, SHARDS, WorkKey, fenced};
@@ -299,14 +299,13 @@ impl Worker {
                     let mut answering: Option<Caller> = None;
                     // A few steps at most: placed → binding → active happen together at the start.
                     for _ in 0..4 {
-                        let mut explanation = None;
                         let handing_over = matches!(r.state, ReservationState::Binding | ReservationState::Releasing);
                         let whole = if handing_over && r.request.binding == Binding::Node {
                             super::whole_nodes::step(tx, caller, &r, now_ms).await?
                         } else {
                             None
                         };
-                        let command = match whole.map(Due::Apply).unwrap_or_else(|| reservation::due(&r, now_ms)) {
+                        let events = match whole.map(Due::Apply).unwrap_or_else(|| reservation::due(&r, now_ms)) {
                             Due::Done => {
                                 queue::complete(tx, item).await?;
                                 return Ok(());
@@ -324,10 +323,7 @@ impl Worker {
                                 };
                                 match placed {
                                     Some(allocations) => {
-                                        explanation = self.app.explain.then(|| {
-                                            trace.placed(reservation::placed_window(&r.request, now_ms), &allocations)
-                                        });
-                                        Command::Place { allocations, now_ms }
+                                        place_events(&r, allocations, now_ms, self.app.explain.then_some(trace))?
                                     }
                                     None => {
                                         queue::reschedule(tx, item, wake_at_ms).await?;
@@ -335,12 +331,10 @@ impl Worker {
                                     }
                                 }
                             }
-                            Due::Apply(command) => super::node_commands::with_awaiting(tx, &r, command).await?,
+                            Due::Apply(command) => {
+                                reservation::decide(&r, &super::node_commands::with_awaiting(tx, &r, command).await?)?
+                            }
                         };
-                        let mut events = reservation::decide(&r, &command)?;
-                        if let Some(explained) = explanation.take() {
-                            reservation::explain(&mut events, explained);
-                        }
                         // The worker holds this reservation's key and reschedules it itself, so it records without waking it.
                         if answering.is_none() {
                             answering = Some(answering_last_event(tx, caller, id.as_str()).await?);
@@ -381,12 +375,7 @@ impl Worker {
                         let Some(pool) = store::pool(tx, pool_id).await? else { return Ok(()) };
                         let mut trace = Trace::default();
                         if let Some(allocations) = try_place(tx, &r, &pool, now_ms, 0, None, &mut trace).await? {
-                            let window = reservation::placed_window(&r.request, now_ms);
-                            let explained = self.app.explain.then(|| trace.placed(window, &allocations));
-                            let mut events = reservation::decide(&r, &Command::Place { allocations, now_ms })?;
-                            if let Some(explained) = explained {
-                                reservation::explain(&mut events, explained);
-                            }
+                            let events = place_events(&r, allocations, now_ms, self.app.explain.then_some(trace))?;
                             let caller = &answering_last_event(tx, caller, id.as_str()).await?;
                             apply_and_schedule(tx, caller, r, events, now_ms).await?;
                         }
