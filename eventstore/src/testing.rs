@@ -55,6 +55,14 @@ if [ -f "$lists/stop" ]; then
     done <"$lists/stop"
 fi
 if [ -n "$BC_ROOT" ]; then
+    # A server that crashed mid-run (a full disk, the OOM killer, a signal) fails every test still running with
+    # an error that does not say why: its own log does, so what it said of the crash goes to the run's output.
+    log="$BC_ROOT/postgres.log"
+    crash='PANIC|terminated by signal|No space left on device|out of memory'
+    if [ -f "$log" ] && grep -qE "$crash" "$log"; then
+        printf '\n%s\n' "the tests' PostgreSQL server failed during the run; from its log ($log):" >&2
+        grep -E -A2 "$crash" "$log" | tail -n 40 >&2
+    fi
     pg_stop "$BC_ROOT/pgdata"
     [ -n "$BC_KEEP" ] || rm -rf "$BC_ROOT"
 elif [ -z "$BC_KEEP" ]; then
@@ -166,7 +174,8 @@ fn start_server() -> TestServer {
         .args(["-c", SUPERVISOR_SCRIPT])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        // Inherited, for the server's crash report (above); everything else it runs is quiet.
+        .stderr(Stdio::inherit())
         .env("BC_TEMPLATE", &template);
     std::os::unix::process::CommandExt::process_group(&mut supervisor, 0);
     if keep {

@@ -11,6 +11,7 @@ use bc_eventstore::{TxOptions, sql};
 
 const PROBE_VAR: &str = "BC_HARNESS_PROBE";
 const PROBE_TEST: &str = "harness::the_supervisor_removes_the_cluster_when_the_test_process_dies";
+const CRASH_PROBE_TEST: &str = "harness::a_server_crash_during_the_run_is_reported_from_its_log";
 
 #[tokio::test]
 async fn every_test_runs_with_transaction_ids_above_2_pow_32() {
@@ -92,4 +93,40 @@ fn is_alive(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
     !matches!(state, Some('Z' | 'X') | None)
+}
+
+#[tokio::test]
+async fn a_server_crash_during_the_run_is_reported_from_its_log() {
+    if std::env::var_os(PROBE_VAR).is_some() {
+        // The probe: a backend of the harness's server dies by SIGKILL, as the OOM killer would end it; the
+        // postmaster restarts every backend, and the probe dies once its log says so.
+        let t = TestDb::new().await;
+        let log = testing::server().cluster().expect("a private cluster").log_file();
+        let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+        let pid: i32 = sql::query_scalar("SELECT pg_backend_pid()").fetch_one(tx.conn()).await.expect("pid");
+        let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill");
+        assert!(killed.success());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(&log).unwrap_or_default().contains("terminated by signal 9") {
+            assert!(Instant::now() < deadline, "the server never logged the crash");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::process::abort();
+    }
+    if std::env::var_os(testing::TEST_DATABASE_URL_VAR).is_some() {
+        // An existing server is not the harness's to crash.
+        return;
+    }
+    let output = Command::new(std::env::current_exe().expect("test binary"))
+        .args([CRASH_PROBE_TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env(PROBE_VAR, "1")
+        .env_remove(testing::KEEP_VAR)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the probe");
+    assert!(!output.status.success(), "the probe aborted");
+    // The supervisor writes after the probe is gone, to the same stderr, which `output` reads to its end.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("the tests' PostgreSQL server failed during the run"), "{stderr}");
+    assert!(stderr.contains("was terminated by signal 9"), "{stderr}");
 }
