@@ -1392,7 +1392,8 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
         config.clients
     );
     let week = Duration::from_secs(7 * 24 * 3600);
-    for (count, ahead, when) in [(1, None, "now"), (8, None, "now"), (1, Some(week), "+7 d"), (8, Some(week), "+7 d")] {
+    let runs = [(1, None, "now"), (8, None, "now"), (1, Some(week), "+7 d"), (8, Some(week), "+7 d")];
+    for (count, ahead, when) in runs {
         let label = format!("{count}-{}", when.replace(['+', ' '], ""));
         let spec = PlacementSpec { count, ahead, clients: config.clients, run_for: config.run_for, label: &label };
         let big = placement_run(&app, &tenants, &normal, &spec).await?;
@@ -1413,6 +1414,26 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
             small.cycles_per_s,
             millis(big.p50) / millis(small.p50).max(0.001),
         );
+    }
+    // The same requests from one client: what the placement costs on its own, with no other command queued on
+    // the two cores beside it (with several clients, each waits for the others' statements too).
+    if config.clients > 1 {
+        println!("  the same placements from one client (tenant t00), fleet pool:");
+        for (count, ahead, when) in runs {
+            let label = format!("one-{count}-{}", when.replace(['+', ' '], ""));
+            let spec = PlacementSpec { count, ahead, clients: 1, run_for: config.run_for, label: &label };
+            let one = placement_run(&app, &tenants, &normal, &spec).await?;
+            println!(
+                "    {count} GPU(s) {when:>5}: p50 {:>6.1} ms p99 {:>6.1} ms {:>6.1} cycles/s ({} placed, {} pending, \
+                 retries per cycle {})",
+                millis(one.p50),
+                millis(one.p99),
+                one.cycles_per_s,
+                one.placed,
+                one.pending,
+                one.retries,
+            );
+        }
     }
     println!();
 
