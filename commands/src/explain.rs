@@ -52,15 +52,23 @@ pub(crate) struct NotPlaced<'a> {
     pub decision: Decision,
     /// The pool rule that refused it, in words, when one did.
     pub policy: Option<String>,
+    /// Why the pool's nodes are not read for it, when they are not (a refusal past its caller's budget).
+    pub nodes_unread: Option<String>,
 }
 
-/// Explains a request that did not fit now: the pool's nodes as it saw them, and the quota line with its busiest
-/// instant. Reads the pool once: only on the way to `pending` or a refusal, never on a placement's path.
+/// Explains a request that did not fit now: the pool's nodes as it saw them (unless `nodes_unread` says why not),
+/// and the quota line with its busiest instant. Reads the pool once: only on the way to `pending` or a refusal,
+/// never on a placement's path.
 pub(crate) async fn not_placed(tx: &mut Tx, trace: Trace, what: NotPlaced<'_>) -> AppResult<Explanation> {
-    let NotPlaced { reservation, tenant, pool_id, request, window, quota_limit, decision, policy } = what;
+    let NotPlaced { reservation, tenant, pool_id, request, window, quota_limit, decision, policy, nodes_unread } = what;
     let (start, end) = window;
-    let looks = store::explain::node_looks(tx, pool_id, &request.devices, start, end).await?;
-    let diagnosis = explanation::diagnose(looks, request.devices.per_node());
+    let diagnosis = match nodes_unread {
+        None => {
+            let looks = store::explain::node_looks(tx, pool_id, &request.devices, start, end).await?;
+            Ok(explanation::diagnose(looks, request.devices.per_node()))
+        }
+        Some(unread) => Err(unread),
+    };
     let resource = request.resource();
     let quota = match (quota_limit, trace.quota) {
         (None, _) => None,
@@ -72,7 +80,10 @@ pub(crate) async fn not_placed(tx: &mut Tx, trace: Trace, what: NotPlaced<'_>) -
             Some(QuotaLine { resource: resource.to_owned(), limit, peak, peak_at_ms, requested: request.devices.count })
         }
     };
-    Ok(Explanation::not_placed(decision, window, trace.tiers, quota, diagnosis, policy))
+    Ok(match diagnosis {
+        Ok(diagnosis) => Explanation::not_placed(decision, window, trace.tiers, quota, diagnosis, policy),
+        Err(unread) => Explanation::not_placed_unread(decision, window, trace.tiers, quota, policy, &unread),
+    })
 }
 
 /// A refusal with its explanation: the rejection as ever, and why, for the error's details.

@@ -221,7 +221,9 @@ pub struct App {
     /// Denials by method, since start.
     denials: Arc<DenialCounts>,
     /// How many more denials each identity may have recorded this minute.
-    denial_budget: Arc<auth::DenialBudget>,
+    denial_budget: Arc<auth::IdentityBudget>,
+    /// Refusals explained node by node, per identity ([`auth::DIAGNOSED_REFUSALS_PER_MINUTE`]).
+    diagnosis_budget: Arc<auth::IdentityBudget>,
     /// The PKI bundle whose CA signs node certificates, when the control plane has one.
     pki: Option<Arc<bc_pki::Bundle>>,
     /// How long a node certificate lasts (30 days); nodes ask for the next one when a third is left.
@@ -252,7 +254,8 @@ impl App {
             liveness: agents::LivenessConfig::default(),
             auth: Arc::new(auth::BuiltinAuthorizer::nobody()),
             denials: Arc::new(DenialCounts::default()),
-            denial_budget: Arc::new(auth::DenialBudget::default()),
+            denial_budget: Arc::new(auth::IdentityBudget::per_minute(auth::RECORDED_DENIALS_PER_MINUTE)),
+            diagnosis_budget: Arc::new(auth::IdentityBudget::per_minute(auth::DIAGNOSED_REFUSALS_PER_MINUTE)),
             pki: None,
             node_certificate_lifetime: std::time::Duration::from_secs(30 * 24 * 3600),
             process_sealer: bc_pki::seal::Sealer::new(&bc_pki::seal::Sealer::generate_key().unwrap_or_else(|err| {

@@ -579,7 +579,7 @@ impl App {
                 let subject = Subject::Pool(&request.pool_id);
                 self.decide(call, "reservations.create", resource.as_ref(), subject).await?;
             }
-            let how = Decide { placement, explain: self.explain };
+            let how = Decide { placement, explain: self.explain, diagnoses: &self.diagnosis_budget };
             reserve_decided(&mut tx, caller, id, request, how, answer, instance).await
         }
         .await;
@@ -754,11 +754,13 @@ pub(crate) fn admission<'a>(
     }
 }
 
-/// How a reserve attempt decides: whether it may place, and whether it records why.
+/// How a reserve attempt decides: whether it may place, whether it records why, and the callers' budget of
+/// refusals explained node by node.
 #[derive(Debug, Clone, Copy)]
-struct Decide {
+struct Decide<'a> {
     placement: Placement,
     explain: bool,
+    diagnoses: &'a crate::auth::IdentityBudget,
 }
 
 /// A reserve's decision on the facts `reserve_facts` answered, in the transaction that read them.
@@ -767,7 +769,7 @@ async fn reserve_decided(
     caller: &Caller,
     id: &ReservationId,
     request: &ReservationRequest,
-    Decide { placement, explain }: Decide,
+    Decide { placement, explain, diagnoses }: Decide<'_>,
     answer: ReserveAnswer,
     with_instance: Option<&NewInstance>,
 ) -> AppResult<Committed<Reserved>> {
@@ -882,6 +884,15 @@ async fn reserve_decided(
                     Ok(()) => (Decision::Pending, None),
                     Err(rejection) => (Decision::Refused, policy_refusal(request, &waiting, rejection)),
                 };
+                // A refusal writes nothing, so only a budget keeps a caller from reading the whole pool at will.
+                let nodes_unread =
+                    (may_wait.is_err() && !diagnoses.take(&caller.tenant_id, &caller.identity)).then(|| {
+                        format!(
+                            "they are read for at most {} refusals of one identity a minute, and {} has had them",
+                            diagnoses.limit(),
+                            caller.identity
+                        )
+                    });
                 let what = explain::NotPlaced {
                     reservation: id,
                     tenant: &caller.tenant_id,
@@ -891,6 +902,7 @@ async fn reserve_decided(
                     quota_limit: quota_limit.await?,
                     decision,
                     policy,
+                    nodes_unread,
                 };
                 let explained = explain::not_placed(tx, trace, what).await?;
                 match may_wait {

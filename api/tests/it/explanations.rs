@@ -1,6 +1,6 @@
 //! Explained decisions through the API: a placement names the read that answered, the nodes chosen and the quota
-//! arithmetic; a wait and a refusal name every passed-over node's reason and the quota at its busiest instant; a
-//! denial its rule. The explanation at a position is the replay of the log there.
+//! arithmetic; a wait and a refusal name every passed-over node's reason and the quota at its busiest instant (a
+//! refusal within its caller's budget of such reads); a denial its rule. The explanation at a position is the replay of the log there.
 
 use axum::http::StatusCode;
 use bc_domain::pool::Sharing;
@@ -127,6 +127,50 @@ async fn a_refusal_answers_its_explanation_with_the_quota_arithmetic_and_records
     assert_eq!(e["decision"], "refused");
     assert_eq!(e["policy"], over.body["error"]["message"]);
     assert_eq!(api.events().await, events, "a refusal records nothing");
+}
+
+#[tokio::test]
+async fn refusals_past_an_identitys_budget_are_explained_without_reading_the_nodes_and_say_so() {
+    let api = Api::new().await;
+    let pool = api.fleet.pool("h100", Sharing::Exclusive, None).await;
+    api.fleet.node(&pool, "a", 8, 0).await;
+    api.fleet.offer(&pool, "acme", 64).await;
+    api.fleet.offer(&pool, "globex", 64).await;
+    let pool = pool.to_string();
+    let full = api.reserve(ALICE, "full", request(&pool, 8)).await;
+    assert_eq!(full.status, StatusCode::CREATED, "{:?}", full.body);
+    let events = api.events().await;
+    let mut impatient = request(&pool, 1);
+    impatient["wait"] = json!(false);
+    let refuse = |who: &'static str, key: String| {
+        let (api, body) = (&api, impatient.clone());
+        async move {
+            let refused = api.reserve(who, &key, body).await;
+            assert_eq!(refused.status, StatusCode::CONFLICT, "{:?}", refused.body);
+            assert_eq!(refused.body["error"]["code"], "CAPACITY_UNAVAILABLE");
+            refused.body["error"]["details"]["explanation"].clone()
+        }
+    };
+    for n in 0..bc_commands::auth::DIAGNOSED_REFUSALS_PER_MINUTE {
+        let e = refuse(ALICE, format!("within-{n}")).await;
+        assert_eq!(e["excludedBy"], json!({ "busy": 1 }), "refusal {n} names the busy node: {e:?}");
+        assert!(!e["summary"].as_str().unwrap_or_default().contains("not read"), "{e:?}");
+    }
+
+    // Past the budget: refused as before, by the same rule, but the pool's nodes are not read, and it says why.
+    let e = refuse(ALICE, "past".to_owned()).await;
+    assert_eq!(e["excluded"], json!([]), "{e:?}");
+    assert_eq!(e["excludedBy"], json!({}), "{e:?}");
+    assert!(e["policy"].as_str().is_some_and(|p| p.contains("wait: false")), "{e:?}");
+    let summary = e["summary"].as_str().unwrap_or_default();
+    assert!(summary.contains("the nodes were not read"), "{summary}");
+    assert!(summary.contains(&format!("at most {} refusals", bc_commands::auth::DIAGNOSED_REFUSALS_PER_MINUTE)));
+    assert!(summary.contains("alice@acme"), "{summary}");
+
+    // The budget is the identity's own: another caller's refusal still names the node.
+    let e = refuse(GUS, "gus".to_owned()).await;
+    assert_eq!(e["excludedBy"], json!({ "busy": 1 }), "{e:?}");
+    assert_eq!(api.events().await, events, "refusals record nothing");
 }
 
 #[tokio::test]

@@ -338,6 +338,27 @@ impl Explanation {
         }
     }
 
+    /// A request that did not fit now, explained without reading its pool's nodes (a refusal past the caller's
+    /// budget of such reads): the pool rule or the quota line when one decided, and `unread`, why no node is named.
+    pub fn not_placed_unread(
+        decision: Decision,
+        window: (i64, i64),
+        tiers: Vec<TierLook>,
+        quota: Option<QuotaLine>,
+        policy: Option<String>,
+        unread: &str,
+    ) -> Self {
+        let decided_by_rule = policy.is_some() || quota.as_ref().is_some_and(|q| !q.admits());
+        let mut explanation = Self::not_placed(decision, window, tiers, quota, Default::default(), policy);
+        explanation.summary = if decided_by_rule {
+            format!("{}; the nodes were not read ({unread})", explanation.summary)
+        } else {
+            let verb = if decision == Decision::Pending { "waits" } else { "refused" };
+            format!("{verb}: it does not fit now; the nodes were not read ({unread})")
+        };
+        explanation
+    }
+
     /// The authorizer's refusal.
     pub fn denied(window: (i64, i64), reason: &str) -> Self {
         Explanation {
@@ -442,5 +463,27 @@ mod tests {
         let back: Explanation = rmp_serde::from_slice(&bytes).expect("decodes");
         assert_eq!(back, explained);
         assert_eq!(back.summary, "waits: no nodes fit: 1 unschedulable");
+    }
+
+    #[test]
+    fn a_refusal_whose_nodes_were_not_read_says_so_after_the_rule_or_quota_that_decided() {
+        let tiers = vec![TierLook { tier: Tier::Summary, candidates: 0, fits: false }];
+        let unread = "too many refusals";
+        let plain = Explanation::not_placed_unread(Decision::Refused, (0, 1000), tiers.clone(), None, None, unread);
+        assert_eq!(plain.summary, "refused: it does not fit now; the nodes were not read (too many refusals)");
+        assert!(plain.excluded.is_empty() && plain.excluded_by.is_empty());
+        let over = QuotaLine { resource: "gpu".into(), limit: 8, peak: 6, peak_at_ms: None, requested: 4 };
+        let by_quota =
+            Explanation::not_placed_unread(Decision::Refused, (0, 1000), tiers.clone(), Some(over), None, unread);
+        assert_eq!(
+            by_quota.summary,
+            "refused: quota gpu: 6 held + 4 requested = 10 > 8; the nodes were not read (too many refusals)"
+        );
+        let rule = Some("the pool does not let requests wait".to_owned());
+        let by_rule = Explanation::not_placed_unread(Decision::Refused, (0, 1000), tiers, None, rule, unread);
+        assert_eq!(
+            by_rule.summary,
+            "refused: the pool does not let requests wait; the nodes were not read (too many refusals)"
+        );
     }
 }
