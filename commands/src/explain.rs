@@ -62,13 +62,6 @@ pub(crate) struct NotPlaced<'a> {
 pub(crate) async fn not_placed(tx: &mut Tx, trace: Trace, what: NotPlaced<'_>) -> AppResult<Explanation> {
     let NotPlaced { reservation, tenant, pool_id, request, window, quota_limit, decision, policy, nodes_unread } = what;
     let (start, end) = window;
-    let diagnosis = match nodes_unread {
-        None => {
-            let looks = store::explain::node_looks(tx, pool_id, &request.devices, start, end).await?;
-            Ok(explanation::diagnose(looks, request.devices.per_node()))
-        }
-        Some(unread) => Err(unread),
-    };
     let resource = request.resource();
     let quota = match (quota_limit, trace.quota) {
         (None, _) => None,
@@ -80,10 +73,12 @@ pub(crate) async fn not_placed(tx: &mut Tx, trace: Trace, what: NotPlaced<'_>) -
             Some(QuotaLine { resource: resource.to_owned(), limit, peak, peak_at_ms, requested: request.devices.count })
         }
     };
-    Ok(match diagnosis {
-        Ok(diagnosis) => Explanation::not_placed(decision, window, trace.tiers, quota, diagnosis, policy),
-        Err(unread) => Explanation::not_placed_unread(decision, window, trace.tiers, quota, policy, &unread),
-    })
+    if let Some(unread) = nodes_unread {
+        return Ok(Explanation::not_placed_unread(decision, window, trace.tiers, quota, policy, &unread));
+    }
+    let looks = store::explain::node_looks(tx, pool_id, &request.devices, start, end).await?;
+    let diagnosis = explanation::diagnose(looks, request.devices.per_node());
+    Ok(Explanation::not_placed(decision, window, trace.tiers, quota, diagnosis, policy))
 }
 
 /// A refusal with its explanation: the rejection as ever, and why, for the error's details.

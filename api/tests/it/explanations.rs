@@ -1,6 +1,7 @@
 //! Explained decisions through the API: a placement names the read that answered, the nodes chosen and the quota
 //! arithmetic; a wait and a refusal name every passed-over node's reason and the quota at its busiest instant (a
-//! refusal within its caller's budget of such reads); a denial its rule. The explanation at a position is the replay of the log there.
+//! refusal within its caller's budget of such reads); a denial its rule. The explanation at a position is the
+//! replay of the log there.
 
 use axum::http::StatusCode;
 use bc_domain::pool::Sharing;

@@ -305,7 +305,7 @@ pub const RECORDED_DENIALS_PER_MINUTE: u32 = 30;
 
 /// How many refused reservation requests of one identity are explained node by node per minute. That read covers
 /// every node of the pool (about 14 µs a node: 140 ms at 10,000) and a refusal writes nothing, so past this a
-/// refusal is explained by its quota line and reads alone, and says why.
+/// refusal is explained by its rule, quota line and reads alone, and says why.
 pub const DIAGNOSED_REFUSALS_PER_MINUTE: u32 = 60;
 
 /// A budget per identity in one-minute windows: of recorded denials, or of refusals explained node by node.
