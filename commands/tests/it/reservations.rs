@@ -1381,3 +1381,97 @@ async fn a_running_worker_walks_the_hints_and_corrects_a_free_count_that_lost_a_
     stop.send(true).expect("stop");
     running.await.expect("the worker");
 }
+
+/// Inserts a booking of `device` for [from, to) in ms, straight into the table, and answers the SQLSTATE it failed
+/// with (`None` when it was written).
+async fn book_directly(fleet: &Fleet, reservation: &str, device: &str, from: i64, to: i64) -> Option<String> {
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+    let written = bc_eventstore::sql::query(
+        "INSERT INTO device_bookings (device_id, allocation_id, reservation_id, tenant_id, pool_id, resource, during)
+         VALUES ($1, 'alloc_direct_' || $2 || '_' || $3, $4, 'acme', 'pool_direct', 'gpu', tstzrange(ms_ts($2), ms_ts($3)))",
+    )
+    .bind(device)
+    .bind(from)
+    .bind(to)
+    .bind(reservation)
+    .execute(tx.conn())
+    .await;
+    match written {
+        Ok(_) => {
+            tx.commit().await.expect("commit");
+            None
+        }
+        Err(e) => Some(bc_eventstore::sql_state(&e).expect("a database error").into_owned()),
+    }
+}
+
+#[tokio::test]
+async fn two_bookings_of_one_atom_never_overlap_even_after_its_device_was_removed_and_reported_again() {
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let node = fleet.node(&pool, "a", 1, 0).await;
+    let placed = fleet.reserve(&fleet.owner, "k1", request(&pool, DeviceClass::Gpu, 1)).await.expect("reserve");
+    let (device, start, end) = fleet.bookings(placed.reservation.id.as_str()).await.remove(0);
+    assert_eq!((start, end), (T0, T0 + HOUR));
+    // Another booking of the same atom overlapping the reservation's window is refused by the constraint; one
+    // right after it is not.
+    assert_eq!(book_directly(&fleet, "rsv_x", &device, T0 + HOUR / 2, T0 + 2 * HOUR).await.as_deref(), Some("23P01"));
+    assert_eq!(book_directly(&fleet, "rsv_x", &device, T0 + HOUR, T0 + 2 * HOUR).await, None);
+    // The device leaves its node and comes back (the same id reported again): it keeps its number, so the
+    // bookings made before still exclude the new ones.
+    let number = |tx_db: bc_eventstore::Db, id: String| async move {
+        let mut tx = tx_db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+        let n: Option<i64> = bc_eventstore::sql::query_scalar("SELECT atom FROM atom_numbers WHERE device_id = $1")
+            .bind(&id)
+            .fetch_optional(tx.conn())
+            .await
+            .expect("read the number");
+        tx.commit().await.expect("commit");
+        n
+    };
+    let before = number(fleet.t.db.clone(), device.clone()).await.expect("numbered when it was inserted");
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+    let row: (String, String, String, String) =
+        bc_eventstore::sql::query_as("DELETE FROM devices WHERE id = $1 RETURNING node_id, pool_id, class, gpu_model")
+            .bind(&device)
+            .fetch_one(tx.conn())
+            .await
+            .expect("remove the device");
+    bc_eventstore::sql::query(
+        "INSERT INTO devices (id, node_id, pool_id, class, bookable, gpu_model, gpu_product)
+         VALUES ($1, $2, $3, $4, true, $5, $5)",
+    )
+    .bind(&device)
+    .bind(&row.0)
+    .bind(&row.1)
+    .bind(&row.2)
+    .bind(&row.3)
+    .execute(tx.conn())
+    .await
+    .expect("report it again");
+    tx.commit().await.expect("commit");
+    assert_eq!(row.0, node.as_str());
+    assert_eq!(number(fleet.t.db.clone(), device.clone()).await, Some(before), "the same number");
+    assert_eq!(book_directly(&fleet, "rsv_y", &device, T0, T0 + HOUR / 4).await.as_deref(), Some("23P01"));
+    assert_eq!(
+        book_directly(&fleet, "rsv_y", &device, T0 + 3 * HOUR / 2, T0 + 3 * HOUR).await.as_deref(),
+        Some("23P01")
+    );
+    // A device id nobody numbered yet is numbered by its first booking, and its second overlapping one is refused.
+    assert_eq!(number(fleet.t.db.clone(), "GPU-never-seen".into()).await, None);
+    assert_eq!(book_directly(&fleet, "rsv_z", "GPU-never-seen", T0, T0 + HOUR).await, None);
+    let new = number(fleet.t.db.clone(), "GPU-never-seen".into()).await.expect("numbered by its booking");
+    assert_ne!(new, before);
+    assert_eq!(
+        book_directly(&fleet, "rsv_z", "GPU-never-seen", T0 + HOUR / 2, T0 + HOUR).await.as_deref(),
+        Some("23P01")
+    );
+    // Moving a booking to another atom renumbers it: it now collides with that atom's bookings.
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+    let moved = bc_eventstore::sql::query("UPDATE device_bookings SET device_id = $1 WHERE reservation_id = 'rsv_z'")
+        .bind(&device)
+        .execute(tx.conn())
+        .await
+        .expect_err("the moved booking overlaps the device's");
+    assert_eq!(bc_eventstore::sql_state(&moved).as_deref(), Some("23P01"));
+}

@@ -518,6 +518,14 @@ async fn capacity_torture_keeps_every_invariant() {
     )
     .await;
     assert_eq!(not_holding, 0, "a booking of an ended or replaced reservation is still there (seed {seed})");
+    // The exclusion constraint compares atom numbers: every booking carries its own device's.
+    let misnumbered = scalar(
+        &mut tx,
+        "SELECT count(*) FROM device_bookings AS b LEFT JOIN atom_numbers AS n ON n.device_id = b.device_id
+         WHERE n.atom IS DISTINCT FROM b.atom",
+    )
+    .await;
+    assert_eq!(misnumbered, 0, "a booking does not carry its device's atom number (seed {seed})");
     let drifted = scalar(
         &mut tx,
         "SELECT count(*) FROM node_free AS f

@@ -1353,6 +1353,12 @@ pub async fn rebuild_into(tx: &mut Tx, schema: &str) -> Result<u64> {
     for table in TABLES {
         ddl.push_str(&format!(" CREATE TABLE {schema}.{table} (LIKE public.{table} INCLUDING ALL);"));
     }
+    // A copy has no triggers: the bookings' atom numbers (capacity/0026), which the exclusion constraint compares,
+    // are set as in the live table.
+    ddl.push_str(&format!(
+        " CREATE TRIGGER device_bookings_atom BEFORE INSERT OR UPDATE OF device_id ON {schema}.device_bookings
+              FOR EACH ROW EXECUTE FUNCTION public.device_bookings_set_atom();"
+    ));
     ddl.push_str(&format!(" SET LOCAL search_path = {schema}, public;"));
     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl)).execute(tx.conn()).await?;
 
