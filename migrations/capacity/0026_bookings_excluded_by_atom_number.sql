@@ -90,3 +90,11 @@ CREATE TRIGGER device_bookings_atom BEFORE INSERT OR UPDATE OF device_id ON devi
 ALTER TABLE device_bookings DROP CONSTRAINT device_bookings_no_overlap;
 ALTER TABLE device_bookings
     ADD CONSTRAINT device_bookings_no_overlap EXCLUDE USING gist (atom WITH =, during WITH &&);
+
+-- The constraint's index also answered the reads of one device's bookings (the ends of an atom's other bookings
+-- when one ends, a quote's or a whole node's overlap check), which name the device id, not its number. Those reads
+-- now use a btree on the device and the booking's end. It replaces the partial one over live bookings: every
+-- booking in the table is live since capacity/0009, so the predicate kept no row out, and reads that do not say
+-- `live` could not use it.
+CREATE INDEX device_bookings_device_ends ON device_bookings (device_id, upper(during));
+DROP INDEX device_bookings_live;
