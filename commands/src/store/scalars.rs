@@ -12,16 +12,24 @@ use sqlx::Row as _;
 use super::corrupt;
 use crate::AppResult;
 
-/// Every schedulable node of the pool with one node's share of atoms free over `[start, end)`, however many there
-/// are: scalars rule out nodes the atoms alone would not, so placement must not stop at the first few.
+/// Schedulable nodes of the pool with one node's share of atoms free over `[start, end)`: at most about `limit` of
+/// them, or every one when `limit` is `None`. Scalars rule out nodes the atoms alone would not, so a placement that
+/// finds no fit among the first ones reads them all before it gives up.
 pub async fn atom_candidates(
     tx: &mut Tx,
     pool_id: &PoolId,
     request: &DeviceRequest,
     start_ms: i64,
     end_ms: i64,
+    limit: Option<i64>,
 ) -> AppResult<Vec<NodeCandidate>> {
-    super::candidates_up_to(tx, pool_id, request, (start_ms, end_ms), i64::from(i32::MAX)).await
+    super::candidates_up_to(tx, pool_id, request, (start_ms, end_ms), limit.unwrap_or(i64::from(i32::MAX))).await
+}
+
+/// The limit of a scalar placement's first read: four times what the summary offers a request without scalars,
+/// since the exact read answers with a quarter of its limit when the `node_fit` hint names that many.
+pub fn first_read_limit(nodes: u32, spread: usize) -> i64 {
+    super::summary_limit(nodes, spread).saturating_mul(4)
 }
 
 /// What each of `nodes` reports of `resources`, and the most its bookings hold at any instant of `[start, end)`

@@ -189,3 +189,51 @@ async fn an_extension_keeps_the_nodes_and_the_quotas_limits_and_a_rebuild_gives_
     assert_eq!(rows, 2, "the comparison had rows to compare");
     tx.rollback().await;
 }
+
+#[tokio::test]
+async fn a_placement_with_scalars_reads_the_first_fitting_nodes_and_the_whole_pool_only_when_they_lack_the_amounts() {
+    use bc_domain::reservation::explanation::{Tier, TierLook};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("vps", Sharing::Exclusive, None).await;
+    let mut nodes = Vec::new();
+    for n in 0..24 {
+        nodes.push(fleet.node_with(&pool, &format!("n{n:02}"), 2, 0, &[("vcpu", 4)]).await);
+    }
+    fleet.app.db().follow_ups_written().await;
+    let looks = |id| {
+        let fleet = &fleet;
+        async move {
+            let (explanation, _) = fleet.app.explanation(&fleet.owner, &id, None).await.expect("explanation");
+            (explanation.tiers, explanation.chosen)
+        }
+    };
+
+    // Every node lends 4 vCPUs: the first read's nodes hold 2, so the pool is not read whole.
+    let small = fleet.reserve(&fleet.owner, "small", with(&pool, 1, &[("vcpu", 2)])).await.expect("small").reservation;
+    assert_eq!(small.state, ReservationState::Placed);
+    let (tiers, _) = looks(small.id.clone()).await;
+    assert_eq!(tiers.len(), 1, "{tiers:?}");
+    assert!(tiers[0].fits && tiers[0].candidates > 0 && tiers[0].candidates < 24, "{tiers:?}");
+
+    // Only the node that sorts last in the hint's order (all hold a free GPU for good, so by id) lends 8: the first
+    // read's nodes all lack the amount, and the whole pool is read to find it.
+    let last = nodes.iter().max_by_key(|n| n.as_str()).expect("a node").clone();
+    let mut tx = fleet.t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query("UPDATE node_resources SET capacity = 8 WHERE node_id = $1 AND resource = 'vcpu'")
+        .bind(last.as_str())
+        .execute(tx.conn())
+        .await
+        .expect("a bigger node");
+    tx.commit().await.expect("commit");
+    let big = fleet.reserve(&fleet.owner, "big", with(&pool, 1, &[("vcpu", 8)])).await.expect("big").reservation;
+    assert_eq!(big.state, ReservationState::Placed);
+    let (tiers, chosen) = looks(big.id.clone()).await;
+    assert_eq!(
+        tiers,
+        [
+            TierLook { tier: Tier::Scalars, candidates: 0, fits: false },
+            TierLook { tier: Tier::Scalars, candidates: 1, fits: true }
+        ]
+    );
+    assert_eq!(chosen, [last]);
+}
