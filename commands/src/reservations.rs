@@ -220,20 +220,23 @@ async fn place_with_scalars(
     let request = &r.request;
     let resources: Vec<&str> = request.resources.keys().map(String::as_str).collect();
     // The first nodes the exact read offers (as many as a placement without scalars draws from), then, only when
-    // the scalars rule out too many of them, every node with the atoms free: a request fits when any node can
-    // hold it, so the read must not stop short of the whole pool before it has found one.
-    let mut reads = [Some(store::scalars::first_read_limit(request.devices.nodes(), spread)), None].into_iter();
+    // the scalars rule out too many of them and that read did not already see them all, every node with the atoms
+    // free: a request fits when any node can hold it, so the read must not stop short of the whole pool before it
+    // has found one.
+    let mut limit = Some(store::scalars::first_read_limit(request.devices.nodes(), spread));
     let (candidates, plan) = loop {
-        let Some(limit) = reads.next() else { return Ok(None) };
         let mut candidates =
             store::scalars::atom_candidates(tx, &pool.id, &request.devices, start_ms, end_ms, limit).await?;
+        let whole = limit.is_none_or(|limit| store::scalars::read_whole(candidates.len(), limit));
         let nodes: Vec<&str> = candidates.iter().map(|c| c.node_id.as_str()).collect();
         let held = store::scalars::node_peaks(tx, &nodes, &resources, start_ms, end_ms, Some(&r.id)).await?;
         candidates.retain(|c| placement::scalars_fit(&pool.policy, &request.resources, &c.node_id, &held));
         let plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
         trace.look(Tier::Scalars, &candidates, plan.is_some());
-        if let Some(plan) = plan {
-            break (candidates, plan);
+        match plan {
+            Some(plan) => break (candidates, plan),
+            None if whole => return Ok(None),
+            None => limit = None,
         }
     };
     let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread).await? else {

@@ -32,6 +32,13 @@ pub fn first_read_limit(nodes: u32, spread: usize) -> i64 {
     super::summary_limit(nodes, spread).saturating_mul(4)
 }
 
+/// Whether a read of at most `limit` candidates that answered `read` of them saw every fitting node. The hint
+/// answers exactly a quarter of the limit (at least one); fewer can only come from the read of the gaps, which
+/// answers every fitting node when they are fewer than its limit.
+pub fn read_whole(read: usize, limit: i64) -> bool {
+    i64::try_from(read).unwrap_or(i64::MAX) < (limit / 4).max(1)
+}
+
 /// What each of `nodes` reports of `resources`, and the most its bookings hold at any instant of `[start, end)`
 /// (reservation `exclude`'s own left out, when it names one).
 pub async fn node_peaks(

@@ -1405,6 +1405,18 @@ async fn book_directly(fleet: &Fleet, reservation: &str, device: &str, from: i64
     }
 }
 
+/// The number `atom_numbers` gives `device`, if any.
+async fn atom_number(fleet: &Fleet, device: &str) -> Option<i64> {
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+    let n = bc_eventstore::sql::query_scalar("SELECT atom FROM atom_numbers WHERE device_id = $1")
+        .bind(device)
+        .fetch_optional(tx.conn())
+        .await
+        .expect("read the number");
+    tx.commit().await.expect("commit");
+    n
+}
+
 #[tokio::test]
 async fn two_bookings_of_one_atom_never_overlap_even_after_its_device_was_removed_and_reported_again() {
     let fleet = Fleet::new().await;
@@ -1419,17 +1431,7 @@ async fn two_bookings_of_one_atom_never_overlap_even_after_its_device_was_remove
     assert_eq!(book_directly(&fleet, "rsv_x", &device, T0 + HOUR, T0 + 2 * HOUR).await, None);
     // The device leaves its node and comes back (the same id reported again): it keeps its number, so the
     // bookings made before still exclude the new ones.
-    let number = |tx_db: bc_eventstore::Db, id: String| async move {
-        let mut tx = tx_db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
-        let n: Option<i64> = bc_eventstore::sql::query_scalar("SELECT atom FROM atom_numbers WHERE device_id = $1")
-            .bind(&id)
-            .fetch_optional(tx.conn())
-            .await
-            .expect("read the number");
-        tx.commit().await.expect("commit");
-        n
-    };
-    let before = number(fleet.t.db.clone(), device.clone()).await.expect("numbered when it was inserted");
+    let before = atom_number(&fleet, &device).await.expect("numbered when it was inserted");
     let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
     let row: (String, String, String, String) =
         bc_eventstore::sql::query_as("DELETE FROM devices WHERE id = $1 RETURNING node_id, pool_id, class, gpu_model")
@@ -1451,16 +1453,16 @@ async fn two_bookings_of_one_atom_never_overlap_even_after_its_device_was_remove
     .expect("report it again");
     tx.commit().await.expect("commit");
     assert_eq!(row.0, node.as_str());
-    assert_eq!(number(fleet.t.db.clone(), device.clone()).await, Some(before), "the same number");
+    assert_eq!(atom_number(&fleet, &device).await, Some(before), "the same number");
     assert_eq!(book_directly(&fleet, "rsv_y", &device, T0, T0 + HOUR / 4).await.as_deref(), Some("23P01"));
     assert_eq!(
         book_directly(&fleet, "rsv_y", &device, T0 + 3 * HOUR / 2, T0 + 3 * HOUR).await.as_deref(),
         Some("23P01")
     );
     // A device id nobody numbered yet is numbered by its first booking, and its second overlapping one is refused.
-    assert_eq!(number(fleet.t.db.clone(), "GPU-never-seen".into()).await, None);
+    assert_eq!(atom_number(&fleet, "GPU-never-seen").await, None);
     assert_eq!(book_directly(&fleet, "rsv_z", "GPU-never-seen", T0, T0 + HOUR).await, None);
-    let new = number(fleet.t.db.clone(), "GPU-never-seen".into()).await.expect("numbered by its booking");
+    let new = atom_number(&fleet, "GPU-never-seen").await.expect("numbered by its booking");
     assert_ne!(new, before);
     assert_eq!(
         book_directly(&fleet, "rsv_z", "GPU-never-seen", T0 + HOUR / 2, T0 + HOUR).await.as_deref(),

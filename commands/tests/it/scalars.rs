@@ -191,7 +191,8 @@ async fn an_extension_keeps_the_nodes_and_the_quotas_limits_and_a_rebuild_gives_
 }
 
 #[tokio::test]
-async fn a_placement_with_scalars_reads_the_first_fitting_nodes_and_the_whole_pool_only_when_they_lack_the_amounts() {
+async fn a_placement_with_scalars_reads_the_first_fitting_nodes_and_the_whole_pool_only_when_they_lack_the_amounts_and_it_was_not_read_whole()
+ {
     use bc_domain::reservation::explanation::{Tier, TierLook};
     let fleet = Fleet::new().await;
     let pool = fleet.pool("vps", Sharing::Exclusive, None).await;
@@ -236,4 +237,21 @@ async fn a_placement_with_scalars_reads_the_first_fitting_nodes_and_the_whole_po
         ]
     );
     assert_eq!(chosen, [last]);
+
+    // In a pool of three nodes the first read already sees every one: a request none of them can lend now waits
+    // after that one read, not after reading them all again.
+    let small_pool = fleet.pool("vps-small", Sharing::Exclusive, None).await;
+    for n in 0..3 {
+        fleet.node_with(&small_pool, &format!("s{n}"), 2, 0, &[("vcpu", 8)]).await;
+    }
+    fleet.app.db().follow_ups_written().await;
+    let eight = with(&small_pool, 1, &[("vcpu", 8)]);
+    for n in 0..3 {
+        let filled = fleet.reserve(&fleet.owner, &format!("fill{n}"), eight.clone()).await.expect("fill").reservation;
+        assert_eq!(filled.state, ReservationState::Placed);
+    }
+    let waits = fleet.reserve(&fleet.owner, "waits", eight).await.expect("waits").reservation;
+    assert_eq!(waits.state, ReservationState::Pending, "every node's vCPUs are lent, a GPU of each is free");
+    let (tiers, _) = looks(waits.id.clone()).await;
+    assert_eq!(tiers, [TierLook { tier: Tier::Scalars, candidates: 0, fits: false }]);
 }
