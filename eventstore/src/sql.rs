@@ -33,21 +33,52 @@ where
 
 /// A call of a server-side function sent in the simple query protocol, so that it can share a round trip with
 /// the statements around it ([`crate::Db::begin_with`], [`crate::Tx::commit_with`]). Its arguments are written
-/// into the text as hexadecimal (`decode('…', 'hex')`), digits and casts only, so no value can change the
-/// statement; the function's own plans are kept by PostgreSQL for the session, as for any function. The
-/// function's result comes back as text (`::text`).
+/// into the text as literals that no value can end early: a text is an escape string (`E'…'`) of printable ASCII
+/// whose quotes and backslashes are doubled and whose every other character is a Unicode escape, so the statement
+/// is ASCII whatever the connection's encoding; numbers are digits and casts. The function's own plans are kept by
+/// PostgreSQL for the session, as for any function. The function's result comes back as text (`::text`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Call {
     function: &'static str,
     args: Vec<String>,
 }
 
-/// A text value: its UTF-8 bytes in hex, converted back. `convert_from` takes the encoding as a `name`, whose
-/// collation is "C", and its result would carry that collation into the function: every comparison with a column
-/// (of the database's default collation) would then be unable to use the column's indexes. The value is given the
-/// default collation explicitly.
+/// A text value as an escape string literal of printable ASCII: a quote is doubled, a backslash doubled, and every
+/// other character outside printable ASCII written as a Unicode escape (`\uXXXX`, `\UXXXXXXXX`), which the server
+/// turns back into the character in its own encoding. The server parses such a literal as a constant of the type it
+/// is cast to; the earlier form, `convert_from(decode('…', 'hex'), 'UTF8')`, cost two function lookups per value
+/// when the statement was analysed and their evaluation when it was planned, about a seventh of the server's time
+/// under sixteen clients. A text holding NUL, which PostgreSQL cannot store, is still written in that form, so the
+/// server refuses it exactly as before.
 fn text_literal(value: &str) -> String {
-    format!("(convert_from(decode('{}', 'hex'), 'UTF8') COLLATE \"default\")", hex::encode(value.as_bytes()))
+    typed_literal(value, "text")
+}
+
+/// `value` as a literal of `type_name`, which reads it from its text form (see [`text_literal`]).
+fn typed_literal(value: &str, type_name: &str) -> String {
+    if value.contains('\0') {
+        let text =
+            format!("(convert_from(decode('{}', 'hex'), 'UTF8') COLLATE \"default\")", hex::encode(value.as_bytes()));
+        return if type_name == "text" { text } else { format!("{text}::{type_name}") };
+    }
+    let mut out = String::with_capacity(value.len() + 10);
+    out.push_str("E'");
+    for c in value.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\"),
+            ' '..='~' => out.push(c),
+            c if u32::from(c) <= 0xFFFF => {
+                let _ = std::fmt::Write::write_fmt(&mut out, format_args!("\\u{:04x}", u32::from(c)));
+            }
+            c => {
+                let _ = std::fmt::Write::write_fmt(&mut out, format_args!("\\U{:08x}", u32::from(c)));
+            }
+        }
+    }
+    out.push_str("'::");
+    out.push_str(type_name);
+    out
 }
 
 impl Call {
@@ -78,8 +109,7 @@ impl Call {
 
     /// A JSON document, as `jsonb`.
     pub fn jsonb(self, json: &str) -> Call {
-        let arg = format!("{}::jsonb", text_literal(json));
-        self.push(arg)
+        self.push(typed_literal(json, "jsonb"))
     }
 
     pub fn int8(self, value: i64) -> Call {
@@ -142,7 +172,8 @@ impl Call {
     }
 
     pub fn byteas(self, values: &[&[u8]]) -> Call {
-        let items: Vec<String> = values.iter().map(|v| format!("decode('{}', 'hex')", hex::encode(v))).collect();
+        // `E'\\x…'` is the text `\x…`, which bytea reads as hexadecimal.
+        let items: Vec<String> = values.iter().map(|v| format!("E'\\\\x{}'", hex::encode(v))).collect();
         self.push(format!("ARRAY[{}]::bytea[]", items.join(", ")))
     }
 
@@ -259,26 +290,39 @@ mod tests {
     use super::Call;
 
     #[test]
-    fn a_call_writes_every_value_as_hex_digits_and_casts() {
+    fn a_call_writes_every_value_as_an_ascii_literal_or_digits_and_casts() {
         let call = Call::new("f")
-            .text("x'); DROP TABLE events; --")
+            .text(r"x'); DROP TABLE events; -- \'")
             .opt_text(None)
             .int8(-5)
             .boolean(true)
-            .texts(&["a", "é"])
+            .texts(&["a", "é\n", "🚀"])
             .int2s(&[1, 2])
             .int4s(&[-3])
             .float8(1.5)
             .opt_int8s(&[Some(7), None])
             .byteas(&[b"\x00\xff"])
-            .jsonb("{\"k\": 1}");
+            .jsonb(r#"{"k": "it's"}"#);
         assert_eq!(
             call.statement(),
-            "SELECT f((convert_from(decode('7827293b2044524f50205441424c45206576656e74733b202d2d', 'hex'), 'UTF8') \
-             COLLATE \"default\"), NULL::text, -5::int8, true, ARRAY[(convert_from(decode('61', 'hex'), 'UTF8') \
-             COLLATE \"default\"), (convert_from(decode('c3a9', 'hex'), 'UTF8') COLLATE \"default\")]::text[], \
-             ARRAY[1, 2]::int2[], ARRAY[-3]::int4[], 1.5::float8, ARRAY[7, NULL]::int8[], ARRAY[decode('00ff', 'hex')]::bytea[], \
-             (convert_from(decode('7b226b223a20317d', 'hex'), 'UTF8') COLLATE \"default\")::jsonb)::text"
+            concat!(
+                r"SELECT f(E'x''); DROP TABLE events; -- \\'''::text, NULL::text, -5::int8, true, ",
+                r"ARRAY[E'a'::text, E'\u00e9\u000a'::text, E'\U0001f680'::text]::text[], ARRAY[1, 2]::int2[], ",
+                r"ARRAY[-3]::int4[], 1.5::float8, ARRAY[7, NULL]::int8[], ARRAY[E'\\x00ff']::bytea[], ",
+                r#"E'{"k": "it''s"}'::jsonb)::text"#,
+            )
+        );
+        assert!(call.statement().is_ascii());
+    }
+
+    #[test]
+    fn a_text_holding_nul_is_written_as_before_for_the_server_to_refuse() {
+        assert_eq!(
+            Call::new("f").text("a\0").jsonb("\0").statement(),
+            concat!(
+                r#"SELECT f((convert_from(decode('6100', 'hex'), 'UTF8') COLLATE "default"), "#,
+                r#"(convert_from(decode('00', 'hex'), 'UTF8') COLLATE "default")::jsonb)::text"#,
+            )
         );
     }
 

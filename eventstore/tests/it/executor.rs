@@ -248,6 +248,75 @@ async fn a_call_carries_any_text_unchanged_and_shares_begin_s_and_commit_s_round
 }
 
 #[tokio::test]
+async fn a_call_s_literals_reach_the_server_byte_for_byte_whatever_the_connection_s_encoding() {
+    use bc_eventstore::sql::Call;
+    let t = TestDb::new().await;
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    for function in [
+        "CREATE FUNCTION hex_of(t text) RETURNS text LANGUAGE sql AS $$ SELECT encode(convert_to(t, 'UTF8'), 'hex') $$",
+        "CREATE FUNCTION hex_of_all(t text[]) RETURNS text LANGUAGE sql AS $$
+             SELECT string_agg(encode(convert_to(x, 'UTF8'), 'hex'), ',' ORDER BY i) FROM unnest(t) WITH ORDINALITY AS u(x, i) $$",
+        "CREATE FUNCTION hex_of_first(j jsonb) RETURNS text LANGUAGE sql
+             AS $$ SELECT encode(convert_to(j ->> 0, 'UTF8'), 'hex') $$",
+        "CREATE FUNCTION hex_of_bytes(b bytea[]) RETURNS text LANGUAGE sql AS $$ SELECT encode(b[1], 'hex') $$",
+    ] {
+        sql::query(function).execute(tx.conn()).await.expect("function");
+    }
+    tx.commit().await.expect("commit");
+
+    let hostile = [
+        "",
+        "x'); DROP TABLE events; --",
+        r"\",
+        r"\'",
+        r"'\",
+        r"ends with a backslash \",
+        "あ\\",
+        "あ'",
+        "\u{7f}\u{1}\t\r\n",
+        "\u{ffff}",
+        "😀\u{10ffff}",
+        "$$ $tag$ E' U&'",
+        r"\u0041 \x41 \\ \n",
+    ];
+    // Under Shift JIS a byte after a lead byte is read as the second half of one character, backslash and quote
+    // included: a statement carrying raw UTF-8 could then end its literal early. A call's statement is ASCII.
+    for encoding in ["UTF8", "SJIS"] {
+        for value in hostile {
+            let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+            sql::query(if encoding == "SJIS" { "SET LOCAL client_encoding = 'SJIS'" } else { "SELECT 1" })
+                .execute(tx.conn())
+                .await
+                .expect("encoding");
+            let answers = tx
+                .calls(&[
+                    Call::new("hex_of").text(value),
+                    Call::new("hex_of_all").texts(&[value, "after"]),
+                    Call::new("hex_of_first").jsonb(&serde_json::json!([value]).to_string()),
+                ])
+                .await
+                .expect("calls");
+            tx.commit().await.expect("commit");
+            let want = hex::encode(value);
+            assert_eq!(answers[0].as_deref().unwrap_or(""), want, "{value:?} as text under {encoding}");
+            assert_eq!(answers[1].as_deref(), Some(format!("{want},{}", hex::encode("after")).as_str()), "{value:?}");
+            assert_eq!(answers[2].as_deref().unwrap_or(""), want, "{value:?} inside JSON under {encoding}");
+        }
+    }
+
+    let every_byte: Vec<u8> = (0..=255).collect();
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let bytes = tx.call(&Call::new("hex_of_bytes").byteas(&[&every_byte])).await.expect("bytes");
+    assert_eq!(bytes.as_deref(), Some(hex::encode(&every_byte).as_str()));
+    tx.commit().await.expect("commit");
+
+    // PostgreSQL stores no NUL in a text: the server refuses it, as it always did.
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let err = tx.call(&Call::new("hex_of").text("a\0b")).await.expect_err("a NUL is refused");
+    assert_eq!(err.sql_state().as_deref(), Some("22021"), "{err}");
+}
+
+#[tokio::test]
 async fn calls_after_commit_run_in_order_outside_the_transaction_and_only_when_it_committed() {
     use bc_eventstore::sql::Call;
     let t = with_scratch_table().await;
@@ -440,7 +509,7 @@ async fn a_call_s_text_arguments_carry_the_default_collation_so_indexes_on_text_
     let (tx, collation) =
         t.db.begin_with(TxOptions::READ_ONLY, &Call::new("pg_collation_for").text("pool_1")).await.expect("call");
     tx.commit().await.expect("commit");
-    // convert_from's encoding argument is a `name` (collation "C"); without the explicit collation the value would
-    // be "C", and a comparison with a column of the default collation would not use the column's index.
+    // A value whose collation were "C" (as `convert_from`'s, whose encoding argument is a `name`, once was) would
+    // not be compared by a column's index of the default collation.
     assert_eq!(collation.as_deref(), Some("\"default\""));
 }
