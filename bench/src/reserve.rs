@@ -192,18 +192,19 @@ async fn reset_statements(db: &Db) -> anyhow::Result<()> {
 /// The statements the server spent the most time on since the last reset, nested ones included.
 async fn print_statements(db: &Db) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_ONLY).await?;
-    let rows: Vec<(String, i64, f64, f64, bool)> = sqlx::query_as(
-        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 110), calls, total_exec_time, total_plan_time, toplevel
+    let rows: Vec<(String, i64, f64, f64, bool, f64)> = sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 110), calls, total_exec_time, total_plan_time, toplevel,
+                wal_bytes::float8 / greatest(calls, 1)
          FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 25",
     )
     .persistent(false)
     .fetch_all(tx.conn())
     .await?;
     tx.commit().await?;
-    println!("    statements by server time over these cycles (ms total exec / plan, calls):");
-    for (query, calls, exec, plan, toplevel) in rows {
+    println!("    statements by server time over these cycles (ms total exec / plan, calls, WAL bytes a call):");
+    for (query, calls, exec, plan, toplevel, wal) in rows {
         let level = if toplevel { "top" } else { "   " };
-        println!("      {exec:>9.1} {plan:>8.1} {calls:>7} {level} {query}");
+        println!("      {exec:>9.1} {plan:>8.1} {calls:>7} {wal:>8.0} {level} {query}");
     }
     Ok(())
 }
