@@ -139,6 +139,7 @@ impl Migrator {
     pub async fn run(&self, db: &Db) -> Result<MigrationReport> {
         let mut report = MigrationReport::default();
         let mut tx = self.locked_tx(db).await?;
+        check_encoding(&mut tx).await?;
         bootstrap_ledger(&mut tx).await?;
         self.check_ledger(&mut tx).await?;
         tx.commit().await?;
@@ -285,6 +286,20 @@ async fn set_idle_in_transaction_timeout(db: &Db) {
 }
 
 /// Creates the ledger tables on a fresh database. Runs under the migration lock.
+/// Refuses a database whose encoding is not UTF-8. Text reaches the server as Unicode (a call's arguments are
+/// ASCII with Unicode escapes, JSON documents may hold `\u` escapes), which another encoding may not hold, and
+/// SQL_ASCII would store bytes without checking them.
+async fn check_encoding(tx: &mut Tx) -> Result<()> {
+    let encoding: String = sql::query_scalar("SELECT current_setting('server_encoding')").fetch_one(tx.conn()).await?;
+    if encoding != "UTF8" {
+        return Err(Error::InvalidConfig(format!(
+            "the database's encoding is {encoding}; Better Compute needs a UTF8 database \
+             (CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0)"
+        )));
+    }
+    Ok(())
+}
+
 async fn bootstrap_ledger(tx: &mut Tx) -> Result<()> {
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS compute_migrations (

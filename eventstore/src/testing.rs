@@ -357,6 +357,18 @@ impl TestServer {
         name
     }
 
+    /// Creates an empty database in the SQL_ASCII encoding (bytes stored as given, no conversion): one this
+    /// build refuses to migrate.
+    pub async fn create_sql_ascii_database(&self) -> String {
+        let name = self.next_name("a");
+        self.admin_exec(format!(
+            "CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'"
+        ))
+        .await
+        .unwrap_or_else(|err| harness_failure(&format!("create database {name}"), err));
+        name
+    }
+
     /// Tells the supervisor what to clean up when the process ends: `drop <database>`, `stop <cluster root>`
     /// or `kill <pid>`.
     fn tell_supervisor(&self, line: &str) {
@@ -434,6 +446,14 @@ impl TestDb {
     pub async fn empty() -> TestDb {
         let server = server();
         let name = server.create_empty_database().await;
+        let db = Db::connect_lazy_with(server.connect_options(&name), &test_db_config());
+        TestDb { db, name }
+    }
+
+    /// A fresh, empty database in the SQL_ASCII encoding: for the migrator's refusal of it.
+    pub async fn empty_sql_ascii() -> TestDb {
+        let server = server();
+        let name = server.create_sql_ascii_database().await;
         let db = Db::connect_lazy_with(server.connect_options(&name), &test_db_config());
         TestDb { db, name }
     }

@@ -60,6 +60,15 @@ async fn a_fresh_database_gets_every_migration_once_and_a_second_run_skips_them(
 }
 
 #[tokio::test]
+async fn a_database_not_in_utf8_is_refused_before_anything_is_written() {
+    let t = TestDb::empty_sql_ascii().await;
+    let err = Migrator::embedded().run(&t.db).await.expect_err("SQL_ASCII is refused");
+    assert_eq!(err.code(), "INVALID_CONFIG", "{err}");
+    assert!(err.to_string().contains("SQL_ASCII") && err.to_string().contains("UTF8"), "{err}");
+    assert!(!table_exists(&t.db, "compute_migrations").await, "nothing was written");
+}
+
+#[tokio::test]
 async fn a_later_migration_of_a_known_owner_is_refused() {
     let t = TestDb::empty().await;
     let newer = core_and(&[("extra", 1, "device_links", "SELECT 1"), ("extra", 2, "holds", "SELECT 1")]);
