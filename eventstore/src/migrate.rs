@@ -285,7 +285,6 @@ async fn set_idle_in_transaction_timeout(db: &Db) {
     }
 }
 
-/// Creates the ledger tables on a fresh database. Runs under the migration lock.
 /// Refuses a database whose encoding is not UTF-8. Text reaches the server as Unicode (a call's arguments are
 /// ASCII with Unicode escapes, JSON documents may hold `\u` escapes), which another encoding may not hold, and
 /// SQL_ASCII would store bytes without checking them.
@@ -300,6 +299,7 @@ async fn check_encoding(tx: &mut Tx) -> Result<()> {
     Ok(())
 }
 
+/// Creates the ledger tables on a fresh database. Runs under the migration lock.
 async fn bootstrap_ledger(tx: &mut Tx) -> Result<()> {
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS compute_migrations (

@@ -350,22 +350,21 @@ impl TestServer {
 
     /// Creates an empty database with no migrations applied.
     pub async fn create_empty_database(&self) -> String {
-        let name = self.next_name("e");
-        self.admin_exec(format!("CREATE DATABASE \"{name}\" TEMPLATE template0"))
-            .await
-            .unwrap_or_else(|err| harness_failure(&format!("create database {name}"), err));
-        name
+        self.create_from_template0("e", "").await
     }
 
     /// Creates an empty database in the SQL_ASCII encoding (bytes stored as given, no conversion): one this
     /// build refuses to migrate.
     pub async fn create_sql_ascii_database(&self) -> String {
-        let name = self.next_name("a");
-        self.admin_exec(format!(
-            "CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'"
-        ))
-        .await
-        .unwrap_or_else(|err| harness_failure(&format!("create database {name}"), err));
+        self.create_from_template0("a", " ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'").await
+    }
+
+    /// Creates a database named with `prefix` from `template0`, with `options` after the template.
+    async fn create_from_template0(&self, prefix: &str, options: &str) -> String {
+        let name = self.next_name(prefix);
+        self.admin_exec(format!("CREATE DATABASE \"{name}\" TEMPLATE template0{options}"))
+            .await
+            .unwrap_or_else(|err| harness_failure(&format!("create database {name}"), err));
         name
     }
 

@@ -298,9 +298,9 @@ async fn a_call_s_literals_reach_the_server_byte_for_byte_whatever_the_connectio
                 .expect("calls");
             tx.commit().await.expect("commit");
             let want = hex::encode(value);
-            assert_eq!(answers[0].as_deref().unwrap_or(""), want, "{value:?} as text under {encoding}");
+            assert_eq!(answers[0].as_deref(), Some(want.as_str()), "{value:?} as text under {encoding}");
             assert_eq!(answers[1].as_deref(), Some(format!("{want},{}", hex::encode("after")).as_str()), "{value:?}");
-            assert_eq!(answers[2].as_deref().unwrap_or(""), want, "{value:?} inside JSON under {encoding}");
+            assert_eq!(answers[2].as_deref(), Some(want.as_str()), "{value:?} inside JSON under {encoding}");
         }
     }
 
