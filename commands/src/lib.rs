@@ -320,39 +320,106 @@ where
     if events.is_empty() {
         return Ok(None);
     }
-    let metadata = caller.metadata().encode()?;
-    let new_events = events
-        .iter()
-        .map(|event| {
-            Ok(NewEvent {
-                event_type: event.event_type().to_owned(),
-                schema_version: event.schema_version(),
-                payload: event.encode_payload()?,
-                metadata: metadata.clone(),
-            })
-        })
-        .collect::<AppResult<Vec<_>>>()?;
-    let batch = AppendBatch { stream_id, tenant_id: Some(tenant.as_str()), expected, events: &new_events };
-    let events: Vec<AnyEvent> = events.into_iter().map(Into::into).collect();
-    // Events whose inline writes are server-side calls go in the append's own message: one round trip for the
-    // whole record. The others are applied statement by statement after it.
-    let mut inline = Vec::new();
-    for event in &events {
-        match bc_projections::inline::calls(stream_id, event)? {
-            Some(calls) => inline.extend(calls),
-            None => {
-                let appended = events::append(tx, batch).await?;
-                for event in &events {
-                    bc_projections::inline::apply(tx, stream_id, event).await?;
-                }
-                return Ok(Some(appended.position));
-            }
+    let prepared = Prepared::of(caller, stream_id, events)?;
+    let batch = AppendBatch { stream_id, tenant_id: Some(tenant.as_str()), expected, events: &prepared.new_events };
+    match &prepared.inline {
+        // Events whose inline writes are server-side calls go in the append's own message: one round trip for the
+        // whole record.
+        Some(inline) => {
+            let sent: Vec<bc_eventstore::sql::Call> = inline.iter().map(|c| c.call.clone()).collect();
+            let (appended, answers) = events::append_with(tx, batch, &sent).await?;
+            bc_projections::inline::follow_answers(tx, inline, &answers)?;
+            Ok(Some(appended.position))
+        }
+        // The others are applied statement by statement after it.
+        None => prepared.append_then_apply(tx, batch).await,
+    }
+}
+
+/// [`record`], then the commit, ending `tx`. When every event's inline writes are server-side calls, the append,
+/// those calls, the calls deferred with [`Tx::defer`] and COMMIT go in one message
+/// ([`events::append_and_commit`]): the command's last round trip carries its writes. For a command whose answer
+/// needs nothing the transaction would read after its events. Answers the position of the last event (`None` when
+/// there were none).
+pub(crate) async fn record_and_commit<E>(
+    mut tx: Tx,
+    caller: &Caller,
+    stream_id: &str,
+    tenant: &TenantId,
+    expected: ExpectedVersion,
+    events: Vec<E>,
+) -> AppResult<Option<Position>>
+where
+    E: DomainEvent + Into<AnyEvent>,
+{
+    if events.is_empty() {
+        tx.commit().await?;
+        return Ok(None);
+    }
+    let prepared = match Prepared::of(caller, stream_id, events) {
+        Ok(prepared) => prepared,
+        Err(err) => return tx.end(Err(err)).await,
+    };
+    let batch = AppendBatch { stream_id, tenant_id: Some(tenant.as_str()), expected, events: &prepared.new_events };
+    match &prepared.inline {
+        Some(inline) => {
+            let sent: Vec<bc_eventstore::sql::Call> = inline.iter().map(|c| c.call.clone()).collect();
+            let follow_ups: Vec<Option<&'static str>> = inline.iter().map(|c| c.follow_up()).collect();
+            let (appended, _) = events::append_and_commit(tx, batch, &sent, &follow_ups).await?;
+            Ok(Some(appended.position))
+        }
+        None => {
+            let recorded = prepared.append_then_apply(&mut tx, batch).await;
+            tx.end(recorded).await
         }
     }
-    let sent: Vec<bc_eventstore::sql::Call> = inline.iter().map(|c| c.call.clone()).collect();
-    let (appended, answers) = events::append_with(tx, batch, &sent).await?;
-    bc_projections::inline::follow_answers(tx, &inline, &answers)?;
-    Ok(Some(appended.position))
+}
+
+/// Events ready to append: encoded for the log with the caller's metadata, and their inline writes as
+/// server-side calls when every one of them has such calls.
+struct Prepared {
+    new_events: Vec<NewEvent>,
+    events: Vec<AnyEvent>,
+    inline: Option<Vec<bc_projections::inline::InlineCall>>,
+}
+
+impl Prepared {
+    fn of<E>(caller: &Caller, stream_id: &str, events: Vec<E>) -> AppResult<Prepared>
+    where
+        E: DomainEvent + Into<AnyEvent>,
+    {
+        let metadata = caller.metadata().encode()?;
+        let new_events = events
+            .iter()
+            .map(|event| {
+                Ok(NewEvent {
+                    event_type: event.event_type().to_owned(),
+                    schema_version: event.schema_version(),
+                    payload: event.encode_payload()?,
+                    metadata: metadata.clone(),
+                })
+            })
+            .collect::<AppResult<Vec<_>>>()?;
+        let events: Vec<AnyEvent> = events.into_iter().map(Into::into).collect();
+        let mut inline = Some(Vec::new());
+        for event in &events {
+            match (bc_projections::inline::calls(stream_id, event)?, &mut inline) {
+                (Some(calls), Some(inline)) => inline.extend(calls),
+                (None, inline) => *inline = None,
+                (Some(_), None) => {}
+            }
+        }
+        Ok(Prepared { new_events, events, inline })
+    }
+
+    /// Appends, then applies each event's inline writes statement by statement.
+    async fn append_then_apply(&self, tx: &mut Tx, batch: AppendBatch<'_>) -> AppResult<Option<Position>> {
+        let appended = events::append(tx, batch).await?;
+        for event in &self.events {
+            bc_projections::inline::apply(tx, batch.stream_id, event).await?;
+        }
+        Ok(Some(appended.position))
+    }
 }
 
 /// Records events on a node's stream, expecting its current version, in the caller's transaction.

@@ -19,7 +19,7 @@ use super::gate::{Call, Subject, draft};
 use super::store::facts::{Placing, ReserveAnswer, ReserveFacts};
 use super::store::{self, PoolRow};
 use super::work::{self, WorkKey};
-use super::{App, AppError, AppResult, Caller, Committed, record};
+use super::{App, AppError, AppResult, Caller, Committed, record, record_and_commit};
 
 /// `reservations.create`.
 #[derive(Debug, Clone)]
@@ -532,14 +532,14 @@ impl App {
         command: impl Fn(i64) -> Command + Send + Sync,
     ) -> AppResult<Committed<Reservation>> {
         bc_eventstore::retry(&self.retry, || async {
-            let (mut tx, answer) =
+            let (tx, answer) =
                 self.db.begin_with(TxOptions::COMMAND, &store::facts::reservation_facts_call(id)).await?;
             let decided = async {
-                let facts = store::facts::reservation_facts(id, answer)?;
+                let mut facts = store::facts::reservation_facts(id, answer)?;
                 if let Some((call, method)) = gate {
                     self.decide(call, method, facts.resource.as_ref(), Subject::Reservation(id)).await?;
                 }
-                let r = match facts.reservation {
+                let r = match facts.reservation.take() {
                     Some((r, _)) if r.tenant_id == caller.tenant_id => r,
                     _ => return Err(Rejection::NotFound { kind: "reservation", id: id.to_string() }.into()),
                 };
@@ -549,18 +549,22 @@ impl App {
                 };
                 let command = super::node_commands::with_agents(command(facts.now_ms), agents);
                 let events = reservation::decide(&r, &command)?;
-                let known = Known { agents: Some(&facts.agents), draining: Some(&facts.draining), with_commit: true };
-                apply_and_schedule_known(&mut tx, caller, r, events, facts.now_ms, &known).await
+                Ok((r, events, facts))
             }
             .await;
-            tx.end(decided).await
+            let (r, events, facts) = match decided {
+                Ok(decided) => decided,
+                Err(err) => return tx.end(Err(err)).await,
+            };
+            let known = Known { agents: Some(&facts.agents), draining: Some(&facts.draining), with_commit: true };
+            apply_schedule_and_commit(tx, caller, r, events, facts.now_ms, &known).await
         })
         .await
     }
 
-    /// One try of a reserve in four round trips: BEGIN with the facts it decides on (`reserve_facts`: the stream,
+    /// One try of a reserve in three round trips: BEGIN with the facts it decides on (`reserve_facts`: the stream,
     /// the pool, its offers, and for a placement the locks, the candidates and the quota sweep), the lock of the
-    /// chosen atoms, the events with every inline write they make, and COMMIT with the wakes it queues.
+    /// chosen atoms, and the events with every inline write they make, the wakes it queues and COMMIT.
     async fn reserve_once(
         &self,
         caller: &Caller,
@@ -594,7 +598,16 @@ impl App {
             reserve_decided(&mut tx, caller, id, request, how, answer, instance).await
         }
         .await;
-        tx.end(decided).await
+        match decided {
+            Ok(Decided::Record { events, state }) => {
+                let tenant = &caller.tenant_id;
+                let position =
+                    record_and_commit(tx, caller, id.as_str(), tenant, ExpectedVersion::NO_STREAM, events).await?;
+                Ok(Committed { value: Reserved { reservation: *state, created: true, instance: None }, position })
+            }
+            Ok(Decided::Answered(answered)) => tx.end(Ok(*answered)).await,
+            Err(err) => tx.end(Err(err)).await,
+        }
     }
 }
 
@@ -647,8 +660,7 @@ pub(crate) async fn record_reservation_known(
     events: Vec<ReservationEvent>,
     known: &Known<'_>,
 ) -> AppResult<(Reservation, Option<Position>)> {
-    let frees_capacity =
-        events.iter().any(|e| e.ends_bookings_at().is_some() || matches!(e, ReservationEvent::Replaced(_)));
+    let frees_capacity = frees_capacity(&events);
     let ended_at_ms = events.iter().find_map(ReservationEvent::ends_bookings_at);
     super::node_commands::follow_hand_overs(tx, caller, &r, &events, known.agents).await?;
     let state = events.iter().fold(Some(r.clone()), reservation::evolve).unwrap_or_else(|| r.clone());
@@ -661,22 +673,69 @@ pub(crate) async fn record_reservation_known(
         position = end_instance_of(tx, caller, &state, at_ms).await?.or(position);
     }
     if frees_capacity {
-        known.wake(tx, &WorkKey::pool_pending(&state.request.pool_id)).await?;
-        // A drain completes once its node holds nothing running.
-        if state.state.is_terminal() {
-            let draining = match known.draining {
-                Some(draining) => draining.to_vec(),
-                None => {
-                    let nodes: Vec<&str> = state.allocations.iter().map(|a| a.node_id.as_str()).collect();
-                    store::draining_nodes(tx, &nodes).await?
-                }
-            };
-            for node in draining {
-                known.wake(tx, &WorkKey::NodeReplace(node)).await?;
-            }
-        }
+        wake_for_freed(tx, &state, known).await?;
     }
     Ok((state, position))
+}
+
+/// Whether `events` free capacity (end bookings, or move them).
+fn frees_capacity(events: &[ReservationEvent]) -> bool {
+    events.iter().any(|e| e.ends_bookings_at().is_some() || matches!(e, ReservationEvent::Replaced(_)))
+}
+
+/// Wakes what a reservation that freed capacity may unblock: its pool's pending reservations, and, once it ended,
+/// the drains of its nodes (a drain completes once its node holds nothing running).
+async fn wake_for_freed(tx: &mut Tx, state: &Reservation, known: &Known<'_>) -> AppResult<()> {
+    known.wake(tx, &WorkKey::pool_pending(&state.request.pool_id)).await?;
+    if state.state.is_terminal() {
+        let draining = match known.draining {
+            Some(draining) => draining.to_vec(),
+            None => {
+                let nodes: Vec<&str> = state.allocations.iter().map(|a| a.node_id.as_str()).collect();
+                store::draining_nodes(tx, &nodes).await?
+            }
+        };
+        for node in draining {
+            known.wake(tx, &WorkKey::NodeReplace(node)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// [`apply_and_schedule_known`], ending `tx`. When nothing after the events reads the transaction (what the
+/// reservation's events wake, and its next look, go with the COMMIT; no instance ends with it), the append, its
+/// inline writes, those wakes and COMMIT travel in one message ([`record_and_commit`]).
+pub(crate) async fn apply_schedule_and_commit(
+    mut tx: Tx,
+    caller: &Caller,
+    r: Reservation,
+    events: Vec<ReservationEvent>,
+    now_ms: i64,
+    known: &Known<'_>,
+) -> AppResult<Committed<Reservation>> {
+    let ends_instance = r.request.binding == Binding::Instance && events.iter().any(|e| e.ends_bookings_at().is_some());
+    if !known.with_commit || known.draining.is_none() || ends_instance {
+        let done = apply_and_schedule_known(&mut tx, caller, r, events, now_ms, known).await;
+        return tx.end(done).await;
+    }
+    let queued = async {
+        super::node_commands::follow_hand_overs(&mut tx, caller, &r, &events, known.agents).await?;
+        let state = events.iter().fold(Some(r.clone()), reservation::evolve).unwrap_or_else(|| r.clone());
+        if frees_capacity(&events) {
+            wake_for_freed(&mut tx, &state, known).await?;
+        }
+        let key = WorkKey::Reservation(state.id.clone());
+        work::schedule_with_commit(&mut tx, &key, reservation::next_look(&state, now_ms));
+        Ok(state)
+    }
+    .await;
+    let state = match queued {
+        Ok(state) => state,
+        Err(err) => return tx.end(Err(err)).await,
+    };
+    let expected = ExpectedVersion::Exact(r.version);
+    let position = record_and_commit(tx, caller, r.id.as_str(), &r.tenant_id, expected, events).await?;
+    Ok(Committed { value: state, position })
 }
 
 /// Records decided events on a reservation (see [`record_reservation`]) and schedules its next look.
@@ -783,7 +842,7 @@ async fn reserve_decided(
     Decide { placement, explain, diagnoses }: Decide<'_>,
     answer: ReserveAnswer,
     with_instance: Option<&NewInstance>,
-) -> AppResult<Committed<Reserved>> {
+) -> AppResult<Decided> {
     let ReserveAnswer { now_ms, facts, .. } = answer;
     let new = new_request(caller, id, request, now_ms);
     let facts = match facts {
@@ -801,7 +860,8 @@ async fn reserve_decided(
                 }
                 None => None,
             };
-            return Ok(Committed { value: Reserved { reservation: *existing, created: false, instance }, position });
+            let existing = Reserved { reservation: *existing, created: false, instance };
+            return Ok(Decided::Answered(Box::new(Committed { value: existing, position })));
         }
         ReserveFacts::NoPool => {
             return Err(Rejection::NotFound { kind: "pool", id: request.pool_id.to_string() }.into());
@@ -931,19 +991,24 @@ async fn reserve_decided(
             }
         }
     }
-    let mut position = record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
     work::schedule_with_commit(tx, &WorkKey::Reservation(id.clone()), reservation::next_look(&state, now_ms));
-    let instance = match with_instance {
-        Some(new) => {
-            let events = instance::create(None, NewInstance { now_ms, ..new.clone() })?;
-            let made = events.iter().fold(None, instance::evolve_instance);
-            let stream = new.instance_id.as_str();
-            position = record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
-            made
-        }
-        None => None,
-    };
-    Ok(Committed { value: Reserved { reservation: state, created: true, instance }, position })
+    let Some(new) = with_instance else { return Ok(Decided::Record { events, state: Box::new(state) }) };
+    // An instance's reservation: its events, then the instance's, each appended in the transaction.
+    record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
+    let events = instance::create(None, NewInstance { now_ms, ..new.clone() })?;
+    let instance = events.iter().fold(None, instance::evolve_instance);
+    let stream = new.instance_id.as_str();
+    let position = record(tx, caller, stream, &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
+    let value = Reserved { reservation: state, created: true, instance };
+    Ok(Decided::Answered(Box::new(Committed { value, position })))
+}
+
+/// What a reserve decided in its transaction: an answer already (a retry found its reservation, or an instance's
+/// reservation was recorded with its instance), or the new reservation's events, recorded as the transaction's last
+/// writes with its COMMIT.
+enum Decided {
+    Answered(Box<Committed<Reserved>>),
+    Record { events: Vec<ReservationEvent>, state: Box<Reservation> },
 }
 
 /// The pool rule a refusal to wait comes from, in words; `None` when the request can never fit (then the nodes'

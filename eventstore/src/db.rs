@@ -335,6 +335,18 @@ impl Db {
     }
 }
 
+/// What leads a transaction's last message, before its deferred calls and COMMIT
+/// ([`crate::events::append_and_commit`]): an append, then the calls that go with it.
+pub(crate) struct Lead {
+    /// The append's call first, then the others.
+    pub(crate) statements: Vec<String>,
+    /// For each statement after the append: the function its answer (a JSON array) is handed to after the commit
+    /// ([`Tx::follow_up`]); an empty array hands nothing.
+    pub(crate) follow_ups: Vec<Option<&'static str>>,
+    /// Where the append landed, read from its answer.
+    pub(crate) landed: fn(&str) -> Result<Position>,
+}
+
 /// An open transaction on one pooled connection. Run statements on [`Tx::conn`].
 #[derive(Debug)]
 pub struct Tx {
@@ -365,7 +377,7 @@ impl Tx {
         // A statement before COMMIT in the same round trip fails with 25P02 when the transaction is aborted;
         // COMMIT alone would silently roll back. A deferred call is such a statement already.
         let guard = if self.deferred.is_empty() { "SELECT 1" } else { "" };
-        self.commit_after(guard.to_owned()).await.map(drop)
+        self.commit_after(None, guard.to_owned()).await.map(drop)
     }
 
     /// Sends `call` right after this transaction's COMMIT, in the same round trip, outside the transaction (in its
@@ -432,14 +444,27 @@ impl Tx {
     /// run (the rest of a simple query stops at an error) and the transaction is rolled back; a failing COMMIT is
     /// reported as from [`Tx::commit`].
     pub async fn commit_with(self, last: &crate::sql::Call) -> Result<Option<String>> {
-        let rows = self.commit_after(last.statement()).await?;
+        let (_, rows) = self.commit_after(None, last.statement()).await?;
         first_text(&rows)
     }
 
-    /// The deferred calls, `statement` (none when empty) and COMMIT in one message; the rows the statement answered.
-    async fn commit_after(mut self, statement: String) -> Result<Vec<PgRow>> {
+    /// Runs `lead` (an append and the calls that go with it), the deferred calls and COMMIT in one round trip;
+    /// what each of `lead`'s statements answered. See [`crate::events::append_and_commit`].
+    pub(crate) async fn commit_leading(self, lead: Lead) -> Result<Vec<Option<String>>> {
+        self.commit_after(Some(lead), String::new()).await.map(|(answers, _)| answers)
+    }
+
+    /// `lead`'s statements, the deferred calls, `statement` (none when empty) and COMMIT in one message; what
+    /// `lead`'s statements answered, and the rows the statement answered.
+    async fn commit_after(
+        mut self,
+        lead: Option<Lead>,
+        statement: String,
+    ) -> Result<(Vec<Option<String>>, Vec<PgRow>)> {
+        let led = lead.as_ref().map_or(0, |lead| lead.statements.len());
         let deferred = self.deferred.len();
-        let mut parts: Vec<String> = self.deferred.drain(..).collect();
+        let mut parts: Vec<String> = lead.as_ref().map(|lead| lead.statements.clone()).unwrap_or_default();
+        parts.append(&mut self.deferred);
         if !statement.is_empty() {
             parts.push(statement);
         }
@@ -452,6 +477,14 @@ impl Tx {
         match sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(self.conn.get()).await {
             Ok(rows) => {
                 self.open = false;
+                // Committed: what the lead answered is read before the follow-ups go and the commit is signalled,
+                // since the append's position and the follow-ups its calls asked for are among it.
+                let mut rows = rows.into_iter();
+                let answers: Vec<PgRow> = rows.by_ref().take(led).collect();
+                let read = match &lead {
+                    Some(lead) => self.read_lead(lead, &answers),
+                    None => Ok(Vec::new()),
+                };
                 self.hand_over_follow_ups().await;
                 if let Some(position) = self.appended {
                     self.appends.send_if_modified(|highest| {
@@ -463,7 +496,7 @@ impl Tx {
                     });
                 }
                 // Each deferred call answered one row, before the statement's.
-                Ok(rows.into_iter().skip(deferred).collect())
+                Ok((read?, rows.skip(deferred).collect()))
             }
             Err(err) if sql_state(&err).as_deref() == Some(IN_FAILED_SQL_TRANSACTION) => {
                 self.rollback().await;
@@ -481,6 +514,30 @@ impl Tx {
                 Err(err.into())
             }
         }
+    }
+
+    /// Reads what a committed lead answered: marks where its append landed, and queues the follow-ups its calls'
+    /// answers ask for.
+    fn read_lead(&mut self, lead: &Lead, rows: &[PgRow]) -> Result<Vec<Option<String>>> {
+        if rows.len() != lead.statements.len() {
+            return Err(Error::Internal(format!(
+                "{} statements led the commit, {} answered",
+                lead.statements.len(),
+                rows.len()
+            )));
+        }
+        let answers = rows.iter().map(|row| first_text(std::slice::from_ref(row))).collect::<Result<Vec<_>>>()?;
+        let landed =
+            answers.first().cloned().flatten().ok_or_else(|| Error::Internal("the append answered NULL".into()))?;
+        self.mark_appended((lead.landed)(&landed)?);
+        for (answer, function) in answers.iter().skip(1).zip(&lead.follow_ups) {
+            if let (Some(function), Some(array)) = (function, answer)
+                && array != "[]"
+            {
+                self.follow_up(function, array);
+            }
+        }
+        Ok(answers)
     }
 
     /// After the commit: the follow-ups go to the pool's writer, or, when there is none, are sent here at once.

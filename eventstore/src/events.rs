@@ -187,6 +187,51 @@ pub async fn append_with(
     Ok((appended, answers))
 }
 
+/// Appends a batch, runs `then` after it and commits, all in the transaction's last round trip: the append and
+/// `then` lead the message, the calls deferred with [`Tx::defer`] follow, then COMMIT. For a command whose events
+/// are its last writes and whose answer needs only where they landed: it saves the round trip [`append_with`]
+/// takes before the commit. `follow_ups[i]`, when set, names the function `then[i]`'s answer (a JSON array) is
+/// handed to after the commit ([`Tx::follow_up`]). Errors as from [`append_with`], and the transaction is then
+/// rolled back; a failing COMMIT is the answer as from [`Tx::commit`]. Answers where the batch landed and what each
+/// call of `then` answered.
+pub async fn append_and_commit(
+    tx: Tx,
+    batch: AppendBatch<'_>,
+    then: &[sql::Call],
+    follow_ups: &[Option<&'static str>],
+) -> Result<(Appended, Vec<Option<String>>)> {
+    let checked = check_batch(&batch).and_then(|()| expected_version(batch.expected));
+    let expected = match checked {
+        Ok(expected) => expected,
+        Err(err) => {
+            tx.rollback().await;
+            return Err(err);
+        }
+    };
+    let mut statements = Vec::with_capacity(then.len() + 1);
+    statements.push(append_call("append_events_or_refuse", &batch, expected).statement());
+    statements.extend(then.iter().map(sql::Call::statement));
+    let lead = crate::db::Lead {
+        statements,
+        follow_ups: follow_ups.to_vec(),
+        landed: |text| parse_landed(text).map(|appended| appended.position),
+    };
+    let mut answers = match tx.commit_leading(lead).await {
+        Ok(answers) => answers,
+        Err(Error::Database(err)) if crate::error::sql_state(&err).as_deref() == Some(HEAD_MOVED) => {
+            return Err(Error::Conflict {
+                stream_id: batch.stream_id.to_owned(),
+                expected: expected.map_or(0, |v| v as u32),
+                actual: None,
+            });
+        }
+        Err(Error::Database(err)) => return Err(conflict_on_unique_violation(err, batch.stream_id, batch.expected)),
+        Err(other) => return Err(other),
+    };
+    let landed = answers.remove(0).ok_or_else(|| Error::Internal("the append answered NULL".to_owned()))?;
+    Ok((parse_landed(&landed)?, answers))
+}
+
 /// Reads `append_events_or_refuse`'s answer: `head last_version epoch txid seq`.
 fn parse_landed(text: &str) -> Result<Appended> {
     let bad = || Error::Internal(format!("the append answered {text:?}"));

@@ -252,6 +252,80 @@ async fn an_append_with_its_inline_calls_lands_as_append_does_and_a_moved_head_r
 }
 
 #[tokio::test]
+async fn an_append_that_leads_the_commit_lands_with_its_calls_and_the_deferred_ones_and_a_moved_head_writes_nothing() {
+    use bc_eventstore::sql::{self as sql, Call};
+    let t = TestDb::new().await;
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    for statement in [
+        "CREATE TABLE written (v int, events_seen bigint)",
+        "CREATE TABLE followed (v int)",
+        // What a call wrote, with how many events of the stream its transaction saw then.
+        "CREATE FUNCTION write_one(p int) RETURNS text LANGUAGE sql AS $$
+             INSERT INTO written SELECT p, count(*) FROM events WHERE stream_id = 's-1'
+             RETURNING CASE WHEN p = 2 THEN jsonb_build_array(p * 10)::text ELSE (p * 10)::text END $$",
+        "CREATE FUNCTION follow(p jsonb) RETURNS void LANGUAGE sql AS $$
+             INSERT INTO followed SELECT (e #>> '{}')::int FROM jsonb_array_elements(p) AS e $$",
+    ] {
+        sql::query(statement).execute(tx.conn()).await.expect("create");
+    }
+    tx.commit().await.expect("commit");
+    let written = |db: bc_eventstore::Db| async move {
+        let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+        let rows: Vec<(i32, i64)> =
+            sql::query_as("SELECT v, events_seen FROM written ORDER BY v").fetch_all(tx.conn()).await.expect("read");
+        let followed: Vec<i32> =
+            sql::query_scalar("SELECT v FROM followed ORDER BY v").fetch_all(tx.conn()).await.expect("read");
+        tx.commit().await.expect("commit");
+        (rows, followed)
+    };
+
+    let batch = [event(1), event(2)];
+    let mut appends = t.db.appends();
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    // Queued before the append, sent after it: the deferred calls follow the lead in the message.
+    tx.defer(&Call::new("write_one").int4(5));
+    let then = [Call::new("write_one").int4(1), Call::new("write_one").int4(2)];
+    let (appended, answers) = events::append_and_commit(
+        tx,
+        AppendBatch {
+            stream_id: "s-1",
+            tenant_id: Some("ten_a"),
+            expected: ExpectedVersion::NO_STREAM,
+            events: &batch,
+        },
+        &then,
+        &[None, Some("follow")],
+    )
+    .await
+    .expect("append and commit");
+    assert_eq!((appended.first_version, appended.last_version), (1, 2));
+    assert_eq!(answers, vec![Some("10".to_owned()), Some("[20]".to_owned())], "each call's answer, in order");
+    let read = support::read_until(&t.db, Position::START, 2).await;
+    assert_eq!(read[1].position, appended.position, "the position of the batch's last event");
+    assert_eq!(*appends.borrow_and_update(), appended.position, "the commit is signalled at its position");
+    t.db.follow_ups_written().await;
+    let (rows, followed) = written(t.db.clone()).await;
+    assert_eq!(rows, vec![(1, 2), (2, 2), (5, 2)], "every call ran after the append, and all of it committed");
+    assert_eq!(followed, vec![20], "the answer named for a follow-up was handed to it after the commit");
+
+    // A head elsewhere than expected is a conflict; neither the calls nor the deferred ones wrote anything.
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    tx.defer(&Call::new("write_one").int4(6));
+    let err = events::append_and_commit(
+        tx,
+        AppendBatch { stream_id: "s-1", tenant_id: None, expected: ExpectedVersion::Exact(1), events: &batch },
+        &[Call::new("write_one").int4(3)],
+        &[None],
+    )
+    .await
+    .expect_err("the head is at 2");
+    assert!(matches!(err, Error::Conflict { ref stream_id, expected: 1, .. } if stream_id == "s-1"), "{err:?}");
+    assert!(err.is_retryable());
+    // The connection went back clean: the next transaction on the pool works.
+    assert_eq!(written(t.db.clone()).await, (vec![(1, 2), (2, 2), (5, 2)], vec![20]));
+}
+
+#[tokio::test]
 async fn a_selected_read_sends_only_the_parts_asked_for_and_the_same_events() {
     let t = TestDb::new().await;
     let metadata = EventMetadata { request_id: Some("req_selected".into()), ..EventMetadata::default() };

@@ -1011,15 +1011,6 @@ async fn touch_for_booking(tx: &mut Tx, devices: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Moves the free-capacity hint by `deltas` (a JSON array of [node, class, change] from the inline functions)
-/// after this transaction commits (see `node_free`), through the pool's writer of follow-ups, which merges the
-/// changes of concurrent commits into one `adjust_free`.
-fn adjust_after_commit(tx: &mut Tx, deltas: &str) {
-    if deltas != "[]" {
-        tx.follow_up("adjust_free", deltas);
-    }
-}
-
 /// Recounts the free-capacity hints of `nodes` (`node_free` from their devices, `node_fit` from their atoms' gaps)
 /// right after this transaction commits.
 fn summarize_after_commit(tx: &mut Tx, nodes: &[&str]) {
@@ -1046,7 +1037,8 @@ pub enum Answer {
     /// Nothing: the call answers nothing.
     Nothing,
     /// The free-capacity hint's changes (a JSON array of [node, class, change]), sent with `adjust_free` after the
-    /// commit.
+    /// commit (see `node_free`) through the pool's writer of follow-ups, which merges the changes of concurrent
+    /// commits into one call.
     FreeDeltas,
 }
 
@@ -1060,6 +1052,14 @@ pub struct InlineCall {
 impl InlineCall {
     fn writes(call: sql::Call) -> Self {
         Self { call, answer: Answer::Nothing }
+    }
+
+    /// The function its answer is handed to after the commit ([`Tx::follow_up`]), if any.
+    pub fn follow_up(&self) -> Option<&'static str> {
+        match self.answer {
+            Answer::Nothing => None,
+            Answer::FreeDeltas => Some("adjust_free"),
+        }
     }
 }
 
@@ -1168,8 +1168,10 @@ pub fn follow_answers(tx: &mut Tx, calls: &[InlineCall], answers: &[Option<Strin
         return Err(Error::Internal(format!("{} inline calls, {} answers", calls.len(), answers.len())));
     }
     for (call, answer) in calls.iter().zip(answers) {
-        if call.answer == Answer::FreeDeltas {
-            adjust_after_commit(tx, answer.as_deref().unwrap_or("[]"));
+        if let (Some(function), Some(array)) = (call.follow_up(), answer)
+            && array != "[]"
+        {
+            tx.follow_up(function, array);
         }
     }
     Ok(())
