@@ -242,6 +242,8 @@ pub struct App {
     /// Whether reserves record the explanation of their decisions (on by default; the benchmark turns it off to
     /// measure its cost).
     pub explain: bool,
+    /// Whether reserves lost races for their chosen atoms lately (where a first try locks them).
+    lock_races: Arc<reservations::LockRaces>,
 }
 
 impl App {
@@ -268,6 +270,7 @@ impl App {
             images: Arc::new(images::ImagePolicy::default()),
             providers: Arc::new(borrowing::ProviderDrivers::default()),
             explain: true,
+            lock_races: Arc::new(reservations::LockRaces::default()),
         }
     }
 
@@ -339,22 +342,26 @@ where
 /// [`record`], then the commit, ending `tx`. When every event's inline writes are server-side calls, the append,
 /// those calls, the calls deferred with [`Tx::defer`] and COMMIT go in one message
 /// ([`events::append_and_commit`]): the command's last round trip carries its writes. For a command whose answer
-/// needs nothing the transaction would read after its events. Answers the position of the last event (`None` when
-/// there were none).
+/// needs nothing the transaction would read after its events. `first`, when given, runs before the events, in the
+/// same message: a lock the events rely on, which raises when it cannot be taken. Answers the position of the
+/// last event (`None` when there were none).
 pub(crate) async fn record_and_commit<E>(
     mut tx: Tx,
     caller: &Caller,
-    stream_id: &str,
-    tenant: &TenantId,
-    expected: ExpectedVersion,
+    stream: (&str, &TenantId, ExpectedVersion),
+    first: Option<&bc_eventstore::sql::Call>,
     events: Vec<E>,
 ) -> AppResult<Option<Position>>
 where
     E: DomainEvent + Into<AnyEvent>,
 {
+    let (stream_id, tenant, expected) = stream;
     if events.is_empty() {
-        tx.commit().await?;
-        return Ok(None);
+        let checked = match first {
+            Some(first) => tx.call(first).await.map(drop).map_err(AppError::from),
+            None => Ok(()),
+        };
+        return tx.end(checked.map(|()| None)).await;
     }
     let prepared = match Prepared::of(caller, stream_id, events) {
         Ok(prepared) => prepared,
@@ -365,11 +372,17 @@ where
         Some(inline) => {
             let sent: Vec<bc_eventstore::sql::Call> = inline.iter().map(|c| c.call.clone()).collect();
             let follow_ups: Vec<Option<&'static str>> = inline.iter().map(|c| c.follow_up()).collect();
-            let (appended, _) = events::append_and_commit(tx, batch, &sent, &follow_ups).await?;
+            let (appended, _) = events::append_and_commit(tx, batch, first, &sent, &follow_ups).await?;
             Ok(Some(appended.position))
         }
         None => {
-            let recorded = prepared.append_then_apply(&mut tx, batch).await;
+            let recorded = async {
+                if let Some(first) = first {
+                    tx.call(first).await?;
+                }
+                prepared.append_then_apply(&mut tx, batch).await
+            }
+            .await;
             tx.end(recorded).await
         }
     }

@@ -12,7 +12,7 @@ use bc_domain::reservation::{
     ReservationEvent, ReservationRequest, Waiting, placed_start,
 };
 use bc_eventstore::events::{self, ExpectedVersion};
-use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock};
+use bc_eventstore::{Position, Retryable as _, ScopedFutureExt as _, Tx, TxOptions, clock, sql};
 
 use super::explain::{self, Trace};
 use super::gate::{Call, Subject, draft};
@@ -47,6 +47,32 @@ enum Placement {
         spread: usize,
     },
     Skip,
+}
+
+/// Whether reserves have lately lost races for the atoms they chose: while they have not, a reserve's first try
+/// locks its chosen atoms in the message of its events and COMMIT (`lock_chosen_or_refuse`), one round trip fewer;
+/// once one loses such a race, the next [`LockRaces::LOCK_FIRST`] first tries lock first (`lock_chosen`, where a
+/// lost race costs a plan again, not the whole command), and every race lost there starts the count again. A
+/// process-wide hint: it never decides what is placed, only in which message the lock goes.
+#[derive(Debug, Default)]
+pub(crate) struct LockRaces {
+    lock_first: std::sync::atomic::AtomicU32,
+}
+
+impl LockRaces {
+    /// First tries that lock first after a lost race.
+    const LOCK_FIRST: u32 = 64;
+
+    /// Whether this first try may lock its atoms with its COMMIT.
+    fn lock_with_commit(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.lock_first.fetch_update(Relaxed, Relaxed, |left| left.checked_sub(1)).is_err()
+    }
+
+    /// A reserve lost a race for its chosen atoms.
+    fn lost(&self) {
+        self.lock_first.store(Self::LOCK_FIRST, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// How much wider than best fit try number `tries` (from 1) of a reserve draws its nodes: a request that lost the
@@ -191,7 +217,7 @@ pub(crate) async fn try_place(
     let Some(plan) = plan else {
         return Ok(None);
     };
-    let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread).await? else {
+    let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread, None).await? else {
         return Ok(None);
     };
     if let Some(quota) = quota {
@@ -239,7 +265,7 @@ async fn place_with_scalars(
             None => limit = None,
         }
     };
-    let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread).await? else {
+    let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread, None).await? else {
         return Ok(None);
     };
     let mut chosen: Vec<&str> = plan.iter().map(|a| a.node_id.as_str()).collect();
@@ -285,6 +311,7 @@ async fn lock_plan(
     mut candidates: Vec<NodeCandidate>,
     mut plan: Vec<PlannedAllocation>,
     spread: usize,
+    races: Option<&LockRaces>,
 ) -> AppResult<Option<Vec<PlannedAllocation>>> {
     let mut rounds = 1;
     loop {
@@ -301,6 +328,9 @@ async fn lock_plan(
         if how == store::AtomLock::Wait {
             // A waiting lock only comes back short when chosen atoms are gone: as when a chosen node is.
             return Ok(None);
+        }
+        if let Some(races) = races {
+            races.lost();
         }
         let held: Vec<&str> = atoms.iter().copied().filter(|atom| !locked.iter().any(|l| l == atom)).collect();
         for candidate in &mut candidates {
@@ -368,14 +398,24 @@ impl App {
     ) -> AppResult<Committed<Reserved>> {
         let id = id.clone();
         let mut tries = 1;
+        let mut lock_first = false;
         loop {
             let placement = if tries <= self.retry.max_attempts {
                 Placement::Try { spread: spread_for(tries) }
             } else {
                 Placement::Skip
             };
-            let attempt = self.reserve_once(caller, &id, request, placement, gate, instance).await;
+            // Only a first try locks with its COMMIT, and only while no race was lost lately.
+            let with_commit = tries == 1 && !lock_first && self.lock_races.lock_with_commit();
+            let lock = AtomsLock { with_commit, races: &self.lock_races };
+            let attempt = self.reserve_once(caller, &id, request, (placement, lock), gate, instance).await;
             match attempt {
+                // The atoms it chose went to another command first: plan again at once, locking first (the lock
+                // then skips what others hold and plans around it, as a lost race always did).
+                Err(err) if with_commit && store::chosen_taken(&err) => {
+                    self.lock_races.lost();
+                    lock_first = true;
+                }
                 Err(err) if err.is_retryable() && tries < self.retry.max_attempts + 3 => {
                     self.retry.pause(tries, &err).await;
                     tries += 1;
@@ -564,13 +604,14 @@ impl App {
 
     /// One try of a reserve in three round trips: BEGIN with the facts it decides on (`reserve_facts`: the stream,
     /// the pool, its offers, and for a placement the locks, the candidates and the quota sweep), the lock of the
-    /// chosen atoms, and the events with every inline write they make, the wakes it queues and COMMIT.
+    /// chosen atoms, and the events with every inline write they make, the wakes it queues and COMMIT. Two when the
+    /// lock of the chosen atoms goes with the events (`lock.with_commit`).
     async fn reserve_once(
         &self,
         caller: &Caller,
         id: &ReservationId,
         request: &ReservationRequest,
-        placement: Placement,
+        (placement, lock): (Placement, AtomsLock<'_>),
         gate: Option<&Call>,
         instance: Option<&NewInstance>,
     ) -> AppResult<Committed<Reserved>> {
@@ -594,15 +635,14 @@ impl App {
                 let subject = Subject::Pool(&request.pool_id);
                 self.decide(call, "reservations.create", resource.as_ref(), subject).await?;
             }
-            let how = Decide { placement, explain: self.explain, diagnoses: &self.diagnosis_budget };
+            let how = Decide { placement, explain: self.explain, diagnoses: &self.diagnosis_budget, lock };
             reserve_decided(&mut tx, caller, id, request, how, answer, instance).await
         }
         .await;
         match decided {
-            Ok(Decided::Record { events, state }) => {
-                let tenant = &caller.tenant_id;
-                let position =
-                    record_and_commit(tx, caller, id.as_str(), tenant, ExpectedVersion::NO_STREAM, events).await?;
+            Ok(Decided::Record { events, state, lock }) => {
+                let stream = (id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM);
+                let position = record_and_commit(tx, caller, stream, lock.as_ref(), events).await?;
                 Ok(Committed { value: Reserved { reservation: *state, created: true, instance: None }, position })
             }
             Ok(Decided::Answered(answered)) => tx.end(Ok(*answered)).await,
@@ -733,8 +773,8 @@ pub(crate) async fn apply_schedule_and_commit(
         Ok(state) => state,
         Err(err) => return tx.end(Err(err)).await,
     };
-    let expected = ExpectedVersion::Exact(r.version);
-    let position = record_and_commit(tx, caller, r.id.as_str(), &r.tenant_id, expected, events).await?;
+    let stream = (r.id.as_str(), &r.tenant_id, ExpectedVersion::Exact(r.version));
+    let position = record_and_commit(tx, caller, stream, None, events).await?;
     Ok(Committed { value: state, position })
 }
 
@@ -831,6 +871,8 @@ struct Decide<'a> {
     placement: Placement,
     explain: bool,
     diagnoses: &'a crate::auth::IdentityBudget,
+    /// Where a placement from the facts locks its atoms.
+    lock: AtomsLock<'a>,
 }
 
 /// A reserve's decision on the facts `reserve_facts` answered, in the transaction that read them.
@@ -839,10 +881,12 @@ async fn reserve_decided(
     caller: &Caller,
     id: &ReservationId,
     request: &ReservationRequest,
-    Decide { placement, explain, diagnoses }: Decide<'_>,
+    Decide { placement, explain, diagnoses, lock }: Decide<'_>,
     answer: ReserveAnswer,
     with_instance: Option<&NewInstance>,
 ) -> AppResult<Decided> {
+    // An instance's reservation records the instance after its events, so its lock cannot wait for the COMMIT.
+    let lock = AtomsLock { with_commit: lock.with_commit && with_instance.is_none(), ..lock };
     let ReserveAnswer { now_ms, facts, .. } = answer;
     let new = new_request(caller, id, request, now_ms);
     let facts = match facts {
@@ -898,11 +942,17 @@ async fn reserve_decided(
     let mut waiting = None;
     let mut trace = Trace::default();
     let start_ms = window.0;
+    let mut lock_with_commit = None;
     let placed = match (placement, facts.placing) {
         (Placement::Skip, _) => None,
         (Placement::Try { spread }, Some(placing)) if placing.start_ms == start_ms => {
             waiting = placing.waiting;
-            place_from_facts(tx, &state, pool, &facts.offers, placing, spread, &mut trace).await?
+            let offers = &facts.offers;
+            let placed = place_from_facts(tx, &state, pool, offers, placing, (spread, lock), &mut trace).await?;
+            placed.map(|(allocations, with_commit)| {
+                lock_with_commit = with_commit;
+                allocations
+            })
         }
         // The facts call read nothing for placing (it always does for a valid request): place statement by statement.
         (Placement::Try { spread }, _) => {
@@ -992,7 +1042,9 @@ async fn reserve_decided(
         }
     }
     work::schedule_with_commit(tx, &WorkKey::Reservation(id.clone()), reservation::next_look(&state, now_ms));
-    let Some(new) = with_instance else { return Ok(Decided::Record { events, state: Box::new(state) }) };
+    let Some(new) = with_instance else {
+        return Ok(Decided::Record { events, state: Box::new(state), lock: lock_with_commit });
+    };
     // An instance's reservation: its events, then the instance's, each appended in the transaction.
     record(tx, caller, id.as_str(), &caller.tenant_id, ExpectedVersion::NO_STREAM, events).await?;
     let events = instance::create(None, NewInstance { now_ms, ..new.clone() })?;
@@ -1008,7 +1060,12 @@ async fn reserve_decided(
 /// writes with its COMMIT.
 enum Decided {
     Answered(Box<Committed<Reserved>>),
-    Record { events: Vec<ReservationEvent>, state: Box<Reservation> },
+    /// `lock`: the lock of the chosen atoms, when it goes with the events (`lock_chosen_or_refuse`).
+    Record {
+        events: Vec<ReservationEvent>,
+        state: Box<Reservation>,
+        lock: Option<sql::Call>,
+    },
 }
 
 /// The pool rule a refusal to wait comes from, in words; `None` when the request can never fit (then the nodes'
@@ -1037,9 +1094,9 @@ async fn place_from_facts(
     pool: &PoolRow,
     offers: &[PoolOffered],
     placing: Placing,
-    spread: usize,
+    (spread, lock): (usize, AtomsLock<'_>),
     trace: &mut Trace,
-) -> AppResult<Option<Vec<Allocation>>> {
+) -> AppResult<Option<(Vec<Allocation>, Option<sql::Call>)>> {
     let request = &r.request;
     let resource = request.resource();
     let quota = quota_limit(tx, pool, r.quota_holder.as_ref(), resource, Some(offers)).await?;
@@ -1052,7 +1109,21 @@ async fn place_from_facts(
         trace.look(Tier::Exact, &candidates, plan.is_some());
     }
     let Some(plan) = plan else { return Ok(None) };
-    let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread).await? else {
+    // With no race lost lately, and the quota's peak already read, nothing more is read before the events: the lock
+    // of the chosen atoms goes with them and the COMMIT.
+    if lock.with_commit && (quota.is_none() || placing.peak.is_some()) {
+        if let (Some(quota), Some(peak)) = (quota, placing.peak) {
+            trace.quota(resource, quota, peak, request.devices.count);
+            if !reservation::within_quota(peak, request.devices.count, quota) {
+                return Ok(None);
+            }
+        }
+        let nodes: Vec<&str> = plan.iter().map(|a| a.node_id.as_str()).collect();
+        let atoms: Vec<&str> = plan.iter().flat_map(|a| a.devices.iter().map(|d| d.as_str())).collect();
+        let with_commit = store::lock_chosen_with_commit_call(&nodes, &atoms);
+        return Ok(Some((allocations(plan, request), Some(with_commit))));
+    }
+    let Some(plan) = lock_plan(tx, &r.id, &request.devices, candidates, plan, spread, Some(lock.races)).await? else {
         return Ok(None);
     };
     if let Some(quota) = quota {
@@ -1068,7 +1139,15 @@ async fn place_from_facts(
             return Ok(None);
         }
     }
-    Ok(Some(allocations(plan, request)))
+    Ok(Some((allocations(plan, request), None)))
+}
+
+/// Where a placement from the facts locks its chosen atoms: in a round trip of its own before the events (and how
+/// the races it loses there are counted), or with the events and COMMIT.
+#[derive(Debug, Clone, Copy)]
+struct AtomsLock<'a> {
+    with_commit: bool,
+    races: &'a LockRaces,
 }
 
 async fn extend_once(

@@ -336,10 +336,12 @@ impl Db {
 }
 
 /// What leads a transaction's last message, before its deferred calls and COMMIT
-/// ([`crate::events::append_and_commit`]): an append, then the calls that go with it.
+/// ([`crate::events::append_and_commit`]): an append, the calls that go with it, and what must run before it.
 pub(crate) struct Lead {
-    /// The append's call first, then the others.
+    /// The statements before the append, the append's call, then the others.
     pub(crate) statements: Vec<String>,
+    /// Where the append is among `statements`.
+    pub(crate) append_at: usize,
     /// For each statement after the append: the function its answer (a JSON array) is handed to after the commit
     /// ([`Tx::follow_up`]); an empty array hands nothing.
     pub(crate) follow_ups: Vec<Option<&'static str>>,
@@ -527,10 +529,10 @@ impl Tx {
             )));
         }
         let answers = rows.iter().map(|row| first_text(std::slice::from_ref(row))).collect::<Result<Vec<_>>>()?;
-        let landed =
-            answers.first().cloned().flatten().ok_or_else(|| Error::Internal("the append answered NULL".into()))?;
+        let landed = answers.get(lead.append_at).cloned().flatten();
+        let landed = landed.ok_or_else(|| Error::Internal("the append answered NULL".into()))?;
         self.mark_appended((lead.landed)(&landed)?);
-        for (answer, function) in answers.iter().skip(1).zip(&lead.follow_ups) {
+        for (answer, function) in answers.iter().skip(lead.append_at + 1).zip(&lead.follow_ups) {
             if let (Some(function), Some(array)) = (function, answer)
                 && array != "[]"
             {

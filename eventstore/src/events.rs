@@ -191,12 +191,15 @@ pub async fn append_with(
 /// `then` lead the message, the calls deferred with [`Tx::defer`] follow, then COMMIT. For a command whose events
 /// are its last writes and whose answer needs only where they landed: it saves the round trip [`append_with`]
 /// takes before the commit. `follow_ups[i]`, when set, names the function `then[i]`'s answer (a JSON array) is
-/// handed to after the commit ([`Tx::follow_up`]). Errors as from [`append_with`], and the transaction is then
+/// handed to after the commit ([`Tx::follow_up`]). `first`, when given, runs ahead of the append in the same
+/// message: a check that raises when what the events rely on is gone (a placement's lock of its atoms), so that
+/// nothing after it is written. Errors as from [`append_with`] (and `first`'s own), and the transaction is then
 /// rolled back; a failing COMMIT is the answer as from [`Tx::commit`]. Answers where the batch landed and what each
 /// call of `then` answered.
 pub async fn append_and_commit(
     tx: Tx,
     batch: AppendBatch<'_>,
+    first: Option<&sql::Call>,
     then: &[sql::Call],
     follow_ups: &[Option<&'static str>],
 ) -> Result<(Appended, Vec<Option<String>>)> {
@@ -208,11 +211,14 @@ pub async fn append_and_commit(
             return Err(err);
         }
     };
-    let mut statements = Vec::with_capacity(then.len() + 1);
+    let mut statements = Vec::with_capacity(then.len() + 2);
+    statements.extend(first.map(sql::Call::statement));
+    let append_at = statements.len();
     statements.push(append_call("append_events_or_refuse", &batch, expected).statement());
     statements.extend(then.iter().map(sql::Call::statement));
     let lead = crate::db::Lead {
         statements,
+        append_at,
         follow_ups: follow_ups.to_vec(),
         landed: |text| parse_landed(text).map(|appended| appended.position),
     };
@@ -228,8 +234,10 @@ pub async fn append_and_commit(
         Err(Error::Database(err)) => return Err(conflict_on_unique_violation(err, batch.stream_id, batch.expected)),
         Err(other) => return Err(other),
     };
-    let landed = answers.remove(0).ok_or_else(|| Error::Internal("the append answered NULL".to_owned()))?;
-    Ok((parse_landed(&landed)?, answers))
+    // What `first` and the append answered, then what each call of `then` did.
+    let then_answers = answers.split_off(append_at + 1);
+    let landed = answers.pop().flatten().ok_or_else(|| Error::Internal("the append answered NULL".to_owned()))?;
+    Ok((parse_landed(&landed)?, then_answers))
 }
 
 /// Reads `append_events_or_refuse`'s answer: `head last_version epoch txid seq`.

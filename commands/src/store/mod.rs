@@ -588,6 +588,21 @@ pub fn lock_chosen_call(nodes: &[&str], atoms: &[&str], how: AtomLock) -> sql::C
     sql::Call::new("lock_chosen").texts(nodes).texts(atoms).boolean(how == AtomLock::SkipHeld)
 }
 
+/// The lock of a placement's chosen atoms that goes ahead of its events, with its COMMIT
+/// (`lock_chosen_or_refuse`, `capacity/0029`): it raises [`CHOSEN_TAKEN`] when a chosen node is no longer
+/// schedulable or an atom could not be locked, so that nothing after it is written.
+pub fn lock_chosen_with_commit_call(nodes: &[&str], atoms: &[&str]) -> sql::Call {
+    sql::Call::new("lock_chosen_or_refuse").texts(nodes).texts(atoms)
+}
+
+/// What `lock_chosen_or_refuse` raises when its atoms were taken.
+const CHOSEN_TAKEN: &str = "BC423";
+
+/// Whether `err` is [`lock_chosen_with_commit_call`]'s refusal.
+pub fn chosen_taken(err: &AppError) -> bool {
+    matches!(err, AppError::Store(err) if err.sql_state().as_deref() == Some(CHOSEN_TAKEN))
+}
+
 /// Reads what `lock_chosen` answered for `nodes`.
 pub fn chosen(nodes: &[&str], answer: Option<String>) -> AppResult<Chosen> {
     #[derive(serde::Deserialize)]

@@ -1057,7 +1057,7 @@ async fn in_a_calendar_booked_ahead_the_exact_read_names_the_hint_s_tightest_fit
 }
 
 #[tokio::test]
-async fn a_reserve_is_three_round_trips_and_a_cancel_two() {
+async fn a_reserve_is_two_round_trips_three_after_a_lost_race_and_a_cancel_two() {
     use bc_eventstore::Db;
     use bc_eventstore::testing::{RoundTrips, test_db_config};
     let fleet = Fleet::new().await;
@@ -1078,8 +1078,9 @@ async fn a_reserve_is_three_round_trips_and_a_cancel_two() {
         assert!(hint_writes <= 1, "one command's hints took {hint_writes} writes");
         trips.take() - hint_writes
     };
-    // A quota-limited tenant's reserve takes every step: the quota row, the summary, the atom lock, the sweep. Its
-    // events, their inline writes, its wakes and COMMIT go in its last message.
+    // A quota-limited tenant's reserve takes every step: the quota row, the summary, the atom lock, the sweep. With
+    // no race for atoms lost lately, the lock of its chosen atoms, its events, their inline writes, its wakes and
+    // COMMIT go in its last message.
     for (key, count) in [("k1", 8), ("k2", 4)] {
         own_trips().await;
         let reserved = app
@@ -1095,7 +1096,7 @@ async fn a_reserve_is_three_round_trips_and_a_cancel_two() {
             .value;
         let reserve_trips = own_trips().await;
         assert_eq!(reserved.reservation.state, ReservationState::Placed);
-        assert_eq!(reserve_trips, 3, "facts, the atoms' lock, and the events with COMMIT");
+        assert_eq!(reserve_trips, 2, "facts, and the atoms' lock with the events and COMMIT");
 
         app.cancel_reservation(&acme, &reserved.reservation.id, None).await.expect("cancel");
         let cancel_trips = own_trips().await;
@@ -1112,6 +1113,44 @@ async fn a_reserve_is_three_round_trips_and_a_cancel_two() {
     .await
     .expect("retry");
     assert!(own_trips().await <= 2);
+
+    // A node with one atom left is the best fit for one GPU; another command holds its atoms and has not committed.
+    let reserve = |key: &'static str| {
+        let (app, acme, request) = (app.clone(), acme.clone(), request(&pool, DeviceClass::Gpu, 7));
+        async move {
+            let input = bc_commands::reservations::Reserve { idempotency_key: key.into(), request };
+            app.reserve(&acme, input).await.expect("reserve").value.reservation
+        }
+    };
+    let half = reserve("k3").await;
+    let tight = half.allocations[0].node_id.clone();
+    let mut holder = fleet.t.db.begin(bc_eventstore::TxOptions::READ_COMMITTED).await.expect("begin");
+    bc_eventstore::sql::query("SELECT id FROM devices WHERE node_id = $1 ORDER BY id FOR UPDATE")
+        .bind(tight.as_str())
+        .fetch_all(holder.conn())
+        .await
+        .expect("hold the node's atoms");
+    own_trips().await;
+    let one = |key: &'static str| {
+        let (app, acme, request) = (app.clone(), acme.clone(), request(&pool, DeviceClass::Gpu, 1));
+        async move {
+            let input = bc_commands::reservations::Reserve { idempotency_key: key.into(), request };
+            app.reserve(&acme, input).await.expect("reserve").value.reservation
+        }
+    };
+    let raced = one("k4").await;
+    assert_ne!(raced.allocations[0].node_id, tight, "the lost race planned again around the held atoms");
+    assert_eq!(
+        own_trips().await,
+        7,
+        "facts, the refused lock with the events, ROLLBACK; then facts, the lock first (which skips the held atom), \
+         the lock of the next fit, and the events with COMMIT"
+    );
+    holder.rollback().await;
+    // Having lost a race lately, the next first tries lock first.
+    let next = one("k5").await;
+    assert_eq!(next.state, ReservationState::Placed);
+    assert_eq!(own_trips().await, 3, "facts, the atoms' lock, and the events with COMMIT");
 }
 
 #[tokio::test]

@@ -265,6 +265,8 @@ async fn an_append_that_leads_the_commit_lands_with_its_calls_and_the_deferred_o
              RETURNING CASE WHEN p = 2 THEN jsonb_build_array(p * 10)::text ELSE (p * 10)::text END $$",
         "CREATE FUNCTION follow(p jsonb) RETURNS void LANGUAGE sql AS $$
              INSERT INTO followed SELECT (e #>> '{}')::int FROM jsonb_array_elements(p) AS e $$",
+        "CREATE FUNCTION refuse() RETURNS text LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'gone' USING ERRCODE = 'BC423'; END $$",
     ] {
         sql::query(statement).execute(tx.conn()).await.expect("create");
     }
@@ -293,6 +295,7 @@ async fn an_append_that_leads_the_commit_lands_with_its_calls_and_the_deferred_o
             expected: ExpectedVersion::NO_STREAM,
             events: &batch,
         },
+        Some(&Call::new("write_one").int4(0)),
         &then,
         &[None, Some("follow")],
     )
@@ -305,7 +308,11 @@ async fn an_append_that_leads_the_commit_lands_with_its_calls_and_the_deferred_o
     assert_eq!(*appends.borrow_and_update(), appended.position, "the commit is signalled at its position");
     t.db.follow_ups_written().await;
     let (rows, followed) = written(t.db.clone()).await;
-    assert_eq!(rows, vec![(1, 2), (2, 2), (5, 2)], "every call ran after the append, and all of it committed");
+    assert_eq!(
+        rows,
+        vec![(0, 0), (1, 2), (2, 2), (5, 2)],
+        "the first call ran before the append, the others after it, and all of it committed"
+    );
     assert_eq!(followed, vec![20], "the answer named for a follow-up was handed to it after the commit");
 
     // A head elsewhere than expected is a conflict; neither the calls nor the deferred ones wrote anything.
@@ -314,6 +321,7 @@ async fn an_append_that_leads_the_commit_lands_with_its_calls_and_the_deferred_o
     let err = events::append_and_commit(
         tx,
         AppendBatch { stream_id: "s-1", tenant_id: None, expected: ExpectedVersion::Exact(1), events: &batch },
+        None,
         &[Call::new("write_one").int4(3)],
         &[None],
     )
@@ -321,8 +329,25 @@ async fn an_append_that_leads_the_commit_lands_with_its_calls_and_the_deferred_o
     .expect_err("the head is at 2");
     assert!(matches!(err, Error::Conflict { ref stream_id, expected: 1, .. } if stream_id == "s-1"), "{err:?}");
     assert!(err.is_retryable());
+    let kept = (vec![(0, 0), (1, 2), (2, 2), (5, 2)], vec![20]);
     // The connection went back clean: the next transaction on the pool works.
-    assert_eq!(written(t.db.clone()).await, (vec![(1, 2), (2, 2), (5, 2)], vec![20]));
+    assert_eq!(written(t.db.clone()).await, kept);
+
+    // A first call that raises stops the message there: its error is the answer, and nothing is appended.
+    let mut tx = t.db.begin(TxOptions::COMMAND).await.expect("begin");
+    tx.defer(&Call::new("write_one").int4(7));
+    let err = events::append_and_commit(
+        tx,
+        AppendBatch { stream_id: "s-1", tenant_id: None, expected: ExpectedVersion::Exact(2), events: &batch },
+        Some(&Call::new("refuse")),
+        &[Call::new("write_one").int4(4)],
+        &[None],
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(err.sql_state().as_deref(), Some("BC423"), "{err:?}");
+    assert_eq!(written(t.db.clone()).await, kept);
+    assert_eq!(support::read_until(&t.db, Position::START, 2).await.len(), 2, "the stream is still at 2");
 }
 
 #[tokio::test]
