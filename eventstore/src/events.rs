@@ -169,18 +169,7 @@ pub async fn append_with(
     let mut calls = Vec::with_capacity(then.len() + 1);
     calls.push(append);
     calls.extend_from_slice(then);
-    let mut answers = match tx.calls(&calls).await {
-        Ok(answers) => answers,
-        Err(Error::Database(err)) if crate::error::sql_state(&err).as_deref() == Some(HEAD_MOVED) => {
-            return Err(Error::Conflict {
-                stream_id: batch.stream_id.to_owned(),
-                expected: expected.map_or(0, |v| v as u32),
-                actual: None,
-            });
-        }
-        Err(Error::Database(err)) => return Err(conflict_on_unique_violation(err, batch.stream_id, batch.expected)),
-        Err(other) => return Err(other),
-    };
+    let mut answers = tx.calls(&calls).await.map_err(|err| append_error(err, &batch))?;
     let landed = answers.remove(0).ok_or_else(|| Error::Internal("the append answered NULL".to_owned()))?;
     let appended = parse_landed(&landed)?;
     tx.mark_appended(appended.position);
@@ -222,22 +211,28 @@ pub async fn append_and_commit(
         follow_ups: follow_ups.to_vec(),
         landed: |text| parse_landed(text).map(|appended| appended.position),
     };
-    let mut answers = match tx.commit_leading(lead).await {
-        Ok(answers) => answers,
-        Err(Error::Database(err)) if crate::error::sql_state(&err).as_deref() == Some(HEAD_MOVED) => {
-            return Err(Error::Conflict {
-                stream_id: batch.stream_id.to_owned(),
-                expected: expected.map_or(0, |v| v as u32),
-                actual: None,
-            });
-        }
-        Err(Error::Database(err)) => return Err(conflict_on_unique_violation(err, batch.stream_id, batch.expected)),
-        Err(other) => return Err(other),
-    };
+    let mut answers = tx.commit_leading(lead).await.map_err(|err| append_error(err, &batch))?;
     // What `first` and the append answered, then what each call of `then` did.
     let then_answers = answers.split_off(append_at + 1);
     let landed = answers.pop().flatten().ok_or_else(|| Error::Internal("the append answered NULL".to_owned()))?;
     Ok((parse_landed(&landed)?, then_answers))
+}
+
+/// What a failed `append_events_or_refuse` (with what ran in its message) answers: a moved head, or a lost race for
+/// a version, is a [`Error::Conflict`]; anything else is as it came.
+fn append_error(err: Error, batch: &AppendBatch<'_>) -> Error {
+    match err {
+        Error::Database(err) if crate::error::sql_state(&err).as_deref() == Some(HEAD_MOVED) => Error::Conflict {
+            stream_id: batch.stream_id.to_owned(),
+            expected: match batch.expected {
+                ExpectedVersion::Exact(version) => version,
+                ExpectedVersion::Any => 0,
+            },
+            actual: None,
+        },
+        Error::Database(err) => conflict_on_unique_violation(err, batch.stream_id, batch.expected),
+        other => other,
+    }
 }
 
 /// Reads `append_events_or_refuse`'s answer: `head last_version epoch txid seq`.
