@@ -460,12 +460,13 @@ impl Tx {
     /// `lead`'s statements answered, and the rows the statement answered.
     async fn commit_after(
         mut self,
-        lead: Option<Lead>,
+        mut lead: Option<Lead>,
         statement: String,
     ) -> Result<(Vec<Option<String>>, Vec<PgRow>)> {
-        let led = lead.as_ref().map_or(0, |lead| lead.statements.len());
+        // The lead's statements move into the message (the append's carries every payload): only their count stays.
+        let mut parts: Vec<String> = lead.as_mut().map(|lead| std::mem::take(&mut lead.statements)).unwrap_or_default();
+        let led = parts.len();
         let deferred = self.deferred.len();
-        let mut parts: Vec<String> = lead.as_ref().map(|lead| lead.statements.clone()).unwrap_or_default();
         parts.append(&mut self.deferred);
         if !statement.is_empty() {
             parts.push(statement);
@@ -484,7 +485,7 @@ impl Tx {
                 let mut rows = rows.into_iter();
                 let answers: Vec<PgRow> = rows.by_ref().take(led).collect();
                 let read = match &lead {
-                    Some(lead) => self.read_lead(lead, &answers),
+                    Some(lead) => self.read_lead(lead, led, &answers),
                     None => Ok(Vec::new()),
                 };
                 self.hand_over_follow_ups().await;
@@ -520,13 +521,9 @@ impl Tx {
 
     /// Reads what a committed lead answered: marks where its append landed, and queues the follow-ups its calls'
     /// answers ask for.
-    fn read_lead(&mut self, lead: &Lead, rows: &[PgRow]) -> Result<Vec<Option<String>>> {
-        if rows.len() != lead.statements.len() {
-            return Err(Error::Internal(format!(
-                "{} statements led the commit, {} answered",
-                lead.statements.len(),
-                rows.len()
-            )));
+    fn read_lead(&mut self, lead: &Lead, led: usize, rows: &[PgRow]) -> Result<Vec<Option<String>>> {
+        if rows.len() != led {
+            return Err(Error::Internal(format!("{led} statements led the commit, {} answered", rows.len())));
         }
         let answers = rows.iter().map(|row| first_text(std::slice::from_ref(row))).collect::<Result<Vec<_>>>()?;
         let landed = answers.get(lead.append_at).cloned().flatten();
