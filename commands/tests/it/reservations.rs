@@ -801,21 +801,36 @@ async fn an_atom_s_free_time_is_the_complement_of_its_live_bookings_through_ever
 async fn the_free_time_edited_in_place_matches_the_bookings_after_random_reserves_and_cancels() {
     // Windows that touch, nest between others and leave no gap (adjacent bookings), on three atoms, in a random
     // order: each insert splits a gap, each cancel merges its window with the gaps either side of it.
+    random_reserves_and_cancels_keep_the_free_time(3, 17).await;
+}
+
+#[tokio::test]
+async fn the_free_time_of_many_atoms_edited_at_once_matches_the_bookings_after_random_reserves_and_cancels() {
+    // The same on eight atoms with requests of one to seven: a statement that books or frees four atoms or more
+    // edits all their gaps in two statements (capacity/0030), fewer keep the loop of one atom at a time.
+    random_reserves_and_cancels_keep_the_free_time(8, 30).await;
+}
+
+/// Reserves (one to `atoms - 1` GPUs, in random windows) and cancels at random on one node of `atoms` atoms,
+/// checking after every step that the gaps are the complement of the live bookings.
+async fn random_reserves_and_cancels_keep_the_free_time(atoms: usize, seed: u64) {
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
-    let node = fleet.node(&pool, "a", 3, 0).await;
-    let mut rng = fastrand::Rng::with_seed(17);
+    let node = fleet.node(&pool, "a", atoms, 0).await;
+    let mut rng = fastrand::Rng::with_seed(seed);
     let mut live: Vec<bc_domain::id::ReservationId> = Vec::new();
-    let mut placed = 0;
+    let (mut placed, mut wide) = (0, 0);
     for step in 0..80 {
         if live.is_empty() || rng.u8(0..3) > 0 {
-            let mut wanted = request(&pool, DeviceClass::Gpu, rng.u32(1..3));
+            let count = rng.u32(1..u32::try_from(atoms).expect("a few atoms"));
+            let mut wanted = request(&pool, DeviceClass::Gpu, count);
             wanted.start_ms = Some(T0 + rng.i64(0..8) * HOUR / 2);
             wanted.duration_s = 1800 * rng.u64(1..4);
             wanted.wait = false;
             match fleet.reserve(&fleet.owner, &format!("r{step}"), wanted).await {
                 Ok(reserved) if reserved.reservation.state == ReservationState::Placed => {
                     placed += 1;
+                    wide += usize::from(count >= 4);
                     live.push(reserved.reservation.id);
                 }
                 Ok(_) | Err(_) => {}
@@ -828,6 +843,9 @@ async fn the_free_time_edited_in_place_matches_the_bookings_after_random_reserve
         assert_eq!(drift, 0, "step {step}: atom_gaps differs from the live bookings: {gaps:?}");
     }
     assert!(placed >= 20, "the sequence booked too little to test anything: {placed}");
+    if atoms >= 4 {
+        assert!(wide >= 5, "too few reservations of four atoms or more were placed: {wide}");
+    }
 }
 
 #[tokio::test]
