@@ -125,14 +125,45 @@ async function call(method, path, params = {}, body = undefined) {
   return json;
 }
 
+/** The position of the newest event the console has shown ("" before the first). */
+let seen = "";
+
 /**
- * `GET path`, typed by the document.
+ * Records that the console has shown the event at `position` ("" to forget, at sign-out): the reads that follow
+ * ask the API to answer from read models that have passed it (`X-Min-Position`), so a view redrawn because of an
+ * event never shows what came before that event.
+ * @param {string} position
+ */
+export function saw(position) {
+  seen = position;
+}
+
+/** How many times a read asks again while the read models have not reached the event it waits for. */
+const NOT_YET_CONSISTENT_TRIES = 3;
+
+/**
+ * `GET path`, typed by the document, from read models that have passed the newest event shown. The API waits
+ * up to two seconds for them and then answers 503 NOT_YET_CONSISTENT: the read is asked again a few times, and
+ * at last without the position, so that a lagging read model shows late data rather than an error.
  * @template {GetPath} P
  * @param {P} path
  * @param {Params} [params]
  * @returns {Promise<GetAnswer<P>>}
  */
-export async function get(path, params) {
+export async function get(path, params = {}) {
+  const position = seen;
+  if (position && params.headers?.["X-Min-Position"] === undefined) {
+    for (let attempt = 0; attempt < NOT_YET_CONSISTENT_TRIES; attempt += 1) {
+      try {
+        const headers = { ...(params.headers ?? {}), "X-Min-Position": position };
+        return /** @type {GetAnswer<P>} */ (await call("GET", path, { ...params, headers }));
+      } catch (err) {
+        if (!(err instanceof ApiError && err.code === "NOT_YET_CONSISTENT")) {
+          throw err;
+        }
+      }
+    }
+  }
   return /** @type {GetAnswer<P>} */ (await call("GET", path, params));
 }
 

@@ -142,6 +142,7 @@ async function follow() {
     /** @type {StreamEvent} */
     const event = JSON.parse(message.data);
     lastPosition = event.position;
+    api.saw(event.position);
     const item = h(
       "li",
       { "data-type": event.eventType, "data-stream": event.streamId },
@@ -226,6 +227,7 @@ signOutButton.addEventListener("click", () => {
   // What the last caller's stream showed is theirs: the next caller starts from an empty feed, at the stream's
   // present.
   lastPosition = "";
+  api.saw("");
   list.replaceChildren();
   location.hash = "";
   signInForm();

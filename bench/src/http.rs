@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 
 use super::fanout::{FanOutSpec, WRITERS, fan_out};
 use super::reserve::{bench_site, bulk_fleet, gpu_request, h100_pool};
-use super::{BenchCluster, PgbenchRun, drive, millis, percentile, pgbench};
+use super::{BenchCluster, CpuReading, PgbenchRun, drive, millis, percentile, pgbench};
 use bc_commands::auth::builtin::BuiltinAuthorizer;
 use bc_commands::fleet::OfferPool;
 use bc_commands::reservations::Reserve;
@@ -178,6 +178,7 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
     let who = caller()?;
     let http_client = Client::new(&base, Some(TOKEN.to_owned()), None)?;
     let one = one_client(&app, &who, &http_client, &pool, config.run_for / 2).await?;
+    let cpu_start = CpuReading::now(&bench.guard.cluster);
     let direct = {
         let (app, pool) = (app.clone(), pool.clone());
         drive(CLIENTS, config.run_for, move |client, n| {
@@ -192,6 +193,7 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
         })
         .await?
     };
+    let cpu_between = CpuReading::now(&bench.guard.cluster);
     let through_http = {
         let (client, pool) = (http_client.clone(), pool.clone());
         drive(CLIENTS, config.run_for, move |c, n| {
@@ -200,6 +202,7 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
         })
         .await?
     };
+    let cpu_end = CpuReading::now(&bench.guard.cluster);
     let run = PgbenchRun {
         script: &narrow,
         database: "bench",
@@ -238,6 +241,16 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
         through_http / ceiling,
         through_http / direct
     );
+    if let (Some(a), Some(b), Some(c)) = (cpu_start, cpu_between, cpu_end) {
+        let seconds = config.run_for.as_secs_f64();
+        let (direct_server, direct_ours) = a.per(&b, direct * seconds);
+        let (http_server, http_ours) = b.per(&c, through_http * seconds);
+        println!(
+            "    CPU a cycle: command layer PostgreSQL {direct_server:.2} ms, this process {direct_ours:.2} ms; HTTP \
+             PostgreSQL {http_server:.2} ms, this process (server and client) {http_ours:.2} ms (ratio of all CPU {:.3})",
+            (direct_server + direct_ours) / (http_server + http_ours).max(f64::MIN_POSITIVE),
+        );
+    }
     println!(
         "    pgbench 1-row INSERT, {CLIENTS} clients: {inserts:.0} tx/s; the ceiling (bench/ceiling.sql): {ceiling:.1} \
          cycles/s, {:.3} of the INSERT",

@@ -219,6 +219,60 @@ fn pgbench(bins: &PgBinaries, cluster: &Cluster, run: PgbenchRun<'_>) -> anyhow:
         .with_context(|| format!("read the tps from pgbench's output:\n{text}"))
 }
 
+/// CPU time used so far by the cluster's server processes and by this process, read from `/proc`: on a shared
+/// machine, where a run's rate moves with what else is running, the CPU a cycle costs holds steadier.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CpuReading {
+    /// The postmaster, its live children (backends, autovacuum, the WAL writer...), and the children it has
+    /// reaped (the backends of connections closed since it started).
+    pub server: Duration,
+    /// This process's threads and its reaped children (the pgbench runs).
+    pub bench: Duration,
+}
+
+impl CpuReading {
+    /// Reads both now; `None` where `/proc` cannot say (not Linux, or the postmaster's pid is unreadable).
+    pub fn now(cluster: &Cluster) -> Option<CpuReading> {
+        let pid_file = std::fs::read_to_string(cluster.pgdata().join("postmaster.pid")).ok()?;
+        let postmaster: u32 = pid_file.lines().next()?.trim().parse().ok()?;
+        let (_, own, reaped) = proc_times(&format!("/proc/{postmaster}/stat"))?;
+        let mut server = own + reaped;
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            // A process that ended since the listing is skipped: its time is in its parent's reaped children.
+            if let Some((parent, own, _)) = proc_times(&format!("/proc/{pid}/stat"))
+                && parent == postmaster
+            {
+                server += own;
+            }
+        }
+        let (_, own, reaped) = proc_times("/proc/self/stat")?;
+        Some(CpuReading { server, bench: own + reaped })
+    }
+
+    /// The CPU used between `self` (the earlier reading) and `later`, per one of `count` things done, in
+    /// milliseconds: (server, this process).
+    pub fn per(&self, later: &CpuReading, count: f64) -> (f64, f64) {
+        let count = count.max(1.0);
+        (
+            millis(later.server.saturating_sub(self.server)) / count,
+            millis(later.bench.saturating_sub(self.bench)) / count,
+        )
+    }
+}
+
+/// A process's parent, its own CPU time (user and system), and its reaped children's, from its `stat` file.
+fn proc_times(path: &str) -> Option<(u32, Duration, Duration)> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // The command name, in parentheses, may hold spaces: the fields that follow start after its last ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let tick = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+    // Counted in USER_HZ, which Linux fixes at 100 a second for /proc on the architectures this runs on.
+    let time = |ticks: u64| Duration::from_millis(ticks * 10);
+    let parent = fields.get(1)?.parse().ok()?;
+    Some((parent, time(tick(11)? + tick(12)?), time(tick(13)? + tick(14)?)))
+}
+
 /// The transactions this process ran again since `before` (a reading of [`bc_eventstore::retries`]), per cycle of
 /// `cycles`, with the reasons that occurred: `0.42 (serialization 0.40, exclusion 0.02)`.
 pub fn retries_per_cycle(before: &[(bc_eventstore::RetryReason, u64); 4], cycles: usize) -> String {

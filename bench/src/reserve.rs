@@ -13,7 +13,7 @@ use bc_domain::reservation::ReservationRequest;
 use bc_domain::site::SiteKind;
 use bc_eventstore::{Db, TxOptions};
 
-use super::{BenchCluster, PgbenchRun, drive, percentile, pgbench};
+use super::{BenchCluster, CpuReading, PgbenchRun, drive, percentile, pgbench};
 use bc_commands::fleet::{CreatePool, CreateSite};
 use bc_commands::reservations::Reserve;
 use bc_commands::{App, Caller};
@@ -267,7 +267,9 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
             reset_statements(&db).await?;
         }
         let retried = bc_eventstore::retries();
+        let cpu_before = CpuReading::now(&bench.guard.cluster);
         let rust = cycles(&app, &cycle_pool, clients, config.run_for, &[], "c").await?;
+        let cpu_after = CpuReading::now(&bench.guard.cluster);
         let retries = crate::retries_per_cycle(&retried, (rust * config.run_for.as_secs_f64()).round() as usize);
         if profiled {
             print_statements(&db).await?;
@@ -275,7 +277,9 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         let run =
             |script, name| PgbenchRun { script, database: "bench", clients: clients as u32, seconds, name, env: &[] };
         let inserts = pgbench(&bench.bins, &bench.guard.cluster, run(&narrow, "1-row INSERT"))?;
+        let ceiling_before = CpuReading::now(&bench.guard.cluster);
         let ceiling = pgbench(&bench.bins, &bench.guard.cluster, run(&ceiling_script, "the ceiling"))?;
+        let ceiling_after = CpuReading::now(&bench.guard.cluster);
         println!(
             "  {clients:>2} clients: {rust:>7.1} reserve-then-release cycles/s   pgbench 1-row INSERT {inserts:>8.0} tx/s \
              (ratio {:.4})   pgbench ceiling {ceiling:>7.1} cycles/s (ratio {:.3}; the ceiling itself {:.3} of the INSERT)   \
@@ -284,6 +288,16 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
             rust / ceiling,
             ceiling / inserts,
         );
+        if let (Some(a), Some(b), Some(c), Some(d)) = (cpu_before, cpu_after, ceiling_before, ceiling_after) {
+            let seconds = config.run_for.as_secs_f64();
+            let (server, ours) = a.per(&b, rust * seconds);
+            let (ceiling_server, pgbench_client) = c.per(&d, ceiling * seconds);
+            println!(
+                "      CPU a cycle: PostgreSQL {server:.2} ms, this process {ours:.2} ms; the ceiling's PostgreSQL \
+                 {ceiling_server:.2} ms, pgbench {pgbench_client:.2} ms (ratio of all CPU {:.3})",
+                (ceiling_server + pgbench_client) / (server + ours).max(f64::MIN_POSITIVE),
+            );
+        }
         let scalars = [("vcpu", 8), ("memoryGiB", 64)];
         let with_scalars = cycles(&app, &scalar_pool, clients, config.run_for, &scalars, "s").await?;
         println!(
