@@ -178,7 +178,7 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
     let who = caller()?;
     let http_client = Client::new(&base, Some(TOKEN.to_owned()), None)?;
     let one = one_client(&app, &who, &http_client, &pool, config.run_for / 2).await?;
-    let cpu_start = CpuReading::now(&bench.guard.cluster);
+    let cpu_start = CpuReading::now(&bench.guard.cluster).await;
     let direct = {
         let (app, pool) = (app.clone(), pool.clone());
         drive(CLIENTS, config.run_for, move |client, n| {
@@ -193,7 +193,7 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
         })
         .await?
     };
-    let cpu_between = CpuReading::now(&bench.guard.cluster);
+    let cpu_between = CpuReading::now(&bench.guard.cluster).await;
     let through_http = {
         let (client, pool) = (http_client.clone(), pool.clone());
         drive(CLIENTS, config.run_for, move |c, n| {
@@ -202,7 +202,7 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
         })
         .await?
     };
-    let cpu_end = CpuReading::now(&bench.guard.cluster);
+    let cpu_end = CpuReading::now(&bench.guard.cluster).await;
     let run = PgbenchRun {
         script: &narrow,
         database: "bench",

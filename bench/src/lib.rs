@@ -231,23 +231,28 @@ pub(crate) struct CpuReading {
 }
 
 impl CpuReading {
-    /// Reads both now; `None` where `/proc` cannot say (not Linux, or the postmaster's pid is unreadable).
-    pub fn now(cluster: &Cluster) -> Option<CpuReading> {
+    /// Reads both once the server's processes have settled; `None` where `/proc` cannot say (not Linux, or the
+    /// postmaster's pid is unreadable).
+    ///
+    /// A backend whose client has gone (a pgbench run that just ended) leaves `/proc` a moment before the
+    /// postmaster reaps it and adds its time to its own: a reading in that moment misses the backend's whole
+    /// run, and the next reading counts it. So this reads until two readings 20 ms apart agree on the server's
+    /// children and on what the postmaster has reaped (at most for two seconds).
+    pub async fn now(cluster: &Cluster) -> Option<CpuReading> {
         let pid_file = std::fs::read_to_string(cluster.pgdata().join("postmaster.pid")).ok()?;
         let postmaster: u32 = pid_file.lines().next()?.trim().parse().ok()?;
-        let (_, own, reaped) = proc_times(&format!("/proc/{postmaster}/stat"))?;
-        let mut server = own + reaped;
-        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-            // A process that ended since the listing is skipped: its time is in its parent's reaped children.
-            if let Some((parent, own, _)) = proc_times(&format!("/proc/{pid}/stat"))
-                && parent == postmaster
-            {
-                server += own;
+        let mut last = server_times(postmaster)?;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let again = server_times(postmaster)?;
+            let settled = again.children == last.children && again.reaped == last.reaped;
+            last = again;
+            if settled {
+                break;
             }
         }
         let (_, own, reaped) = proc_times("/proc/self/stat")?;
-        Some(CpuReading { server, bench: own + reaped })
+        Some(CpuReading { server: last.total, bench: own + reaped })
     }
 
     /// The CPU used between `self` (the earlier reading) and `later`, per one of `count` things done, in
@@ -259,6 +264,29 @@ impl CpuReading {
             millis(later.bench.saturating_sub(self.bench)) / count,
         )
     }
+}
+
+/// The server's CPU time in one reading: the postmaster's own and reaped children's, and its live children's.
+struct ServerTimes {
+    total: Duration,
+    reaped: Duration,
+    children: Vec<u32>,
+}
+
+fn server_times(postmaster: u32) -> Option<ServerTimes> {
+    let (_, own, reaped) = proc_times(&format!("/proc/{postmaster}/stat"))?;
+    let mut times = ServerTimes { total: own + reaped, reaped, children: Vec::new() };
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if let Some((parent, own, _)) = proc_times(&format!("/proc/{pid}/stat"))
+            && parent == postmaster
+        {
+            times.total += own;
+            times.children.push(pid);
+        }
+    }
+    times.children.sort_unstable();
+    Some(times)
 }
 
 /// A process's parent, its own CPU time (user and system), and its reaped children's, from its `stat` file.

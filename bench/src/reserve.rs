@@ -267,9 +267,9 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
             reset_statements(&db).await?;
         }
         let retried = bc_eventstore::retries();
-        let cpu_before = CpuReading::now(&bench.guard.cluster);
+        let cpu_before = CpuReading::now(&bench.guard.cluster).await;
         let rust = cycles(&app, &cycle_pool, clients, config.run_for, &[], "c").await?;
-        let cpu_after = CpuReading::now(&bench.guard.cluster);
+        let cpu_after = CpuReading::now(&bench.guard.cluster).await;
         let retries = crate::retries_per_cycle(&retried, (rust * config.run_for.as_secs_f64()).round() as usize);
         if profiled {
             print_statements(&db).await?;
@@ -277,9 +277,9 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         let run =
             |script, name| PgbenchRun { script, database: "bench", clients: clients as u32, seconds, name, env: &[] };
         let inserts = pgbench(&bench.bins, &bench.guard.cluster, run(&narrow, "1-row INSERT"))?;
-        let ceiling_before = CpuReading::now(&bench.guard.cluster);
+        let ceiling_before = CpuReading::now(&bench.guard.cluster).await;
         let ceiling = pgbench(&bench.bins, &bench.guard.cluster, run(&ceiling_script, "the ceiling"))?;
-        let ceiling_after = CpuReading::now(&bench.guard.cluster);
+        let ceiling_after = CpuReading::now(&bench.guard.cluster).await;
         println!(
             "  {clients:>2} clients: {rust:>7.1} reserve-then-release cycles/s   pgbench 1-row INSERT {inserts:>8.0} tx/s \
              (ratio {:.4})   pgbench ceiling {ceiling:>7.1} cycles/s (ratio {:.3}; the ceiling itself {:.3} of the INSERT)   \
