@@ -152,7 +152,7 @@ const NOT_YET_CONSISTENT_TRIES = 3;
  */
 export async function get(path, params = {}) {
   const position = seen;
-  if (position && params.headers?.["X-Min-Position"] === undefined) {
+  if (position) {
     for (let attempt = 0; attempt < NOT_YET_CONSISTENT_TRIES; attempt += 1) {
       try {
         const headers = { ...(params.headers ?? {}), "X-Min-Position": position };

@@ -289,9 +289,9 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
             ceiling / inserts,
         );
         if let (Some(a), Some(b), Some(c), Some(d)) = (cpu_before, cpu_after, ceiling_before, ceiling_after) {
-            let seconds = config.run_for.as_secs_f64();
-            let (server, ours) = a.per(&b, rust * seconds);
-            let (ceiling_server, pgbench_client) = c.per(&d, ceiling * seconds);
+            // Our cycles ran for `run_for`, pgbench for its whole `seconds`.
+            let (server, ours) = a.per(&b, rust * config.run_for.as_secs_f64());
+            let (ceiling_server, pgbench_client) = c.per(&d, ceiling * seconds as f64);
             println!(
                 "      CPU a cycle: PostgreSQL {server:.2} ms, this process {ours:.2} ms; the ceiling's PostgreSQL \
                  {ceiling_server:.2} ms, pgbench {pgbench_client:.2} ms (ratio of all CPU {:.3})",
