@@ -11,6 +11,7 @@ pub mod ledger;
 pub mod projections;
 pub mod provision;
 pub mod reserve;
+mod statement_cpu;
 pub mod webhooks;
 
 use std::future::Future;

@@ -261,6 +261,12 @@ struct BenchReserveArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "1", value_parser = ["1", "4", "16", "placement"])]
     statements: Option<String>,
 
+    /// Log every statement's CPU in the server (`log_statement_stats`) over the cycles with this many clients (1, 4
+    /// or 16) and over the ceiling's run beside them, and print the CPU a cycle of each statement: what each costs,
+    /// waiting for a core left out.
+    #[arg(long, value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["1", "4", "16"]), |s: String| s.parse::<usize>().unwrap_or(1)))]
+    statement_cpu: Option<usize>,
+
     /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -323,6 +329,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
                 run_for: Duration::from_secs(args.seconds.max(1)),
                 samples: args.samples.max(1),
                 statements: args.statements,
+                statement_cpu: args.statement_cpu,
                 data_dir: args.data_dir,
                 keep: args.keep,
             })

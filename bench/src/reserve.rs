@@ -13,6 +13,7 @@ use bc_domain::reservation::ReservationRequest;
 use bc_domain::site::SiteKind;
 use bc_eventstore::{Db, TxOptions};
 
+use super::statement_cpu::{Shape, StatementCpu};
 use super::{BenchCluster, CpuReading, PgbenchRun, drive, percentile, pgbench};
 use bc_commands::fleet::{CreatePool, CreateSite};
 use bc_commands::reservations::Reserve;
@@ -28,6 +29,9 @@ pub struct ReserveBenchConfig {
     /// Print the server's time by statement (pg_stat_statements) for the cycles with this many clients ("1", "4",
     /// "16") or for the 8-GPU placements ("placement").
     pub statements: Option<String>,
+    /// Print the server's own CPU by statement (`log_statement_stats`) for the cycles with this many clients, and
+    /// for the ceiling's run beside them.
+    pub statement_cpu: Option<usize>,
     pub data_dir: Option<PathBuf>,
     pub keep: bool,
 }
@@ -209,6 +213,33 @@ async fn print_statements(db: &Db) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The backend CPU of each statement shape over `cycles` cycles, most first, and their sum.
+fn print_statement_cpu(what: &str, shapes: &std::collections::BTreeMap<String, Shape>, cycles: f64) {
+    let cycles = cycles.max(1.0);
+    let mut rows: Vec<(&String, &Shape)> = shapes.iter().collect();
+    rows.sort_by(|a, b| b.1.cpu.total_cmp(&a.1.cpu));
+    let total: f64 = shapes.values().map(|s| s.cpu).sum();
+    println!(
+        "    {what} statements by the server's own CPU (log_statement_stats): {:.3} ms a cycle in all",
+        total * 1000.0 / cycles
+    );
+    println!("      ms a cycle   calls a cycle   µs CPU a call   µs elapsed a call   statement");
+    for (name, shape) in rows {
+        let per_cycle = shape.cpu * 1000.0 / cycles;
+        if per_cycle < 0.005 {
+            continue;
+        }
+        let calls = shape.calls.max(1) as f64;
+        println!(
+            "      {per_cycle:>10.3}   {:>13.2}   {:>13.1}   {:>17.1}   {}",
+            shape.calls as f64 / cycles,
+            shape.cpu * 1e6 / calls,
+            shape.elapsed * 1e6 / calls,
+            name.chars().take(110).collect::<String>(),
+        );
+    }
+}
+
 /// Runs the reservation benchmark and prints its figures.
 pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
     let statements = [
@@ -266,10 +297,16 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         if profiled {
             reset_statements(&db).await?;
         }
+        let priced = config.statement_cpu == Some(clients);
         let retried = bc_eventstore::retries();
+        let pricing = if priced { Some(StatementCpu::start(&bench.guard.cluster).await?) } else { None };
         let cpu_before = CpuReading::now(&bench.guard.cluster).await;
         let rust = cycles(&app, &cycle_pool, clients, config.run_for, &[], "c").await?;
         let cpu_after = CpuReading::now(&bench.guard.cluster).await;
+        let ours = match pricing {
+            Some(pricing) => Some(pricing.finish(&bench.guard.cluster).await?),
+            None => None,
+        };
         let retries = crate::retries_per_cycle(&retried, (rust * config.run_for.as_secs_f64()).round() as usize);
         if profiled {
             print_statements(&db).await?;
@@ -277,9 +314,14 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
         let run =
             |script, name| PgbenchRun { script, database: "bench", clients: clients as u32, seconds, name, env: &[] };
         let inserts = pgbench(&bench.bins, &bench.guard.cluster, run(&narrow, "1-row INSERT"))?;
+        let pricing = if priced { Some(StatementCpu::start(&bench.guard.cluster).await?) } else { None };
         let ceiling_before = CpuReading::now(&bench.guard.cluster).await;
         let ceiling = pgbench(&bench.bins, &bench.guard.cluster, run(&ceiling_script, "the ceiling"))?;
         let ceiling_after = CpuReading::now(&bench.guard.cluster).await;
+        let ceiling_shapes = match pricing {
+            Some(pricing) => Some(pricing.finish(&bench.guard.cluster).await?),
+            None => None,
+        };
         println!(
             "  {clients:>2} clients: {rust:>7.1} reserve-then-release cycles/s   pgbench 1-row INSERT {inserts:>8.0} tx/s \
              (ratio {:.4})   pgbench ceiling {ceiling:>7.1} cycles/s (ratio {:.3}; the ceiling itself {:.3} of the INSERT)   \
@@ -297,6 +339,10 @@ pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
                  {ceiling_server:.2} ms, pgbench {pgbench_client:.2} ms (ratio of all CPU {:.3})",
                 (ceiling_server + pgbench_client) / (server + ours).max(f64::MIN_POSITIVE),
             );
+        }
+        if let (Some(ours), Some(theirs)) = (ours, ceiling_shapes) {
+            print_statement_cpu("these cycles", &ours, rust * config.run_for.as_secs_f64());
+            print_statement_cpu("the ceiling's", &theirs, ceiling * seconds as f64);
         }
         let scalars = [("vcpu", 8), ("memoryGiB", 64)];
         let with_scalars = cycles(&app, &scalar_pool, clients, config.run_for, &scalars, "s").await?;
