@@ -36,6 +36,9 @@ pub struct DbConfig {
     /// Sent as `application_name` (a startup parameter PgBouncer accepts), so `pg_stat_activity` and
     /// `doctor` can name the process.
     pub application_name: Option<String>,
+    /// While commits come faster than the writes of their follow-ups (a write carried several), the least time
+    /// between the starts of two writes, so that each carries that time's commits (see [`Tx::follow_up`]).
+    pub follow_up_pause: Duration,
 }
 
 impl Default for DbConfig {
@@ -45,6 +48,7 @@ impl Default for DbConfig {
             statement_timeout: Duration::from_secs(15),
             acquire_timeout: Duration::from_secs(5),
             application_name: Some("better-compute".to_owned()),
+            follow_up_pause: Duration::from_millis(10),
         }
     }
 }
@@ -142,7 +146,11 @@ impl Db {
         }
         let pool = Pool::new(options, config.max_connections, config.acquire_timeout, Duration::from_secs(300));
         Db {
-            follow_ups: Arc::new(FollowUps::new(pool.clone(), config.statement_timeout.as_millis())),
+            follow_ups: Arc::new(FollowUps::new(
+                pool.clone(),
+                config.statement_timeout.as_millis(),
+                config.follow_up_pause,
+            )),
             pool,
             statement_timeout_ms: config.statement_timeout.as_millis(),
             appends: Arc::new(watch::channel(Position::START).0),

@@ -4,8 +4,11 @@
 //! Sending it with the COMMIT makes every command pay for it on its own, and concurrent commands that touched the
 //! same rows queue behind each other's hint writes. Instead each committed transaction hands its follow-ups to one
 //! writer per pool, which takes every follow-up queued since its last write and sends them as one call per
-//! function, the JSON arrays of all those commits concatenated. Under load a write carries the changes of many
-//! commits; alone, a follow-up is written right after its commit.
+//! function, the JSON arrays of all those commits concatenated. Alone, a follow-up is written right after its
+//! commit. While commits come faster than the writes (the last write carried several), the writer leaves at least
+//! a pause (`DbConfig::follow_up_pause`, 10 ms by default) between the starts of two writes, so that each carries the commits of that time: a
+//! write costs about the same for one commit as for ten, and a reserve and the cancel of the same atoms often meet
+//! in one write and cancel out. A wait for the follow-ups ([`FollowUps::settled`]) cuts that pause short.
 //!
 //! A follow-up is written at most once and may be lost (the process exits between the commit and the write, or the
 //! write fails): what it maintains must be a hint that something else repairs. A write runs under the pool's
@@ -46,6 +49,18 @@ pub(crate) struct FollowUps {
     written: Arc<watch::Sender<u64>>,
     /// Writes sent, and those that failed.
     writes: Arc<Writes>,
+    /// Someone waits for the follow-ups ([`FollowUps::settled`]): the writer's pause between writes ends.
+    hurry: Arc<Hurry>,
+    /// The least time between the starts of two writes while the last one carried several commits.
+    pause: Duration,
+}
+
+/// What the writer's pause between writes listens to: the most commits a caller of [`FollowUps::settled`] waits
+/// for, and a wake for the pause under way.
+#[derive(Debug, Default)]
+struct Hurry {
+    wanted: AtomicU64,
+    wake: tokio::sync::Notify,
 }
 
 /// How many writes of follow-ups were sent, and how many of them failed.
@@ -67,7 +82,7 @@ pub struct FollowUpFigures {
 }
 
 impl FollowUps {
-    pub(crate) fn new(pool: Pool, statement_timeout_ms: u128) -> FollowUps {
+    pub(crate) fn new(pool: Pool, statement_timeout_ms: u128, pause: Duration) -> FollowUps {
         FollowUps {
             pool,
             timeout: format!("SELECT set_config('statement_timeout', '{statement_timeout_ms}', true)").into(),
@@ -75,6 +90,8 @@ impl FollowUps {
             queued: AtomicU64::new(0),
             written: Arc::new(watch::channel(0).0),
             writes: Arc::default(),
+            hurry: Arc::default(),
+            pause,
         }
     }
 
@@ -106,6 +123,8 @@ impl FollowUps {
                 timeout: Arc::clone(&self.timeout),
                 written: Arc::clone(&self.written),
                 writes: Arc::clone(&self.writes),
+                hurry: Arc::clone(&self.hurry),
+                pause: self.pause,
             };
             runtime.spawn(writer.run(receiver));
             Some(sender)
@@ -127,6 +146,9 @@ impl FollowUps {
             return;
         }
         let Some(Some(sender)) = self.sender.get() else { return };
+        // A pause under way ends now; one that begins later sees `wanted` and does not begin.
+        self.hurry.wanted.fetch_max(target, Ordering::AcqRel);
+        self.hurry.wake.notify_waiters();
         let wait = async {
             tokio::select! {
                 _ = written.wait_for(|done| *done >= target) => {}
@@ -145,12 +167,28 @@ struct Writer {
     timeout: Arc<str>,
     written: Arc<watch::Sender<u64>>,
     writes: Arc<Writes>,
+    hurry: Arc<Hurry>,
+    pause: Duration,
 }
 
 impl Writer {
     /// Takes every batch queued, writes them as one call per function, until the pool's last handle is gone.
     async fn run(self, mut receiver: mpsc::UnboundedReceiver<Batch>) {
+        // When the last write started, if it carried the follow-ups of more than one commit.
+        let mut busy_since: Option<tokio::time::Instant> = None;
         while let Some(first) = receiver.recv().await {
+            if let Some(started) = busy_since {
+                // Listening before looking at `wanted`, so a wait that begins in between still ends the pause.
+                let woken = self.hurry.wake.notified();
+                tokio::pin!(woken);
+                woken.as_mut().enable();
+                if self.hurry.wanted.load(Ordering::Acquire) <= *self.written.borrow() {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(started + self.pause) => {}
+                        () = woken => {}
+                    }
+                }
+            }
             let mut batches = vec![first];
             while batches.len() < MOST_PER_WRITE {
                 match receiver.try_recv() {
@@ -159,6 +197,7 @@ impl Writer {
                 }
             }
             let count = batches.len() as u64;
+            busy_since = (count > 1).then(tokio::time::Instant::now);
             match self.pool.acquire().await {
                 Ok(mut conn) => {
                     if !write_batches(conn.get(), &self.timeout, &self.writes, batches).await {

@@ -488,6 +488,7 @@ pub fn test_db_config() -> DbConfig {
         statement_timeout: std::time::Duration::from_secs(30),
         acquire_timeout: std::time::Duration::from_secs(30),
         application_name: Some("bc-test".to_owned()),
+        ..DbConfig::default()
     }
 }
 

@@ -453,6 +453,84 @@ async fn follow_ups_queued_behind_a_write_are_merged_into_the_next_one_and_never
 }
 
 #[tokio::test]
+async fn while_commits_outpace_the_writes_the_writer_pauses_between_them_and_a_wait_for_them_ends_the_pause() {
+    let t = with_scratch_table().await;
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    for statement in [
+        "CREATE SEQUENCE writes",
+        "CREATE TABLE followed (write bigint, v int)",
+        "CREATE FUNCTION follow(p jsonb) RETURNS void LANGUAGE sql AS $$
+             WITH w AS (SELECT nextval('writes') AS n)
+             INSERT INTO followed SELECT w.n, (e #>> '{}')::int
+             FROM w, jsonb_array_elements(p) WITH ORDINALITY AS a(e, i) ORDER BY a.i
+         $$",
+    ] {
+        sql::query(statement).execute(tx.conn()).await.expect("create");
+    }
+    tx.commit().await.expect("commit");
+    // A pause no test outlasts: only a wait for the follow-ups ends it.
+    let db = t.pool(&bc_eventstore::DbConfig {
+        follow_up_pause: std::time::Duration::from_secs(3600),
+        ..bc_eventstore::testing::test_db_config()
+    });
+    let commit = |v: i32| {
+        let db = db.clone();
+        async move {
+            let mut tx = db.begin(TxOptions::COMMAND).await.expect("begin");
+            sql::query("INSERT INTO scratch VALUES ($1)").bind(v).execute(tx.conn()).await.expect("insert");
+            tx.follow_up("follow", &format!("[{v}]"));
+            tx.commit().await.expect("commit");
+        }
+    };
+    let written = |v: i32| {
+        let db = t.db.clone();
+        async move {
+            let mut tx = db.begin(TxOptions::READ_ONLY).await.expect("begin");
+            let found: bool = sql::query_scalar("SELECT EXISTS (SELECT 1 FROM followed WHERE v = $1)")
+                .bind(v)
+                .fetch_one(tx.conn())
+                .await
+                .expect("read");
+            tx.commit().await.expect("commit");
+            found
+        }
+    };
+
+    // The first write waits behind a lock while two more commits queue: once it is through, those two go in one
+    // write, right away (the write before it carried one commit).
+    let mut holder = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    sql::query("LOCK TABLE followed").execute(holder.conn()).await.expect("lock");
+    commit(1).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while db.follow_up_figures().writes < 1 {
+        assert!(std::time::Instant::now() < deadline, "the first write was never sent");
+        tokio::task::yield_now().await;
+    }
+    commit(2).await;
+    commit(3).await;
+    holder.rollback().await;
+    while !written(3).await {
+        assert!(std::time::Instant::now() < deadline, "the queued commits were not written without a wait");
+        tokio::task::yield_now().await;
+    }
+    // That write carried two commits: the next waits out the pause.
+    commit(4).await;
+    commit(5).await;
+    assert!(!written(4).await, "a commit right after a write of several is written after the pause");
+    assert_eq!(db.follow_up_figures().writes, 2);
+
+    // A wait for the follow-ups ends the pause: both go in one write.
+    db.follow_ups_written().await;
+    let mut tx = t.db.begin(TxOptions::READ_ONLY).await.expect("begin");
+    let followed: Vec<(i64, i32)> =
+        sql::query_as("SELECT write, v FROM followed ORDER BY write, ctid").fetch_all(tx.conn()).await.expect("read");
+    tx.commit().await.expect("commit");
+    assert_eq!(followed, [(1, 1), (2, 2), (2, 3), (3, 4), (3, 5)]);
+    let figures = db.follow_up_figures();
+    assert_eq!((figures.commits, figures.writes, figures.failed), (5, 3, 0));
+}
+
+#[tokio::test]
 async fn deferred_calls_run_with_the_commit_inside_the_transaction_and_an_error_there_rolls_it_all_back() {
     use bc_eventstore::sql::Call;
     let t = with_scratch_table().await;
