@@ -5,10 +5,11 @@
 //! same rows queue behind each other's hint writes. Instead each committed transaction hands its follow-ups to one
 //! writer per pool, which takes every follow-up queued since its last write and sends them as one call per
 //! function, the JSON arrays of all those commits concatenated. Alone, a follow-up is written right after its
-//! commit. While commits come faster than the writes (the last write carried several), the writer leaves at least
-//! a pause (`DbConfig::follow_up_pause`, 10 ms by default) between the starts of two writes, so that each carries the commits of that time: a
-//! write costs about the same for one commit as for ten, and a reserve and the cancel of the same atoms often meet
-//! in one write and cancel out. A wait for the follow-ups ([`FollowUps::settled`]) cuts that pause short.
+//! commit. While commits come faster than the writes (the last write carried several), the writer leaves a pause
+//! (`DbConfig::follow_up_pause`, 10 ms by default) between the starts of two writes, so that each carries the
+//! commits of that time: a write costs about the same for one commit as for ten, and a reserve and the cancel of
+//! the same atoms often meet in one write and cancel out. A wait for the follow-ups ([`FollowUps::settled`]) cuts
+//! that pause short.
 //!
 //! A follow-up is written at most once and may be lost (the process exits between the commit and the write, or the
 //! write fails): what it maintains must be a hint that something else repairs. A write runs under the pool's
