@@ -264,8 +264,8 @@ struct BenchReserveArgs {
     /// Log every statement's CPU in the server (`log_statement_stats`) over the cycles with this many clients (1, 4
     /// or 16) and over the ceiling's run beside them, and print the CPU a cycle of each statement: what each costs,
     /// waiting for a core left out.
-    #[arg(long, value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["1", "4", "16"]), |s: String| s.parse::<usize>().unwrap_or(1)))]
-    statement_cpu: Option<usize>,
+    #[arg(long, value_parser = ["1", "4", "16"])]
+    statement_cpu: Option<String>,
 
     /// Folder for the durable cluster (a fresh temporary folder by default). It must not hold a cluster.
     #[arg(long)]
@@ -329,7 +329,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
                 run_for: Duration::from_secs(args.seconds.max(1)),
                 samples: args.samples.max(1),
                 statements: args.statements,
-                statement_cpu: args.statement_cpu,
+                statement_cpu: args.statement_cpu.and_then(|clients| clients.parse().ok()),
                 data_dir: args.data_dir,
                 keep: args.keep,
             })
