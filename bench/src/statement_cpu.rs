@@ -29,17 +29,29 @@ pub(crate) struct Shape {
     pub elapsed: f64,
 }
 
-/// `ALTER SYSTEM` runs outside a transaction: on a connection of its own, as the cluster's superuser.
+/// `ALTER SYSTEM` runs outside a transaction: on a connection of its own, as the cluster's superuser. Returns once a
+/// new connection sees the value: the postmaster has read it, and every backend applies it before its next
+/// statement.
 async fn set_logging(cluster: &Cluster, on: bool) -> anyhow::Result<()> {
     use sqlx::{ConnectOptions as _, Connection as _};
-    let mut conn = cluster.connect_options("postgres").connect().await?;
     let value = if on { "on" } else { "off" };
+    let mut conn = cluster.connect_options("postgres").connect().await?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("ALTER SYSTEM SET log_statement_stats = {value}")))
         .execute(&mut conn)
         .await?;
     sqlx::raw_sql("SELECT pg_reload_conf()").execute(&mut conn).await?;
     conn.close().await.ok();
-    Ok(())
+    for _ in 0..500 {
+        let mut conn = cluster.connect_options("postgres").connect().await?;
+        let seen: String =
+            sqlx::query_scalar("SHOW log_statement_stats").persistent(false).fetch_one(&mut conn).await?;
+        conn.close().await.ok();
+        if seen == value {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    anyhow::bail!("the server did not take log_statement_stats = {value} within 5 s")
 }
 
 impl StatementCpu {
@@ -47,8 +59,6 @@ impl StatementCpu {
     pub(crate) async fn start(cluster: &Cluster) -> anyhow::Result<Self> {
         set_logging(cluster, true).await?;
         let log = cluster.log_file();
-        // A reload reaches each backend at its next statement; this waits for the postmaster to have read it.
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         let from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
         Ok(Self { log, from })
     }
@@ -59,9 +69,9 @@ impl StatementCpu {
         let to = file.metadata()?.len();
         set_logging(cluster, false).await?;
         file.seek(SeekFrom::Start(self.from))?;
-        let mut text = String::new();
-        file.take(to.saturating_sub(self.from)).read_to_string(&mut text).ok();
-        Ok(shapes(&text))
+        let mut bytes = Vec::new();
+        file.take(to.saturating_sub(self.from)).read_to_end(&mut bytes)?;
+        Ok(shapes(&String::from_utf8_lossy(&bytes)))
     }
 }
 
@@ -120,11 +130,13 @@ fn usage(line: &str) -> Option<(f64, f64)> {
 pub(crate) fn shape(statement: &str) -> String {
     let mut text = String::with_capacity(statement.len());
     let mut chars = statement.chars().peekable();
-    // Literals out: 'a''b' and E'\\x..' alike.
+    // Literals out: 'a''b', and E'\\x..' whose backslashes escape (in a plain literal a backslash is itself).
+    let mut previous = ' ';
     while let Some(c) = chars.next() {
         if c == '\'' {
+            let escapes = previous.eq_ignore_ascii_case(&'e');
             while let Some(inner) = chars.next() {
-                if inner == '\\' {
+                if inner == '\\' && escapes {
                     chars.next();
                 } else if inner == '\'' {
                     if chars.peek() == Some(&'\'') {
@@ -138,6 +150,7 @@ pub(crate) fn shape(statement: &str) -> String {
         } else {
             text.push(c);
         }
+        previous = c;
     }
     let head = text.split_whitespace().next().unwrap_or("").to_ascii_uppercase();
     let head = match head.as_str() {
@@ -178,6 +191,7 @@ mod tests {
             ),
             "BEGIN (repeatable read) reserve_facts"
         );
+        assert_eq!(shape("SELECT f('C:\\', g(1))"), "SELECT f,g", "a plain literal's backslash escapes nothing");
         assert_eq!(shape("COMMIT"), "COMMIT");
     }
 

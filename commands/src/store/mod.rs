@@ -418,7 +418,7 @@ pub fn selector_params(request: &DeviceRequest) -> AppResult<(Option<&str>, Opti
 /// How many fitting nodes the summary's placement read returns for a request of `nodes` nodes that may draw from
 /// `spread` more: enough to plan again around the atoms concurrent commands hold, few enough that the read stops
 /// early. Each node read costs its atoms' rows: with sixteen clients reserving one GPU, a first try reading six
-/// nodes instead of ten cut the reserve's facts by about a tenth of the server's CPU, without more retries (four
+/// nodes instead of ten cut the server's CPU for the reserve's facts by up to a sixth, without more retries (four
 /// tripled them: a lost race found too few nodes left to plan around).
 pub fn summary_limit(nodes: u32, spread: usize) -> i64 {
     let wanted = i64::from(nodes).saturating_add(spread.min(1024) as i64);
