@@ -220,13 +220,7 @@ async fn apply_holds(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Resul
     if events.is_empty() {
         return Ok(deltas);
     }
-    let mut ids: Vec<&str> = events
-        .iter()
-        .filter(|(_, event)| !matches!(event, ReservationEvent::Requested(_)))
-        .map(|(id, _)| *id)
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
+    let ids = super::continued(events, |event| matches!(event, ReservationEvent::Requested(_)));
     let mut holds: HashMap<String, Hold> = HashMap::with_capacity(events.len());
     if !ids.is_empty() {
         let rows = sql::query(

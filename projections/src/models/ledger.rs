@@ -187,13 +187,8 @@ async fn apply_bookings(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Re
     if events.is_empty() {
         return Ok(());
     }
-    let mut ids: Vec<&str> = events
-        .iter()
-        .filter(|(_, event)| !matches!(event, ReservationEvent::Requested(_) | ReservationEvent::Denied(_)))
-        .map(|(id, _)| *id)
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
+    let ids =
+        super::continued(events, |event| matches!(event, ReservationEvent::Requested(_) | ReservationEvent::Denied(_)));
     let mut rows = load(tx, &ids).await?;
     let existing: HashSet<String> = rows.keys().cloned().collect();
     let mut touched: Vec<&str> = Vec::new();

@@ -72,13 +72,8 @@ impl Projection for ReservationsV3 {
 
 /// The folded reservations the batch's events continue (not those it starts).
 async fn load(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Result<HashMap<String, Reservation>> {
-    let mut ids: Vec<&str> = events
-        .iter()
-        .filter(|(_, event)| !matches!(event, ReservationEvent::Requested(_) | ReservationEvent::Denied(_)))
-        .map(|(id, _)| *id)
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
+    let ids =
+        super::continued(events, |event| matches!(event, ReservationEvent::Requested(_) | ReservationEvent::Denied(_)));
     let mut folded = HashMap::with_capacity(events.len());
     if ids.is_empty() {
         return Ok(folded);
