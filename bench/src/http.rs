@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use bc_client::Client;
 use bc_domain::id::PoolId;
-use bc_eventstore::TxOptions;
 use bc_wire::reservations::ReserveBody;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -153,9 +152,7 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
         include_descendants: false,
     };
     app.offer_pool(&owner, &pool, offer).await?;
-    let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
-    sqlx::raw_sql("ANALYZE").execute(tx.conn()).await?;
-    tx.commit().await?;
+    super::reserve::warm_up(&app, &db, &pool).await?;
 
     // The service as `serve` runs it (worker and projection daemon included), on a real port.
     let auth = Arc::new(BuiltinAuthorizer::from_toml(&auth_config()).context("the bench's auth config")?);
