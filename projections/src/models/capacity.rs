@@ -277,12 +277,17 @@ async fn apply_holds(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Resul
             delta.allocated -= counted.allocated;
             delta.reserved -= counted.reserved;
         }
-        // An ended hold counts nothing (`counts` of a terminal state), and is deleted below.
+        // An ended hold counts nothing (`counts` of a terminal state), and its row, if it had one before the batch, is
+        // deleted below: one the batch both opened and ended was never written.
         let counts = hold.counts();
         let delta = deltas.entry(hold.key()).or_default();
         delta.allocated += counts.allocated;
         delta.reserved += counts.reserved;
-        if hold.state.is_terminal() { ended.push(id) } else { live.push(id) }
+        if !hold.state.is_terminal() {
+            live.push(id);
+        } else if before.contains_key(*id) {
+            ended.push(id);
+        }
     }
     let pools: Vec<&str> = live.iter().map(|id| holds[*id].pool_id.as_str()).collect();
     let resources: Vec<&str> = live.iter().map(|id| holds[*id].resource.as_str()).collect();
