@@ -595,20 +595,25 @@ impl ReservationEvent {
     /// The state this event moves a reservation to; `None` for the events that keep its state (renewals and
     /// extensions).
     pub fn state_after(&self) -> Option<ReservationState> {
-        Some(match self {
-            ReservationEvent::Requested(_) => ReservationState::Pending,
-            ReservationEvent::Denied(_) => ReservationState::Denied,
-            ReservationEvent::Placed(_) => ReservationState::Placed,
-            ReservationEvent::BindingStarted(_) => ReservationState::Binding,
-            ReservationEvent::Activated(_) => ReservationState::Active,
-            ReservationEvent::Cancelled(_) => ReservationState::Cancelled,
-            ReservationEvent::ReleaseRequested(_) => ReservationState::Releasing,
-            ReservationEvent::Released(_) => ReservationState::Released,
-            ReservationEvent::Expired(_) => ReservationState::Expired,
-            ReservationEvent::Failed(_) => ReservationState::Failed,
-            ReservationEvent::Renewed(_) | ReservationEvent::Extended(_) | ReservationEvent::Replaced(_) => {
-                return None;
-            }
+        Self::state_after_type(crate::event::DomainEvent::event_type(self))
+    }
+
+    /// [`ReservationEvent::state_after`] from the event's type alone, for a reader that does not decode the
+    /// payload; `None` also for a type of another family.
+    pub fn state_after_type(event_type: &str) -> Option<ReservationState> {
+        Some(match event_type {
+            "reservation.requested" => ReservationState::Pending,
+            "reservation.denied" => ReservationState::Denied,
+            "reservation.placed" => ReservationState::Placed,
+            "reservation.binding_started" => ReservationState::Binding,
+            "reservation.activated" => ReservationState::Active,
+            "reservation.cancelled" => ReservationState::Cancelled,
+            "reservation.release_requested" => ReservationState::Releasing,
+            "reservation.released" => ReservationState::Released,
+            "reservation.expired" => ReservationState::Expired,
+            "reservation.failed" => ReservationState::Failed,
+            // Renewals, extensions and replacements keep the state.
+            _ => return None,
         })
     }
 

@@ -492,6 +492,18 @@ fn events_round_trip_through_their_encoding() {
 }
 
 #[test]
+fn every_event_type_but_renewals_extensions_and_replacements_names_the_state_it_moves_to() {
+    let keeping: Vec<&str> = ReservationEvent::event_types()
+        .iter()
+        .copied()
+        .filter(|event_type| ReservationEvent::state_after_type(event_type).is_none())
+        .collect();
+    assert_eq!(keeping, ["reservation.renewed", "reservation.extended", "reservation.replaced"]);
+    assert_eq!(ReservationEvent::state_after_type("reservation.placed"), Some(ReservationState::Placed));
+    assert_eq!(ReservationEvent::state_after_type("node.cordoned"), None);
+}
+
+#[test]
 fn wire_spellings_are_the_seeds() {
     assert_eq!(
         serde_json::to_string(&ReservationState::AwaitingConfirmation).expect("json"),

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bc_domain::node::NodeEvent;
-use bc_domain::reservation::{ReservationEvent, ReservationState};
+use bc_domain::reservation::{Requested, ReservationEvent, ReservationState};
 use bc_domain::stream::AnyEvent;
 use bc_eventstore::{Result, Tx, sql};
 use futures_util::future::BoxFuture;
@@ -48,6 +48,36 @@ const EVENT_TYPES: &[&str] = &[
     "reservation.failed",
 ];
 
+/// The types whose payload the rollup reads: the node events, and a reservation's request (its pool, resource and
+/// count). Every other reservation event moves a hold's state, which its type alone says.
+const PAYLOAD_TYPES: &[&str] = &[
+    "node.registered",
+    "node.cordoned",
+    "node.uncordoned",
+    "node.maintenance_started",
+    "node.maintenance_ended",
+    "node.joined",
+    "node.adopted",
+    "node.hardware_changed",
+    "node.connectivity_changed",
+    "node.condition_raised",
+    "node.condition_cleared",
+    "node.spec_observed",
+    "node.drain_started",
+    "node.deleted",
+    "node.provision_changed",
+    "reservation.requested",
+];
+
+/// A reservation event as the holds read it.
+#[derive(Debug, Clone, Copy)]
+enum HoldEvent<'a> {
+    /// A new hold, pending.
+    Requested(&'a Requested),
+    /// A hold moved to this state.
+    Moved(ReservationState),
+}
+
 impl Projection for CapacityRollupV1 {
     fn name(&self) -> &'static str {
         "pool_capacity_rollup"
@@ -65,6 +95,10 @@ impl Projection for CapacityRollupV1 {
         &["pool_capacity_rollup_v1", "pool_capacity_nodes_v1", "pool_capacity_holds_v1"]
     }
 
+    fn payload_types(&self) -> Option<&'static [&'static str]> {
+        Some(PAYLOAD_TYPES)
+    }
+
     fn apply<'a>(&'a self, tx: &'a mut Tx, events: &'a [Envelope]) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             // Node events touch only the node rows, reservation events only the holds: apply the rare node
@@ -78,11 +112,17 @@ impl Projection for CapacityRollupV1 {
                     nodes_changed.insert(key);
                 }
             }
-            let holds: Vec<(&str, &ReservationEvent)> = events
+            let holds: Vec<(&str, HoldEvent<'_>)> = events
                 .iter()
-                .filter_map(|envelope| match &envelope.event {
-                    Some(AnyEvent::Reservation(event)) => Some((envelope.recorded.stream_id.as_str(), event)),
-                    _ => None,
+                .filter_map(|envelope| {
+                    let stream = envelope.recorded.stream_id.as_str();
+                    match &envelope.event {
+                        Some(AnyEvent::Reservation(ReservationEvent::Requested(e))) => {
+                            Some((stream, HoldEvent::Requested(e)))
+                        }
+                        _ => ReservationEvent::state_after_type(&envelope.recorded.event_type)
+                            .map(|state| (stream, HoldEvent::Moved(state))),
+                    }
                 })
                 .collect();
             let deltas = apply_holds(tx, &holds).await?;
@@ -215,12 +255,12 @@ impl Hold {
 /// Folds the batch's reservation events onto their holds (loaded in one statement), then writes the live holds
 /// back in one upsert and deletes the ended ones: an ended reservation holds nothing. Returns, for every rollup row
 /// a changed hold belongs to, what the batch added to it (zero when a hold changed without counting differently).
-async fn apply_holds(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Result<BTreeMap<Key, Delta>> {
+async fn apply_holds(tx: &mut Tx, events: &[(&str, HoldEvent<'_>)]) -> Result<BTreeMap<Key, Delta>> {
     let mut deltas: BTreeMap<Key, Delta> = BTreeMap::new();
     if events.is_empty() {
         return Ok(deltas);
     }
-    let ids = super::continued(events, |event| matches!(event, ReservationEvent::Requested(_)));
+    let ids = super::continued(events, |event| matches!(event, HoldEvent::Requested(_)));
     let mut holds: HashMap<String, Hold> = HashMap::with_capacity(events.len());
     if !ids.is_empty() {
         let rows = sql::query(
@@ -252,7 +292,7 @@ async fn apply_holds(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Resul
         holds.iter().map(|(id, hold)| (id.clone(), (hold.key(), hold.counts()))).collect();
     let mut changed: BTreeSet<&str> = BTreeSet::new();
     for (id, event) in events {
-        if let ReservationEvent::Requested(e) = event {
+        if let HoldEvent::Requested(e) = event {
             holds.insert(
                 (*id).to_owned(),
                 Hold {
@@ -262,10 +302,9 @@ async fn apply_holds(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Resul
                     state: ReservationState::Pending,
                 },
             );
-        } else {
-            let Some(state) = event.state_after() else { continue };
+        } else if let HoldEvent::Moved(state) = event {
             let Some(hold) = holds.get_mut(*id) else { continue };
-            hold.state = state;
+            hold.state = *state;
         }
         changed.insert(id);
     }

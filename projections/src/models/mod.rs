@@ -44,7 +44,7 @@ pub(crate) fn text<T: serde::Serialize>(value: &T) -> Result<String> {
 /// stream (`opens`). Only these can have a row to load. A stream the batch opens has none yet, and asking for it
 /// anyway made the load's list nearly as long as the batch: against a table without statistics yet (a version
 /// being built), the planner then scanned the whole table for every batch.
-pub(crate) fn continued<'a, E>(events: &[(&'a str, &E)], opens: impl Fn(&E) -> bool) -> Vec<&'a str> {
+pub(crate) fn continued<'a, E>(events: &[(&'a str, E)], opens: impl Fn(&E) -> bool) -> Vec<&'a str> {
     let mut seen = HashSet::with_capacity(events.len());
     let mut ids: Vec<&'a str> =
         events.iter().filter(|(id, event)| seen.insert(*id) && !opens(event)).map(|(id, _)| *id).collect();
@@ -59,7 +59,6 @@ mod tests {
     #[test]
     fn a_stream_the_batch_opens_is_not_loaded_and_one_it_continues_is() {
         let events = [("b", "requested"), ("a", "placed"), ("b", "placed"), ("c", "cancelled"), ("a", "cancelled")];
-        let events: Vec<(&str, &&str)> = events.iter().map(|(id, event)| (*id, event)).collect();
         assert_eq!(continued(&events, |event: &&str| *event == "requested"), vec!["a", "c"]);
     }
 }
