@@ -418,3 +418,18 @@ async fn refresh(tx: &mut Tx, touched: &BTreeSet<Key>) -> Result<()> {
     .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{EVENT_TYPES, PAYLOAD_TYPES};
+
+    #[test]
+    fn the_payloads_read_are_every_node_event_handled_and_the_request() {
+        let expected: Vec<&str> = EVENT_TYPES
+            .iter()
+            .copied()
+            .filter(|event_type| !event_type.starts_with("reservation.") || *event_type == "reservation.requested")
+            .collect();
+        assert_eq!(PAYLOAD_TYPES, expected.as_slice());
+    }
+}
