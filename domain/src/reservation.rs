@@ -592,6 +592,12 @@ domain_events! {
 }
 
 impl ReservationEvent {
+    /// Whether this event opens a reservation's stream (and can only be its first): a request, or a denial recorded
+    /// in its place.
+    pub fn opens_stream(&self) -> bool {
+        matches!(self, ReservationEvent::Requested(_) | ReservationEvent::Denied(_))
+    }
+
     /// The state this event moves a reservation to; `None` for the events that keep its state (renewals and
     /// extensions).
     pub fn state_after(&self) -> Option<ReservationState> {

@@ -479,6 +479,9 @@ fn events_round_trip_through_their_encoding() {
             Command::Cancel { now_ms: T0 + 2_000, reason: Some("changed plans".into()) },
         ],
     );
+    let opening: Vec<bool> = events.iter().map(ReservationEvent::opens_stream).collect();
+    assert!(opening[0], "the request opens the stream");
+    assert!(opening[1..].iter().all(|opens| !opens), "no later event of the stream opens it: {opening:?}");
     for event in &events {
         let bytes = event.encode_payload().expect("encode");
         let back = ReservationEvent::decode(event.event_type(), event.schema_version(), &bytes).expect("decode");
@@ -570,6 +573,7 @@ fn denied_is_recorded_with_no_booking() {
         reason: "users of this pool may reserve up to 1 H100".into(),
         at_ms: T0,
     });
+    assert!(denied.opens_stream(), "a denial is recorded in place of the request, as its stream's first event");
     let r = fold([&denied]).expect("state");
     assert_eq!(r.state, ReservationState::Denied);
     assert!(r.allocations.is_empty());

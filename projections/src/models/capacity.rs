@@ -19,24 +19,34 @@ use crate::framework::{Envelope, Projection};
 #[derive(Debug, Clone, Copy)]
 pub struct CapacityRollupV1;
 
-const EVENT_TYPES: &[&str] = &[
-    "node.registered",
-    "node.cordoned",
-    "node.uncordoned",
-    "node.maintenance_started",
-    "node.maintenance_ended",
-    "node.joined",
-    "node.adopted",
-    "node.hardware_changed",
-    "node.connectivity_changed",
-    "node.condition_raised",
-    "node.condition_cleared",
-    "node.spec_observed",
-    "node.drain_started",
-    "node.deleted",
-    // A move of the lifecycle changes whether the node is schedulable (it was never in a log before this
-    // version's first rebuild, so following it changes no existing rollup).
-    "node.provision_changed",
+/// The node events the rollup handles, followed by `$more`: one list for the types it handles and for those whose
+/// payload it reads.
+macro_rules! with_node_types {
+    ($($more:literal),* $(,)?) => {
+        &[
+            "node.registered",
+            "node.cordoned",
+            "node.uncordoned",
+            "node.maintenance_started",
+            "node.maintenance_ended",
+            "node.joined",
+            "node.adopted",
+            "node.hardware_changed",
+            "node.connectivity_changed",
+            "node.condition_raised",
+            "node.condition_cleared",
+            "node.spec_observed",
+            "node.drain_started",
+            "node.deleted",
+            // A move of the lifecycle changes whether the node is schedulable (it was never in a log before this
+            // version's first rebuild, so following it changes no existing rollup).
+            "node.provision_changed",
+            $($more),*
+        ]
+    };
+}
+
+const EVENT_TYPES: &[&str] = with_node_types!(
     "reservation.requested",
     "reservation.placed",
     "reservation.binding_started",
@@ -46,28 +56,11 @@ const EVENT_TYPES: &[&str] = &[
     "reservation.cancelled",
     "reservation.expired",
     "reservation.failed",
-];
+);
 
 /// The types whose payload the rollup reads: the node events, and a reservation's request (its pool, resource and
 /// count). Every other reservation event moves a hold's state, which its type alone says.
-const PAYLOAD_TYPES: &[&str] = &[
-    "node.registered",
-    "node.cordoned",
-    "node.uncordoned",
-    "node.maintenance_started",
-    "node.maintenance_ended",
-    "node.joined",
-    "node.adopted",
-    "node.hardware_changed",
-    "node.connectivity_changed",
-    "node.condition_raised",
-    "node.condition_cleared",
-    "node.spec_observed",
-    "node.drain_started",
-    "node.deleted",
-    "node.provision_changed",
-    "reservation.requested",
-];
+const PAYLOAD_TYPES: &[&str] = with_node_types!("reservation.requested");
 
 /// A reservation event as the holds read it.
 #[derive(Debug, Clone, Copy)]

@@ -187,8 +187,7 @@ async fn apply_bookings(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Re
     if events.is_empty() {
         return Ok(());
     }
-    let ids =
-        super::continued(events, |event| matches!(event, ReservationEvent::Requested(_) | ReservationEvent::Denied(_)));
+    let ids = super::continued(events, |event| event.opens_stream());
     let mut rows = load(tx, &ids).await?;
     let existing: HashSet<String> = rows.keys().cloned().collect();
     let mut touched: Vec<&str> = Vec::new();

@@ -72,8 +72,7 @@ impl Projection for ReservationsV3 {
 
 /// The folded reservations the batch's events continue (not those it starts).
 async fn load(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Result<HashMap<String, Reservation>> {
-    let ids =
-        super::continued(events, |event| matches!(event, ReservationEvent::Requested(_) | ReservationEvent::Denied(_)));
+    let ids = super::continued(events, |event| event.opens_stream());
     let mut folded = HashMap::with_capacity(events.len());
     if ids.is_empty() {
         return Ok(folded);
