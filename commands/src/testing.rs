@@ -141,6 +141,11 @@ impl Fleet {
         resources: &[(&str, u64)],
     ) -> NodeId {
         let gpus = (0..gpus).map(|g| gpu(&format!("{name}-{g}"), mig)).collect();
+        self.node_of(pool, name, gpus, resources).await
+    }
+
+    /// A node registered by the pool's owner with these GPUs (and scalar resources).
+    pub async fn node_of(&self, pool: &PoolId, name: &str, gpus: Vec<GpuInfo>, resources: &[(&str, u64)]) -> NodeId {
         self.app
             .register_node(
                 &self.owner,

@@ -1075,6 +1075,68 @@ async fn in_a_calendar_booked_ahead_the_exact_read_names_the_hint_s_tightest_fit
 }
 
 #[tokio::test]
+async fn a_selector_is_answered_from_the_sample_of_free_atoms_like_a_request_without_one() {
+    // 48 nodes of 2 GPUs with nothing booked: 96 free atoms, more than the exact read samples for one atom a node
+    // (64, its limit). 44 nodes have GPUs with more memory. A selector on that memory is answered from the sample,
+    // as a request without a selector is: only matching atoms, and no more nodes than the sample holds. A selector
+    // that too few sampled atoms match reads every free atom; one that nothing matches finds nothing.
+    use std::collections::{BTreeMap, BTreeSet};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let (mut big, mut small) = (BTreeSet::new(), BTreeSet::new());
+    for n in 0..48 {
+        let name = format!("n{n:02}");
+        let memory = if n % 12 == 5 { 81_559 } else { 95_830 };
+        let gpus = (0..2)
+            .map(|g| bc_domain::device::GpuInfo {
+                memory_mib: memory,
+                ..bc_commands::testing::gpu(&format!("{name}-{g}"), 0)
+            })
+            .collect();
+        let node = fleet.node_of(&pool, &name, gpus, &[]).await;
+        if memory == 81_559 {
+            small.insert(node.to_string())
+        } else {
+            big.insert(node.to_string())
+        };
+    }
+    assert_eq!((big.len(), small.len()), (44, 4));
+    let (start, end) = (T0 + 7 * 24 * HOUR, T0 + 7 * 24 * HOUR + HOUR);
+    let read = |memory: i64, per_node: i32| {
+        let (db, pool) = (fleet.t.db.clone(), pool.clone());
+        async move {
+            let selector = serde_json::json!({ "memoryMiB": memory }).to_string();
+            let mut tx = db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+            let rows: Vec<(String, Vec<String>)> = bc_eventstore::sql::query_as(
+                "SELECT node_id, free FROM exact_candidates($1, 'gpu', NULL, NULL, $2::jsonb, $3, $4, $5, 64)",
+            )
+            .bind(pool.as_str())
+            .bind(selector)
+            .bind(start)
+            .bind(end)
+            .bind(per_node)
+            .fetch_all(tx.conn())
+            .await
+            .expect("the candidates");
+            tx.commit().await.expect("commit");
+            rows.into_iter().collect::<BTreeMap<String, Vec<String>>>()
+        }
+    };
+    // One atom a node: the sample holds 32 of the nodes, at least 28 of them with the larger GPUs.
+    let found = read(95_830, 1).await;
+    assert!(found.len() >= 16 && found.len() <= 32, "answered from the sample: {} nodes", found.len());
+    assert!(found.keys().all(|node| big.contains(node)), "only nodes whose GPUs match: {found:?}");
+    assert!(found.values().all(|atoms| atoms.len() == 2), "every matching free atom of each node: {found:?}");
+    // Two atoms a node: the sample holds every free atom, so every matching node.
+    let found = read(95_830, 2).await;
+    assert_eq!(found.keys().cloned().collect::<BTreeSet<_>>(), big, "two atoms a node");
+    // The smaller GPUs: at most 4 nodes of the sample match, too few, so the read takes every free atom.
+    let found = read(81_559, 1).await;
+    assert_eq!(found.keys().cloned().collect::<BTreeSet<_>>(), small, "every node with the smaller GPUs");
+    assert!(read(1, 1).await.is_empty(), "nothing matches");
+}
+
+#[tokio::test]
 async fn a_reserve_is_two_round_trips_three_after_a_lost_race_and_a_cancel_two() {
     use bc_eventstore::Db;
     use bc_eventstore::testing::{RoundTrips, test_db_config};
