@@ -62,6 +62,8 @@ const INLINE_BATCH: usize = 10_000;
 /// Nodes in the empty database's pool, the baselines' fleet.
 const EMPTY_POOL_NODES: i64 = 64;
 const GPU_NAME: &str = "NVIDIA H100 80GB HBM3";
+/// The GPU model of every pool and GPU the benchmark makes, which a request's selector may name.
+const FLEET_MODEL: &str = "H100";
 const SEED: u64 = 0x5eed_f1ee_7000_0001;
 /// Reservations per second during the fan-out run.
 const FANOUT_RATE: u32 = 20;
@@ -757,6 +759,8 @@ struct PlacementRun {
 struct PlacementSpec<'a> {
     count: u32,
     ahead: Option<Duration>,
+    /// The GPU model the request names in its selector, if any.
+    model: Option<&'a str>,
     clients: usize,
     run_for: Duration,
     label: &'a str,
@@ -780,13 +784,14 @@ async fn placement_run(
         let t = client % 4;
         let who = tenant_caller(&fleet_tenants.0[t], &fleet_tenants.1[t]);
         let label = format!("{}-{client}", spec.label);
-        let (count, ahead) = (spec.count, spec.ahead);
+        let (count, ahead, model) = (spec.count, spec.ahead, spec.model.map(str::to_owned));
         tasks.spawn(async move {
             let mut latencies = Vec::new();
             let mut pending = 0usize;
             let mut n = 0u64;
             while Instant::now() < deadline {
                 let mut request = gpu_request(&pool, count);
+                request.devices.selector.gpu_model = model.clone();
                 if let Some(ahead) = ahead {
                     let hour = (mix(SEED ^ n ^ ((client as u64) << 40)) % (7 * 24)) as i64;
                     request.start_ms = Some(ceil_second(wall_ms() + ahead.as_millis() as i64 + hour * 3_600_000));
@@ -847,13 +852,14 @@ async fn earliest(
     count: u32,
     duration_s: u64,
     samples: usize,
+    model: Option<&str>,
 ) -> anyhow::Result<Earliest> {
     let query = EarliestStart {
         pool_id: pool.clone(),
         devices: DeviceRequest {
             class: DeviceClass::Gpu,
             count,
-            selector: Selector::default(),
+            selector: Selector { gpu_model: model.map(str::to_owned), ..Selector::default() },
             topology: Topology::SameNode,
         },
         duration_s,
@@ -1392,10 +1398,19 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
         config.clients
     );
     let week = Duration::from_secs(7 * 24 * 3600);
-    let runs = [(1, None, "now"), (8, None, "now"), (1, Some(week), "+7 d"), (8, Some(week), "+7 d")];
-    for (count, ahead, when) in runs {
-        let label = format!("{count}-{}", when.replace(['+', ' '], ""));
-        let spec = PlacementSpec { count, ahead, clients: config.clients, run_for: config.run_for, label: &label };
+    // The last run names the pool's own GPU model: a selector every atom matches, read like no selector.
+    let runs = [
+        (1, None, "now", None),
+        (8, None, "now", None),
+        (1, Some(week), "+7 d", None),
+        (8, Some(week), "+7 d", None),
+        (8, Some(week), "+7 d", Some(FLEET_MODEL)),
+    ];
+    for (count, ahead, when, model) in runs {
+        let label = format!("{count}-{}{}", when.replace(['+', ' '], ""), model.unwrap_or_default());
+        let spec =
+            PlacementSpec { count, ahead, model, clients: config.clients, run_for: config.run_for, label: &label };
+        let when = format!("{when}{}", model.map(|m| format!(", {m}")).unwrap_or_default());
         let big = placement_run(&app, &tenants, &normal, &spec).await?;
         let small = placement_run(&empty_app, &tenants, &empty_pool, &spec).await?;
         println!(
@@ -1419,9 +1434,10 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
     // the two cores beside it (with several clients, each waits for the others' statements too).
     if config.clients > 1 {
         println!("  the same placements from one client (tenant t00), fleet pool:");
-        for (count, ahead, when) in runs {
-            let label = format!("one-{count}-{}", when.replace(['+', ' '], ""));
-            let spec = PlacementSpec { count, ahead, clients: 1, run_for: config.run_for, label: &label };
+        for (count, ahead, when, model) in runs {
+            let label = format!("one-{count}-{}{}", when.replace(['+', ' '], ""), model.unwrap_or_default());
+            let spec = PlacementSpec { count, ahead, model, clients: 1, run_for: config.run_for, label: &label };
+            let when = format!("{when}{}", model.map(|m| format!(", {m}")).unwrap_or_default());
             let one = placement_run(&app, &tenants, &normal, &spec).await?;
             println!(
                 "    {count} GPU(s) {when:>5}: p50 {:>6.1} ms p99 {:>6.1} ms {:>6.1} cycles/s ({} placed, {} pending, \
@@ -1437,10 +1453,17 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
     }
     println!();
 
-    // The earliest-start query on the busy pool (and on the empty pool for the first two).
+    // The earliest-start query on the busy pool (and on the empty pool for the questions of one hour).
     println!("  earliest start (App::earliest_start, as tenant t01):");
-    for (count, duration_s, samples) in [(1, 3600, 20), (8, 3600, 20), (8, 4 * 3600, 3), (8, 24 * 3600, 1)] {
-        let asked = earliest(&app, &t01, &busy, count, duration_s, samples).await?;
+    let asks = [
+        (1, 3600, 20, None),
+        (8, 3600, 20, None),
+        (8, 3600, 20, Some(FLEET_MODEL)),
+        (8, 4 * 3600, 3, None),
+        (8, 24 * 3600, 1, None),
+    ];
+    for (count, duration_s, samples, model) in asks {
+        let asked = earliest(&app, &t01, &busy, count, duration_s, samples, model).await?;
         let latencies = &asked.latencies;
         let answer = if asked.timed_out {
             format!("no answer within {} s", EARLIEST_LIMIT.as_secs())
@@ -1448,14 +1471,15 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
             format!("{} after {} candidate start(s)", hours(asked.answer), asked.tried)
         };
         let mut line = format!(
-            "    busy pool, {count} GPU(s) for {:>2} h: {answer}: p50 {:.1} ms, max {:.1} ms ({} samples)",
+            "    busy pool, {count} GPU(s) for {:>2} h{}: {answer}: p50 {:.1} ms, max {:.1} ms ({} samples)",
             duration_s / 3600,
+            model.map(|m| format!(", {m}")).unwrap_or_default(),
             millis(percentile(latencies, 0.5)),
             millis(latencies.last().copied().unwrap_or_default()),
             latencies.len(),
         );
         if duration_s == 3600 {
-            let small = earliest(&empty_app, &t01, &empty_pool, count, duration_s, samples).await?.latencies;
+            let small = earliest(&empty_app, &t01, &empty_pool, count, duration_s, samples, model).await?.latencies;
             line.push_str(&format!(
                 " | empty pool p50 {:.1} ms, ratio {:.2}",
                 millis(percentile(&small, 0.5)),

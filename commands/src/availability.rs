@@ -77,6 +77,16 @@ impl Ask<'_> {
         Ok(reservation::within_quota(peak, self.devices.count, quota).then_some(plan))
     }
 
+    /// Whether too few of the pool's nodes, in service or not, have the matching atoms to ever hold the request.
+    async fn never_fits(&self, tx: &mut Tx) -> AppResult<bool> {
+        let holders = if self.devices.class == DeviceClass::Node {
+            store::whole_nodes::holders(tx, &self.pool.id, self.devices).await?
+        } else {
+            store::nodes_that_could_hold(tx, &self.pool.id, self.devices).await?
+        };
+        Ok(holders < i64::from(self.devices.nodes()))
+    }
+
     /// The earliest start at or after `first` (and no later than `horizon`) at which [`Ask::plan_at`] finds a
     /// plan, with that plan. Capacity only frees when a booking ends, so the candidates are `first` and every
     /// booking end after it, read a page at a time in order; the search stops at the first that fits, or after
@@ -90,6 +100,12 @@ impl Ask<'_> {
         // Most requests fit at once: the booking ends are read only when they do not.
         if let Some(plan) = self.plan_at(tx, first).await? {
             return Ok(Some((first, plan)));
+        }
+        // A request too few of the pool's nodes could ever hold (a selector nothing matches, more atoms a node than
+        // any has) fits at no later start either: one read of the pool's devices answers it, where the walk would
+        // read the pool's free atoms again at each of up to MAX_CANDIDATE_STARTS booking ends.
+        if self.never_fits(tx).await? {
+            return Ok(None);
         }
         let (mut after, mut tried) = (first, 0);
         while tried < MAX_CANDIDATE_STARTS {

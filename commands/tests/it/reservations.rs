@@ -690,6 +690,46 @@ async fn earliest_start_reads_past_many_booking_ends_in_order() {
 }
 
 #[tokio::test]
+async fn earliest_start_answers_at_once_when_no_node_could_ever_hold_the_request() {
+    // Behind 50 booking ends, a request that no node of the pool could hold at any time (a selector nothing
+    // matches, more atoms on one node than any has) is answered from one read of the pool's devices: the walk over
+    // the booking ends, which reads the free atoms again at each of them, is skipped.
+    use bc_eventstore::Db;
+    use bc_eventstore::testing::{RoundTrips, test_db_config};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    fleet.node(&pool, "a", 2, 0).await;
+    const MINUTE: i64 = 60_000;
+    for k in 0..50 {
+        let mut link = request(&pool, DeviceClass::Gpu, 1);
+        link.start_ms = Some(T0 + k * MINUTE);
+        link.duration_s = 60;
+        fleet.reserve(&fleet.owner, &format!("link-{k}"), link).await.expect("link");
+    }
+    let trips = RoundTrips::start(fleet.t.connect_options());
+    let app = bc_commands::App::new(Db::connect_lazy_with(trips.connect_options(), &test_db_config()));
+    let two = EarliestStart {
+        pool_id: pool.clone(),
+        devices: request(&pool, DeviceClass::Gpu, 2).devices,
+        duration_s: 3600,
+        not_before_ms: None,
+    };
+    let mut no_match = two.clone();
+    no_match.devices.selector.gpu_product = Some("A100-SXM4-40GB".into());
+    let three = EarliestStart { devices: request(&pool, DeviceClass::Gpu, 3).devices, ..two.clone() };
+    for (what, question) in [("a selector nothing matches", &no_match), ("three atoms on one node", &three)] {
+        trips.take();
+        assert_eq!(app.earliest_start(&fleet.owner, question).await.expect("query"), None, "{what}");
+        let taken = trips.take();
+        assert!(taken <= 16, "{what}: {taken} round trips, the booking ends were walked");
+    }
+    // A request the node could hold still walks the booking ends to its answer.
+    trips.take();
+    assert_eq!(app.earliest_start(&fleet.owner, &two).await.expect("query"), Some(T0 + 50 * MINUTE));
+    assert!(trips.take() > 50, "the walk past 50 booking ends");
+}
+
+#[tokio::test]
 async fn the_free_capacity_summary_follows_placements_extensions_endings_and_expiries() {
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
@@ -1075,11 +1115,12 @@ async fn in_a_calendar_booked_ahead_the_exact_read_names_the_hint_s_tightest_fit
 }
 
 #[tokio::test]
-async fn a_selector_is_answered_from_the_sample_of_free_atoms_like_a_request_without_one() {
-    // 48 nodes of 2 GPUs with nothing booked: 96 free atoms, more than the exact read samples for one atom a node
-    // (64, its limit). 44 nodes have GPUs with more memory. A selector on that memory is answered from the sample,
-    // as a request without a selector is: only matching atoms, and no more nodes than the sample holds. A selector
-    // that too few sampled atoms match reads every free atom; one that nothing matches finds nothing.
+async fn a_selector_is_answered_from_the_hint_and_the_gaps_sample_like_a_request_without_one() {
+    // 48 nodes of 2 GPUs, 96 atoms: more than the gaps' sample holds for one atom a node (64, the read's limit).
+    // 44 nodes have GPUs with more memory. A selector on that memory is answered as a request without one is: by the
+    // hint while nothing is booked, then, once every atom has a booking before the window, from the gaps' sample.
+    // Only matching atoms, and no more nodes than the hint's quarter of the limit or the sample holds. A selector
+    // that too few of those match reads every free atom; one that nothing matches finds nothing.
     use std::collections::{BTreeMap, BTreeSet};
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
@@ -1122,17 +1163,34 @@ async fn a_selector_is_answered_from_the_sample_of_free_atoms_like_a_request_wit
             rows.into_iter().collect::<BTreeMap<String, Vec<String>>>()
         }
     };
+    let nodes = |found: &BTreeMap<String, Vec<String>>| found.keys().cloned().collect::<BTreeSet<_>>();
+    // Nothing booked: the hint names 16 nodes (a quarter of the limit), every one with the larger GPUs.
+    for per_node in [1, 2] {
+        let found = read(95_830, per_node).await;
+        assert_eq!(found.len(), 16, "{per_node} a node from the hint");
+        assert!(nodes(&found).is_subset(&big), "only nodes whose GPUs match: {found:?}");
+        assert!(found.values().all(|atoms| atoms.len() == 2), "each node's matching free atoms: {found:?}");
+    }
+    // The hint names at most 4 nodes with the smaller GPUs, too few: the gaps' sample (cut short, and holding at
+    // most those 4), then every free atom.
+    assert_eq!(nodes(&read(81_559, 1).await), small, "every node with the smaller GPUs");
+    // A minute booked on every atom an hour from now: no node can hold anything from now to the window's end, so
+    // the hint names none and the gaps' sample answers.
+    for n in 0..48 {
+        let mut minute = request(&pool, DeviceClass::Gpu, 2);
+        minute.start_ms = Some(T0 + HOUR);
+        minute.duration_s = 60;
+        fleet.reserve(&fleet.owner, &format!("minute-{n}"), minute).await.expect("a minute");
+    }
+    fleet.app.db().follow_ups_written().await;
     // One atom a node: the sample holds 32 of the nodes, at least 28 of them with the larger GPUs.
     let found = read(95_830, 1).await;
-    assert!(found.len() >= 16 && found.len() <= 32, "answered from the sample: {} nodes", found.len());
-    assert!(found.keys().all(|node| big.contains(node)), "only nodes whose GPUs match: {found:?}");
-    assert!(found.values().all(|atoms| atoms.len() == 2), "every matching free atom of each node: {found:?}");
+    assert!((16..=32).contains(&found.len()), "answered from the sample: {} nodes", found.len());
+    assert!(nodes(&found).is_subset(&big), "only nodes whose GPUs match: {found:?}");
+    assert!(found.values().all(|atoms| atoms.len() == 2), "each node's matching free atoms: {found:?}");
     // Two atoms a node: the sample holds every free atom, so every matching node.
-    let found = read(95_830, 2).await;
-    assert_eq!(found.keys().cloned().collect::<BTreeSet<_>>(), big, "two atoms a node");
-    // The smaller GPUs: at most 4 nodes of the sample match, too few, so the read takes every free atom.
-    let found = read(81_559, 1).await;
-    assert_eq!(found.keys().cloned().collect::<BTreeSet<_>>(), small, "every node with the smaller GPUs");
+    assert_eq!(nodes(&read(95_830, 2).await), big, "two atoms a node");
+    assert_eq!(nodes(&read(81_559, 1).await), small, "every node with the smaller GPUs");
     assert!(read(1, 1).await.is_empty(), "nothing matches");
 }
 
