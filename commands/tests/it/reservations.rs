@@ -660,20 +660,27 @@ async fn a_placement_skips_atoms_booked_since_its_snapshot_instead_of_failing() 
     late.rollback().await;
 }
 
-#[tokio::test]
-async fn earliest_start_reads_past_many_booking_ends_in_order() {
+const MINUTE: i64 = 60_000;
+
+/// A pool of one node of 2 GPUs booked by 50 one-minute reservations of one GPU, back to back from now: 50 booking
+/// ends (more than one page of them) before two atoms are free together.
+async fn a_node_behind_a_chain_of_minutes() -> (Fleet, bc_domain::id::PoolId) {
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
     fleet.node(&pool, "a", 2, 0).await;
-    // 50 one-minute reservations back to back: a two-atom hour first fits when the chain ends, past 50 booking
-    // ends (more than one page of them).
-    const MINUTE: i64 = 60_000;
     for k in 0..50 {
         let mut link = request(&pool, DeviceClass::Gpu, 1);
         link.start_ms = Some(T0 + k * MINUTE);
         link.duration_s = 60;
         fleet.reserve(&fleet.owner, &format!("link-{k}"), link).await.expect("link");
     }
+    (fleet, pool)
+}
+
+#[tokio::test]
+async fn earliest_start_reads_past_many_booking_ends_in_order() {
+    // A two-atom hour first fits when the chain ends, past its 50 booking ends.
+    let (fleet, pool) = a_node_behind_a_chain_of_minutes().await;
     let question = EarliestStart {
         pool_id: pool.clone(),
         devices: request(&pool, DeviceClass::Gpu, 2).devices,
@@ -696,16 +703,7 @@ async fn earliest_start_answers_at_once_when_no_node_could_ever_hold_the_request
     // the booking ends, which reads the free atoms again at each of them, is skipped.
     use bc_eventstore::Db;
     use bc_eventstore::testing::{RoundTrips, test_db_config};
-    let fleet = Fleet::new().await;
-    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
-    fleet.node(&pool, "a", 2, 0).await;
-    const MINUTE: i64 = 60_000;
-    for k in 0..50 {
-        let mut link = request(&pool, DeviceClass::Gpu, 1);
-        link.start_ms = Some(T0 + k * MINUTE);
-        link.duration_s = 60;
-        fleet.reserve(&fleet.owner, &format!("link-{k}"), link).await.expect("link");
-    }
+    let (fleet, pool) = a_node_behind_a_chain_of_minutes().await;
     let trips = RoundTrips::start(fleet.t.connect_options());
     let app = bc_commands::App::new(Db::connect_lazy_with(trips.connect_options(), &test_db_config()));
     let two = EarliestStart {
