@@ -77,7 +77,8 @@ impl Ask<'_> {
         Ok(reservation::within_quota(peak, self.devices.count, quota).then_some(plan))
     }
 
-    /// Whether too few of the pool's nodes, in service or not, have the matching atoms to ever hold the request.
+    /// Whether too few of the pool's nodes have the matching atoms to ever hold the request, bookings aside: nodes
+    /// schedulable or not for atoms within a node, machines in service for whole machines.
     async fn never_fits(&self, tx: &mut Tx) -> AppResult<bool> {
         let holders = if self.devices.class == DeviceClass::Node {
             store::whole_nodes::holders(tx, &self.pool.id, self.devices).await?
