@@ -285,19 +285,20 @@ async fn apply_holds(tx: &mut Tx, events: &[(&str, HoldEvent<'_>)]) -> Result<BT
         holds.iter().map(|(id, hold)| (id.clone(), (hold.key(), hold.counts()))).collect();
     let mut changed: BTreeSet<&str> = BTreeSet::new();
     for (id, event) in events {
-        if let HoldEvent::Requested(e) = event {
-            holds.insert(
-                (*id).to_owned(),
-                Hold {
+        match event {
+            HoldEvent::Requested(e) => {
+                let hold = Hold {
                     pool_id: e.request.pool_id.to_string(),
                     resource: e.request.resource().to_owned(),
                     count: e.request.devices.count as i32,
                     state: ReservationState::Pending,
-                },
-            );
-        } else if let HoldEvent::Moved(state) = event {
-            let Some(hold) = holds.get_mut(*id) else { continue };
-            hold.state = *state;
+                };
+                holds.insert((*id).to_owned(), hold);
+            }
+            HoldEvent::Moved(state) => {
+                let Some(hold) = holds.get_mut(*id) else { continue };
+                hold.state = *state;
+            }
         }
         changed.insert(id);
     }
