@@ -1188,6 +1188,119 @@ async fn a_selector_is_answered_from_the_hint_and_the_gaps_sample_like_a_request
 }
 
 #[tokio::test]
+async fn a_window_between_bookings_is_answered_from_the_gaps_that_end_soonest_after_it() {
+    // 48 nodes of 2 GPUs, 96 atoms: more than the gaps' sample holds for one atom a node (64). Every node is booked
+    // whole for a minute an hour from now, and again from a minute of its own after the window, so the window lies in a
+    // gap bounded on both sides on every atom. The sample reads those gaps by where they end: it names the 32 nodes
+    // whose next booking comes soonest after the window, each with both atoms (they share one gap). Read in any other
+    // order, the sample names other nodes, or, with a node's atoms scattered over it, too few, and reads everything.
+    // Then random bookings: whatever a read names is free, and a short answer is the whole answer.
+    use std::collections::{BTreeMap, BTreeSet};
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    for n in 0..48 {
+        fleet.node(&pool, &format!("n{n:02}"), 2, 0).await;
+    }
+    let (start, end) = (T0 + 7 * 24 * HOUR, T0 + 7 * 24 * HOUR + HOUR);
+    for n in 0..48 {
+        let mut minute = request(&pool, DeviceClass::Gpu, 2);
+        minute.start_ms = Some(T0 + HOUR);
+        minute.duration_s = 60;
+        fleet.reserve(&fleet.owner, &format!("minute-{n}"), minute).await.expect("a minute");
+        let mut after = request(&pool, DeviceClass::Gpu, 2);
+        after.start_ms = Some(end + (48 - n) * MINUTE);
+        after.duration_s = 3600;
+        fleet.reserve(&fleet.owner, &format!("after-{n}"), after).await.expect("a minute after");
+    }
+    fleet.app.db().follow_ups_written().await;
+
+    let bookings = |db: bc_eventstore::Db| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+            let rows: Vec<(String, String, i64, i64)> = bc_eventstore::sql::query_as(
+                "SELECT d.node_id, b.device_id, ts_ms(lower(b.during)), ts_ms(upper(b.during))
+                 FROM device_bookings AS b JOIN devices AS d ON d.id = b.device_id WHERE b.pool_id = $1",
+            )
+            .bind(pool.as_str())
+            .fetch_all(tx.conn())
+            .await
+            .expect("the bookings");
+            tx.commit().await.expect("commit");
+            rows
+        }
+    };
+    let mut next: BTreeMap<String, i64> = BTreeMap::new();
+    for (node, _, from, _) in bookings(fleet.t.db.clone()).await {
+        if from >= end {
+            let at = next.entry(node).or_insert(from);
+            *at = (*at).min(from);
+        }
+    }
+    assert_eq!(next.len(), 48, "every node booked after the window");
+    let mut soonest: Vec<(i64, String)> = next.into_iter().map(|(node, at)| (at, node)).collect();
+    soonest.sort();
+    let tightest: BTreeSet<String> = soonest.iter().take(32).map(|(_, node)| node.clone()).collect();
+
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let found: BTreeMap<String, Vec<String>> =
+        exact_read(&mut tx, &pool, "{}", (start, end), 1).await.into_iter().collect();
+    assert_eq!(found.keys().cloned().collect::<BTreeSet<_>>(), tightest, "the 32 tightest fits");
+    assert!(found.values().all(|atoms| atoms.len() == 2), "both atoms of each node: {found:?}");
+    // Two atoms a node: the sample of 128 holds every free atom, so it names every node.
+    assert_eq!(exact_read(&mut tx, &pool, "{}", (start, end), 2).await.len(), 48, "two atoms a node");
+    tx.commit().await.expect("commit");
+
+    let mut rng = fastrand::Rng::with_seed(32);
+    for step in 0..250 {
+        let mut wanted = request(&pool, DeviceClass::Gpu, rng.u32(1..3));
+        wanted.start_ms = Some(T0 + 2 * HOUR + rng.i64(0..24) * HOUR / 2);
+        wanted.duration_s = 1800 * rng.u64(1..9);
+        wanted.wait = false;
+        let _ = fleet.reserve(&fleet.owner, &format!("random-{step}"), wanted).await;
+    }
+    fleet.app.db().follow_ups_written().await;
+    let bookings = bookings(fleet.t.db.clone()).await;
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let devices: Vec<(String, String)> =
+        bc_eventstore::sql::query_as("SELECT node_id, id FROM devices WHERE pool_id = $1 AND class = 'gpu'")
+            .bind(pool.as_str())
+            .fetch_all(tx.conn())
+            .await
+            .expect("the devices");
+    let (mut sampled, mut whole) = (0, 0);
+    for round in 0..60 {
+        let start = T0 + 2 * HOUR + rng.i64(0..56) * HOUR / 4;
+        let end = start + rng.i64(1..12) * HOUR / 4;
+        let mut free: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (node, device) in &devices {
+            if !bookings.iter().any(|(_, d, from, until)| d == device && *from < end && *until > start) {
+                free.entry(node.clone()).or_default().insert(device.clone());
+            }
+        }
+        for per_node in [1, 2] {
+            let mut wanted = free.clone();
+            wanted.retain(|_, atoms| atoms.len() >= per_node as usize);
+            let found = exact_read(&mut tx, &pool, "{}", (start, end), per_node).await;
+            for (node, atoms) in &found {
+                let free_here = wanted.get(node).unwrap_or_else(|| panic!("round {round}: {node} cannot hold it"));
+                assert!(atoms.len() >= per_node as usize, "round {round}: {node} named with {atoms:?}");
+                assert!(atoms.iter().all(|atom| free_here.contains(atom)), "round {round}: {atoms:?} not all free");
+            }
+            if found.len() < 16 {
+                let named: BTreeSet<String> = found.iter().map(|(node, _)| node.clone()).collect();
+                assert_eq!(named, wanted.keys().cloned().collect(), "round {round}: a short answer is every node");
+                whole += 1;
+            } else {
+                sampled += 1;
+            }
+        }
+    }
+    tx.commit().await.expect("commit");
+    assert!(sampled > 10 && whole > 10, "windows of both kinds: {sampled} sampled, {whole} whole");
+}
+
+#[tokio::test]
 async fn a_reserve_is_two_round_trips_three_after_a_lost_race_and_a_cancel_two() {
     use bc_eventstore::Db;
     use bc_eventstore::testing::{RoundTrips, test_db_config};
