@@ -4,30 +4,39 @@
 -- from the bounded gaps):
 --
 -- * The atoms of one node came back scattered. A node whose eight GPUs share one eight-GPU booking has eight gaps
---   of the same bounds, yet a sample of 512 atoms held 140 to 220 nodes and only 11 to 15 of them whole: too few
---   for a request of 8 GPUs, which then read every free atom of the pool (1,100 to 4,800 of them, 8 to 15 ms).
--- * Planned afresh for each call (`force_custom_plan`), the sample read all the gaps that contain the window
---   through a bitmap, then kept 512: 2 to 4 ms for a week-ahead hour, and 1 to 1.5 ms more to plan.
+--   of the same bounds, yet a sample of 512 atoms could hold none to five whole nodes: too few for a request of 8
+--   GPUs (or 4), which then read every free atom of the pool over the window (1,100 to 4,800 of them, 8 to 15 ms).
+-- * Planned afresh for each call (`force_custom_plan`), the sample read every gap that contains the window through
+--   a bitmap before it kept 512 (2.6 to 3.3 ms under `EXPLAIN ANALYZE` for a week-ahead hour), and planning the
+--   statement took 1.5 ms more.
 --
 -- The bounded gaps are now also in a btree by where they end, then where they start: the gaps that contain
 -- [start, end) are those ending at or after its end that start at or before its start, checked on the index entry.
 -- Read in that order, the tightest fits in time come first (as the first gaps already do), and the gaps a shared
 -- booking left on a node's atoms come one after another. That read stops at its limit when the gaps containing the
--- window are many, but walks every later gap of the pool when they are few; the GiST read is cheap exactly then.
--- So `gap_candidates` samples in rounds: the GiST sample first, whose shortfall says the gaps that fit are many;
--- then the btree's tightest fits, and four times as many of them; only then every free atom. Each round keeps the
--- rule of the sample before it: its answer stands when it names a quarter of the limit, or when it read fewer
--- atoms than it asked for (it saw them all). Its statements keep one generic plan: the rounds' limits and the
--- selector are parameters, and nothing in the plan depends on their values.
+-- window are many near its end, but walks every later gap of the pool when they are few (4 to 7 ms at fleet size),
+-- and the GiST read is cheap exactly then. So `gap_candidates` samples in rounds:
+--   0. the tightest fits among the gaps that end within a day of the window's end, kept only when they name a
+--      quarter of the limit (a short answer here says nothing: the day's bound may have cut it);
+--   1. when round 0 read fewer atoms than it asked for (the day's bound stopped it, so the gaps that fit may be
+--      few), the GiST read, twice the sample: its answer stands when it names a quarter of the limit, or when it
+--      read fewer atoms than it asked for (then it saw every one);
+--   2. and 3. the tightest fits without the day's bound, twice and four times the sample, under the same rule;
+--   then every free atom.
+-- Its statements keep one generic plan: the rounds' limits and the selector are parameters, and nothing in the plan
+-- depends on their values. A selector's probe of each atom's device is made only for the atoms of nodes the sample
+-- holds enough atoms of: a round of 1,024 atoms named about 40 such nodes, so the rest were probed for nothing.
 --
--- In `psql` on the kept fleet, 42 windows a week ahead, for 8 GPUs: avg 4.0 to 4.3 ms before, max 8 to 15; now
--- avg 2.8, max 6.7 to 9. For 4 GPUs: avg 5.4 to 6.6, max 12 to 20, now 1.5 to 1.7, max 2.1.
+-- In `psql` on the kept fleet, 84 windows of an hour a week ahead, two passes before and after, in ms (avg, max):
+-- 8 GPUs 4.3 to 4.7 and 11 to 11.7, now 2.1 to 2.3 and 6.3 to 7.4; naming `H100`, 6.1 to 6.3 and 20, now 2.2 to 2.3
+-- and 6.5 to 6.7. 4 GPUs 5.9 to 6.0 and 12.5 to 13, now 1.0 to 1.1 and 2.9 to 3.4; naming `H100`, 11.5 and 28, now
+-- 1.5 to 1.9 and 3.9 to 6.4. 1 GPU 1.0 to 1.1, now 0.5; naming `H100`, 1.4 to 1.5, now 0.8 to 1.0.
 CREATE INDEX atom_gaps_bounded_by_end
     ON atom_gaps (pool_id, class, upper(gap), lower(gap), node_id, device_id)
     WHERE NOT lower_inf(gap) AND NOT upper_inf(gap);
 
--- `free_atoms_over`, with the bounded gaps read in the order of their end: the tightest fits first, a shared
--- booking's atoms together.
+-- `free_atoms_over`, with the bounded gaps read in the order of their end (the tightest fits first, a shared
+-- booking's atoms together), and only those ending by `p_until` when it is given.
 CREATE FUNCTION free_atoms_tightest(p_pool text, p_class text, p_start timestamptz, p_end timestamptz,
                                     p_limit bigint, p_until timestamptz)
 RETURNS TABLE (node_id text, device_id text, part integer)
@@ -72,7 +81,10 @@ DECLARE
     v_sampled jsonb;
     v_fullest bigint;
 BEGIN
+    -- The rounds described at the top of this file.
     FOR v_round IN 0..3 LOOP
+        -- Round 0 read as many atoms as it asked for in some part: the gaps that fit are many, round 1 is skipped.
+        CONTINUE WHEN v_round = 1 AND v_fullest >= v_size;
         v_size := v_sample * CASE v_round WHEN 0 THEN 1 WHEN 3 THEN 4 ELSE 2 END;
         WITH s AS MATERIALIZED (
             SELECT a.node_id, a.device_id, a.part
@@ -84,14 +96,16 @@ BEGIN
             FROM free_atoms_over(p_pool, p_class, v_start, v_end, v_size) AS a
             WHERE v_round = 1
         ), f AS (
+            -- A selector's probe is made only for the atoms of nodes the sample holds enough atoms of.
             SELECT s.node_id, s.device_id FROM s
             WHERE v_any
-               OR EXISTS (SELECT 1 FROM devices AS d
-                          WHERE d.id = s.device_id
-                            AND (p_model IS NULL OR d.gpu_model = p_model)
-                            AND (p_product IS NULL OR d.gpu_product = p_product)
-                            AND (p_attributes = '{}'::jsonb OR d.attributes @> p_attributes)
-                          OFFSET 0)
+               OR (s.node_id IN (SELECT h.node_id FROM s AS h GROUP BY h.node_id HAVING count(*) >= p_per_node)
+                   AND EXISTS (SELECT 1 FROM devices AS d
+                               WHERE d.id = s.device_id
+                                 AND (p_model IS NULL OR d.gpu_model = p_model)
+                                 AND (p_product IS NULL OR d.gpu_product = p_product)
+                                 AND (p_attributes = '{}'::jsonb OR d.attributes @> p_attributes)
+                               OFFSET 0))
         )
         SELECT (SELECT jsonb_agg(jsonb_build_array(c.node_id, c.free) ORDER BY c.n, c.node_id)
                 FROM (
