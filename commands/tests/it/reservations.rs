@@ -908,6 +908,27 @@ async fn exact_read(
     .expect("the candidates")
 }
 
+/// Every booking of `pool`: its atom's node, the atom, and its window in ms.
+async fn pool_bookings(tx: &mut bc_eventstore::Tx, pool: &bc_domain::id::PoolId) -> Vec<(String, String, i64, i64)> {
+    bc_eventstore::sql::query_as(
+        "SELECT d.node_id, b.device_id, ts_ms(lower(b.during)), ts_ms(upper(b.during))
+         FROM device_bookings AS b JOIN devices AS d ON d.id = b.device_id WHERE b.pool_id = $1",
+    )
+    .bind(pool.as_str())
+    .fetch_all(tx.conn())
+    .await
+    .expect("the bookings")
+}
+
+/// The GPUs of `pool`, each with its node: `(node, device)`.
+async fn pool_gpus(tx: &mut bc_eventstore::Tx, pool: &bc_domain::id::PoolId) -> Vec<(String, String)> {
+    bc_eventstore::sql::query_as("SELECT node_id, id FROM devices WHERE pool_id = $1 AND class = 'gpu'")
+        .bind(pool.as_str())
+        .fetch_all(tx.conn())
+        .await
+        .expect("the devices")
+}
+
 #[tokio::test]
 async fn the_quota_sweep_and_the_free_atoms_agree_with_every_booking_over_random_windows() {
     // Bookings of a quota-limited tenant, short and long (up to 40 hours), laid over two days on four nodes; then
@@ -942,20 +963,8 @@ async fn the_quota_sweep_and_the_free_atoms_agree_with_every_booking_over_random
     assert!(live.len() >= 15, "the sequence booked too little to test anything: {}", live.len());
 
     let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
-    let bookings: Vec<(String, String, i64, i64)> = bc_eventstore::sql::query_as(
-        "SELECT d.node_id, b.device_id, ts_ms(lower(b.during)), ts_ms(upper(b.during))
-         FROM device_bookings AS b JOIN devices AS d ON d.id = b.device_id WHERE b.pool_id = $1",
-    )
-    .bind(pool.as_str())
-    .fetch_all(tx.conn())
-    .await
-    .expect("the bookings");
-    let devices: Vec<(String, String)> =
-        bc_eventstore::sql::query_as("SELECT node_id, id FROM devices WHERE pool_id = $1 AND class = 'gpu'")
-            .bind(pool.as_str())
-            .fetch_all(tx.conn())
-            .await
-            .expect("the devices");
+    let bookings = pool_bookings(&mut tx, &pool).await;
+    let devices = pool_gpus(&mut tx, &pool).await;
     assert!(bookings.iter().any(|(_, _, from, until)| until - from >= 10 * HOUR), "a long booking");
     let mut long_windows = 0;
     for round in 0..60 {
@@ -1214,24 +1223,9 @@ async fn a_window_between_bookings_is_answered_from_the_gaps_that_end_soonest_af
     }
     fleet.app.db().follow_ups_written().await;
 
-    let bookings = |db: bc_eventstore::Db| {
-        let pool = pool.clone();
-        async move {
-            let mut tx = db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
-            let rows: Vec<(String, String, i64, i64)> = bc_eventstore::sql::query_as(
-                "SELECT d.node_id, b.device_id, ts_ms(lower(b.during)), ts_ms(upper(b.during))
-                 FROM device_bookings AS b JOIN devices AS d ON d.id = b.device_id WHERE b.pool_id = $1",
-            )
-            .bind(pool.as_str())
-            .fetch_all(tx.conn())
-            .await
-            .expect("the bookings");
-            tx.commit().await.expect("commit");
-            rows
-        }
-    };
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
     let mut next: BTreeMap<String, i64> = BTreeMap::new();
-    for (node, _, from, _) in bookings(fleet.t.db.clone()).await {
+    for (node, _, from, _) in pool_bookings(&mut tx, &pool).await {
         if from >= end {
             let at = next.entry(node).or_insert(from);
             *at = (*at).min(from);
@@ -1241,8 +1235,6 @@ async fn a_window_between_bookings_is_answered_from_the_gaps_that_end_soonest_af
     let mut soonest: Vec<(i64, String)> = next.into_iter().map(|(node, at)| (at, node)).collect();
     soonest.sort();
     let tightest: BTreeSet<String> = soonest.iter().take(32).map(|(_, node)| node.clone()).collect();
-
-    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
     let found: BTreeMap<String, Vec<String>> =
         exact_read(&mut tx, &pool, "{}", (start, end), 1).await.into_iter().collect();
     assert_eq!(found.keys().cloned().collect::<BTreeSet<_>>(), tightest, "the 32 tightest fits");
@@ -1260,14 +1252,9 @@ async fn a_window_between_bookings_is_answered_from_the_gaps_that_end_soonest_af
         let _ = fleet.reserve(&fleet.owner, &format!("random-{step}"), wanted).await;
     }
     fleet.app.db().follow_ups_written().await;
-    let bookings = bookings(fleet.t.db.clone()).await;
     let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
-    let devices: Vec<(String, String)> =
-        bc_eventstore::sql::query_as("SELECT node_id, id FROM devices WHERE pool_id = $1 AND class = 'gpu'")
-            .bind(pool.as_str())
-            .fetch_all(tx.conn())
-            .await
-            .expect("the devices");
+    let bookings = pool_bookings(&mut tx, &pool).await;
+    let devices = pool_gpus(&mut tx, &pool).await;
     let (mut sampled, mut whole) = (0, 0);
     for round in 0..60 {
         let start = T0 + 2 * HOUR + rng.i64(0..56) * HOUR / 4;
