@@ -22,8 +22,8 @@
 --      few), the GiST read, twice the sample: its answer stands when it names a quarter of the limit, or when it
 --      read fewer atoms than it asked for (then it saw every one);
 --   2. and 3. the tightest fits without the day's bound, twice and four times the sample, under the same rule;
---   then every free atom.
--- Its statements keep one generic plan: the rounds' limits and the selector are parameters, and nothing in the plan
+--   4. every free atom, through the same statement without a limit (it was a statement of its own).
+-- That statement keeps one generic plan: the rounds' limits and the selector are parameters, and nothing in the plan
 -- depends on their values. A selector's probe of each atom's device is made only for the atoms of nodes the sample
 -- holds enough atoms of: a round of 1,024 atoms named about 40 such nodes, so the rest were probed for nothing.
 --
@@ -81,20 +81,20 @@ DECLARE
     v_sampled jsonb;
     v_fullest bigint;
 BEGIN
-    -- The rounds described at the top of this file.
-    FOR v_round IN 0..3 LOOP
+    -- The rounds described at the top of this file; round 4 reads every free atom (no limit) and always answers.
+    FOR v_round IN 0..4 LOOP
         -- Round 0 read as many atoms as it asked for in some part: the gaps that fit are many, round 1 is skipped.
         CONTINUE WHEN v_round = 1 AND v_fullest >= v_size;
-        v_size := v_sample * CASE v_round WHEN 0 THEN 1 WHEN 3 THEN 4 ELSE 2 END;
+        v_size := CASE v_round WHEN 0 THEN v_sample WHEN 3 THEN v_sample * 4 WHEN 4 THEN NULL ELSE v_sample * 2 END;
         WITH s AS MATERIALIZED (
             SELECT a.node_id, a.device_id, a.part
             FROM free_atoms_tightest(p_pool, p_class, v_start, v_end, v_size,
                                      CASE WHEN v_round = 0 THEN v_end + interval '1 day' END) AS a
-            WHERE v_round <> 1
+            WHERE v_round IN (0, 2, 3)
             UNION ALL
             SELECT a.node_id, a.device_id, a.part
             FROM free_atoms_over(p_pool, p_class, v_start, v_end, v_size) AS a
-            WHERE v_round = 1
+            WHERE v_round IN (1, 4)
         ), f AS (
             -- A selector's probe is made only for the atoms of nodes the sample holds enough atoms of.
             SELECT s.node_id, s.device_id FROM s
@@ -120,7 +120,7 @@ BEGIN
                 ) AS c),
                (SELECT coalesce(max(p.n), 0) FROM (SELECT count(*) AS n FROM s GROUP BY s.part) AS p)
         INTO v_sampled, v_fullest;
-        IF coalesce(jsonb_array_length(v_sampled), 0) >= greatest(1, p_limit / 4)
+        IF v_round = 4 OR coalesce(jsonb_array_length(v_sampled), 0) >= greatest(1, p_limit / 4)
            OR (v_fullest < v_size AND v_round > 0) THEN
             RETURN QUERY
             SELECT e.value ->> 0, ARRAY(SELECT jsonb_array_elements_text(e.value -> 1))
@@ -129,21 +129,5 @@ BEGIN
             RETURN;
         END IF;
     END LOOP;
-    -- Every free atom of the pool over the window: too few fit among the samples, which were cut short.
-    RETURN QUERY
-    SELECT g.node_id, array_agg(g.device_id ORDER BY g.device_id)
-    FROM free_atoms_over(p_pool, p_class, v_start, v_end, NULL) AS g
-    WHERE v_any
-       OR EXISTS (SELECT 1 FROM devices AS d
-                  WHERE d.id = g.device_id
-                    AND (p_model IS NULL OR d.gpu_model = p_model)
-                    AND (p_product IS NULL OR d.gpu_product = p_product)
-                    AND (p_attributes = '{}'::jsonb OR d.attributes @> p_attributes)
-                  OFFSET 0)
-    GROUP BY g.node_id
-    HAVING count(*) >= p_per_node
-       AND EXISTS (SELECT 1 FROM nodes AS n WHERE n.id = g.node_id AND n.pool_id = p_pool AND n.schedulable OFFSET 0)
-    ORDER BY count(*), g.node_id
-    LIMIT p_limit;
 END
 $$;

@@ -1173,7 +1173,7 @@ async fn a_selector_is_answered_from_the_hint_and_the_gaps_sample_like_a_request
         assert!(found.values().all(|atoms| atoms.len() == 2), "each node's matching free atoms: {found:?}");
     }
     // The hint names at most 4 nodes with the smaller GPUs, too few: the gaps' sample (cut short, and holding at
-    // most those 4), then every free atom.
+    // most those 4), then a sample twice as large, which holds every free atom.
     assert_eq!(nodes(&read(81_559, 1).await), small, "every node with the smaller GPUs");
     // A minute booked on every atom an hour from now: no node can hold anything from now to the window's end, so
     // the hint names none and the gaps' sample answers.
@@ -1194,6 +1194,39 @@ async fn a_selector_is_answered_from_the_hint_and_the_gaps_sample_like_a_request
     assert_eq!(nodes(&read(95_830, 2).await), big, "two atoms a node");
     assert_eq!(nodes(&read(81_559, 1).await), small, "every node with the smaller GPUs");
     assert!(read(1, 1).await.is_empty(), "nothing matches");
+}
+
+#[tokio::test]
+async fn a_selector_no_sample_holds_enough_of_reads_every_free_atom() {
+    // 130 nodes of 2 GPUs with nothing booked: 260 free atoms, more than the largest one-atom sample reads (256, in the
+    // nodes' order). The last two nodes registered have GPUs with less memory. A selector on that memory finds neither
+    // among the hint's first 64 nodes nor in any sample, so only the read of every free atom names them.
+    use std::collections::BTreeSet;
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    let (mut all, mut small) = (BTreeSet::new(), BTreeSet::new());
+    for n in 0..130 {
+        let name = format!("n{n:03}");
+        let memory = if n >= 128 { 81_559 } else { 95_830 };
+        let gpus = (0..2)
+            .map(|g| bc_domain::device::GpuInfo {
+                memory_mib: memory,
+                ..bc_commands::testing::gpu(&format!("{name}-{g}"), 0)
+            })
+            .collect();
+        let node = fleet.node_of(&pool, &name, gpus, &[]).await.to_string();
+        all.insert(node.clone());
+        if memory == 81_559 {
+            small.insert(node);
+        }
+    }
+    assert!(all.iter().rev().take(2).eq(small.iter().rev()), "the smaller GPUs' nodes come last in the nodes' order");
+    let selector = serde_json::json!({ "memoryMiB": 81_559 }).to_string();
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let found = exact_read(&mut tx, &pool, &selector, (T0 + 7 * 24 * HOUR, T0 + 7 * 24 * HOUR + HOUR), 1).await;
+    tx.commit().await.expect("commit");
+    assert_eq!(found.iter().map(|(node, _)| node.clone()).collect::<BTreeSet<_>>(), small, "both, from every atom");
+    assert!(found.iter().all(|(_, atoms)| atoms.len() == 2), "each with both atoms: {found:?}");
 }
 
 #[tokio::test]
