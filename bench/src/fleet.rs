@@ -33,7 +33,10 @@ use sqlx::{ConnectOptions as _, Connection as _, Row as _};
 use tokio::net::TcpListener;
 
 use super::fanout::{FanOutSpec, fan_out};
-use super::reserve::{bench_caller, bench_site, bulk_fleet, gpu_request, h100_pool};
+use super::reserve::{
+    STATEMENTS_SETTINGS, bench_caller, bench_site, bulk_fleet, gpu_request, h100_pool, print_statements,
+    reset_statements,
+};
 use super::{BenchCluster, PgbenchRun, millis, percentile, pgbench, wall_ms};
 use bc_api::service::{Role as ServeRole, ServeOptions};
 use bc_commands::auth::builtin::BuiltinAuthorizer;
@@ -92,6 +95,8 @@ pub struct FleetBenchConfig {
     pub keep: bool,
     /// Stop after generating (the cluster's folder is kept, whatever `keep` says).
     pub generate_only: bool,
+    /// Profile the one-client placement runs with pg_stat_statements.
+    pub statements: bool,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1119,7 +1124,8 @@ fn hours(ms: Option<i64>) -> String {
 /// Runs the fleet benchmark and prints its figures.
 pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
     ensure!(config.nodes >= POOLS * 4, "--nodes must be at least {}", POOLS * 4);
-    let bench = BenchCluster::start(config.data_dir.as_deref(), config.keep || config.generate_only).await?;
+    let more: &[(&str, &str)] = if config.statements { &STATEMENTS_SETTINGS } else { &[] };
+    let bench = BenchCluster::start_with(config.data_dir.as_deref(), config.keep || config.generate_only, more).await?;
     let db = bench.db.clone();
     let bulk = bench.bulk_db();
     let tenants = tenants()?;
@@ -1390,6 +1396,11 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
     tx.commit().await?;
     print_sizes(&db).await?;
     println!();
+    if config.statements {
+        let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
+        sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(tx.conn()).await?;
+        tx.commit().await?;
+    }
 
     // Placement through the command, into the big fleet and into the empty database's pool.
     println!(
@@ -1438,6 +1449,9 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
             let label = format!("one-{count}-{}{}", when.replace(['+', ' '], ""), model.unwrap_or_default());
             let spec = PlacementSpec { count, ahead, model, clients: 1, run_for: config.run_for, label: &label };
             let when = format!("{when}{}", model.map(|m| format!(", {m}")).unwrap_or_default());
+            if config.statements {
+                reset_statements(&db).await?;
+            }
             let one = placement_run(&app, &tenants, &normal, &spec).await?;
             println!(
                 "    {count} GPU(s) {when:>5}: p50 {:>6.1} ms p99 {:>6.1} ms {:>6.1} cycles/s ({} placed, {} pending, \
@@ -1449,6 +1463,9 @@ pub async fn fleet(config: FleetBenchConfig) -> anyhow::Result<()> {
                 one.pending,
                 one.retries,
             );
+            if config.statements {
+                print_statements(&db).await?;
+            }
         }
     }
     println!();

@@ -140,6 +140,11 @@ struct BenchFleetArgs {
     /// Generate the fleet, keep the cluster's folder and stop there (to explore it with psql).
     #[arg(long)]
     generate_only: bool,
+
+    /// Load pg_stat_statements (nested statements included) and print, after each one-client placement run on the
+    /// fleet pool, the statements the server spent the most time on.
+    #[arg(long)]
+    statements: bool,
 }
 
 #[derive(Debug, Args)]
@@ -400,6 +405,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
                 data_dir: args.data_dir,
                 keep: args.keep,
                 generate_only: args.generate_only,
+                statements: args.statements,
             })
             .await
         }

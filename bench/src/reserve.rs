@@ -198,8 +198,15 @@ async fn explanation_cost(
     Ok(())
 }
 
+/// The settings that load pg_stat_statements, nested statements and planning included.
+pub(crate) const STATEMENTS_SETTINGS: [(&str, &str); 3] = [
+    ("shared_preload_libraries", "'pg_stat_statements'"),
+    ("pg_stat_statements.track", "all"),
+    ("pg_stat_statements.track_planning", "on"),
+];
+
 /// Forgets what pg_stat_statements counted so far.
-async fn reset_statements(db: &Db) -> anyhow::Result<()> {
+pub(crate) async fn reset_statements(db: &Db) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_COMMITTED).await?;
     sqlx::raw_sql("SELECT pg_stat_statements_reset()").execute(tx.conn()).await?;
     tx.commit().await?;
@@ -207,7 +214,7 @@ async fn reset_statements(db: &Db) -> anyhow::Result<()> {
 }
 
 /// The statements the server spent the most time on since the last reset, nested ones included.
-async fn print_statements(db: &Db) -> anyhow::Result<()> {
+pub(crate) async fn print_statements(db: &Db) -> anyhow::Result<()> {
     let mut tx = db.begin(TxOptions::READ_ONLY).await?;
     let rows: Vec<(String, i64, f64, f64, bool, f64)> = sqlx::query_as(
         "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 110), calls, total_exec_time, total_plan_time, toplevel,
@@ -255,12 +262,7 @@ fn print_statement_cpu(what: &str, shapes: &std::collections::BTreeMap<String, S
 
 /// Runs the reservation benchmark and prints its figures.
 pub async fn reserve(config: ReserveBenchConfig) -> anyhow::Result<()> {
-    let statements = [
-        ("shared_preload_libraries", "'pg_stat_statements'"),
-        ("pg_stat_statements.track", "all"),
-        ("pg_stat_statements.track_planning", "on"),
-    ];
-    let more: &[(&str, &str)] = if config.statements.is_some() { &statements } else { &[] };
+    let more: &[(&str, &str)] = if config.statements.is_some() { &STATEMENTS_SETTINGS } else { &[] };
     let bench = BenchCluster::start_with(config.data_dir.as_deref(), config.keep, more).await?;
     let db = bench.db.clone();
     let narrow = bench.one_row_insert_script().await?;
