@@ -366,6 +366,72 @@ async fn the_free_atoms_listing_names_every_free_atom_of_a_pool_larger_than_plac
 }
 
 #[tokio::test]
+async fn the_free_atoms_listing_finds_a_gap_of_every_length_at_and_beside_each_power_of_two_seconds() {
+    // The gaps that contain a window are read by length class (2^k to 2^(k+1) seconds), each class bounded by where
+    // its gaps can end. One GPU a node, and on each atom one gap between two bookings: under a second, then 2^k
+    // seconds less a millisecond, exactly, and plus a millisecond, for k up to 42 (the last class holds every gap of
+    // 2^40 seconds or more). Windows: each gap whole, each less a millisecond at both ends, its first and its last
+    // millisecond. The listing must name what the bookings say is free, no more and no less.
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    const SECOND: i64 = 1000;
+    let mut lengths = vec![1, 500, SECOND];
+    for k in 1..=42 {
+        let exact = (1i64 << k) * SECOND;
+        lengths.extend([exact - 1, exact, exact + 1]);
+    }
+    for n in 0..lengths.len() {
+        fleet.node(&pool, &format!("n{n:03}"), 1, 0).await;
+    }
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let devices = pool_gpus(&mut tx, &pool).await;
+    tx.commit().await.expect("commit");
+    assert_eq!(devices.len(), lengths.len());
+    let opens = T0 + HOUR;
+    let mut gaps = Vec::new();
+    for ((_, device), length) in devices.iter().zip(&lengths) {
+        let (from, until) = (opens + MINUTE, opens + MINUTE + length);
+        assert_eq!(book_directly(&fleet, "before", device, opens, from).await, None, "the booking before");
+        assert_eq!(book_directly(&fleet, "after", device, until, until + MINUTE).await, None, "the booking after");
+        gaps.push((from, until));
+    }
+
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let mut checked = 0;
+    for &(from, until) in &gaps {
+        let mut windows = vec![(from, until), (from, from + 1), (until - 1, until)];
+        if until - from > 2 {
+            windows.push((from + 1, until - 1));
+        }
+        for (start, end) in windows {
+            let expected: Vec<(String, Vec<String>)> = bc_eventstore::sql::query_as(
+                "SELECT d.node_id, array_agg(d.id ORDER BY d.id) FROM devices AS d
+                 WHERE d.pool_id = $1 AND NOT EXISTS (
+                     SELECT 1 FROM device_bookings AS b
+                     WHERE b.device_id = d.id AND b.during && tstzrange(ms_ts($2), ms_ts($3)))
+                 GROUP BY d.node_id ORDER BY d.node_id",
+            )
+            .bind(pool.as_str())
+            .bind(start)
+            .bind(end)
+            .fetch_all(tx.conn())
+            .await
+            .expect("the free atoms from the bookings");
+            let listed = fleet.app.free_atoms(&fleet.owner, &pool, start, end).await.expect("free atoms");
+            let listed: Vec<(String, Vec<String>)> = listed
+                .into_iter()
+                .map(|f| (f.node_id.to_string(), f.atoms.iter().map(|a| a.to_string()).collect()))
+                .collect();
+            assert!(!expected.is_empty(), "the window's own gap is free over [{start}, {end})");
+            assert_eq!(listed, expected, "over [{start}, {end}), in the gap [{from}, {until})");
+            checked += 1;
+        }
+    }
+    tx.commit().await.expect("commit");
+    assert!(checked > 4 * 120, "{checked} windows");
+}
+
+#[tokio::test]
 async fn when_conflict_retries_run_out_the_reservation_is_left_pending_not_failed() {
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
