@@ -341,24 +341,8 @@ async fn the_free_atoms_listing_names_every_free_atom_of_a_pool_larger_than_plac
     }
     let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
     for (start, end) in [(T0, T0 + HOUR), (T0 + HOUR, T0 + 3 * HOUR), (T0 + 4 * HOUR, T0 + 5 * HOUR)] {
-        let expected: Vec<(String, Vec<String>)> = bc_eventstore::sql::query_as(
-            "SELECT d.node_id, array_agg(d.id ORDER BY d.id) FROM devices AS d
-             WHERE d.pool_id = $1 AND NOT EXISTS (
-                 SELECT 1 FROM device_bookings AS b
-                 WHERE b.device_id = d.id AND b.during && tstzrange(ms_ts($2), ms_ts($3)))
-             GROUP BY d.node_id ORDER BY d.node_id",
-        )
-        .bind(pool.as_str())
-        .bind(start)
-        .bind(end)
-        .fetch_all(tx.conn())
-        .await
-        .expect("the free atoms from the bookings");
-        let listed = fleet.app.free_atoms(&fleet.owner, &pool, start, end).await.expect("free atoms");
-        let listed: Vec<(String, Vec<String>)> = listed
-            .into_iter()
-            .map(|f| (f.node_id.to_string(), f.atoms.iter().map(|a| a.to_string()).collect()))
-            .collect();
+        let expected = free_by_the_bookings(&mut tx, &pool, start, end).await;
+        let listed = listed_free_atoms(&fleet, &pool, start, end).await;
         assert!(expected.len() > 16, "the pool holds fewer free nodes than placement reads: {}", expected.len());
         assert_eq!(listed, expected, "over [{start}, {end})");
     }
@@ -404,24 +388,8 @@ async fn the_free_atoms_listing_finds_a_gap_of_every_length_at_and_beside_each_p
             windows.push((from + 1, until - 1));
         }
         for (start, end) in windows {
-            let expected: Vec<(String, Vec<String>)> = bc_eventstore::sql::query_as(
-                "SELECT d.node_id, array_agg(d.id ORDER BY d.id) FROM devices AS d
-                 WHERE d.pool_id = $1 AND NOT EXISTS (
-                     SELECT 1 FROM device_bookings AS b
-                     WHERE b.device_id = d.id AND b.during && tstzrange(ms_ts($2), ms_ts($3)))
-                 GROUP BY d.node_id ORDER BY d.node_id",
-            )
-            .bind(pool.as_str())
-            .bind(start)
-            .bind(end)
-            .fetch_all(tx.conn())
-            .await
-            .expect("the free atoms from the bookings");
-            let listed = fleet.app.free_atoms(&fleet.owner, &pool, start, end).await.expect("free atoms");
-            let listed: Vec<(String, Vec<String>)> = listed
-                .into_iter()
-                .map(|f| (f.node_id.to_string(), f.atoms.iter().map(|a| a.to_string()).collect()))
-                .collect();
+            let expected = free_by_the_bookings(&mut tx, &pool, start, end).await;
+            let listed = listed_free_atoms(&fleet, &pool, start, end).await;
             assert!(!expected.is_empty(), "the window's own gap is free over [{start}, {end})");
             assert_eq!(listed, expected, "over [{start}, {end}), in the gap [{from}, {until})");
             checked += 1;
@@ -429,6 +397,40 @@ async fn the_free_atoms_listing_finds_a_gap_of_every_length_at_and_beside_each_p
     }
     tx.commit().await.expect("commit");
     assert!(checked > 4 * 120, "{checked} windows");
+}
+
+/// The pool's atoms that no booking touches over `[start, end)`, by node in id order: what the free atoms listing
+/// must answer.
+async fn free_by_the_bookings(
+    tx: &mut bc_eventstore::Tx,
+    pool: &bc_domain::id::PoolId,
+    start: i64,
+    end: i64,
+) -> Vec<(String, Vec<String>)> {
+    bc_eventstore::sql::query_as(
+        "SELECT d.node_id, array_agg(d.id ORDER BY d.id) FROM devices AS d
+         WHERE d.pool_id = $1 AND NOT EXISTS (
+             SELECT 1 FROM device_bookings AS b
+             WHERE b.device_id = d.id AND b.during && tstzrange(ms_ts($2), ms_ts($3)))
+         GROUP BY d.node_id ORDER BY d.node_id",
+    )
+    .bind(pool.as_str())
+    .bind(start)
+    .bind(end)
+    .fetch_all(tx.conn())
+    .await
+    .expect("the free atoms from the bookings")
+}
+
+/// The free atoms listing over `[start, end)`, as the pool's owner sees it.
+async fn listed_free_atoms(
+    fleet: &Fleet,
+    pool: &bc_domain::id::PoolId,
+    start: i64,
+    end: i64,
+) -> Vec<(String, Vec<String>)> {
+    let listed = fleet.app.free_atoms(&fleet.owner, pool, start, end).await.expect("free atoms");
+    listed.into_iter().map(|f| (f.node_id.to_string(), f.atoms.iter().map(|a| a.to_string()).collect())).collect()
 }
 
 #[tokio::test]
