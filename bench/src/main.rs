@@ -142,7 +142,7 @@ struct BenchFleetArgs {
     generate_only: bool,
 
     /// Load pg_stat_statements (nested statements included) and print, after each one-client placement run on the
-    /// fleet pool, the statements the server spent the most time on.
+    /// fleet pool (made when --clients is more than one), the statements the server spent the most time on.
     #[arg(long)]
     statements: bool,
 }
