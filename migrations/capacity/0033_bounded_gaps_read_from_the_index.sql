@@ -13,9 +13,10 @@
 -- class holding all longer ones). A gap of class k that contains [start, end) ends at or after `end` and, being
 -- shorter than 2^(k+1) seconds, before start + 2^(k+1) seconds: one bounded range of that class's index, its start
 -- checked on each entry. A gap of class k that only lies in that range without containing the window starts after
--- `start` and ends before start + 2^(k+1) seconds; each atom has at most a couple of those per class, so what a class
--- reads follows what it finds. Classes shorter than the window hold no gap that contains it and are not read; the
--- class of a window's own length is read as well, so that a rounding of the logarithm at a power of two costs nothing.
+-- `start` and ends before start + 2^(k+1) seconds; each atom has at most a couple of those per class, so a class reads
+-- at most about one entry per atom beyond what it finds (not every gap of the pool, as the walk by end may). Classes
+-- shorter than the window hold no gap that contains it: reading starts at the class of the window's own length less
+-- one, a class of slack so that a rounding of the logarithm at a power of two costs nothing.
 -- The shorter classes come first: the gaps that contain the window and last the least, tight fits in time.
 --
 -- Timed in `psql` on the kept fleet of `bench fleet --generate-only` (1,000 nodes of 8 GPUs, every atom booked
