@@ -65,7 +65,7 @@ impl Ask<'_> {
             match placement::plan(self.probe, self.devices, &summary) {
                 Some(plan) => Some(plan),
                 None => {
-                    let candidates = store::candidates(tx, &self.pool.id, self.devices, start, end).await?;
+                    let candidates = store::candidates(tx, &self.pool.id, self.devices, (start, end), 0).await?;
                     placement::plan(self.probe, self.devices, &candidates)
                 }
             }

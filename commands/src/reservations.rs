@@ -210,7 +210,7 @@ pub(crate) async fn try_place(
     let mut plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
     trace.look(Tier::Summary, &candidates, plan.is_some());
     if plan.is_none() {
-        candidates = store::candidates(tx, &pool.id, &request.devices, start_ms, end_ms).await?;
+        candidates = store::candidates(tx, &pool.id, &request.devices, (start_ms, end_ms), spread).await?;
         plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
         trace.look(Tier::Exact, &candidates, plan.is_some());
     }
@@ -1104,7 +1104,8 @@ async fn place_from_facts(
     let mut plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
     trace.look(if placing.exact { Tier::Exact } else { Tier::Summary }, &candidates, plan.is_some());
     if plan.is_none() && !placing.exact {
-        candidates = store::candidates(tx, &pool.id, &request.devices, placing.start_ms, placing.end_ms).await?;
+        candidates =
+            store::candidates(tx, &pool.id, &request.devices, (placing.start_ms, placing.end_ms), spread).await?;
         plan = placement::plan_spread(&r.id, &request.devices, &candidates, spread);
         trace.look(Tier::Exact, &candidates, plan.is_some());
     }

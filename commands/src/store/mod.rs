@@ -478,27 +478,32 @@ const CANDIDATE_LIMIT: i64 = 64;
 
 /// Schedulable nodes of the pool with at least one node's share of atoms that match the request and are free
 /// over `[start, end)`, at most [`CANDIDATE_LIMIT`] of them (or four per node of a gang): those the `node_fit` hint
-/// names, tightest fit in time first, when it names enough; otherwise best fit first (the fewest free atoms).
+/// names, tightest fit in time first, when it names enough; otherwise best fit first (the fewest free atoms). A read
+/// stops at the first of its steps that names what a placement drawing from the best `spread` more nodes than it
+/// needs asks of the summary ([`summary_limit`]), or a quarter of its limit when that is fewer.
 pub async fn candidates(
     tx: &mut Tx,
     pool_id: &PoolId,
     request: &DeviceRequest,
-    start_ms: i64,
-    end_ms: i64,
+    (start_ms, end_ms): (i64, i64),
+    spread: usize,
 ) -> AppResult<Vec<NodeCandidate>> {
-    candidates_up_to(tx, pool_id, request, (start_ms, end_ms), exact_limit(request.nodes())).await
+    let enough = summary_limit(request.nodes(), spread);
+    candidates_up_to(tx, pool_id, request, (start_ms, end_ms), exact_limit(request.nodes()), Some(enough)).await
 }
 
-/// [`candidates`], at most `limit` of them.
+/// [`candidates`], at most `limit` of them, each step's answer standing once it names `enough` nodes (a quarter of
+/// the limit when `None`, or when that is fewer).
 async fn candidates_up_to(
     tx: &mut Tx,
     pool_id: &PoolId,
     request: &DeviceRequest,
     (start_ms, end_ms): (i64, i64),
     limit: i64,
+    enough: Option<i64>,
 ) -> AppResult<Vec<NodeCandidate>> {
     let (model, product, attributes) = selector_params(request)?;
-    let rows = sql::query("SELECT node_id, free FROM exact_candidates($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9)")
+    let rows = sql::query("SELECT node_id, free FROM exact_candidates($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10)")
         .bind(pool_id.as_str())
         .bind(request.class.as_str())
         .bind(model)
@@ -508,6 +513,7 @@ async fn candidates_up_to(
         .bind(end_ms)
         .bind(request.per_node() as i32)
         .bind(limit)
+        .bind(enough.unwrap_or(limit / 4))
         .fetch_all(tx.conn())
         .await?;
     node_candidates(&rows)

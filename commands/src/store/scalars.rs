@@ -23,7 +23,8 @@ pub async fn atom_candidates(
     end_ms: i64,
     limit: Option<i64>,
 ) -> AppResult<Vec<NodeCandidate>> {
-    super::candidates_up_to(tx, pool_id, request, (start_ms, end_ms), limit.unwrap_or(i64::from(i32::MAX))).await
+    let limit = limit.unwrap_or(i64::from(i32::MAX));
+    super::candidates_up_to(tx, pool_id, request, (start_ms, end_ms), limit, None).await
 }
 
 /// The limit of a scalar placement's first read: four times what the summary offers a request without scalars,

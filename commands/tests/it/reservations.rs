@@ -976,6 +976,27 @@ async fn exact_read(
     .expect("the candidates")
 }
 
+/// [`exact_read`] with the count of nodes that settles each of its steps given (`exact_candidates`' last argument).
+async fn exact_read_settled_by(
+    tx: &mut bc_eventstore::Tx,
+    pool: &bc_domain::id::PoolId,
+    (start, end): (i64, i64),
+    per_node: i32,
+    enough: i64,
+) -> Vec<(String, Vec<String>)> {
+    bc_eventstore::sql::query_as(
+        "SELECT node_id, free FROM exact_candidates($1, 'gpu', NULL, NULL, '{}'::jsonb, $2, $3, $4, 64, $5)",
+    )
+    .bind(pool.as_str())
+    .bind(start)
+    .bind(end)
+    .bind(per_node)
+    .bind(enough)
+    .fetch_all(tx.conn())
+    .await
+    .expect("the candidates")
+}
+
 /// Every booking of `pool`: its atom's node, the atom, and its window in ms.
 async fn pool_bookings(tx: &mut bc_eventstore::Tx, pool: &bc_domain::id::PoolId) -> Vec<(String, String, i64, i64)> {
     bc_eventstore::sql::query_as(
@@ -1295,6 +1316,62 @@ async fn a_selector_no_sample_holds_enough_of_reads_every_free_atom() {
     tx.commit().await.expect("commit");
     assert_eq!(found.iter().map(|(node, _)| node.clone()).collect::<BTreeSet<_>>(), small, "both, from every atom");
     assert!(found.iter().all(|(_, atoms)| atoms.len() == 2), "each with both atoms: {found:?}");
+}
+
+#[tokio::test]
+async fn the_exact_read_stops_at_the_nodes_a_reserve_draws_from_and_the_reserve_places_on_one() {
+    // 40 nodes of 2 GPUs, each booked whole for a minute an hour from now and again after a week-ahead window. Six
+    // nodes are booked again within the day after the window (for three days), the rest two days after it, so every
+    // one of these bookings overlaps every other and each lands on a node of its own. The first round of the gaps'
+    // sample (the gaps that end within a day of the window) names the six. A reserve of one node on its first try asks
+    // for six (twice its node and four more), so their answer stands; asked for seven, or for a quarter of the limit
+    // (16), the read goes on and names all 40. Best fit then ties, and the wider answer ranks a node outside the six
+    // first (checked): a reserve that read past the first round would land there.
+    use std::collections::BTreeSet;
+    let fleet = Fleet::new().await;
+    let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
+    for n in 0..40 {
+        fleet.node(&pool, &format!("n{n:02}"), 2, 0).await;
+    }
+    let (start, end) = (T0 + 7 * 24 * HOUR, T0 + 7 * 24 * HOUR + HOUR);
+    let mut soon = BTreeSet::new();
+    for n in 0..40 {
+        let mut minute = request(&pool, DeviceClass::Gpu, 2);
+        minute.start_ms = Some(T0 + HOUR);
+        minute.duration_s = 60;
+        fleet.reserve(&fleet.owner, &format!("minute-{n}"), minute).await.expect("a minute");
+        let mut after = request(&pool, DeviceClass::Gpu, 2);
+        if n < 6 {
+            after.start_ms = Some(end + (n + 1) * MINUTE);
+            after.duration_s = 3 * 24 * 3600;
+        } else {
+            after.start_ms = Some(end + 48 * HOUR + n * MINUTE);
+            after.duration_s = 3600;
+        }
+        let later = fleet.reserve(&fleet.owner, &format!("after-{n}"), after).await.expect("after the window");
+        assert_eq!(later.reservation.allocations.len(), 1, "placed");
+        if n < 6 {
+            soon.insert(later.reservation.allocations[0].node_id.to_string());
+        }
+    }
+    assert_eq!(soon.len(), 6, "six nodes of their own");
+    fleet.app.db().follow_ups_written().await;
+
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let nodes = |found: Vec<(String, Vec<String>)>| found.into_iter().map(|(node, _)| node).collect::<BTreeSet<_>>();
+    assert_eq!(nodes(exact_read_settled_by(&mut tx, &pool, (start, end), 2, 6).await), soon, "six settle it");
+    assert_eq!(exact_read_settled_by(&mut tx, &pool, (start, end), 2, 7).await.len(), 40, "six of seven go on");
+    let wider = exact_read(&mut tx, &pool, "{}", (start, end), 2).await;
+    assert_eq!(wider.len(), 40, "a quarter of the limit");
+    assert!(!soon.contains(&wider[0].0), "the wider read ranks a node outside the six first: {wider:?}");
+    tx.commit().await.expect("commit");
+
+    let mut wanted = request(&pool, DeviceClass::Gpu, 2);
+    wanted.start_ms = Some(start);
+    wanted.duration_s = 3600;
+    let placed = fleet.reserve(&fleet.owner, "in-the-window", wanted).await.expect("reserve");
+    let node = placed.reservation.allocations[0].node_id.to_string();
+    assert!(soon.contains(&node), "placed on {node}, not one of the six {soon:?}");
 }
 
 #[tokio::test]
