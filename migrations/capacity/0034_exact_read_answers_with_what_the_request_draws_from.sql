@@ -1,22 +1,29 @@
--- The exact placement read (`exact_candidates`: the hint `node_fit`, then the rounds of the gaps' sample in
--- `gap_candidates`) let an answer stand only when it named a quarter of its limit, 16 nodes for any request of
--- fewer than 17 nodes. A reserve draws from its best `nodes + spread` candidates (spread 0 on its first try, more on
--- each try after a lost race), and it asks the free-capacity summary for twice that and four more (`summary_limit`
--- in the command layer), where it accepts as few as the request's nodes. The exact read held out for 16 anyway: at
--- fleet size (`bench fleet`'s 1,000-node pool, every atom booked somewhere in the next 30 days), round 0's 512
--- tightest gaps named 6 to 15 whole free nodes for a quarter of the week-ahead hours asked of 8 GPUs, and each of
--- those went on to a round of 1,024 gaps. The extra nodes were never better: placement ranks them by their free
--- atoms then by id, so a node from the wider round was no tighter a fit.
+-- Two costs of the exact placement read (`exact_candidates`: the hint `node_fit`, then the rounds of the gaps'
+-- sample in `gap_candidates`), found at fleet size (`bench fleet`'s 1,000-node pool, every atom booked somewhere in
+-- the next 30 days), in the reserve of 8 GPUs a week ahead:
 --
--- Both reads now take `p_enough`, the number of nodes that settles an answer, capped by the quarter of the limit.
--- `reserve_facts` passes the same count it asks of the summary; the command layer's own exact read does too. The
--- nine-argument `exact_candidates` stays, with the quarter of its limit (the scalar placement's first read relies on
--- it to tell whether it saw every fitting node).
+-- * An answer stood only when it named a quarter of the read's limit: 16 nodes for any request of fewer than 17. A
+--   reserve draws from its best `nodes + spread` candidates (spread 0 on its first try, more on each try after a
+--   lost race), and asks the free-capacity summary for twice that and four more (`summary_limit` in the command
+--   layer). For a quarter of the week-ahead hours, round 0's 512 tightest gaps named 6 to 15 whole free nodes, and
+--   each of those calls went on to a round of 1,024 gaps. The extra nodes were no better: placement ranks nodes by
+--   their free atoms, then by a hash of the reservation's id.
+-- * The answer changed shape four times on its way out. `gap_candidates` built a `jsonb` array, expanded it into
+--   rows (a subquery per node for its atoms), `exact_candidates` passed the rows on, and `reserve_facts` built
+--   `jsonb` again. Grouping the sample by node also sorted each node's atoms apart: an aggregate with its own ORDER
+--   BY sorts every group on its own in PostgreSQL 15.
+--
+-- Now both reads take `p_enough`, the number of nodes that settles an answer, capped by the quarter of the limit.
+-- `reserve_facts` passes the count it asks of the summary, and so does the command layer's own exact read. The
+-- nine-argument `exact_candidates` keeps the quarter of its limit: the scalar placement's first read relies on it to
+-- tell whether it saw every fitting node. The reads answer `jsonb` in the shape `reserve_facts` returns
+-- (`exact_candidates_json`, `gap_candidates_json`), with the sample sorted once before it is grouped; the rows of
+-- `exact_candidates` are made from that answer for the command layer's reads.
 
-CREATE FUNCTION gap_candidates(
+CREATE FUNCTION gap_candidates_json(
     p_pool text, p_class text, p_model text, p_product text, p_attributes jsonb, p_start_ms bigint,
     p_end_ms bigint, p_per_node integer, p_limit bigint, p_enough bigint)
-RETURNS TABLE (node_id text, free text[])
+RETURNS jsonb
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET jit = off
@@ -58,10 +65,11 @@ BEGIN
                                  AND (p_attributes = '{}'::jsonb OR d.attributes @> p_attributes)
                                OFFSET 0))
         )
-        SELECT (SELECT jsonb_agg(jsonb_build_array(c.node_id, c.free) ORDER BY c.n, c.node_id)
+        SELECT (SELECT jsonb_agg(jsonb_build_object('node_id', c.node_id, 'free', c.free) ORDER BY c.n, c.node_id)
                 FROM (
-                    SELECT f.node_id, array_agg(f.device_id ORDER BY f.device_id) AS free, count(*) AS n
-                    FROM f
+                    -- Sorted once here, not per node inside array_agg (an ordered aggregate sorts each group apart).
+                    SELECT f.node_id, array_agg(f.device_id) AS free, count(*) AS n
+                    FROM (SELECT f.node_id, f.device_id FROM f ORDER BY f.node_id, f.device_id) AS f
                     GROUP BY f.node_id
                     HAVING count(*) >= p_per_node
                        AND EXISTS (SELECT 1 FROM nodes AS n
@@ -73,11 +81,7 @@ BEGIN
         INTO v_sampled, v_fullest;
         IF v_round = 4 OR coalesce(jsonb_array_length(v_sampled), 0) >= v_want
            OR (v_fullest < v_size AND v_round > 0) THEN
-            RETURN QUERY
-            SELECT e.value ->> 0, ARRAY(SELECT jsonb_array_elements_text(e.value -> 1))
-            FROM jsonb_array_elements(coalesce(v_sampled, '[]'::jsonb)) WITH ORDINALITY AS e(value, ord)
-            ORDER BY e.ord;
-            RETURN;
+            RETURN coalesce(v_sampled, '[]'::jsonb);
         END IF;
     END LOOP;
 END
@@ -85,10 +89,10 @@ $$;
 
 DROP FUNCTION gap_candidates(text, text, text, text, jsonb, bigint, bigint, integer, bigint);
 
-CREATE FUNCTION exact_candidates(
+CREATE FUNCTION exact_candidates_json(
     p_pool text, p_class text, p_model text, p_product text, p_attributes jsonb, p_start_ms bigint,
     p_end_ms bigint, p_per_node integer, p_limit bigint, p_enough bigint)
-RETURNS TABLE (node_id text, free text[])
+RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -96,25 +100,34 @@ DECLARE
     v_fitting jsonb;
 BEGIN
     IF p_model IS NULL AND p_product IS NULL AND p_attributes = '{}'::jsonb THEN
-        SELECT jsonb_agg(jsonb_build_array(c.node_id, c.free)) INTO v_fitting
-        FROM fit_candidates(p_pool, p_class, ms_ts(p_end_ms), p_per_node, v_want) AS c;
+        SELECT jsonb_agg(jsonb_build_object('node_id', c.node_id, 'free', c.free) ORDER BY c.ord) INTO v_fitting
+        FROM fit_candidates(p_pool, p_class, ms_ts(p_end_ms), p_per_node, v_want)
+             WITH ORDINALITY AS c(node_id, free, ord);
     ELSE
-        SELECT jsonb_agg(jsonb_build_array(c.node_id, c.free)) INTO v_fitting
+        SELECT jsonb_agg(jsonb_build_object('node_id', c.node_id, 'free', c.free) ORDER BY c.ord) INTO v_fitting
         FROM fit_candidates_matching(p_pool, p_class, p_model, p_product, p_attributes, ms_ts(p_end_ms), p_per_node,
-                                     v_want, v_want * 4) AS c;
+                                     v_want, v_want * 4) WITH ORDINALITY AS c(node_id, free, ord);
     END IF;
     IF coalesce(jsonb_array_length(v_fitting), 0) >= v_want THEN
-        RETURN QUERY
-        SELECT e.value ->> 0, ARRAY(SELECT jsonb_array_elements_text(e.value -> 1))
-        FROM jsonb_array_elements(v_fitting) WITH ORDINALITY AS e(value, ord)
-        ORDER BY e.ord;
-        RETURN;
+        RETURN v_fitting;
     END IF;
-    RETURN QUERY
-    SELECT g.node_id, g.free
-    FROM gap_candidates(p_pool, p_class, p_model, p_product, p_attributes, p_start_ms, p_end_ms, p_per_node, p_limit,
-                        p_enough) AS g;
+    RETURN gap_candidates_json(p_pool, p_class, p_model, p_product, p_attributes, p_start_ms, p_end_ms, p_per_node,
+                               p_limit, p_enough);
 END
+$$;
+
+-- The rows of `exact_candidates_json`, in its order, for the command layer's own reads.
+CREATE FUNCTION exact_candidates(
+    p_pool text, p_class text, p_model text, p_product text, p_attributes jsonb, p_start_ms bigint,
+    p_end_ms bigint, p_per_node integer, p_limit bigint, p_enough bigint)
+RETURNS TABLE (node_id text, free text[])
+LANGUAGE sql
+AS $$
+    SELECT e.value ->> 'node_id', ARRAY(SELECT jsonb_array_elements_text(e.value -> 'free'))
+    FROM jsonb_array_elements(exact_candidates_json(p_pool, p_class, p_model, p_product, p_attributes, p_start_ms,
+                                                    p_end_ms, p_per_node, p_limit, p_enough))
+         WITH ORDINALITY AS e(value, ord)
+    ORDER BY e.ord
 $$;
 
 CREATE OR REPLACE FUNCTION exact_candidates(
@@ -200,9 +213,8 @@ BEGIN
     IF jsonb_array_length(v_candidates) < p_nodes THEN
         v_exact := true;
         v_candidates := coalesce(
-            (SELECT jsonb_agg(jsonb_build_object('node_id', c.node_id, 'free', to_jsonb(c.free)))
-             FROM exact_candidates(p_pool, p_class, p_model, p_product, p_attributes, v_start, v_end, p_per_node,
-                                   p_exact_limit, p_summary_limit) AS c),
+            exact_candidates_json(p_pool, p_class, p_model, p_product, p_attributes, v_start, v_end, p_per_node,
+                                  p_exact_limit, p_summary_limit),
             '[]'::jsonb);
     END IF;
     v_out := v_out || jsonb_build_object('start_ms', v_start, 'end_ms', v_end, 'exact', v_exact,
