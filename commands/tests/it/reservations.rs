@@ -997,6 +997,20 @@ async fn exact_read_settled_by(
     .expect("the candidates")
 }
 
+/// A reservation of 2 GPUs of `pool` by its owner, from `start_ms` for `duration_s` seconds.
+async fn two_gpus_at(
+    fleet: &Fleet,
+    pool: &bc_domain::id::PoolId,
+    key: &str,
+    start_ms: i64,
+    duration_s: u64,
+) -> bc_domain::reservation::Reservation {
+    let mut wanted = request(pool, DeviceClass::Gpu, 2);
+    wanted.start_ms = Some(start_ms);
+    wanted.duration_s = duration_s;
+    fleet.reserve(&fleet.owner, key, wanted).await.expect("2 GPUs").reservation
+}
+
 /// Every booking of `pool`: its atom's node, the atom, and its window in ms.
 async fn pool_bookings(tx: &mut bc_eventstore::Tx, pool: &bc_domain::id::PoolId) -> Vec<(String, String, i64, i64)> {
     bc_eventstore::sql::query_as(
@@ -1337,22 +1351,13 @@ async fn the_exact_read_stops_at_the_nodes_a_reserve_draws_from_and_the_reserve_
     let (start, end) = (T0 + 7 * 24 * HOUR, T0 + 7 * 24 * HOUR + HOUR);
     let mut soon = BTreeSet::new();
     for n in 0..40 {
-        let mut minute = request(&pool, DeviceClass::Gpu, 2);
-        minute.start_ms = Some(T0 + HOUR);
-        minute.duration_s = 60;
-        fleet.reserve(&fleet.owner, &format!("minute-{n}"), minute).await.expect("a minute");
-        let mut after = request(&pool, DeviceClass::Gpu, 2);
+        two_gpus_at(&fleet, &pool, &format!("minute-{n}"), T0 + HOUR, 60).await;
+        let (at, seconds) =
+            if n < 6 { (end + (n + 1) * MINUTE, 3 * 24 * 3600) } else { (end + 48 * HOUR + n * MINUTE, 3600) };
+        let later = two_gpus_at(&fleet, &pool, &format!("after-{n}"), at, seconds).await;
+        assert_eq!(later.allocations.len(), 1, "placed");
         if n < 6 {
-            after.start_ms = Some(end + (n + 1) * MINUTE);
-            after.duration_s = 3 * 24 * 3600;
-        } else {
-            after.start_ms = Some(end + 48 * HOUR + n * MINUTE);
-            after.duration_s = 3600;
-        }
-        let later = fleet.reserve(&fleet.owner, &format!("after-{n}"), after).await.expect("after the window");
-        assert_eq!(later.reservation.allocations.len(), 1, "placed");
-        if n < 6 {
-            soon.insert(later.reservation.allocations[0].node_id.to_string());
+            soon.insert(later.allocations[0].node_id.to_string());
         }
     }
     assert_eq!(soon.len(), 6, "six nodes of their own");
@@ -1397,14 +1402,8 @@ async fn a_window_between_bookings_is_answered_from_the_gaps_that_end_soonest_af
     }
     let (start, end) = (T0 + 7 * 24 * HOUR, T0 + 7 * 24 * HOUR + HOUR);
     for n in 0..48 {
-        let mut minute = request(&pool, DeviceClass::Gpu, 2);
-        minute.start_ms = Some(T0 + HOUR);
-        minute.duration_s = 60;
-        fleet.reserve(&fleet.owner, &format!("minute-{n}"), minute).await.expect("a minute");
-        let mut after = request(&pool, DeviceClass::Gpu, 2);
-        after.start_ms = Some(end + (48 - n) * MINUTE);
-        after.duration_s = 3600;
-        fleet.reserve(&fleet.owner, &format!("after-{n}"), after).await.expect("a minute after");
+        two_gpus_at(&fleet, &pool, &format!("minute-{n}"), T0 + HOUR, 60).await;
+        two_gpus_at(&fleet, &pool, &format!("after-{n}"), end + (48 - n) * MINUTE, 3600).await;
     }
     fleet.app.db().follow_ups_written().await;
 
