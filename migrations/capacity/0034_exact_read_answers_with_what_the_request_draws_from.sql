@@ -14,11 +14,12 @@
 --   BY sorts every group on its own in PostgreSQL 15.
 --
 -- Now both reads take `p_enough`, the number of nodes that settles an answer, capped by the quarter of the limit.
--- `reserve_facts` passes the count it asks of the summary, and so does the command layer's own exact read. The
--- nine-argument `exact_candidates` keeps the quarter of its limit: the scalar placement's first read relies on it to
--- tell whether it saw every fitting node. The reads answer `jsonb` in the shape `reserve_facts` returns
--- (`exact_candidates_json`, `gap_candidates_json`), with the sample sorted once before it is grouped; the rows of
--- `exact_candidates` are made from that answer for the command layer's reads.
+-- `reserve_facts` passes the count it asks of the summary, and so does the command layer's own exact read; the
+-- scalar placement's first read passes the quarter, which it relies on to tell whether it saw every fitting node.
+-- The nine-argument `exact_candidates` is dropped: every caller now says what settles its answer. The reads answer
+-- `jsonb` in the shape `reserve_facts` returns (`exact_candidates_json`, `gap_candidates_json`), with the sample
+-- sorted once before it is grouped; the rows of `exact_candidates` are made from that answer for the command layer's
+-- reads.
 
 CREATE FUNCTION gap_candidates_json(
     p_pool text, p_class text, p_model text, p_product text, p_attributes jsonb, p_start_ms bigint,
@@ -130,16 +131,7 @@ AS $$
     ORDER BY e.ord
 $$;
 
-CREATE OR REPLACE FUNCTION exact_candidates(
-    p_pool text, p_class text, p_model text, p_product text, p_attributes jsonb, p_start_ms bigint,
-    p_end_ms bigint, p_per_node integer, p_limit bigint)
-RETURNS TABLE (node_id text, free text[])
-LANGUAGE sql
-AS $$
-    SELECT c.node_id, c.free
-    FROM exact_candidates(p_pool, p_class, p_model, p_product, p_attributes, p_start_ms, p_end_ms, p_per_node, p_limit,
-                          greatest(1, p_limit / 4)) AS c
-$$;
+DROP FUNCTION exact_candidates(text, text, text, text, jsonb, bigint, bigint, integer, bigint);
 
 -- As in capacity/0006, with the count that settles the exact read passed to it.
 CREATE OR REPLACE FUNCTION reserve_facts(

@@ -955,39 +955,32 @@ async fn random_reserves_and_cancels_keep_the_free_time(atoms: usize, seed: u64)
 }
 
 /// The exact placement read (`exact_candidates`) of GPUs in `pool` over `window`, `per_node` a node, with a
-/// selector's attributes as JSON, at the limit a reserve of one node reads with (64): each node with its free atoms.
+/// selector's attributes as JSON, at the limit a reserve of one node reads with (64), each step settled by a quarter
+/// of it (what the scalar placement's first read asks): each node with its free atoms.
 async fn exact_read(
     tx: &mut bc_eventstore::Tx,
     pool: &bc_domain::id::PoolId,
     attributes: &str,
-    (start, end): (i64, i64),
+    window: (i64, i64),
     per_node: i32,
 ) -> Vec<(String, Vec<String>)> {
-    bc_eventstore::sql::query_as(
-        "SELECT node_id, free FROM exact_candidates($1, 'gpu', NULL, NULL, $2::jsonb, $3, $4, $5, 64)",
-    )
-    .bind(pool.as_str())
-    .bind(attributes)
-    .bind(start)
-    .bind(end)
-    .bind(per_node)
-    .fetch_all(tx.conn())
-    .await
-    .expect("the candidates")
+    exact_read_settled_by(tx, pool, attributes, window, per_node, 64 / 4).await
 }
 
 /// [`exact_read`] with the count of nodes that settles each of its steps given (`exact_candidates`' last argument).
 async fn exact_read_settled_by(
     tx: &mut bc_eventstore::Tx,
     pool: &bc_domain::id::PoolId,
+    attributes: &str,
     (start, end): (i64, i64),
     per_node: i32,
     enough: i64,
 ) -> Vec<(String, Vec<String>)> {
     bc_eventstore::sql::query_as(
-        "SELECT node_id, free FROM exact_candidates($1, 'gpu', NULL, NULL, '{}'::jsonb, $2, $3, $4, 64, $5)",
+        "SELECT node_id, free FROM exact_candidates($1, 'gpu', NULL, NULL, $2::jsonb, $3, $4, $5, 64, $6)",
     )
     .bind(pool.as_str())
+    .bind(attributes)
     .bind(start)
     .bind(end)
     .bind(per_node)
@@ -1365,8 +1358,8 @@ async fn the_exact_read_stops_at_the_nodes_a_reserve_draws_from_and_the_reserve_
 
     let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
     let nodes = |found: Vec<(String, Vec<String>)>| found.into_iter().map(|(node, _)| node).collect::<BTreeSet<_>>();
-    assert_eq!(nodes(exact_read_settled_by(&mut tx, &pool, (start, end), 2, 6).await), soon, "six settle it");
-    assert_eq!(exact_read_settled_by(&mut tx, &pool, (start, end), 2, 7).await.len(), 40, "six of seven go on");
+    assert_eq!(nodes(exact_read_settled_by(&mut tx, &pool, "{}", (start, end), 2, 6).await), soon, "six settle it");
+    assert_eq!(exact_read_settled_by(&mut tx, &pool, "{}", (start, end), 2, 7).await.len(), 40, "six of seven go on");
     assert_eq!(exact_read(&mut tx, &pool, "{}", (start, end), 2).await.len(), 40, "a quarter of the limit");
     tx.commit().await.expect("commit");
 
