@@ -1,12 +1,12 @@
 //! The availability query: when a request could start, and what is free in a pool over a window. Advance
 //! reservations need it: a tenant plans with the answer, then reserves with it.
 
-use bc_domain::Rejection;
 use bc_domain::device::DeviceClass;
 use bc_domain::id::{DeviceId, NodeId, PoolId, ReservationId, TenantId};
 use bc_domain::placement::{self, PlannedAllocation};
 use bc_domain::pool::governing_offer;
 use bc_domain::reservation::{self, DeviceRequest, MAX_AHEAD_MS};
+use bc_domain::{Rejection, instant};
 use bc_eventstore::{Tx, TxOptions, clock};
 
 pub use super::store::hints::FreeCountSeen;
@@ -150,11 +150,14 @@ impl App {
     /// The earliest start at or after `not_before` (or now) at which the request fits the pool for its whole
     /// duration, within the caller's quota; `None` when it fits nowhere in the next 366 days.
     pub async fn earliest_start(&self, caller: &Caller, query: &EarliestStart) -> AppResult<Option<i64>> {
-        if query.devices.count == 0 || query.duration_s == 0 {
-            return Err(
-                Rejection::invalid("devices.count", "the request asks for at least one atom for a second").into()
-            );
+        if query.devices.count == 0 || query.devices.count > reservation::MAX_COUNT {
+            let message = format!("must be from 1 to {}", reservation::MAX_COUNT);
+            return Err(Rejection::invalid("devices.count", message).into());
         }
+        if query.duration_s == 0 || query.duration_s > (MAX_AHEAD_MS / 1000) as u64 {
+            return Err(Rejection::invalid("duration", "must be from 1 second to 366 days").into());
+        }
+        instant::check_opt_epoch_ms("notBefore", query.not_before_ms)?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let resource = query.devices.class.as_str();
         let (pool, quota) = self.visible_pool(&mut tx, caller, &query.pool_id, resource).await?;
@@ -182,6 +185,8 @@ impl App {
         start_ms: i64,
         end_ms: i64,
     ) -> AppResult<Vec<FreeAtoms>> {
+        instant::check_epoch_ms("start", start_ms)?;
+        instant::check_epoch_ms("end", end_ms)?;
         if end_ms <= start_ms {
             return Err(Rejection::invalid("end", "must be after start").into());
         }

@@ -117,6 +117,7 @@ impl App {
     /// Extends as `call` (`reservations.extend`): decided like a create for the new length, so the attribute
     /// limits apply to the extended window.
     pub async fn extend_as(&self, call: &Call, id: &ReservationId, end_ms: i64) -> AppResult<Committed<Reservation>> {
+        bc_domain::instant::check_epoch_ms("end", end_ms)?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let mut resource = resolve::reservation_resource(&mut tx, id).await?;
         let start = resolve::reservation_start(&mut tx, id).await?;

@@ -4,8 +4,8 @@
 //! tenant its own rows, and the capacity and free figures of the pools it is offered (what availability shows
 //! it already).
 
-use bc_domain::Rejection;
 use bc_domain::id::PoolId;
+use bc_domain::{Rejection, instant};
 use bc_eventstore::{Access, Isolation, Position, TxOptions, clock};
 use bc_projections::framework;
 use bc_projections::models::ledger::{self, HOUR_MS, LedgerHours, LedgerQuery, Scope};
@@ -42,11 +42,8 @@ pub struct LedgerView {
 pub fn hours_of(range: &LedgerRange, now_ms: i64) -> Result<(i64, i64), Rejection> {
     let floor = |ms: i64| ms.div_euclid(HOUR_MS) * HOUR_MS;
     let ceil = |ms: i64| floor(ms.saturating_add(HOUR_MS - 1));
-    for (field, value) in [("from", range.from_ms), ("to", range.to_ms)] {
-        if value.is_some_and(|ms| !(0..=MAX_TIME_MS).contains(&ms)) {
-            return Err(Rejection::invalid(field, "must be epoch milliseconds from 0 to the year 9999"));
-        }
-    }
+    instant::check_opt_epoch_ms("from", range.from_ms)?;
+    instant::check_opt_epoch_ms("to", range.to_ms)?;
     let (from, to) = match (range.from_ms, range.to_ms) {
         (Some(from), Some(to)) => (floor(from), ceil(to)),
         (Some(from), None) => (floor(from), floor(from) + DEFAULT_HOURS * HOUR_MS),
@@ -61,9 +58,6 @@ pub fn hours_of(range: &LedgerRange, now_ms: i64) -> Result<(i64, i64), Rejectio
     }
     Ok((from.max(0), to))
 }
-
-/// 9999-12-31T23:00:00Z: past any reservation's window, and far from overflowing.
-const MAX_TIME_MS: i64 = 253_402_297_200_000;
 
 impl App {
     /// The ledger's hours as `caller` may see them, once the read models have passed `after`.

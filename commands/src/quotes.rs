@@ -189,6 +189,8 @@ impl App {
     async fn quote_gated(&self, caller: &Caller, ask: &AskQuote, gate: Option<&Call>) -> AppResult<Quote> {
         let request = &ask.request;
         check_quotable(request)?;
+        request.check_bounds()?;
+        bc_domain::instant::check_opt_epoch_ms("notBefore", ask.not_before_ms)?;
         if request.start_ms.is_some() && ask.not_before_ms.is_some() {
             return Err(Rejection::invalid("notBefore", "give start (exactly then) or notBefore, not both").into());
         }

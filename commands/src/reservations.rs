@@ -396,6 +396,8 @@ impl App {
         gate: Option<&Call>,
         instance: Option<&NewInstance>,
     ) -> AppResult<Committed<Reserved>> {
+        // Before the first statement: the facts call computes with the window it names.
+        request.check_bounds()?;
         let id = id.clone();
         let mut tries = 1;
         let mut lock_first = false;
@@ -533,6 +535,7 @@ impl App {
         id: &ReservationId,
         end_ms: i64,
     ) -> AppResult<Committed<Reservation>> {
+        bc_domain::instant::check_epoch_ms("end", end_ms)?;
         let mut tries = 1;
         loop {
             let attempt = self

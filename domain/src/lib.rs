@@ -16,6 +16,7 @@ pub mod hardware;
 pub mod id;
 pub mod image;
 pub mod instance;
+pub mod instant;
 pub mod inventory;
 pub mod node;
 pub mod placement;

@@ -235,8 +235,26 @@ impl ReservationRequest {
         }
     }
 
+    /// Checks the ranges of the request's times that need no clock: its instants (see [`crate::instant`]), its
+    /// length and its lease. Applied before the request reaches the database or any sum of its times, and again
+    /// by [`ReservationRequest::check`].
+    pub fn check_bounds(&self) -> Result<(), Rejection> {
+        crate::instant::check_opt_epoch_ms("start", self.start_ms)?;
+        crate::instant::check_opt_epoch_ms("deadline", self.deadline_ms)?;
+        if self.duration_s == 0 || self.duration_s > (MAX_AHEAD_MS / 1000) as u64 {
+            return Err(Rejection::invalid("duration", "must be from 1 second to 366 days"));
+        }
+        if let Some(lease) = self.lease_seconds
+            && (lease == 0 || lease > (MAX_AHEAD_MS / 1000) as u64)
+        {
+            return Err(Rejection::invalid("leaseSeconds", "must be from 1 second to 366 days"));
+        }
+        Ok(())
+    }
+
     /// Checks the request against the rules that need no lookup. `now_ms` is the command's time.
     pub fn check(&self, now_ms: i64) -> Result<(), Rejection> {
+        self.check_bounds()?;
         let devices = &self.devices;
         match (self.binding, devices.class) {
             (Binding::Node, DeviceClass::Node) => {
@@ -313,9 +331,6 @@ impl ReservationRequest {
             }
         }
         crate::device::check_no_nul("devices.selector", &devices.selector)?;
-        if self.duration_s == 0 || self.duration_s > (MAX_AHEAD_MS / 1000) as u64 {
-            return Err(Rejection::invalid("duration", "must be from 1 second to 366 days"));
-        }
         if let Some(start_ms) = self.start_ms {
             if start_ms % 1000 != 0 {
                 return Err(Rejection::invalid("start", "must fall on a whole second"));
@@ -326,11 +341,6 @@ impl ReservationRequest {
             if start_ms > now_ms + MAX_AHEAD_MS {
                 return Err(Rejection::invalid("start", "is more than 366 days ahead"));
             }
-        }
-        if let Some(lease) = self.lease_seconds
-            && (lease == 0 || lease > (MAX_AHEAD_MS / 1000) as u64)
-        {
-            return Err(Rejection::invalid("leaseSeconds", "must be from 1 second to 366 days"));
         }
         if let Some(deadline) = self.deadline_ms {
             if deadline < now_ms {
@@ -1102,6 +1112,7 @@ pub fn decide(r: &Reservation, command: &Command) -> Result<Vec<ReservationEvent
             let (Some(start), Some(end)) = (r.start_ms, r.end_ms) else {
                 return Err(wrong_state());
             };
+            crate::instant::check_epoch_ms("end", *end_ms)?;
             if end_ms % 1000 != 0 {
                 return Err(Rejection::invalid("end", "must fall on a whole second"));
             }

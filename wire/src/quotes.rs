@@ -16,9 +16,10 @@ pub struct QuoteBody {
     pub devices: DevicesDto,
     /// Quote exactly this start (epoch milliseconds, on a whole second, from now to 366 days ahead); without it,
     /// the earliest start that fits.
-    #[schema(multiple_of = 1000)]
+    #[schema(multiple_of = 1000, minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub start: Option<i64>,
     /// The earliest start to consider (epoch milliseconds); now when left out. Not with `start`.
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub not_before: Option<i64>,
     /// The window's length in whole seconds, 1 to 31622400 (366 days).
     #[schema(minimum = 1, maximum = 31_622_400)]

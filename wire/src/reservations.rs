@@ -144,7 +144,7 @@ pub struct ReserveBody {
     pub devices: DevicesDto,
     /// When the window starts (epoch milliseconds, on a whole second, from now to 366 days ahead); without it,
     /// when the reservation is placed.
-    #[schema(multiple_of = 1000)]
+    #[schema(multiple_of = 1000, minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub start: Option<i64>,
     /// The window's length in whole seconds, 1 to 31622400 (366 days).
     #[schema(minimum = 1, maximum = 31_622_400)]
@@ -160,6 +160,7 @@ pub struct ReserveBody {
     pub lease_seconds: Option<u64>,
     pub project_id: Option<String>,
     /// The latest time it may still be placed (epoch milliseconds).
+    #[schema(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub deadline: Option<i64>,
     /// Whether it may wait in `pending` (default true).
     pub wait: Option<bool>,
@@ -366,6 +367,7 @@ pub struct EmptyBody {}
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExtendBody {
-    /// The new end of the window (epoch milliseconds).
+    /// The new end of the window (epoch milliseconds, on a whole second).
+    #[schema(multiple_of = 1000, minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub end: i64,
 }

@@ -366,9 +366,15 @@ pub struct AvailabilityParams {
     #[param(value_type = Option<String>)]
     pub class: Option<DeviceClass>,
     pub count: Option<u32>,
+    /// The request's length in whole seconds, 1 to 31622400 (366 days).
+    #[param(minimum = 1, maximum = 31_622_400)]
     pub duration: Option<u64>,
+    /// Epoch milliseconds, like `start` and `end`: from 0 to the end of the year 9999.
+    #[param(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub not_before: Option<i64>,
+    #[param(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub start: Option<i64>,
+    #[param(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub end: Option<i64>,
 }
 

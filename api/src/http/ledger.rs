@@ -32,11 +32,11 @@ pub struct LedgerParams {
     /// Only this pool's rows.
     pub pool: Option<String>,
     /// The first hour, epoch milliseconds (rounded down to a whole UTC hour); by default 24 hours before `to`.
-    #[param(minimum = 0)]
+    #[param(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub from: Option<i64>,
     /// The end, epoch milliseconds (rounded up to a whole UTC hour; at most 31 days after `from`); by default 24
     /// hours after `from`, or the end of the current hour.
-    #[param(minimum = 0)]
+    #[param(minimum = 0, maximum = 253_402_300_799_999_i64)]
     pub to: Option<i64>,
     /// `json` (the default) or `csv` (the same as `Accept: text/csv`).
     #[param(inline)]

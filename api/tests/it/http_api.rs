@@ -1323,6 +1323,91 @@ async fn one_caller_s_denials_are_recorded_up_to_a_bound_per_minute_and_refused_
     assert!(gus.body["error"]["details"]["reservationId"].is_string(), "{:?}", gus.body);
 }
 
+/// Every instant a caller names is checked against 1970 to the end of the year 9999 before the service computes
+/// with it: `i64`'s extremes once reached the database (an overflow, answered 500) or overflowed in Rust (a panic
+/// that dropped the connection).
+#[tokio::test]
+async fn instants_outside_1970_to_9999_are_refused_naming_the_field_and_write_nothing() {
+    let api = Api::new().await;
+    let pool = api.pool().await;
+    let placed = api.reserve(ALICE, "placed", reservation(&pool, 1, 3600)).await;
+    assert_eq!(placed.status, StatusCode::CREATED, "{:?}", placed.body);
+    let id = placed.body["id"].as_str().expect("id").to_owned();
+    let before = api.events().await;
+    let last = bc_domain::instant::MAX_EPOCH_MS;
+    for (n, at) in [i64::MAX, i64::MIN, -1_000, last + 1].into_iter().enumerate() {
+        let with = |field: &str| {
+            let mut body = reservation(&pool, 1, 3600);
+            body[field] = json!(at);
+            body
+        };
+        let asks: Vec<(&str, String, Option<Value>, &str)> = vec![
+            ("POST", "/v1/reservations".into(), Some(with("start")), "start"),
+            ("POST", "/v1/reservations".into(), Some(with("deadline")), "deadline"),
+            ("POST", format!("/v1/reservations/{id}/extend"), Some(json!({ "end": at })), "end"),
+            ("GET", format!("/v1/pools/{pool}/availability?start={at}&end={}", i64::MAX), None, "start"),
+            ("GET", format!("/v1/pools/{pool}/availability?start=0&end={at}"), None, "end"),
+            (
+                "GET",
+                format!("/v1/pools/{pool}/availability?class=gpu&count=1&duration=3600&notBefore={at}"),
+                None,
+                "notBefore",
+            ),
+            (
+                "POST",
+                format!("/v1/pools/{pool}/quotes"),
+                Some(json!({ "devices": { "class": "gpu", "count": 1 }, "duration": 3600, "start": at })),
+                "start",
+            ),
+            (
+                "POST",
+                format!("/v1/pools/{pool}/quotes"),
+                Some(json!({ "devices": { "class": "gpu", "count": 1 }, "duration": 3600, "notBefore": at })),
+                "notBefore",
+            ),
+            ("GET", format!("/v1/ledger?from={at}"), None, "from"),
+        ];
+        for (method, uri, body, field) in asks {
+            let key = format!("instant-{n}-{field}");
+            let headers: Vec<(&str, &str)> =
+                if uri == "/v1/reservations" { vec![("idempotency-key", &key)] } else { vec![] };
+            let token = if uri.starts_with("/v1/ledger") { ROOT } else { ALICE };
+            let reply = api.call(method, &uri, Some(token), &headers, body.map(|b| b.to_string())).await;
+            assert_eq!(
+                (reply.status, reply.field()),
+                (StatusCode::BAD_REQUEST, field),
+                "{method} {uri} at {at}: {:?}",
+                reply.body
+            );
+            assert!(
+                reply.body["error"]["message"].as_str().is_some_and(|m| m.contains("the end of the year 9999")),
+                "{method} {uri}: {:?}",
+                reply.body
+            );
+        }
+    }
+    // A length whose milliseconds pass i64's range (u64::MAX wraps to a negative and was refused; this overflowed).
+    let long = api.reserve(ALICE, "long", reservation(&pool, 1, i64::MAX as u64)).await;
+    assert_eq!((long.status, long.field()), (StatusCode::BAD_REQUEST, "duration"), "{:?}", long.body);
+    assert_eq!(api.events().await, before, "no refused instant wrote anything");
+    // The last instant is one the service computes with: a window starting then is refused for its distance, a free
+    // read over it answers.
+    let far = api
+        .reserve(ALICE, "far", {
+            let mut body = reservation(&pool, 1, 3600);
+            body["start"] = json!(last - last % 1000);
+            body
+        })
+        .await;
+    assert_eq!((far.status, far.field()), (StatusCode::BAD_REQUEST, "start"), "{:?}", far.body);
+    assert!(far.body["error"]["message"].as_str().is_some_and(|m| m.contains("366 days ahead")), "{:?}", far.body);
+    let free = api.get(&format!("/v1/pools/{pool}/availability?start=0&end={last}"), ALICE).await;
+    assert_eq!(free.status, StatusCode::OK, "{:?}", free.body);
+    let beyond =
+        api.get(&format!("/v1/pools/{pool}/availability?class=gpu&count=1&duration={}", 366 * 86_400 + 1), ALICE).await;
+    assert_eq!((beyond.status, beyond.field()), (StatusCode::BAD_REQUEST, "duration"), "{:?}", beyond.body);
+}
+
 #[tokio::test]
 async fn the_documented_integer_ranges_are_the_ones_the_service_checks() {
     let api = Api::new().await;

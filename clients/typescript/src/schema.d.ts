@@ -2228,7 +2228,7 @@ export interface components {
         ExtendBody: {
             /**
              * Format: int64
-             * @description The new end of the window (epoch milliseconds).
+             * @description The new end of the window (epoch milliseconds, on a whole second).
              */
             end: number;
         };
@@ -5533,7 +5533,9 @@ export interface operations {
             query?: {
                 class?: string;
                 count?: number;
+                /** @description The request's length in whole seconds, 1 to 31622400 (366 days). */
                 duration?: number;
+                /** @description Epoch milliseconds, like `start` and `end`: from 0 to the end of the year 9999. */
                 notBefore?: number;
                 start?: number;
                 end?: number;

@@ -1,6 +1,8 @@
 //! Reservations through the command handlers and the worker, on real PostgreSQL with the simulated clock.
 
+use bc_commands::AppError;
 use bc_commands::availability::EarliestStart;
+use bc_domain::Rejection;
 use bc_domain::device::DeviceClass;
 use bc_domain::pool::{PoolPolicy, Sharing};
 use bc_domain::reservation::{Binding, ExpiryCause, ReservationState, Topology};
@@ -355,7 +357,8 @@ async fn the_free_atoms_listing_finds_a_gap_of_every_length_at_and_beside_each_p
     // its gaps can end. One GPU a node, and on each atom one gap between two bookings: under a second, then 2^k
     // seconds less a millisecond, exactly, and plus a millisecond, for k up to 42 (the last class holds every gap of
     // 2^40 seconds or more). Windows: each gap whole, each less a millisecond at both ends, its first and its last
-    // millisecond. The listing must name what the bookings say is free, no more and no less.
+    // millisecond. The listing must name what the bookings say is free, no more and no less. (Windows that end
+    // after the year 9999 are read from the function the listing reads: the listing refuses them.)
     let fleet = Fleet::new().await;
     let pool = fleet.pool("whole", Sharing::Exclusive, None).await;
     const SECOND: i64 = 1000;
@@ -422,15 +425,42 @@ async fn free_by_the_bookings(
     .expect("the free atoms from the bookings")
 }
 
-/// The free atoms listing over `[start, end)`, as the pool's owner sees it.
+/// The free atoms listing over `[start, end)`, as the pool's owner sees it. A window that ends after the year
+/// 9999 is refused by the listing (no caller may name such an instant), so it is read from the function the listing
+/// reads (`free_atoms_over`), to reach the gaps of the longest length class.
 async fn listed_free_atoms(
     fleet: &Fleet,
     pool: &bc_domain::id::PoolId,
     start: i64,
     end: i64,
 ) -> Vec<(String, Vec<String>)> {
-    let listed = fleet.app.free_atoms(&fleet.owner, pool, start, end).await.expect("free atoms");
-    listed.into_iter().map(|f| (f.node_id.to_string(), f.atoms.iter().map(|a| a.to_string()).collect())).collect()
+    let listed = fleet.app.free_atoms(&fleet.owner, pool, start, end).await;
+    if end <= bc_domain::instant::MAX_EPOCH_MS {
+        let listed = listed.expect("free atoms");
+        return listed
+            .into_iter()
+            .map(|f| (f.node_id.to_string(), f.atoms.iter().map(|a| a.to_string()).collect()))
+            .collect();
+    }
+    let past = if start > bc_domain::instant::MAX_EPOCH_MS { "start" } else { "end" };
+    assert!(
+        matches!(listed, Err(AppError::Rejected(Rejection::InvalidArgument { ref field, .. })) if field == past),
+        "a window past the year 9999 is refused naming the first instant past it ({past}): {listed:?}"
+    );
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let read = bc_eventstore::sql::query_as(
+        "SELECT g.node_id, array_agg(g.device_id ORDER BY g.device_id)
+         FROM free_atoms_over($1, 'gpu', ms_ts($2), ms_ts($3), NULL) AS g
+         GROUP BY g.node_id ORDER BY g.node_id",
+    )
+    .bind(pool.as_str())
+    .bind(start)
+    .bind(end)
+    .fetch_all(tx.conn())
+    .await
+    .expect("free_atoms_over");
+    tx.commit().await.expect("commit");
+    read
 }
 
 #[tokio::test]
