@@ -410,19 +410,29 @@ async fn free_by_the_bookings(
     start: i64,
     end: i64,
 ) -> Vec<(String, Vec<String>)> {
-    bc_eventstore::sql::query_as(
-        "SELECT d.node_id, array_agg(d.id ORDER BY d.id) FROM devices AS d
+    let query = "SELECT d.node_id, array_agg(d.id ORDER BY d.id) FROM devices AS d
          WHERE d.pool_id = $1 AND NOT EXISTS (
              SELECT 1 FROM device_bookings AS b
              WHERE b.device_id = d.id AND b.during && tstzrange(ms_ts($2), ms_ts($3)))
-         GROUP BY d.node_id ORDER BY d.node_id",
-    )
-    .bind(pool.as_str())
-    .bind(start)
-    .bind(end)
-    .fetch_all(tx.conn())
-    .await
-    .expect("the free atoms from the bookings")
+         GROUP BY d.node_id ORDER BY d.node_id";
+    atoms_by_node(tx, query, pool, start, end).await
+}
+
+/// What `query` answers for the pool and `[start, end)` (`$1` to `$3`): each node and its atoms.
+async fn atoms_by_node(
+    tx: &mut bc_eventstore::Tx,
+    query: &'static str,
+    pool: &bc_domain::id::PoolId,
+    start: i64,
+    end: i64,
+) -> Vec<(String, Vec<String>)> {
+    bc_eventstore::sql::query_as(query)
+        .bind(pool.as_str())
+        .bind(start)
+        .bind(end)
+        .fetch_all(tx.conn())
+        .await
+        .unwrap_or_else(|err| panic!("{query}: {err}"))
 }
 
 /// The free atoms listing over `[start, end)`, as the pool's owner sees it. A window that ends after the year
@@ -447,18 +457,11 @@ async fn listed_free_atoms(
         matches!(listed, Err(AppError::Rejected(Rejection::InvalidArgument { ref field, .. })) if field == past),
         "a window past the year 9999 is refused naming the first instant past it ({past}): {listed:?}"
     );
-    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
-    let read = bc_eventstore::sql::query_as(
-        "SELECT g.node_id, array_agg(g.device_id ORDER BY g.device_id)
+    let query = "SELECT g.node_id, array_agg(g.device_id ORDER BY g.device_id)
          FROM free_atoms_over($1, 'gpu', ms_ts($2), ms_ts($3), NULL) AS g
-         GROUP BY g.node_id ORDER BY g.node_id",
-    )
-    .bind(pool.as_str())
-    .bind(start)
-    .bind(end)
-    .fetch_all(tx.conn())
-    .await
-    .expect("free_atoms_over");
+         GROUP BY g.node_id ORDER BY g.node_id";
+    let mut tx = fleet.t.db.begin(bc_eventstore::TxOptions::READ_ONLY).await.expect("begin");
+    let read = atoms_by_node(&mut tx, query, pool, start, end).await;
     tx.commit().await.expect("commit");
     read
 }
