@@ -154,9 +154,7 @@ impl App {
             let message = format!("must be from 1 to {}", reservation::MAX_COUNT);
             return Err(Rejection::invalid("devices.count", message).into());
         }
-        if query.duration_s == 0 || query.duration_s > (MAX_AHEAD_MS / 1000) as u64 {
-            return Err(Rejection::invalid("duration", "must be from 1 second to 366 days").into());
-        }
+        reservation::check_length_s("duration", query.duration_s)?;
         instant::check_opt_epoch_ms("notBefore", query.not_before_ms)?;
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
         let resource = query.devices.class.as_str();

@@ -535,7 +535,6 @@ impl App {
         id: &ReservationId,
         end_ms: i64,
     ) -> AppResult<Committed<Reservation>> {
-        bc_domain::instant::check_epoch_ms("end", end_ms)?;
         let mut tries = 1;
         loop {
             let attempt = self

@@ -88,10 +88,7 @@ impl InstanceSpec {
         if self.user_data.len() > MAX_USER_DATA || self.user_data.contains('\0') {
             return Err(Rejection::invalid("userData", format!("must be at most {MAX_USER_DATA} bytes, without NUL")));
         }
-        if self.duration_s == 0 || self.duration_s > (crate::reservation::MAX_AHEAD_MS / 1000) as u64 {
-            return Err(Rejection::invalid("duration", "must be from 1 second to 366 days"));
-        }
-        Ok(())
+        crate::reservation::check_length_s("duration", self.duration_s)
     }
 
     /// A digest of the request, to tell a retry from a reuse of its idempotency key.

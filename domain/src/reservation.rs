@@ -241,15 +241,8 @@ impl ReservationRequest {
     pub fn check_bounds(&self) -> Result<(), Rejection> {
         crate::instant::check_opt_epoch_ms("start", self.start_ms)?;
         crate::instant::check_opt_epoch_ms("deadline", self.deadline_ms)?;
-        if self.duration_s == 0 || self.duration_s > (MAX_AHEAD_MS / 1000) as u64 {
-            return Err(Rejection::invalid("duration", "must be from 1 second to 366 days"));
-        }
-        if let Some(lease) = self.lease_seconds
-            && (lease == 0 || lease > (MAX_AHEAD_MS / 1000) as u64)
-        {
-            return Err(Rejection::invalid("leaseSeconds", "must be from 1 second to 366 days"));
-        }
-        Ok(())
+        check_length_s("duration", self.duration_s)?;
+        self.lease_seconds.map_or(Ok(()), |lease| check_length_s("leaseSeconds", lease))
     }
 
     /// Checks the request against the rules that need no lookup. `now_ms` is the command's time.
@@ -377,6 +370,14 @@ impl ReservationRequest {
         let nodes = u64::from(self.devices.nodes());
         self.resources.iter().map(move |(resource, amount)| (resource.as_str(), amount * nodes))
     }
+}
+
+/// Refuses a length in seconds (a window's, a lease's) outside 1 second to 366 days, naming `field`.
+pub fn check_length_s(field: &str, seconds: u64) -> Result<(), Rejection> {
+    if seconds == 0 || seconds > (MAX_AHEAD_MS / 1000) as u64 {
+        return Err(Rejection::invalid(field, "must be from 1 second to 366 days"));
+    }
+    Ok(())
 }
 
 /// Whether a window starting at `start_ms` has a whole-second end.

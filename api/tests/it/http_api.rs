@@ -1428,6 +1428,28 @@ async fn the_documented_integer_ranges_are_the_ones_the_service_checks() {
     assert_eq!((ttl_seconds["minimum"].as_i64(), ttl_seconds["maximum"].as_i64()), (Some(60), Some(ttl)));
     assert_eq!(range("LimitBody", "maxGpus"), (Some(0), Some(i64::from(bc_domain::tenancy::MAX_LIMIT_GPUS))));
     assert_eq!(range("LimitBody", "maxHours"), (Some(0), Some(i64::from(bc_domain::tenancy::MAX_LIMIT_HOURS))));
+    // Every instant a caller names: the literal in the schemas is the domain's bound.
+    let instant = (Some(0), Some(bc_domain::instant::MAX_EPOCH_MS));
+    for (schema, property) in [
+        ("ReserveBody", "start"),
+        ("ReserveBody", "deadline"),
+        ("ExtendBody", "end"),
+        ("QuoteBody", "start"),
+        ("QuoteBody", "notBefore"),
+    ] {
+        assert_eq!(range(schema, property), instant, "{schema}.{property}");
+    }
+    for (path, name) in [
+        ("/v1/pools/{pool_id}/availability", "start"),
+        ("/v1/pools/{pool_id}/availability", "end"),
+        ("/v1/pools/{pool_id}/availability", "notBefore"),
+        ("/v1/ledger", "from"),
+        ("/v1/ledger", "to"),
+    ] {
+        let params = doc.body["paths"][path]["get"]["parameters"].as_array().expect("parameters");
+        let schema = &params.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("{path} {name}"))["schema"];
+        assert_eq!((schema["minimum"].as_i64(), schema["maximum"].as_i64()), instant, "{path} ?{name}");
+    }
     // At the edges: the largest documented value is taken, one more is refused naming the field.
     let pool = api.pool().await;
     let edge = api.reserve(ROOT, "edge", reservation(&pool, 1, max_duration as u64)).await;
