@@ -21,6 +21,7 @@ pub mod inventory;
 pub mod node;
 pub mod placement;
 pub mod pool;
+pub mod position;
 pub mod profile;
 pub mod provider;
 pub mod region;

@@ -15,17 +15,16 @@ pub mod events;
 mod follow_up;
 pub mod lease;
 pub mod migrate;
-pub mod position;
 pub mod queue;
 pub mod shards;
 pub mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use bc_domain::position::{self, Position, PositionError};
 pub use conns::PoolStats;
 pub use db::{Access, Db, DbConfig, Isolation, RetryPolicy, Retryable, Tx, TxOptions, retries, retry};
 pub use error::{Error, Result, RetryReason, sql_state};
 pub use events::{AppendBatch, Appended, ExpectedVersion, NewEvent, RecordedEvent};
 pub use follow_up::FollowUpFigures;
-pub use position::{Position, PositionError};
 pub use scoped_futures::ScopedFutureExt;

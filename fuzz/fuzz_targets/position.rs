@@ -1,11 +1,11 @@
-//! The event-log position parser (`bc_eventstore::Position`, `<epoch>-<txid>-<seq>` in decimal): any text is
+//! The event-log position parser (`bc_domain::position::Position`, `<epoch>-<txid>-<seq>` in decimal): any text is
 //! parsed or refused without a panic, and whatever parses prints back to the very text it came from (one
 //! spelling per position), parses again to the same position, fits the part ranges and the pattern the API
 //! schemas give, and survives the JSON string form the API uses.
 
 #![no_main]
 
-use bc_eventstore::{Position, PositionError};
+use bc_domain::position::{Position, PositionError};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,4 +1,5 @@
-//! Positions in the event log: `(log_epoch, txid, seq)`, written `<epoch>-<txid>-<seq>` in decimal.
+//! Positions in the event log: `(log_epoch, txid, seq)`, written `<epoch>-<txid>-<seq>` in decimal. A pure value:
+//! the API reads and prints them, the event store binds them and reads them back (`bc_eventstore` re-exports it).
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,9 +26,9 @@ impl Position {
         Self { epoch, txid, seq }
     }
 
-    /// The values to bind for a query: epoch as `int4`, txid as text (cast with `::text::xid8`, since xid8
-    /// has no cast from bigint), seq as `int8`.
-    pub(crate) fn binds(&self) -> (i32, String, i64) {
+    /// The values the event store binds for a query: epoch as `int4`, txid as text (cast with `::text::xid8`,
+    /// since xid8 has no cast from bigint), seq as `int8`.
+    pub fn binds(&self) -> (i32, String, i64) {
         // Parsing caps epoch at i32::MAX and seq at i64::MAX, and rows never hold larger values.
         (
             i32::try_from(self.epoch).unwrap_or(i32::MAX),
@@ -36,7 +37,8 @@ impl Position {
         )
     }
 
-    pub(crate) fn from_row(epoch: i32, txid: &str, seq: i64) -> Result<Self, PositionError> {
+    /// A position from the event log's columns, as `binds` gives them; a value out of range is an error.
+    pub fn from_row(epoch: i32, txid: &str, seq: i64) -> Result<Self, PositionError> {
         let invalid =
             || PositionError::new(&format!("{epoch}-{txid}-{seq}"), "the database returned a position out of range");
         Ok(Self {
