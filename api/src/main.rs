@@ -409,6 +409,18 @@ struct ServeArgs {
     #[arg(long = "cors-origin", env = "BETTER_COMPUTE_CORS_ORIGINS", value_delimiter = ',')]
     cors_origins: Vec<String>,
 
+    /// Event streams (`GET /v1/events`) this process serves at once; more are refused with 429.
+    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    events_max_streams: u32,
+
+    /// Event streams one tenant's identities hold open at once, together.
+    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_TENANT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    events_max_streams_per_tenant: u32,
+
+    /// Event streams one identity holds open at once.
+    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_IDENTITY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    events_max_streams_per_identity: u32,
+
     #[command(flatten)]
     transport: TransportArgs,
 
@@ -439,6 +451,14 @@ impl ServeArgs {
                 attempts: self.webhook_attempts,
                 backoff: Duration::from_millis(self.webhook_backoff_ms),
                 timeout: Duration::from_millis(self.webhook_timeout_ms.max(1)),
+                ..Default::default()
+            },
+            events: bc_api::http::events::EventsConfig {
+                limits: bc_api::http::events::StreamLimits {
+                    process: self.events_max_streams as usize,
+                    tenant: self.events_max_streams_per_tenant as usize,
+                    identity: self.events_max_streams_per_identity as usize,
+                },
                 ..Default::default()
             },
             ..Default::default()

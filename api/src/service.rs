@@ -205,6 +205,8 @@ pub struct ServeOptions {
     pub provider_drivers: Vec<(String, String)>,
     /// How webhooks are delivered (their leases are `work_lease`).
     pub webhooks: crate::webhooks::WebhookConfig,
+    /// How the event stream reads and fans out, and how many streams it serves.
+    pub events: http::events::EventsConfig,
 }
 
 impl Default for ServeOptions {
@@ -219,6 +221,7 @@ impl Default for ServeOptions {
             provider_trust: None,
             provider_drivers: Vec::new(),
             webhooks: crate::webhooks::WebhookConfig::default(),
+            events: http::events::EventsConfig::default(),
         }
     }
 }
@@ -375,7 +378,7 @@ pub async fn serve_with(
     if let (Bound::Tls(tls), Some(pki)) = (&listener, &options.pki) {
         background.push(tokio::spawn(keep_revocations(app.clone(), pki.clone(), tls.config(), stopped.clone())));
     }
-    let state = AppState::new(app)
+    let state = AppState::with_events(app, options.events.clone())
         .and_then(|state| state.with_cors(&options.cors_origins))
         .map_err(|err| bc_eventstore::Error::InvalidConfig(err.to_string()))
         .context("check the configuration")?;

@@ -79,6 +79,13 @@ pub(crate) struct FanOutSpec<'a> {
 /// Writers of a fan-out run.
 pub(crate) const WRITERS: usize = 8;
 
+/// The event stream of a server under a fan-out run: every subscriber has the one bench identity, so the limits on
+/// open streams are raised past any run's count (the limits themselves are tested in the API's suite).
+pub(crate) fn events_config() -> bc_api::http::events::EventsConfig {
+    let unlimited = bc_api::http::events::StreamLimits { process: 1_000_000, tenant: 1_000_000, identity: 1_000_000 };
+    bc_api::http::events::EventsConfig { limits: unlimited, ..Default::default() }
+}
+
 /// `spec.subscribers` streams of `reservation.placed`, while [`WRITERS`] writers reserve one GPU of the pool as
 /// `who` (cancelling each at once) at `spec.rate` a second for `spec.run_for`: the time from each `reserve`
 /// returning to each subscriber reading its `reservation.placed`. The writers start once every subscriber's

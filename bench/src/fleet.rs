@@ -955,7 +955,8 @@ impl Server {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let options = ServeOptions { role: ServeRole::Api, ..ServeOptions::default() };
+        let options =
+            ServeOptions { role: ServeRole::Api, events: super::fanout::events_config(), ..ServeOptions::default() };
         let task = tokio::spawn(bc_api::service::serve_with(
             db.clone(),
             builtin_auth(tenants)?,

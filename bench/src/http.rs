@@ -159,7 +159,11 @@ pub async fn http(config: HttpBenchConfig) -> anyhow::Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(bc_api::service::serve_on(db.clone(), auth, listener, async move {
+    let options = bc_api::service::ServeOptions {
+        events: super::fanout::events_config(),
+        ..bc_api::service::ServeOptions::default()
+    };
+    let server = tokio::spawn(bc_api::service::serve_with(db.clone(), auth, listener, options, async move {
         stopped.await.ok();
     }));
 

@@ -19,6 +19,8 @@ pub struct ApiError {
     /// What went wrong inside, for the log: never sent, since it can carry database text. The request's
     /// middleware logs it once, in the request's span ([`Failure`]).
     cause: Option<String>,
+    /// Seconds to wait before trying again, sent as `Retry-After`.
+    retry_after: Option<u32>,
 }
 
 /// The cause of a 5xx answer, left in the response's extensions for the middleware that logs it.
@@ -27,7 +29,7 @@ pub struct Failure(pub String);
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), details: json!({}), cause: None }
+        Self { status, code, message: message.into(), details: json!({}), cause: None, retry_after: None }
     }
 
     pub fn with_details(mut self, details: Value) -> Self {
@@ -49,6 +51,12 @@ impl ApiError {
     /// The same answer, with what went wrong inside for the log (never sent).
     pub fn with_cause(mut self, cause: impl std::fmt::Display) -> Self {
         self.cause = Some(cause.to_string());
+        self
+    }
+
+    /// The same answer, telling the client to wait `seconds` before trying again (`Retry-After`).
+    pub fn with_retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
         self
     }
 
@@ -158,6 +166,9 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, Json(body)).into_response();
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
+        }
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
         }
         if self.status.is_server_error() {
             let cause = self.cause.unwrap_or_else(|| self.message.clone());

@@ -25,7 +25,7 @@ use crate::wire::ops::EventDto;
 use tokio::sync::broadcast;
 
 use super::consistency::check_within_log;
-use super::error::CommonErrors;
+use super::error::{CommonErrors, ErrorBody};
 use super::request::{Authed, QueryParams, RequestId, path_id};
 use super::{ApiError, AppState};
 use bc_commands::App;
@@ -42,11 +42,91 @@ pub struct EventsConfig {
     pub buffer: usize,
     /// The interval of heartbeat comments on an idle stream.
     pub heartbeat: Duration,
+    /// The limits on open streams: a stream past one is refused with `429 TOO_MANY_STREAMS`.
+    pub limits: StreamLimits,
+    /// Reads of the log made for subscribers (catch-ups and gap fills) that run at once; the others wait their
+    /// turn, so many streams resumed from far back share a few database connections instead of taking them all.
+    pub log_readers: usize,
 }
 
 impl Default for EventsConfig {
     fn default() -> Self {
-        Self { poll: Duration::from_millis(50), batch: 500, buffer: 4096, heartbeat: Duration::from_secs(15) }
+        Self {
+            poll: Duration::from_millis(50),
+            batch: 500,
+            buffer: 4096,
+            heartbeat: Duration::from_secs(15),
+            limits: StreamLimits::default(),
+            log_readers: 4,
+        }
+    }
+}
+
+/// How many event streams a process serves at once: in all, to one tenant's identities together, and to one
+/// identity. A stream counts from the moment it is admitted until its connection is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    pub process: usize,
+    pub tenant: usize,
+    pub identity: usize,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        Self { process: 4096, tenant: 256, identity: 64 }
+    }
+}
+
+/// A stream refused because a limit is reached: which one, and its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamsFull {
+    /// `process`, `tenant` or `identity`.
+    pub scope: &'static str,
+    pub limit: usize,
+}
+
+impl std::fmt::Display for StreamsFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.scope {
+            "process" => write!(f, "this server already serves its limit of {} event streams", self.limit),
+            scope => write!(f, "this {scope} already holds its limit of {} open event streams", self.limit),
+        }
+    }
+}
+
+/// The streams open now, counted by who holds them.
+#[derive(Debug, Default)]
+struct OpenStreams {
+    total: usize,
+    by_tenant: std::collections::HashMap<String, usize>,
+    by_identity: std::collections::HashMap<(String, String), usize>,
+}
+
+/// One admitted stream's place in the counts, given back when it is dropped (the connection closed).
+#[derive(Debug)]
+pub struct StreamSlot {
+    hub: Arc<EventHub>,
+    tenant: String,
+    identity: String,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.hub.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        open.total = open.total.saturating_sub(1);
+        release(&mut open.by_tenant, &self.tenant);
+        let key = (std::mem::take(&mut self.tenant), std::mem::take(&mut self.identity));
+        release(&mut open.by_identity, &key);
+    }
+}
+
+/// One fewer under `key`; the entry goes at zero, so the maps hold only who has streams open.
+fn release<K: std::hash::Hash + Eq>(counts: &mut std::collections::HashMap<K, usize>, key: &K) {
+    if let Some(count) = counts.get_mut(key) {
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            counts.remove(key);
+        }
     }
 }
 
@@ -87,13 +167,71 @@ pub struct EventHub {
     published: std::sync::Mutex<Option<Position>>,
     /// Set when the server shuts down: every stream ends, telling its client when to come back.
     closing: tokio::sync::watch::Sender<bool>,
+    /// The streams admitted and not yet dropped.
+    open: std::sync::Mutex<OpenStreams>,
+    /// Permits for subscribers' own reads of the log.
+    log_readers: tokio::sync::Semaphore,
 }
 
 impl EventHub {
     pub fn new(app: App, config: EventsConfig) -> Self {
         let (sender, _) = broadcast::channel(config.buffer.max(1));
         let (closing, _) = tokio::sync::watch::channel(false);
-        EventHub { app, config, sender, started: OnceLock::new(), published: std::sync::Mutex::new(None), closing }
+        let log_readers = tokio::sync::Semaphore::new(config.log_readers.max(1));
+        EventHub {
+            app,
+            config,
+            sender,
+            started: OnceLock::new(),
+            published: std::sync::Mutex::new(None),
+            closing,
+            open: std::sync::Mutex::default(),
+            log_readers,
+        }
+    }
+
+    /// Admits one more stream for `identity` of `tenant`, or says which limit it would pass (the identity's,
+    /// the tenant's, then the process's). The slot counts until it is dropped.
+    pub fn admit(self: &Arc<Self>, tenant: &str, identity: &str) -> Result<StreamSlot, StreamsFull> {
+        let limits = self.config.limits;
+        let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (tenant.to_owned(), identity.to_owned());
+        // The caller's own limit is named first: it is the one the caller can do something about.
+        if open.by_identity.get(&key).copied().unwrap_or(0) >= limits.identity {
+            return Err(StreamsFull { scope: "identity", limit: limits.identity });
+        }
+        if open.by_tenant.get(tenant).copied().unwrap_or(0) >= limits.tenant {
+            return Err(StreamsFull { scope: "tenant", limit: limits.tenant });
+        }
+        if open.total >= limits.process {
+            return Err(StreamsFull { scope: "process", limit: limits.process });
+        }
+        open.total += 1;
+        *open.by_tenant.entry(key.0.clone()).or_default() += 1;
+        *open.by_identity.entry(key).or_default() += 1;
+        drop(open);
+        Ok(StreamSlot { hub: Arc::clone(self), tenant: tenant.to_owned(), identity: identity.to_owned() })
+    }
+
+    /// How many admitted streams are open now: in all, and for `tenant`.
+    pub fn open_streams(&self, tenant: &str) -> (usize, usize) {
+        let open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (open.total, open.by_tenant.get(tenant).copied().unwrap_or(0))
+    }
+
+    /// A subscriber's own read of the log after `after` (up to `until`, if given), once a reader's permit is
+    /// free.
+    async fn read_for_subscriber(
+        &self,
+        after: Position,
+        until: Option<Position>,
+    ) -> bc_commands::AppResult<Vec<RecordedEvent>> {
+        // The semaphore is never closed, so this always holds a permit.
+        let _permit = self.log_readers.acquire().await.ok();
+        match until {
+            None => self.app.log_after(after, self.config.batch).await,
+            Some(until) => self.app.log_range(after, until, self.config.batch).await,
+        }
     }
 
     /// Ends every stream (the server is shutting down): each tells its client where to resume and when to
@@ -218,7 +356,7 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
         let mut closing = hub.closing.subscribe();
         let mut last = after;
         loop {
-            let batch = match hub.app.log_after(last, hub.config.batch).await {
+            let batch = match hub.read_for_subscriber(last, None).await {
                 Ok(batch) => batch,
                 Err(err) => {
                     tracing::warn!(error = %err, "event stream: a subscriber's catch-up failed");
@@ -245,7 +383,7 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
         let mut pending: Option<Arc<Delivered>> = None;
         loop {
             while fill_to > last {
-                let batch = match hub.app.log_range(last, fill_to, hub.config.batch).await {
+                let batch = match hub.read_for_subscriber(last, Some(fill_to)).await {
                     Ok(batch) if !batch.is_empty() => batch,
                     Ok(_) => break,
                     Err(err) => {
@@ -301,6 +439,9 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
 /// The `retry:` a stream ends with when the server shuts down: when an EventSource client reconnects.
 pub const CLOSING_RETRY: Duration = Duration::from_secs(1);
 
+/// The `Retry-After` of a stream refused for a full limit: streams are long-lived, so one frees up slowly.
+pub const STREAMS_FULL_RETRY_SECONDS: u32 = 5;
+
 /// Query of `GET /v1/events`.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -330,7 +471,11 @@ pub struct EventsParams {
     tag = "events",
     summary = "The event log as Server-Sent Events: `id:` is the position",
     params(EventsParams, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this position")),
-    responses(CommonErrors, (status = 200, description = "text/event-stream", content_type = "text/event-stream", body = String)),
+    responses(
+        CommonErrors,
+        (status = 200, description = "text/event-stream", content_type = "text/event-stream", body = String),
+        (status = 429, description = "`TOO_MANY_STREAMS`: the caller's identity or tenant, or the whole server, already holds its limit of open streams (`details.scope`, `details.limit`); `Retry-After` says when to try again", body = ErrorBody),
+    ),
     security(("bearer" = [])),
 )]
 pub async fn event_stream(
@@ -379,9 +524,18 @@ pub async fn event_stream(
         types,
         stream: params.stream,
     };
+    // Admitted last, once everything else about the request is known to be good; the slot is held by the
+    // response's stream and given back when the connection is gone.
+    let principal = &who.0.principal;
+    let slot = state.events.admit(principal.tenant_id.as_str(), principal.identity.as_str()).map_err(|full| {
+        ApiError::new(axum::http::StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_STREAMS", full.to_string())
+            .with_details(json!({ "scope": full.scope, "limit": full.limit }))
+            .with_retry_after(STREAMS_FULL_RETRY_SECONDS)
+    })?;
     let heartbeat = state.events.config().heartbeat;
     let items = subscription(Arc::clone(&state.events), after, filter);
     let sse = futures_util::StreamExt::map(items, move |item| {
+        let _held = &slot;
         Ok(match item {
             Item::Event { position, event_type, data } if named => {
                 Event::default().id(position.to_string()).event(event_type).data(data)

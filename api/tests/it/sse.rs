@@ -318,3 +318,153 @@ async fn the_hub_wakes_on_its_own_process_s_commits_without_waiting_for_its_poll
         assert!(matches!(item, Item::Event { position, .. } if position == last), "{item:?}");
     }
 }
+
+/// Two identities of acme, one of globex, and the platform's operator.
+const LIMITS_AUTH: &str = r#"
+    [[tenants]]
+    id = "acme"
+    parent = "root"
+
+    [[tenants]]
+    id = "globex"
+    parent = "root"
+
+    [[identities]]
+    identity = "operator@platform"
+    tenant = "root"
+    admin = true
+    token = "root-token-000000000001"
+
+    [[identities]]
+    identity = "alice@acme"
+    tenant = "acme"
+    token = "alice-token-00000000001"
+
+    [[identities]]
+    identity = "bob@acme"
+    tenant = "acme"
+    token = "bob-token-000000000001"
+
+    [[identities]]
+    identity = "gus@globex"
+    tenant = "globex"
+    token = "gus-token-0000000000001"
+"#;
+
+#[tokio::test]
+async fn streams_past_a_limit_are_refused_with_429_naming_it_and_a_closed_stream_frees_its_place() {
+    use bc_api::http::events::StreamLimits;
+
+    let t = TestDb::new().await;
+    let auth = Arc::new(BuiltinAuthorizer::from_toml(LIMITS_AUTH).expect("auth"));
+    // The heartbeat stays at its default (15 s): a stream's place must come back when its client goes, not at
+    // the server's next write.
+    let config = EventsConfig {
+        poll: Duration::from_millis(10),
+        limits: StreamLimits { process: 4, tenant: 3, identity: 2 },
+        ..EventsConfig::default()
+    };
+    let state =
+        AppState::with_events(bc_commands::App::new(t.db.clone()).with_authorizer(auth), config).expect("state");
+    let hub = Arc::clone(&state.events);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("address"));
+    let (stop, mut stopped) = watch::channel(false);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(async move {
+                let _ = stopped.changed().await;
+            })
+            .await
+            .expect("serve");
+    });
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(bc_pki::tls::plain_http_client_config().expect("tls"))
+        .build()
+        .expect("client");
+    let open = |token: &'static str, query: &'static str| {
+        let request = client.get(format!("{base}/v1/events{query}")).bearer_auth(token);
+        async move { request.send().await.expect("send") }
+    };
+    let refused = |response: reqwest::Response, scope: &'static str, limit: u64| async move {
+        assert_eq!(response.status(), reqwest::StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("5"));
+        let body: serde_json::Value = response.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "TOO_MANY_STREAMS", "{body}");
+        assert_eq!(body["error"]["details"]["scope"], scope, "{body}");
+        assert_eq!(body["error"]["details"]["limit"], limit, "{body}");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains(&format!("limit of {limit}"))), "{body}");
+    };
+
+    const ALICE: &str = "alice-token-00000000001";
+    const BOB: &str = "bob-token-000000000001";
+    const GUS: &str = "gus-token-0000000000001";
+    const ROOT: &str = "root-token-000000000001";
+    let alice_1 = open(ALICE, "").await;
+    let alice_2 = open(ALICE, "").await;
+    assert_eq!((alice_1.status(), alice_2.status()), (reqwest::StatusCode::OK, reqwest::StatusCode::OK));
+    refused(open(ALICE, "").await, "identity", 2).await;
+    // Bad input is still answered for what it is, and takes no place.
+    assert_eq!(open(ALICE, "?types=no.such.type").await.status(), reqwest::StatusCode::BAD_REQUEST);
+    // Another identity of the same tenant gets the tenant's third place, not a fourth.
+    let bob = open(BOB, "").await;
+    assert_eq!(bob.status(), reqwest::StatusCode::OK);
+    refused(open(BOB, "").await, "tenant", 3).await;
+    // Another tenant gets the process's last place; then nobody gets one.
+    let gus = open(GUS, "").await;
+    assert_eq!(gus.status(), reqwest::StatusCode::OK);
+    refused(open(ROOT, "").await, "process", 4).await;
+    assert_eq!(hub.open_streams("acme"), (4, 3));
+
+    // Alice's client goes away: her place comes back, and she gets a stream again.
+    drop(alice_1);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while hub.open_streams("acme") != (3, 2) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the closed stream's place never came back");
+    let alice_3 = open(ALICE, "").await;
+    assert_eq!(alice_3.status(), reqwest::StatusCode::OK);
+    refused(open(ALICE, "").await, "identity", 2).await;
+
+    drop((alice_2, alice_3, bob, gus));
+    let _ = stop.send(true);
+    server.await.expect("server");
+}
+
+#[tokio::test]
+async fn subscribers_catching_up_through_one_log_reader_each_get_every_event_once_in_order() {
+    let t = TestDb::new().await;
+    let mut last = Position::START;
+    for n in 0..60 {
+        last = append(&t.db, "acme", "site.created", n).await;
+        append(&t.db, "globex", "site.created", n).await;
+    }
+    // One read of the log at a time for every subscriber, in batches of 7 events.
+    let config = EventsConfig { poll: Duration::from_millis(10), batch: 7, log_readers: 1, ..EventsConfig::default() };
+    let hub = Arc::new(EventHub::new(bc_commands::App::new(t.db.clone()), config));
+    let followers = (0..6).map(|_| {
+        let filter = Filter { tenant: Some("acme".into()), ..Filter::default() };
+        let items = subscription(Arc::clone(&hub), Position::START, filter);
+        async move {
+            let mut items = std::pin::pin!(items);
+            let mut seen = Vec::new();
+            while seen.last() != Some(&last) {
+                match items.next().await.expect("an item") {
+                    Item::Event { position, .. } => seen.push(position),
+                    other => panic!("{other:?}"),
+                }
+            }
+            seen
+        }
+    });
+    let all = tokio::time::timeout(Duration::from_secs(60), futures_util::future::join_all(followers))
+        .await
+        .expect("the subscribers did not all catch up");
+    for seen in all {
+        assert_eq!(seen.len(), 60);
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "every event once, in order");
+    }
+}

@@ -17878,6 +17878,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description `TOO_MANY_STREAMS`: the caller's identity or tenant, or the whole server, already holds its limit of open streams (`details.scope`, `details.limit`); `Retry-After` says when to try again */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
