@@ -421,6 +421,12 @@ struct ServeArgs {
     #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_IDENTITY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     events_max_streams_per_identity: u32,
 
+    /// How long a client may take to send a request's head, in seconds, counted from the connection's start or
+    /// its last answer: also how long an idle connection is kept. Behind a load balancer, keep it above the
+    /// balancer's idle timeout.
+    #[arg(long, env = "BETTER_COMPUTE_REQUEST_HEAD_TIMEOUT_S", default_value_t = 75, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    request_head_timeout_s: u64,
+
     #[command(flatten)]
     transport: TransportArgs,
 
@@ -453,6 +459,7 @@ impl ServeArgs {
                 timeout: Duration::from_millis(self.webhook_timeout_ms.max(1)),
                 ..Default::default()
             },
+            request_head_timeout: Duration::from_secs(self.request_head_timeout_s),
             events: bc_api::http::events::EventsConfig {
                 limits: bc_api::http::events::StreamLimits {
                     process: self.events_max_streams as usize,

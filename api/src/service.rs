@@ -14,7 +14,7 @@ use bc_eventstore::shards::{ShardConfig, ShardKeeper};
 use bc_eventstore::{Db, events};
 use tokio::net::TcpListener;
 
-use crate::tls::{Bound, Peer, TlsListener};
+use crate::tls::{Bound, TlsListener, serve_http};
 
 use bc_projections::framework::{self, DaemonConfig};
 use bc_projections::models;
@@ -207,6 +207,8 @@ pub struct ServeOptions {
     pub webhooks: crate::webhooks::WebhookConfig,
     /// How the event stream reads and fans out, and how many streams it serves.
     pub events: http::events::EventsConfig,
+    /// How long a client may take to send a request's head, and how long an idle connection is kept.
+    pub request_head_timeout: std::time::Duration,
 }
 
 impl Default for ServeOptions {
@@ -222,6 +224,7 @@ impl Default for ServeOptions {
             provider_drivers: Vec::new(),
             webhooks: crate::webhooks::WebhookConfig::default(),
             events: http::events::EventsConfig::default(),
+            request_head_timeout: crate::tls::REQUEST_HEAD_TIMEOUT,
         }
     }
 }
@@ -391,12 +394,10 @@ pub async fn serve_with(
         shutdown.await;
         hub.close();
     };
-    let app = router.into_make_service_with_connect_info::<Peer>();
+    let head = options.request_head_timeout;
     let served = match listener {
-        Bound::Plain(listener) => {
-            axum::serve(crate::tls::PlainListener(listener), app).with_graceful_shutdown(shutdown).await
-        }
-        Bound::Tls(listener) => axum::serve(listener, app).with_graceful_shutdown(shutdown).await,
+        Bound::Plain(listener) => serve_http(crate::tls::PlainListener(listener), router, head, shutdown).await,
+        Bound::Tls(listener) => serve_http(listener, router, head, shutdown).await,
     }
     .context("serve HTTP");
     let _ = stop_background.send(true);

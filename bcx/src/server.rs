@@ -210,6 +210,6 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let listener = crate::tls::TlsListener::new(listener, tls.mutual_server_config()?)?;
-    axum::serve(listener, router(driver)).with_graceful_shutdown(shutdown).await?;
+    crate::tls::serve_http(listener, router(driver), crate::tls::REQUEST_HEAD_TIMEOUT, shutdown).await?;
     Ok(())
 }

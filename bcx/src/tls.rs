@@ -155,6 +155,61 @@ impl Connected<IncomingStream<'_, PlainListener>> for Peer {
     }
 }
 
+impl From<SocketAddr> for Peer {
+    /// A connection known by its address alone: plain TCP, no certificate.
+    fn from(addr: SocketAddr) -> Self {
+        Peer { addr, certificate: None, tls: false }
+    }
+}
+
+/// How long a client may take to send a request's head, counted from the connection's start or the end of its
+/// last answer; so also how long an idle connection is kept for its next request. Above the 60 s idle timeout
+/// load balancers commonly keep, so a balancer does not send a request on a connection this side just closed.
+pub const REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(75);
+
+/// Serves `router` over HTTP/1.1 on `listener` until `shutdown` resolves, then lets the requests in flight finish.
+/// This is `axum::serve` with a limit on how long a client may take to send a request's head (`request_head`),
+/// which `axum::serve` has no way to set: without it, a client that opens connections and never completes a
+/// request holds each one open for good. Requests carry the connection's [`Peer`] as `ConnectInfo<Peer>`.
+pub async fn serve_http<L>(
+    mut listener: L,
+    router: axum::Router,
+    request_head: Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) -> io::Result<()>
+where
+    L: Listener,
+    L::Addr: Into<Peer>,
+{
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(request_head);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (io, addr) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let peer: Peer = addr.into();
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(axum::extract::ConnectInfo(peer.clone()));
+            tower::ServiceExt::oneshot(router.clone(), request)
+        });
+        let connection = graceful.watch(builder.serve_connection(hyper_util::rt::TokioIo::new(io), service));
+        tokio::spawn(async move {
+            // A client that went away, or took too long over a request's head: nothing to answer.
+            if let Err(err) = connection.await {
+                tracing::debug!(error = %err, "a connection ended with an error");
+            }
+        });
+    }
+    // No new connections; the open ones finish the requests they have (an idle one closes at once).
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
 /// A bound listener, plain or TLS.
 #[derive(Debug)]
 pub enum Bound {

@@ -252,3 +252,72 @@ async fn a_bmc_driver_passes_its_conformance_suite_and_a_provider_driver_is_refu
     let refused = provider.power_state(&request).await.expect_err("unimplemented");
     assert_eq!(refused.code(), Some(ErrorCode::Unimplemented), "{refused}");
 }
+
+/// A client that opens a connection and never finishes a request's head is cut off after the limit, whether it
+/// sends part of one or nothing; a whole request is answered, with the connection's peer in its extensions; on
+/// shutdown the server stops and the request in flight still gets its answer.
+#[tokio::test]
+async fn a_connection_that_never_finishes_a_request_head_is_closed_and_whole_requests_are_answered() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    // Each answer says when its handler has begun, and takes a moment: long enough to be in flight at a shutdown.
+    let (began, mut begun) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let router = axum::Router::new().route(
+        "/peer",
+        axum::routing::get(move |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<bcx::tls::Peer>| {
+            let began = began.clone();
+            async move {
+                let _ = began.send(());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                format!("{} tls={}", peer.addr, peer.tls)
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(bcx::tls::serve_http(
+        bcx::tls::PlainListener(listener),
+        router,
+        Duration::from_millis(300),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    // Part of a head, then nothing; and nothing at all. The server closes both: the reads end.
+    for sent in ["GET /peer HTTP/1.1\r\nHost: x\r\n", ""] {
+        let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect");
+        stream.write_all(sent.as_bytes()).await.expect("write");
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "a connection that sent {sent:?} was still open after 20 s");
+    }
+
+    // A whole request is answered with its peer.
+    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect");
+    let local = stream.local_addr().expect("local address");
+    stream.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("read");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with(&format!("{local} tls=false")), "{answer}");
+
+    // A request in flight when the shutdown comes still gets its answer; then the server returns.
+    while begun.try_recv().is_ok() {}
+    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect");
+    stream.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+    begun.recv().await.expect("the handler began");
+    let _ = stop.send(());
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_string(&mut answer))
+        .await
+        .expect("the answer in flight")
+        .expect("read");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    tokio::time::timeout(Duration::from_secs(20), server)
+        .await
+        .expect("the server stopped")
+        .expect("join")
+        .expect("serve");
+}
