@@ -98,9 +98,11 @@ impl Drop for DownloadLock {
     }
 }
 
-/// Serves the boot path on `listener` until the task is dropped or aborted.
+/// Serves the boot path on `listener` until the task is dropped or aborted. A client that never finishes a
+/// request's head is cut off, as on the API.
 pub async fn serve(listener: tokio::net::TcpListener, server: BootServer) -> std::io::Result<()> {
-    axum::serve(listener, server.router()).await
+    let listener = bcx::tls::PlainListener(listener);
+    bcx::tls::serve_http(listener, server.router(), bcx::tls::REQUEST_HEAD_TIMEOUT, std::future::pending()).await
 }
 
 /// An answer other than success: a status and a one-line reason, sent as plain text.
