@@ -200,6 +200,9 @@ pub enum CommonErrors {
     /// state), or that raced with concurrent changes beyond its retries. Reads never answer it.
     #[response(status = 409)]
     Conflict(ErrorBody),
+    /// The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`).
+    #[response(status = 408)]
+    RequestTimeout(ErrorBody),
     /// The body is larger than the API reads.
     #[response(status = 413)]
     TooLarge(ErrorBody),

@@ -91,8 +91,10 @@ async fn keyed(
     // The handler takes this caller from the extensions instead of authenticating again.
     let Authed(call) = Authed::from_request_parts(&mut parts, state).await?;
     parts.extensions.insert(Authed(call.clone()));
-    let bytes = to_bytes(body, BODY_LIMIT)
+    let deadline = super::request::BodyDeadline::of(&parts.extensions);
+    let bytes = tokio::time::timeout(deadline, to_bytes(body, BODY_LIMIT))
         .await
+        .map_err(|_| super::request::BodyDeadline::passed(deadline))?
         .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "INVALID_ARGUMENT", "the body is too large"))?;
     let target = parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), ToString::to_string);
     let mut hashed = Vec::with_capacity(bytes.len() + target.len() + method.len() + 2);

@@ -80,6 +80,7 @@ pub async fn upload_image(
     who: Authed,
     QueryParams(params): QueryParams<UploadParams>,
     headers: HeaderMap,
+    deadline: Option<axum::Extension<super::request::BodyDeadline>>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let caller = state.app.authorize(&who.0, "images.create", Subject::OwnTenant).await?;
@@ -115,10 +116,25 @@ pub async fn upload_image(
         signer: params.signer,
         signature: params.signature,
     };
-    let uploaded = state.app.upload_image(&caller, input, body.into_data_stream()).await?;
+    let idle = deadline.map_or(super::request::BODY_DEADLINE, |axum::Extension(deadline)| deadline.0);
+    let uploaded = state.app.upload_image(&caller, input, stalls_end(body, idle)).await?;
     let status = if uploaded.created { StatusCode::CREATED } else { StatusCode::OK };
     let location = format!("/v1/images/{}", uploaded.image.id);
     Ok(committed_answer(status, ImageDto::from(&uploaded.image), None, Some(location)))
+}
+
+/// The body's chunks, ending with an error when nothing arrives for `idle`: an upload may take as long as it
+/// needs, but a client that stops sending does not hold its connection and its upload open.
+fn stalls_end(body: Body, idle: std::time::Duration) -> impl futures_util::Stream<Item = Result<Bytes, String>> {
+    futures_util::stream::unfold(Some(body.into_data_stream()), move |data| async move {
+        let mut data = data?;
+        match tokio::time::timeout(idle, futures_util::StreamExt::next(&mut data)).await {
+            Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some(data))),
+            Ok(Some(Err(err))) => Some((Err(err.to_string()), None)),
+            Ok(None) => None,
+            Err(_) => Some((Err(format!("nothing arrived for {} ms", idle.as_millis())), None)),
+        }
+    })
 }
 
 /// `GET /v1/images`.

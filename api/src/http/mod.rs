@@ -52,6 +52,8 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The web origins whose pages may call the API (CORS); none by default.
     pub cors_origins: Vec<axum::http::HeaderValue>,
+    /// How long a client may take over a JSON body, or stay silent in an upload ([`request::BODY_DEADLINE`]).
+    pub body_deadline: std::time::Duration,
 }
 
 impl AppState {
@@ -65,7 +67,13 @@ impl AppState {
     pub fn with_events(app: App, config: events::EventsConfig) -> Result<Self, InvalidConfig> {
         check_routes(app.authorizer())?;
         let events = Arc::new(events::EventHub::new(app.clone(), config));
-        Ok(Self { app, events, metrics: crate::metrics::shared(), cors_origins: Vec::new() })
+        Ok(Self {
+            app,
+            events,
+            metrics: crate::metrics::shared(),
+            cors_origins: Vec::new(),
+            body_deadline: request::BODY_DEADLINE,
+        })
     }
 
     /// The same state, answering CORS for pages of `origins` (`https://console.example.com`).
@@ -308,6 +316,7 @@ pub fn check_routes(auth: &dyn Authorizer) -> Result<(), InvalidConfig> {
 /// The router of the whole API.
 pub fn router(state: AppState) -> Router {
     let origins = state.cors_origins.clone();
+    let deadline = request::BodyDeadline(state.body_deadline);
     let router = routed(Router::new())
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), idempotency::keep_first_answer))
         .route("/metrics", axum::routing::get(health::metrics))
@@ -317,6 +326,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_routed)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(request::BODY_LIMIT))
+        .layer(axum::Extension(deadline))
         .layer(axum::middleware::from_fn_with_state(state.metrics.clone(), crate::metrics::count_requests))
         .layer(axum::middleware::from_fn(request::around_request))
         .with_state(state);

@@ -88,6 +88,52 @@ impl FromRequestParts<AppState> for Authed {
 /// The largest body the API reads.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
+/// How long a client may take to send a JSON body, once the API starts reading it; and, for an image upload,
+/// how long it may send nothing. A body of at most [`BODY_LIMIT`] takes longer only when trickled, and a trickle
+/// holds a connection and a task for as long as it lasts.
+pub const BODY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The body deadline of this router ([`BODY_DEADLINE`] unless the state says otherwise), in each request's
+/// extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyDeadline(pub std::time::Duration);
+
+impl BodyDeadline {
+    /// The deadline a request carries, or the default.
+    pub fn of(extensions: &axum::http::Extensions) -> std::time::Duration {
+        extensions.get::<BodyDeadline>().map_or(BODY_DEADLINE, |deadline| deadline.0)
+    }
+
+    /// `408 REQUEST_TIMEOUT` naming the body: it did not arrive in time.
+    pub fn passed(deadline: std::time::Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "REQUEST_TIMEOUT",
+            format!("body: not received within {} ms", deadline.as_millis()),
+        )
+        .with_details(json!({ "field": "body" }))
+    }
+}
+
+/// The whole body, if it arrives within the request's [`BodyDeadline`].
+async fn read_body<S: Send + Sync>(request: Request, state: &S) -> Result<Result<Bytes, ApiError>, ApiError> {
+    let deadline = BodyDeadline::of(request.extensions());
+    let read = tokio::time::timeout(deadline, Bytes::from_request(request, state));
+    let bytes = read.await.map_err(|_| BodyDeadline::passed(deadline))?;
+    Ok(bytes.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "INVALID_ARGUMENT",
+                format!("body: larger than {} KiB", BODY_LIMIT / 1024),
+            )
+            .with_details(json!({ "field": "body", "limit": BODY_LIMIT }))
+        } else {
+            ApiError::invalid_argument("body", rejection.body_text())
+        }
+    }))
+}
+
 /// A JSON body; a malformed one is a `400` naming the field (or a `413` when too large), before anything runs.
 #[derive(Debug, Clone)]
 pub struct JsonBody<T>(pub T);
@@ -157,18 +203,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         check_json_content_type(request.headers())?;
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "INVALID_ARGUMENT",
-                    format!("body: larger than {} KiB", BODY_LIMIT / 1024),
-                )
-                .with_details(json!({ "field": "body", "limit": BODY_LIMIT }))
-            } else {
-                ApiError::invalid_argument("body", rejection.body_text())
-            }
-        })?;
+        let bytes = read_body(request, state).await??;
         parse_json(&bytes).map(JsonBody)
     }
 }
@@ -199,9 +234,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalB
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         let headers = request.headers().clone();
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| ApiError::invalid_argument("body", rejection.body_text()))?;
+        let bytes = read_body(request, state).await??;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalBody(T::default()));
         }

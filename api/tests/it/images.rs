@@ -315,3 +315,63 @@ fn a_signer_allowlist_is_read_from_pem_public_keys_and_bad_entries_are_named() {
     assert!(ImageSigners::parse(bad).expect_err("bad").contains("public-key"));
     assert!(ImageSigners::parse("[[signers]]\n").is_err(), "an unknown table is refused");
 }
+
+/// A body that sends `first` and then nothing, ever: a client trickling its request.
+fn stalled(first: &'static [u8]) -> Body {
+    let head = futures_util::stream::iter([Ok::<_, std::io::Error>(axum::body::Bytes::from_static(first))]);
+    Body::from_stream(futures_util::StreamExt::chain(head, futures_util::stream::pending()))
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_is_refused_naming_the_body_and_writes_nothing() {
+    use tower::ServiceExt as _;
+
+    let api = Api::with_images(policy()).await;
+    let mut state = bc_api::http::AppState::new(api.app.clone()).expect("state");
+    state.body_deadline = std::time::Duration::from_millis(300);
+    let router = bc_api::http::router(state);
+    let send = |method: &str, uri: &str, headers: &[(&str, &str)], body: Body| {
+        let mut request =
+            axum::http::Request::builder().method(method).uri(uri).header("authorization", format!("Bearer {ROOT}"));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(body).expect("request");
+        let router = router.clone();
+        async move {
+            let response = tokio::time::timeout(std::time::Duration::from_secs(30), router.oneshot(request))
+                .await
+                .expect("a trickled body was waited for without end")
+                .expect("response");
+            let status = response.status();
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.expect("body");
+            (status, serde_json::from_slice::<serde_json::Value>(&bytes).expect("JSON"))
+        }
+    };
+    let json = [("content-type", "application/json"), ("content-length", "100")];
+
+    let (_, before) = send("GET", "/v1/sites", &[], Body::empty()).await;
+
+    // A JSON body, read by the handler's extractor and by the create routes' idempotency layer.
+    let (status, body) = send("PATCH", "/v1/pools/pool_01j0000000000000000000000", &json, stalled(b"{\"na")).await;
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT, "{body}");
+    assert_eq!(body["error"]["code"], "REQUEST_TIMEOUT", "{body}");
+    assert_eq!(body["error"]["details"]["field"], "body", "{body}");
+    let keyed = [json[0], json[1], ("idempotency-key", "trickle-1")];
+    let (status, body) = send("POST", "/v1/sites", &keyed, stalled(b"{\"na")).await;
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT, "{body}");
+    assert_eq!(body["error"]["details"]["field"], "body", "{body}");
+
+    // An upload may take its time, but not go silent.
+    let data = bytes(1000, 1);
+    let query = format!("/v1/images?name=slow&version=1&format=raw&sha256={}", sha256(&data));
+    let upload = [("content-type", "application/octet-stream"), ("content-length", "1000")];
+    let (status, body) = send("POST", &query, &upload, stalled(&[1, 2, 3])).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["details"]["field"], "body", "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("nothing arrived for 300 ms")), "{body}");
+    assert_eq!(rows(&api).await, [0, 0, 0, 0], "a stalled upload leaves nothing behind");
+    let (status, after) = send("GET", "/v1/sites", &[], Body::empty()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(after["items"], before["items"], "no site was made");
+}

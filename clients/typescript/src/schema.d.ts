@@ -4054,6 +4054,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -4158,6 +4167,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4272,6 +4290,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -4372,6 +4399,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4490,6 +4526,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -4601,6 +4646,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description The name is taken */
             409: {
                 headers: {
@@ -4698,6 +4752,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4805,6 +4868,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4926,6 +4998,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -5030,6 +5111,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5147,6 +5237,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -5247,6 +5346,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5365,6 +5473,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -5471,6 +5588,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5594,6 +5720,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -5698,6 +5833,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5813,6 +5957,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -5915,6 +6068,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6035,6 +6197,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -6141,6 +6312,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6259,6 +6439,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description A name or GPU is taken */
             409: {
                 headers: {
@@ -6360,6 +6549,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6475,6 +6673,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -6578,6 +6785,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6699,6 +6915,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description The machine is in another state, or runs another workflow */
             409: {
                 headers: {
@@ -6796,6 +7021,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6916,6 +7150,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description It has ended */
             409: {
                 headers: {
@@ -7019,6 +7262,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7137,6 +7389,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Reservations remain */
             409: {
                 headers: {
@@ -7240,6 +7501,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7364,6 +7634,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -7471,6 +7750,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7592,6 +7880,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -7706,6 +8003,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -7813,6 +8119,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7936,6 +8251,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description The pool's disruption budget is spent */
             409: {
                 headers: {
@@ -8044,6 +8368,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -8144,6 +8477,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8265,6 +8607,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -8365,6 +8716,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8479,6 +8839,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8606,6 +8975,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -8708,6 +9086,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8824,6 +9211,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description The machine is another pool's node, or its name or devices are taken */
             409: {
                 headers: {
@@ -8930,6 +9326,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -9027,6 +9432,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9143,6 +9557,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -9245,6 +9668,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9358,6 +9790,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description A section the control plane does not hold is missing: send it whole */
             409: {
                 headers: {
@@ -9455,6 +9896,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9574,6 +10024,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -9671,6 +10130,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9792,6 +10260,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -9894,6 +10371,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10008,6 +10494,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -10105,6 +10600,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10212,6 +10716,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10331,6 +10844,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -10440,6 +10962,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -10537,6 +11068,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10656,6 +11196,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -10763,6 +11312,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10890,6 +11448,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED, QUOTE_STALE (a quoted booking whose devices, nodes or quota changed) or IDEMPOTENCY_KEY_REUSED */
             409: {
                 headers: {
@@ -11003,6 +11570,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -11103,6 +11679,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11220,6 +11805,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -11320,6 +11914,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11428,6 +12031,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11546,6 +12158,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Wrong state: after the start, release instead */
             409: {
                 headers: {
@@ -11643,6 +12264,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11751,6 +12381,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -11851,6 +12490,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11969,6 +12617,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description The id is taken */
             409: {
                 headers: {
@@ -12066,6 +12723,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12187,6 +12853,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -12287,6 +12962,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12408,6 +13092,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -12522,6 +13215,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description The name is taken */
             409: {
                 headers: {
@@ -12621,6 +13323,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12730,6 +13441,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12858,6 +13578,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -12962,6 +13691,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13083,6 +13821,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -13197,6 +13944,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -13299,6 +14055,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13420,6 +14185,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -13527,6 +14301,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13643,6 +14426,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -13747,6 +14539,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13892,6 +14693,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description The name and version hold other content */
             409: {
                 headers: {
@@ -13992,6 +14802,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -14106,6 +14925,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -14206,6 +15034,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -14326,6 +15163,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -14430,6 +15276,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -14547,6 +15402,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -14647,6 +15511,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -14758,6 +15631,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -14885,6 +15767,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description CAPACITY_UNAVAILABLE, QUOTA_EXCEEDED or IDEMPOTENCY_KEY_REUSED */
             409: {
                 headers: {
@@ -14982,6 +15873,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -15096,6 +15996,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description It already failed */
             409: {
                 headers: {
@@ -15193,6 +16102,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -15304,6 +16222,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description It is deleted, failed or being deleted */
             409: {
                 headers: {
@@ -15405,6 +16332,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -15523,6 +16459,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -15633,6 +16578,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -15733,6 +16687,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -15851,6 +16814,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -15955,6 +16927,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -16072,6 +17053,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -16172,6 +17162,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -16290,6 +17289,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -16394,6 +17402,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -16512,6 +17529,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -16612,6 +17638,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -16726,6 +17761,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -16826,6 +17870,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -16940,6 +17993,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -17040,6 +18102,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -17169,6 +18240,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -17276,6 +18356,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -17397,6 +18486,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -17499,6 +18597,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -17613,6 +18720,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -17713,6 +18829,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -17848,6 +18973,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -17961,6 +19095,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /**
              * @description A command that conflicts with the current state (a name taken, the disruption budget spent, the wrong
              *     state), or that raced with concurrent changes beyond its retries. Reads never answer it.
@@ -18064,6 +19207,15 @@ export interface operations {
             };
             /** @description Not found, or not visible to the caller (the two are not told apart). */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description The body did not arrive within the API's deadline (`REQUEST_TIMEOUT`, naming `body`). */
+            408: {
                 headers: {
                     [name: string]: unknown;
                 };
