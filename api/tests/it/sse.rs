@@ -14,7 +14,7 @@ use bc_eventstore::{Db, Position, TxOptions};
 use futures_util::StreamExt as _;
 use tokio::sync::watch;
 
-use crate::http_api::{ALICE, AUTH, ROOT};
+use crate::http_api::{ALICE, AUTH, GUS, ROOT};
 
 async fn append(db: &Db, tenant: &str, event_type: &str, n: u64) -> Position {
     let event = NewEvent::encode(event_type, 1, &n, &bc_domain::event::EventMetadata::default()).expect("encode");
@@ -67,13 +67,8 @@ async fn read_events(response: &mut reqwest::Response, buffer: &mut String, mut 
     }
 }
 
-#[tokio::test]
-async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_order() {
-    let t = TestDb::new().await;
-    let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth"));
-    let config = EventsConfig { poll: Duration::from_millis(10), ..EventsConfig::default() };
-    let state =
-        AppState::with_events(bc_commands::App::new(t.db.clone()).with_authorizer(auth), config).expect("state");
+/// The router of `state` on a real port: its base URL, the switch that stops it, and the server's task.
+async fn serve(state: AppState) -> (String, watch::Sender<bool>, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("address"));
     let (stop, mut stopped) = watch::channel(false);
@@ -85,6 +80,17 @@ async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_or
             .await
             .expect("serve");
     });
+    (base, stop, server)
+}
+
+#[tokio::test]
+async fn a_subscriber_resumes_with_last_event_id_and_gets_every_event_once_in_order() {
+    let t = TestDb::new().await;
+    let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth"));
+    let config = EventsConfig { poll: Duration::from_millis(10), ..EventsConfig::default() };
+    let state =
+        AppState::with_events(bc_commands::App::new(t.db.clone()).with_authorizer(auth), config).expect("state");
+    let (base, stop, server) = serve(state).await;
 
     // Writers append acme's events (numbered), noise of another type, and globex's events, all the time.
     const TOTAL: u64 = 120;
@@ -319,36 +325,12 @@ async fn the_hub_wakes_on_its_own_process_s_commits_without_waiting_for_its_poll
     }
 }
 
-/// Two identities of acme, one of globex, and the platform's operator.
-const LIMITS_AUTH: &str = r#"
-    [[tenants]]
-    id = "acme"
-    parent = "root"
-
-    [[tenants]]
-    id = "globex"
-    parent = "root"
-
-    [[identities]]
-    identity = "operator@platform"
-    tenant = "root"
-    admin = true
-    token = "root-token-000000000001"
-
-    [[identities]]
-    identity = "alice@acme"
-    tenant = "acme"
-    token = "alice-token-00000000001"
-
+/// A second identity of acme, beside the identities of `AUTH`.
+const BOB: &str = r#"
     [[identities]]
     identity = "bob@acme"
     tenant = "acme"
     token = "bob-token-000000000001"
-
-    [[identities]]
-    identity = "gus@globex"
-    tenant = "globex"
-    token = "gus-token-0000000000001"
 "#;
 
 #[tokio::test]
@@ -356,7 +338,7 @@ async fn streams_past_a_limit_are_refused_with_429_naming_it_and_a_closed_stream
     use bc_api::http::events::StreamLimits;
 
     let t = TestDb::new().await;
-    let auth = Arc::new(BuiltinAuthorizer::from_toml(LIMITS_AUTH).expect("auth"));
+    let auth = Arc::new(BuiltinAuthorizer::from_toml(&format!("{AUTH}{BOB}")).expect("auth"));
     // The heartbeat stays at its default (15 s): a stream's place must come back when its client goes, not at
     // the server's next write.
     let config = EventsConfig {
@@ -367,17 +349,7 @@ async fn streams_past_a_limit_are_refused_with_429_naming_it_and_a_closed_stream
     let state =
         AppState::with_events(bc_commands::App::new(t.db.clone()).with_authorizer(auth), config).expect("state");
     let hub = Arc::clone(&state.events);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("address"));
-    let (stop, mut stopped) = watch::channel(false);
-    let server = tokio::spawn(async move {
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(async move {
-                let _ = stopped.changed().await;
-            })
-            .await
-            .expect("serve");
-    });
+    let (base, stop, server) = serve(state).await;
     let client = reqwest::Client::builder()
         .tls_backend_preconfigured(bc_pki::tls::plain_http_client_config().expect("tls"))
         .build()
@@ -396,10 +368,7 @@ async fn streams_past_a_limit_are_refused_with_429_naming_it_and_a_closed_stream
         assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains(&format!("limit of {limit}"))), "{body}");
     };
 
-    const ALICE: &str = "alice-token-00000000001";
-    const BOB: &str = "bob-token-000000000001";
-    const GUS: &str = "gus-token-0000000000001";
-    const ROOT: &str = "root-token-000000000001";
+    const BOB_TOKEN: &str = "bob-token-000000000001";
     let alice_1 = open(ALICE, "").await;
     let alice_2 = open(ALICE, "").await;
     assert_eq!((alice_1.status(), alice_2.status()), (reqwest::StatusCode::OK, reqwest::StatusCode::OK));
@@ -407,9 +376,9 @@ async fn streams_past_a_limit_are_refused_with_429_naming_it_and_a_closed_stream
     // Bad input is still answered for what it is, and takes no place.
     assert_eq!(open(ALICE, "?types=no.such.type").await.status(), reqwest::StatusCode::BAD_REQUEST);
     // Another identity of the same tenant gets the tenant's third place, not a fourth.
-    let bob = open(BOB, "").await;
+    let bob = open(BOB_TOKEN, "").await;
     assert_eq!(bob.status(), reqwest::StatusCode::OK);
-    refused(open(BOB, "").await, "tenant", 3).await;
+    refused(open(BOB_TOKEN, "").await, "tenant", 3).await;
     // Another tenant gets the process's last place; then nobody gets one.
     let gus = open(GUS, "").await;
     assert_eq!(gus.status(), reqwest::StatusCode::OK);
