@@ -47,6 +47,18 @@ impl BetterCompute {
         key: Option<&str>,
         body: Option<Value>,
     ) -> Result<Value, DriverError> {
+        self.remote_call(account, method, path, key, body).await.map_err(|refused| refused.error)
+    }
+
+    /// [`Self::remote`], saying when the lender refused with `409 CONFLICT`: the state changed under the call.
+    async fn remote_call(
+        &self,
+        account: &Account,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> Result<Value, Refused> {
         let url = format!("{}{path}", account.endpoint.trim_end_matches('/'));
         let mut request = self.http.request(method, &url).bearer_auth(&account.credential);
         if let Some(key) = key {
@@ -55,8 +67,10 @@ impl BetterCompute {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response =
-            request.send().await.map_err(|err| DriverError::unavailable(format!("{}: {err}", account.endpoint)))?;
+        let response = request.send().await.map_err(|err| Refused {
+            conflict: false,
+            error: DriverError::unavailable(format!("{}: {err}", account.endpoint)),
+        })?;
         let status = response.status().as_u16();
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         if (200..300).contains(&status) {
@@ -64,7 +78,7 @@ impl BetterCompute {
         }
         let code = answer["error"]["code"].as_str().unwrap_or_default();
         let message = format!("the lending deployment answered {status} {code}: {}", answer["error"]["message"]);
-        Err(DriverError::new(
+        let error = DriverError::new(
             match (status, code) {
                 (401 | 403, _) => ErrorCode::Unauthenticated,
                 (404, _) => ErrorCode::NotFound,
@@ -73,7 +87,8 @@ impl BetterCompute {
                 _ => ErrorCode::Unavailable,
             },
             message,
-        ))
+        );
+        Err(Refused { conflict: (status, code) == (409, "CONFLICT"), error })
     }
 
     fn pool(account: &Account) -> Result<&str, DriverError> {
@@ -193,9 +208,35 @@ impl ProviderDriver for BetterCompute {
                 "binding" | "active" => "release",
                 _ => return Ok(machine(&held, &model)),
             };
-            let path = format!("/v1/reservations/{id}/{verb}");
-            let ended = self.remote(account, reqwest::Method::POST, &path, None, Some(json!({}))).await?;
-            Ok(machine(&ended, &model))
+            let end = |verb: &'static str| {
+                let path = format!("/v1/reservations/{id}/{verb}");
+                async move { self.remote_call(account, reqwest::Method::POST, &path, None, Some(json!({}))).await }
+            };
+            // The state read can be a moment old: a reservation read as placed may have started since (cancel is
+            // then refused, release is what ends it), or one read as active may have ended. A conflict means the
+            // state moved under the call: the other verb, then what the reservation is now.
+            let other = if verb == "cancel" { "release" } else { "cancel" };
+            let conflict = match end(verb).await {
+                Ok(ended) => return Ok(machine(&ended, &model)),
+                Err(refused) if refused.conflict => refused,
+                Err(refused) => return Err(refused.error),
+            };
+            let conflict = match end(other).await {
+                Ok(ended) => return Ok(machine(&ended, &model)),
+                Err(refused) if refused.conflict => refused,
+                Err(_) => conflict,
+            };
+            let now = self.reservation(account, id).await?;
+            match machine(&now, &model).state {
+                MachineState::Released => Ok(machine(&now, &model)),
+                _ => Err(conflict.error),
+            }
         })
     }
+}
+
+/// A call the lender refused: the error the driver answers, and whether it was `409 CONFLICT`.
+struct Refused {
+    conflict: bool,
+    error: DriverError,
 }
