@@ -24,6 +24,17 @@ impl App {
         Ok(batch)
     }
 
+    /// [`App::log_after`] for a reader that shows `tenant` its own events only: the other tenants' events come
+    /// without payload or metadata (their positions, streams, types and tenants are still there, so the reader
+    /// knows how far it has read).
+    pub async fn log_after_for(&self, after: Position, limit: u32, tenant: &str) -> AppResult<Vec<RecordedEvent>> {
+        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
+        let selection = events::Selection { tenant: Some(tenant), ..events::Selection::EVERYTHING };
+        let batch = events::read_after_selected(&mut tx, after, limit, selection).await?;
+        tx.commit().await?;
+        Ok(batch)
+    }
+
     /// Up to `limit` events after `after` and up to `until`, in log order.
     pub async fn log_range(&self, after: Position, until: Position, limit: u32) -> AppResult<Vec<RecordedEvent>> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;

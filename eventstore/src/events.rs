@@ -405,11 +405,14 @@ pub struct Selection<'a> {
     pub metadata_of: Option<&'a [&'a str]>,
     /// The types whose payload is read (`None`: every type whose metadata is read).
     pub payload_of: Option<&'a [&'a str]>,
+    /// The one tenant whose events are read whole (`None`: every tenant's): a reader that shows one tenant its
+    /// events gets the others' without payload or metadata.
+    pub tenant: Option<&'a str>,
 }
 
 impl Selection<'_> {
     /// Every part of every event.
-    pub const EVERYTHING: Selection<'static> = Selection { metadata_of: None, payload_of: None };
+    pub const EVERYTHING: Selection<'static> = Selection { metadata_of: None, payload_of: None, tenant: None };
 }
 
 /// [`read_after`], sending of each event only what `selection` asks for: the payload and metadata of the others
@@ -426,8 +429,10 @@ pub async fn read_after_selected(
                 e.schema_version, e.tenant_id,
                 CASE WHEN ($5::text[] IS NULL OR e.event_type = ANY($5::text[]))
                           AND ($6::text[] IS NULL OR e.event_type = ANY($6::text[]))
+                          AND ($7::text IS NULL OR e.tenant_id = $7::text)
                      THEN e.payload ELSE ''::bytea END AS payload,
-                CASE WHEN $5::text[] IS NULL OR e.event_type = ANY($5::text[])
+                CASE WHEN ($5::text[] IS NULL OR e.event_type = ANY($5::text[]))
+                          AND ($7::text IS NULL OR e.tenant_id = $7::text)
                      THEN e.metadata ELSE ''::bytea END AS metadata,
                 floor(extract(epoch FROM e.recorded_at) * 1000)::int8 AS recorded_at_ms
          FROM events AS e
@@ -443,6 +448,7 @@ pub async fn read_after_selected(
     .bind(i64::from(limit))
     .bind(selection.metadata_of)
     .bind(selection.payload_of)
+    .bind(selection.tenant)
     .fetch_all(tx.conn())
     .await?;
     rows.iter().map(RecordedEvent::from_row).collect()

@@ -234,8 +234,11 @@ async fn read_batch(tx: &mut Tx, projection: &dyn Projection, after: Position, l
     // Only the types it handles need their metadata, and only those whose payload it reads their payload; the
     // rest of the batch is read for its positions alone.
     let types = projection.event_types();
-    let selection =
-        events::Selection { metadata_of: (!types.is_empty()).then_some(types), payload_of: projection.payload_types() };
+    let selection = events::Selection {
+        metadata_of: (!types.is_empty()).then_some(types),
+        payload_of: projection.payload_types(),
+        tenant: None,
+    };
     let recorded = events::read_after_selected(tx, after, limit, selection).await?;
     let passed = recorded.len();
     let last = recorded.last().cloned();

@@ -220,17 +220,19 @@ impl EventHub {
     }
 
     /// A subscriber's own read of the log after `after` (up to `until`, if given), once a reader's permit is
-    /// free.
+    /// free. A catch-up for one tenant reads the other tenants' events without their payloads, which it skips.
     async fn read_for_subscriber(
         &self,
         after: Position,
         until: Option<Position>,
+        tenant: Option<&str>,
     ) -> bc_commands::AppResult<Vec<RecordedEvent>> {
         // The semaphore is never closed, so this always holds a permit.
         let _permit = self.log_readers.acquire().await.ok();
-        match until {
-            None => self.app.log_after(after, self.config.batch).await,
-            Some(until) => self.app.log_range(after, until, self.config.batch).await,
+        match (until, tenant) {
+            (None, None) => self.app.log_after(after, self.config.batch).await,
+            (None, Some(tenant)) => self.app.log_after_for(after, self.config.batch, tenant).await,
+            (Some(until), _) => self.app.log_range(after, until, self.config.batch).await,
         }
     }
 
@@ -356,7 +358,7 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
         let mut closing = hub.closing.subscribe();
         let mut last = after;
         loop {
-            let batch = match hub.read_for_subscriber(last, None).await {
+            let batch = match hub.read_for_subscriber(last, None, filter.tenant.as_deref()).await {
                 Ok(batch) => batch,
                 Err(err) => {
                     tracing::warn!(error = %err, "event stream: a subscriber's catch-up failed");
@@ -383,7 +385,7 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
         let mut pending: Option<Arc<Delivered>> = None;
         loop {
             while fill_to > last {
-                let batch = match hub.read_for_subscriber(last, Some(fill_to)).await {
+                let batch = match hub.read_for_subscriber(last, Some(fill_to), filter.tenant.as_deref()).await {
                     Ok(batch) if !batch.is_empty() => batch,
                     Ok(_) => break,
                     Err(err) => {
