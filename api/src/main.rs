@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bc_api::cli;
 use bc_api::dev::{self, DevConfig};
+use bc_api::http::events::StreamLimits;
 use bc_api::service::{self, MigrateOnStart};
 use bc_eventstore::{Db, DbConfig, Position};
 use clap::{Args, Parser, Subcommand};
@@ -410,21 +411,21 @@ struct ServeArgs {
     cors_origins: Vec<String>,
 
     /// Event streams (`GET /v1/events`) this process serves at once; more are refused with 429.
-    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    events_max_streams: u32,
+    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS", default_value_t = StreamLimits::default().process, value_parser = stream_limit())]
+    events_max_streams: usize,
 
     /// Event streams one tenant's identities hold open at once, together.
-    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_TENANT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    events_max_streams_per_tenant: u32,
+    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_TENANT", default_value_t = StreamLimits::default().tenant, value_parser = stream_limit())]
+    events_max_streams_per_tenant: usize,
 
     /// Event streams one identity holds open at once.
-    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_IDENTITY", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    events_max_streams_per_identity: u32,
+    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_IDENTITY", default_value_t = StreamLimits::default().identity, value_parser = stream_limit())]
+    events_max_streams_per_identity: usize,
 
     /// How long a client may take to send a request's head, in seconds, counted from the connection's start or
     /// its last answer: also how long an idle connection is kept. Behind a load balancer, keep it above the
     /// balancer's idle timeout.
-    #[arg(long, env = "BETTER_COMPUTE_REQUEST_HEAD_TIMEOUT_S", default_value_t = 75, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long, env = "BETTER_COMPUTE_REQUEST_HEAD_TIMEOUT_S", default_value_t = bc_api::tls::REQUEST_HEAD_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
     request_head_timeout_s: u64,
 
     #[command(flatten)]
@@ -447,6 +448,11 @@ struct ServeArgs {
     database: DatabaseArgs,
 }
 
+/// A limit on open event streams: 1 to a million.
+fn stream_limit() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000)
+}
+
 impl ServeArgs {
     fn options(&self) -> anyhow::Result<service::ServeOptions> {
         let mut options = service::ServeOptions {
@@ -461,10 +467,10 @@ impl ServeArgs {
             },
             request_head_timeout: Duration::from_secs(self.request_head_timeout_s),
             events: bc_api::http::events::EventsConfig {
-                limits: bc_api::http::events::StreamLimits {
-                    process: self.events_max_streams as usize,
-                    tenant: self.events_max_streams_per_tenant as usize,
-                    identity: self.events_max_streams_per_identity as usize,
+                limits: StreamLimits {
+                    process: self.events_max_streams,
+                    tenant: self.events_max_streams_per_tenant,
+                    identity: self.events_max_streams_per_identity,
                 },
                 ..Default::default()
             },

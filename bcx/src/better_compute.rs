@@ -226,9 +226,9 @@ impl ProviderDriver for BetterCompute {
                 Err(refused) if refused.conflict => refused,
                 Err(_) => conflict,
             };
-            let now = self.reservation(account, id).await?;
-            match machine(&now, &model).state {
-                MachineState::Released => Ok(machine(&now, &model)),
+            let now = machine(&self.reservation(account, id).await?, &model);
+            match now.state {
+                MachineState::Released => Ok(now),
                 _ => Err(conflict.error),
             }
         })

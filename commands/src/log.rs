@@ -18,18 +18,20 @@ impl App {
 
     /// Up to `limit` events after `after`, in log order.
     pub async fn log_after(&self, after: Position, limit: u32) -> AppResult<Vec<RecordedEvent>> {
-        let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let batch = events::read_after(&mut tx, after, limit).await?;
-        tx.commit().await?;
-        Ok(batch)
+        self.log_after_for(after, limit, None).await
     }
 
-    /// [`App::log_after`] for a reader that shows `tenant` its own events only: the other tenants' events come
-    /// without payload or metadata (their positions, streams, types and tenants are still there, so the reader
-    /// knows how far it has read).
-    pub async fn log_after_for(&self, after: Position, limit: u32, tenant: &str) -> AppResult<Vec<RecordedEvent>> {
+    /// [`App::log_after`] for a reader that shows one tenant its own events only (`None`: every tenant's): the
+    /// other tenants' events come without payload or metadata (their positions, streams, types and tenants are
+    /// still there, so the reader knows how far it has read).
+    pub async fn log_after_for(
+        &self,
+        after: Position,
+        limit: u32,
+        tenant: Option<&str>,
+    ) -> AppResult<Vec<RecordedEvent>> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let selection = events::Selection { tenant: Some(tenant), ..events::Selection::EVERYTHING };
+        let selection = events::Selection { tenant, ..events::Selection::EVERYTHING };
         let batch = events::read_after_selected(&mut tx, after, limit, selection).await?;
         tx.commit().await?;
         Ok(batch)

@@ -106,17 +106,16 @@ struct OpenStreams {
 #[derive(Debug)]
 pub struct StreamSlot {
     hub: Arc<EventHub>,
-    tenant: String,
-    identity: String,
+    /// (tenant, identity).
+    holder: (String, String),
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         let mut open = self.hub.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         open.total = open.total.saturating_sub(1);
-        release(&mut open.by_tenant, &self.tenant);
-        let key = (std::mem::take(&mut self.tenant), std::mem::take(&mut self.identity));
-        release(&mut open.by_identity, &key);
+        release(&mut open.by_tenant, &self.holder.0);
+        release(&mut open.by_identity, &self.holder);
     }
 }
 
@@ -195,9 +194,9 @@ impl EventHub {
     pub fn admit(self: &Arc<Self>, tenant: &str, identity: &str) -> Result<StreamSlot, StreamsFull> {
         let limits = self.config.limits;
         let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = (tenant.to_owned(), identity.to_owned());
+        let holder = (tenant.to_owned(), identity.to_owned());
         // The caller's own limit is named first: it is the one the caller can do something about.
-        if open.by_identity.get(&key).copied().unwrap_or(0) >= limits.identity {
+        if open.by_identity.get(&holder).copied().unwrap_or(0) >= limits.identity {
             return Err(StreamsFull { scope: "identity", limit: limits.identity });
         }
         if open.by_tenant.get(tenant).copied().unwrap_or(0) >= limits.tenant {
@@ -207,10 +206,10 @@ impl EventHub {
             return Err(StreamsFull { scope: "process", limit: limits.process });
         }
         open.total += 1;
-        *open.by_tenant.entry(key.0.clone()).or_default() += 1;
-        *open.by_identity.entry(key).or_default() += 1;
+        *open.by_tenant.entry(holder.0.clone()).or_default() += 1;
+        *open.by_identity.entry(holder.clone()).or_default() += 1;
         drop(open);
-        Ok(StreamSlot { hub: Arc::clone(self), tenant: tenant.to_owned(), identity: identity.to_owned() })
+        Ok(StreamSlot { hub: Arc::clone(self), holder })
     }
 
     /// How many admitted streams are open now: in all, and for `tenant`.
@@ -229,10 +228,9 @@ impl EventHub {
     ) -> bc_commands::AppResult<Vec<RecordedEvent>> {
         // The semaphore is never closed, so this always holds a permit.
         let _permit = self.log_readers.acquire().await.ok();
-        match (until, tenant) {
-            (None, None) => self.app.log_after(after, self.config.batch).await,
-            (None, Some(tenant)) => self.app.log_after_for(after, self.config.batch, tenant).await,
-            (Some(until), _) => self.app.log_range(after, until, self.config.batch).await,
+        match until {
+            None => self.app.log_after_for(after, self.config.batch, tenant).await,
+            Some(until) => self.app.log_range(after, until, self.config.batch).await,
         }
     }
 

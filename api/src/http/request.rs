@@ -116,11 +116,10 @@ impl BodyDeadline {
 }
 
 /// The whole body, if it arrives within the request's [`BodyDeadline`].
-async fn read_body<S: Send + Sync>(request: Request, state: &S) -> Result<Result<Bytes, ApiError>, ApiError> {
+async fn read_body<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes, ApiError> {
     let deadline = BodyDeadline::of(request.extensions());
     let read = tokio::time::timeout(deadline, Bytes::from_request(request, state));
-    let bytes = read.await.map_err(|_| BodyDeadline::passed(deadline))?;
-    Ok(bytes.map_err(|rejection| {
+    read.await.map_err(|_| BodyDeadline::passed(deadline))?.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -131,7 +130,7 @@ async fn read_body<S: Send + Sync>(request: Request, state: &S) -> Result<Result
         } else {
             ApiError::invalid_argument("body", rejection.body_text())
         }
-    }))
+    })
 }
 
 /// A JSON body; a malformed one is a `400` naming the field (or a `413` when too large), before anything runs.
@@ -203,7 +202,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         check_json_content_type(request.headers())?;
-        let bytes = read_body(request, state).await??;
+        let bytes = read_body(request, state).await?;
         parse_json(&bytes).map(JsonBody)
     }
 }
@@ -234,7 +233,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalB
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         let headers = request.headers().clone();
-        let bytes = read_body(request, state).await??;
+        let bytes = read_body(request, state).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalBody(T::default()));
         }
