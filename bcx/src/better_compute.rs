@@ -39,19 +39,9 @@ impl BetterCompute {
         Ok(BetterCompute { http, models: Mutex::new(BTreeMap::new()) })
     }
 
+    /// One call to the lending deployment; a refusal says whether it was `409 CONFLICT` (the state changed under
+    /// the call), and `?` makes it the driver's error.
     async fn remote(
-        &self,
-        account: &Account,
-        method: reqwest::Method,
-        path: &str,
-        key: Option<&str>,
-        body: Option<Value>,
-    ) -> Result<Value, DriverError> {
-        self.remote_call(account, method, path, key, body).await.map_err(|refused| refused.error)
-    }
-
-    /// [`Self::remote`], saying when the lender refused with `409 CONFLICT`: the state changed under the call.
-    async fn remote_call(
         &self,
         account: &Account,
         method: reqwest::Method,
@@ -122,7 +112,7 @@ impl BetterCompute {
     }
 
     async fn reservation(&self, account: &Account, id: &str) -> Result<Value, DriverError> {
-        self.remote(account, reqwest::Method::GET, &format!("/v1/reservations/{id}"), None, None).await
+        Ok(self.remote(account, reqwest::Method::GET, &format!("/v1/reservations/{id}"), None, None).await?)
     }
 }
 
@@ -210,7 +200,7 @@ impl ProviderDriver for BetterCompute {
             };
             let end = |verb: &'static str| {
                 let path = format!("/v1/reservations/{id}/{verb}");
-                async move { self.remote_call(account, reqwest::Method::POST, &path, None, Some(json!({}))).await }
+                async move { self.remote(account, reqwest::Method::POST, &path, None, Some(json!({}))).await }
             };
             // The state read can be a moment old: a reservation read as placed may have started since (cancel is
             // then refused, release is what ends it), or one read as active may have ended. A conflict means the
@@ -239,4 +229,10 @@ impl ProviderDriver for BetterCompute {
 struct Refused {
     conflict: bool,
     error: DriverError,
+}
+
+impl From<Refused> for DriverError {
+    fn from(refused: Refused) -> Self {
+        refused.error
+    }
 }
