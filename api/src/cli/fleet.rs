@@ -280,7 +280,7 @@ impl Plan {
 
 /// Whether `live` already holds everything `want` sets: objects key by key (a key `want` leaves out, or sets
 /// to null, is anything), lists element by element, numbers by value.
-fn covers(live: &Value, want: &Value) -> bool {
+pub fn covers(live: &Value, want: &Value) -> bool {
     match (want, live) {
         (Value::Null, _) => true,
         (Value::Object(want), Value::Object(live)) => {
@@ -295,7 +295,7 @@ fn covers(live: &Value, want: &Value) -> bool {
 }
 
 /// `base` with what `over` sets laid over it (objects merged key by key, anything else replaced).
-fn overlay(base: &Value, over: &Value) -> Value {
+pub fn overlay(base: &Value, over: &Value) -> Value {
     match (base, over) {
         (_, Value::Null) => base.clone(),
         (Value::Object(base), Value::Object(over)) => {
@@ -542,45 +542,4 @@ pub async fn apply(client: &Client, plan: &Plan) -> anyhow::Result<()> {
         let _: Value = client.get(list).await?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn what_a_document_leaves_out_is_anything_and_numbers_compare_by_value() {
-        let live = json!({ "maxPending": 10, "lostAfter": 30, "overcommit": { "vcpu": 2.0 } });
-        assert!(covers(&live, &json!({ "maxPending": 10 })));
-        assert!(covers(&live, &json!({ "overcommit": { "vcpu": 2 }, "admission": null })));
-        assert!(!covers(&live, &json!({ "maxPending": 20 })));
-        assert!(!covers(&live, &json!({ "acceptance": ["gpu-burn"] })), "a field the live value lacks differs");
-        assert!(!covers(&json!([1, 2]), &json!([1])), "lists compare whole");
-    }
-
-    #[test]
-    fn an_overlay_changes_only_what_the_document_sets() {
-        let live = json!({ "maxPending": 10, "lostAfter": 30, "overcommit": { "vcpu": 2.0, "memoryGiB": 1.0 } });
-        let merged = overlay(&live, &json!({ "maxPending": 20, "overcommit": { "vcpu": 4.0 } }));
-        assert_eq!(
-            merged,
-            json!({ "maxPending": 20, "lostAfter": 30, "overcommit": { "vcpu": 4.0, "memoryGiB": 1.0 } })
-        );
-    }
-
-    #[test]
-    fn a_document_of_another_version_or_with_a_name_twice_is_refused_naming_it() {
-        let err = FleetDocument::parse("apiVersion: v0\n").expect_err("version");
-        assert!(err.to_string().contains("better-compute/v1"), "{err}");
-        let twice = "apiVersion: better-compute/v1\nsites:\n- {name: a, iamRegion: r}\n- {name: a, iamRegion: r}\n";
-        let err = FleetDocument::parse(twice).expect_err("twice");
-        assert!(err.to_string().contains("site \"a\" twice"), "{err}");
-        let unknown = "apiVersion: better-compute/v1\nsites:\n- {name: a, iamRegion: r, colour: blue}\n";
-        let err = format!("{:#}", FleetDocument::parse(unknown).expect_err("unknown field"));
-        assert!(err.contains("colour"), "{err}");
-        let policy = "apiVersion: better-compute/v1\npools:\n- {name: p, site: a, class: metal-host, gpuModel: H100, policy: {maxPending: -1}}\n";
-        let err = format!("{:#}", FleetDocument::parse(policy).expect_err("bad policy"));
-        assert!(err.contains("pools[p].policy"), "{err}");
-    }
 }
