@@ -101,7 +101,7 @@ impl Drop for DownloadLock {
 /// Serves the boot path on `listener` until the task is dropped or aborted. A client that never finishes a
 /// request's head is cut off, as on the API.
 pub async fn serve(listener: tokio::net::TcpListener, server: BootServer) -> std::io::Result<()> {
-    let listener = bcx::tls::PlainListener(listener);
+    let listener = bcx::tls::PlainListener::new(listener);
     bcx::tls::serve_http(listener, server.router(), bcx::tls::REQUEST_HEAD_TIMEOUT, std::future::pending()).await
 }
 

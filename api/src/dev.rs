@@ -420,7 +420,7 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
         let db = Db::connect_lazy(url, &config.db)?;
         service::prepare(&db, config.migrate).await?;
         let (transport, ca) = config.transport.prepare(config.listen)?;
-        let listener = service::bind(config.listen, &transport).await?;
+        let listener = service::bind(config.listen, &transport, crate::tls::MAX_CONNECTIONS).await?;
         print_welcome(&listener.url()?, ca.as_ref().map(|(path, _)| path.as_path()), &root_token, &demo_token);
         let options =
             service::ServeOptions { pki: transport.pki(), images: config.images.clone(), ..Default::default() };
@@ -445,7 +445,7 @@ pub async fn run(config: DevConfig) -> anyhow::Result<()> {
             embedded.cluster.url(DEV_DATABASE)
         );
         let (transport, ca) = config.transport.prepare(config.listen)?;
-        let listener = service::bind(config.listen, &transport).await?;
+        let listener = service::bind(config.listen, &transport, crate::tls::MAX_CONNECTIONS).await?;
         let base = listener.url()?;
         // The agents reach the API at the address it listens on, or by loopback when it listens on every address:
         // both are names the certificate holds.

@@ -422,6 +422,12 @@ struct ServeArgs {
     #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_IDENTITY", default_value_t = StreamLimits::default().identity, value_parser = stream_limit())]
     events_max_streams_per_identity: usize,
 
+    /// Connections this process keeps open at once, TLS handshakes included. At the limit it stops accepting
+    /// until one closes: new clients wait in the kernel's queue. It also raises its limit on open files to the
+    /// hard limit, and warns when that is below this and a thousand more.
+    #[arg(long, env = "BETTER_COMPUTE_MAX_CONNECTIONS", default_value_t = bc_api::tls::MAX_CONNECTIONS, value_parser = stream_limit())]
+    max_connections: usize,
+
     /// How long a client may take to send a request's head, in seconds, counted from the connection's start or
     /// its last answer: also how long an idle connection is kept. Behind a load balancer, keep it above the
     /// balancer's idle timeout.
@@ -448,7 +454,7 @@ struct ServeArgs {
     database: DatabaseArgs,
 }
 
-/// A limit on open event streams: 1 to a million.
+/// A limit on open event streams or connections: 1 to a million.
 fn stream_limit() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000)
 }
@@ -605,7 +611,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             options.pki = transport.pki();
             let db = Db::connect_lazy(args.database.required_url()?, &args.database.config())?;
             service::prepare(&db, migrate_on_start(args.no_migrate)).await?;
-            let listener = service::bind(args.listen, &transport).await?;
+            let listener = service::bind(args.listen, &transport, args.max_connections).await?;
             service::serve_with(db, auth, listener, options, shutdown).await
         }
         Command::Doctor { threshold_secs, pki_dir, database } => {

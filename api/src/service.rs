@@ -14,7 +14,7 @@ use bc_eventstore::shards::{ShardConfig, ShardKeeper};
 use bc_eventstore::{Db, events};
 use tokio::net::TcpListener;
 
-use crate::tls::{Bound, TlsListener, serve_http};
+use crate::tls::{Bound, ConnectionLimit, PlainListener, TlsListener, serve_http};
 
 use bc_projections::framework::{self, DaemonConfig};
 use bc_projections::models;
@@ -135,18 +135,44 @@ impl Transport {
     }
 }
 
-/// Binds `listen` (port 0 picks a free port) and says where the API is, on standard output, so that scripts
-/// and tests can find it.
-pub async fn bind(listen: SocketAddr, transport: &Transport) -> anyhow::Result<Bound> {
+/// Binds `listen` (port 0 picks a free port), keeping at most `max_connections` open at once, and says where the
+/// API is, on standard output, so that scripts and tests can find it. First raises the process's limit on open
+/// files as far as it may go.
+pub async fn bind(listen: SocketAddr, transport: &Transport, max_connections: usize) -> anyhow::Result<Bound> {
+    raise_open_files_limit(max_connections);
     let listener = TcpListener::bind(listen).await.with_context(|| format!("listen on {listen}"))?;
+    let limit = ConnectionLimit::new(max_connections);
     let bound = match transport {
-        Transport::Tls(pki) => Bound::Tls(TlsListener::new(listener, pki.server_config(None)?)?),
-        Transport::InsecureHttp => Bound::Plain(listener),
+        Transport::Tls(pki) => Bound::Tls(TlsListener::with_limit(listener, pki.server_config(None)?, limit)?),
+        Transport::InsecureHttp => Bound::Plain(PlainListener::with_limit(listener, limit)),
     };
     let url = bound.url().context("read the listening address")?;
     tracing::info!(address = %url, "serving the API");
     println!("better-compute: serving {url}");
     Ok(bound)
+}
+
+/// File descriptors a serving process needs besides its connections: its database pool, the log, images being
+/// uploaded, the runtime's own.
+const FILES_BESIDES_CONNECTIONS: u64 = 1_024;
+
+/// Raises this process's soft limit on open files to its hard limit. Many systems start a service with a soft
+/// limit of 1,024, below the default limit on connections (and on event streams), where a busy server would fail
+/// to accept, to reach its database and to open files; the hard limit is the operator's to set (`LimitNOFILE=`
+/// in a systemd unit, `ulimit -Hn`). Says so in the log when even that is below what `max_connections` needs.
+pub fn raise_open_files_limit(max_connections: usize) {
+    let needed = u64::try_from(max_connections).unwrap_or(u64::MAX).saturating_add(FILES_BESIDES_CONNECTIONS);
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < needed => tracing::warn!(
+            open_files = limit,
+            needed,
+            max_connections,
+            "the limit on open files is below what the connection limit needs: raise the hard limit (ulimit -Hn, \
+             LimitNOFILE=) or lower --max-connections"
+        ),
+        Ok(limit) => tracing::debug!(open_files = limit, "limit on open files"),
+        Err(err) => tracing::warn!(error = %err, "cannot read or raise the limit on open files"),
+    }
 }
 
 /// What a `serve` process runs.
@@ -396,7 +422,7 @@ pub async fn serve_with(
     };
     let head = options.request_head_timeout;
     let served = match listener {
-        Bound::Plain(listener) => serve_http(crate::tls::PlainListener(listener), router, head, shutdown).await,
+        Bound::Plain(listener) => serve_http(listener, router, head, shutdown).await,
         Bound::Tls(listener) => serve_http(listener, router, head, shutdown).await,
     }
     .context("serve HTTP");

@@ -3,19 +3,105 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::connect_info::Connected;
 use axum::serve::{IncomingStream, Listener};
 use bc_pki::PeerCertificate;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 /// How long a client may take to finish its handshake.
 const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// How many connections a listener keeps open at once unless told otherwise, handshakes included.
+pub const MAX_CONNECTIONS: usize = 8_192;
+
+/// The places of a listener's connections: one is taken before each accept and held by the connection until it
+/// closes. At the limit the listener stops accepting, so a flood of clients waits in the kernel's backlog (and
+/// times out there) instead of the process running out of file descriptors, when every accept, every database
+/// connection and every file it opens would fail.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimit {
+    places: Arc<Semaphore>,
+    max: usize,
+}
+
+impl ConnectionLimit {
+    pub fn new(max: usize) -> ConnectionLimit {
+        ConnectionLimit { places: Arc::new(Semaphore::new(max)), max }
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Waits for a place.
+    async fn place(&self) -> OwnedSemaphorePermit {
+        match Arc::clone(&self.places).acquire_owned().await {
+            Ok(place) => place,
+            // The semaphore is never closed.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+impl Default for ConnectionLimit {
+    fn default() -> Self {
+        ConnectionLimit::new(MAX_CONNECTIONS)
+    }
+}
+
+/// A connection holding its place in its listener's [`ConnectionLimit`] until it is dropped.
+#[derive(Debug)]
+pub struct Counted<S> {
+    io: S,
+    _place: OwnedSemaphorePermit,
+}
+
+impl<S> Counted<S> {
+    pub fn get_ref(&self) -> &S {
+        &self.io
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
 
 /// Who is at the other end of a connection: its address, and the certificate it presented (already verified
 /// against the bundle's CA) when it presented one. Requests carry it as `ConnectInfo<Peer>`.
@@ -34,7 +120,8 @@ pub type SharedConfig = Arc<std::sync::RwLock<Arc<rustls::ServerConfig>>>;
 pub struct TlsListener {
     local: SocketAddr,
     config: SharedConfig,
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, Peer)>,
+    limit: ConnectionLimit,
+    ready: mpsc::Receiver<(Counted<TlsStream<TcpStream>>, Peer)>,
     accepting: tokio::task::JoinHandle<()>,
 }
 
@@ -51,13 +138,25 @@ impl Drop for TlsListener {
 }
 
 impl TlsListener {
+    /// A listener with the default limit on open connections ([`MAX_CONNECTIONS`]).
     pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> io::Result<TlsListener> {
+        TlsListener::with_limit(tcp, config, ConnectionLimit::default())
+    }
+
+    pub fn with_limit(
+        tcp: TcpListener,
+        config: Arc<rustls::ServerConfig>,
+        limit: ConnectionLimit,
+    ) -> io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let (send, ready) = mpsc::channel(64);
         let config: SharedConfig = Arc::new(std::sync::RwLock::new(config));
         let shared = Arc::clone(&config);
+        let places = limit.clone();
         let accepting = tokio::spawn(async move {
             loop {
+                // A place first: a handshake holds a file descriptor too.
+                let place = places.place().await;
                 let (stream, addr) = match tcp.accept().await {
                     Ok(accepted) => accepted,
                     Err(err) => {
@@ -84,6 +183,7 @@ impl TlsListener {
                                 .peer_certificates()
                                 .and_then(|chain| chain.first())
                                 .and_then(|der| PeerCertificate::parse(der).ok());
+                            let tls = Counted { io: tls, _place: place };
                             let _ = send.send((tls, Peer { addr, certificate, tls: true })).await;
                         }
                         Ok(Err(err)) => tracing::debug!(%addr, error = %err, "TLS handshake failed"),
@@ -92,7 +192,7 @@ impl TlsListener {
                 });
             }
         });
-        Ok(TlsListener { local, config, ready, accepting })
+        Ok(TlsListener { local, config, limit, ready, accepting })
     }
 
     /// The configuration new connections get: replace it to change what the next handshakes check.
@@ -104,10 +204,14 @@ impl TlsListener {
     pub fn address(&self) -> SocketAddr {
         self.local
     }
+
+    pub fn limit(&self) -> &ConnectionLimit {
+        &self.limit
+    }
 }
 
 impl Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = Counted<TlsStream<TcpStream>>;
     type Addr = Peer;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
@@ -132,20 +236,40 @@ impl Connected<IncomingStream<'_, TlsListener>> for Peer {
 /// A plain listener whose connections send each write at once (`TCP_NODELAY`): without it a small answer
 /// written in two parts waits for the client's acknowledgement of the first.
 #[derive(Debug)]
-pub struct PlainListener(pub TcpListener);
+pub struct PlainListener {
+    tcp: TcpListener,
+    limit: ConnectionLimit,
+}
+
+impl PlainListener {
+    /// A listener with the default limit on open connections ([`MAX_CONNECTIONS`]).
+    pub fn new(tcp: TcpListener) -> PlainListener {
+        PlainListener::with_limit(tcp, ConnectionLimit::default())
+    }
+
+    pub fn with_limit(tcp: TcpListener, limit: ConnectionLimit) -> PlainListener {
+        PlainListener { tcp, limit }
+    }
+
+    pub fn limit(&self) -> &ConnectionLimit {
+        &self.limit
+    }
+}
 
 impl Listener for PlainListener {
-    type Io = TcpStream;
+    type Io = Counted<TcpStream>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let (stream, addr) = Listener::accept(&mut self.0).await;
+        let place = self.limit.place().await;
+        // axum's accept waits out errors such as running out of file descriptors rather than spinning.
+        let (stream, addr) = Listener::accept(&mut self.tcp).await;
         let _ = stream.set_nodelay(true);
-        (stream, addr)
+        (Counted { io: stream, _place: place }, addr)
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.0.local_addr()
+        self.tcp.local_addr()
     }
 }
 
@@ -214,7 +338,7 @@ where
 #[derive(Debug)]
 pub enum Bound {
     /// Plain HTTP: only behind a proxy that terminates TLS (`--insecure-http`), and in tests of the HTTP layer.
-    Plain(TcpListener),
+    Plain(PlainListener),
     Tls(TlsListener),
 }
 
@@ -223,6 +347,14 @@ impl Bound {
         match self {
             Bound::Plain(listener) => listener.local_addr(),
             Bound::Tls(listener) => Ok(listener.address()),
+        }
+    }
+
+    /// The limit on its open connections.
+    pub fn limit(&self) -> &ConnectionLimit {
+        match self {
+            Bound::Plain(listener) => listener.limit(),
+            Bound::Tls(listener) => listener.limit(),
         }
     }
 
@@ -238,7 +370,7 @@ impl Bound {
 
 impl From<TcpListener> for Bound {
     fn from(listener: TcpListener) -> Self {
-        Bound::Plain(listener)
+        Bound::Plain(PlainListener::new(listener))
     }
 }
 

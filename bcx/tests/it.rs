@@ -277,7 +277,7 @@ async fn a_connection_that_never_finishes_a_request_head_is_closed_and_whole_req
     let address = listener.local_addr().expect("address");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(bcx::tls::serve_http(
-        bcx::tls::PlainListener(listener),
+        bcx::tls::PlainListener::new(listener),
         router,
         Duration::from_millis(300),
         async move {
@@ -320,4 +320,70 @@ async fn a_connection_that_never_finishes_a_request_head_is_closed_and_whole_req
         .expect("the server stopped")
         .expect("join")
         .expect("serve");
+}
+
+/// At its limit a listener stops accepting: a third connection to a plain listener of two places is answered only
+/// once one of the first two closes; and a TLS listener counts a connection from its accept, so one that never
+/// starts its handshake keeps the only place from a real client until it goes.
+#[tokio::test]
+async fn a_listener_at_its_connection_limit_serves_the_next_client_once_a_connection_closes() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let router = axum::Router::new().route("/", axum::routing::get(|| async { "hello" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let plain = bcx::tls::PlainListener::with_limit(listener, bcx::tls::ConnectionLimit::new(2));
+    assert_eq!(plain.limit().max(), 2);
+    tokio::spawn(bcx::tls::serve_http(plain, router, Duration::from_secs(60), std::future::pending()));
+
+    // Reads one answer off a kept-alive connection (its body is the five bytes of "hello").
+    async fn answered(stream: &mut tokio::net::TcpStream) -> String {
+        let mut answer = Vec::new();
+        let mut buffer = [0u8; 1024];
+        while !answer.ends_with(b"hello") {
+            let n = stream.read(&mut buffer).await.expect("read");
+            assert!(n > 0, "the connection closed before its answer: {}", String::from_utf8_lossy(&answer));
+            answer.extend_from_slice(&buffer[..n]);
+        }
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+    let request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut first = tokio::net::TcpStream::connect(address).await.expect("connect");
+    first.write_all(request).await.expect("write");
+    assert!(answered(&mut first).await.starts_with("HTTP/1.1 200"));
+    let mut second = tokio::net::TcpStream::connect(address).await.expect("connect");
+    second.write_all(request).await.expect("write");
+    assert!(answered(&mut second).await.starts_with("HTTP/1.1 200"));
+
+    // The kernel completes the third client's connection, but the server does not take it while both are open.
+    let mut third = tokio::net::TcpStream::connect(address).await.expect("connect");
+    third.write_all(request).await.expect("write");
+    let waited = tokio::time::timeout(Duration::from_millis(500), answered(&mut third)).await;
+    assert!(waited.is_err(), "a third connection was served beyond the limit of two: {waited:?}");
+    drop(first);
+    let answer = tokio::time::timeout(Duration::from_secs(20), answered(&mut third))
+        .await
+        .expect("the third client was served once the first left");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // TLS, one place: a connection that never says a word holds it, and a driver client cannot get through.
+    bc_pki::tls::install_default_provider();
+    let (driver, caller) = identities("limited");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("https://127.0.0.1:{}", listener.local_addr().expect("addr").port());
+    let config = driver.mutual_server_config().expect("tls");
+    let tls = bcx::tls::TlsListener::with_limit(listener, config, bcx::tls::ConnectionLimit::new(1)).expect("listener");
+    let describe = axum::Router::new().route("/bcx/v1/describe", axum::routing::get(|| async { "not a describe" }));
+    tokio::spawn(bcx::tls::serve_http(tls, describe, Duration::from_secs(60), std::future::pending()));
+    let silent = tokio::net::TcpStream::connect(url.trim_start_matches("https://")).await.expect("connect");
+    let client = DriverClient::with_timeout(&url, &caller, Duration::from_secs(1)).expect("client");
+    let held = client.describe().await.expect_err("no place");
+    assert!(matches!(held, bcx::client::CallError::Unreachable(_)), "served beyond the limit of one: {held}");
+    drop(silent);
+    let client = DriverClient::with_timeout(&url, &caller, Duration::from_secs(20)).expect("client");
+    let served = client.describe().await.expect_err("answered, with a body that is not a description");
+    assert!(
+        matches!(served, bcx::client::CallError::Protocol(_)),
+        "the client was not served once the place freed: {served}"
+    );
 }

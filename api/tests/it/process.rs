@@ -248,13 +248,23 @@ async fn migrate_then_serve_answers_healthz_and_stops_on_sigterm() {
     tx.commit().await.expect("commit");
     assert_eq!(applied as usize, bc_eventstore::migrate::EMBEDDED.len());
 
-    let mut server = Server::start({
+    // Started the way many systems start a service, with a soft limit of 512 open files.
+    let mut server = Server::start(with_soft_open_files_limit(512, {
         let mut c = command(&["serve", "--no-migrate", "--listen", "127.0.0.1:0", "--auth-config"]);
         c.arg(auth_file("serve", crate::http_api::AUTH)).env("BETTER_COMPUTE_DATABASE_URL", t.url());
         c
-    });
+    }));
     let (status, body) = healthz(&server).await;
     assert_eq!(status, 200, "{body}");
+    // It raised its soft limit on open files to the hard limit.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", server.child.id())).expect("its limits");
+    let open_files: Vec<&str> = limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))
+        .expect("a limit on open files")
+        .split_whitespace()
+        .collect();
+    assert!(open_files[0] != "512" && open_files[0] == open_files[1], "soft and hard: {open_files:?}");
     // An open event stream does not hold the shutdown: it ends with where to resume and when to reconnect.
     assert!(server.base_url.starts_with("https://"), "serve speaks TLS: {}", server.base_url);
     let mut stream = server
@@ -281,6 +291,20 @@ async fn migrate_then_serve_answers_healthz_and_stops_on_sigterm() {
         .expect("leases");
     tx.commit().await.expect("commit");
     assert_eq!(held, 0, "no lease is still held after a graceful shutdown");
+}
+
+/// `command` run with its soft limit on open files lowered to `soft`, through the shell's `ulimit`.
+fn with_soft_open_files_limit(soft: u32, command: Command) -> Command {
+    let mut wrapped = Command::new("sh");
+    wrapped.arg("-c").arg(format!("ulimit -S -n {soft} && exec \"$0\" \"$@\"")).arg(command.get_program());
+    wrapped.args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    wrapped
 }
 
 /// Lists `path` as `token` until `done` holds for its items (the read models catch up in the background).
