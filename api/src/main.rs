@@ -411,21 +411,21 @@ struct ServeArgs {
     cors_origins: Vec<String>,
 
     /// Event streams (`GET /v1/events`) this process serves at once; more are refused with 429.
-    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS", default_value_t = StreamLimits::default().process, value_parser = stream_limit())]
+    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS", default_value_t = StreamLimits::default().process, value_parser = open_limit())]
     events_max_streams: usize,
 
     /// Event streams one tenant's identities hold open at once, together.
-    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_TENANT", default_value_t = StreamLimits::default().tenant, value_parser = stream_limit())]
+    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_TENANT", default_value_t = StreamLimits::default().tenant, value_parser = open_limit())]
     events_max_streams_per_tenant: usize,
 
     /// Event streams one identity holds open at once.
-    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_IDENTITY", default_value_t = StreamLimits::default().identity, value_parser = stream_limit())]
+    #[arg(long, env = "BETTER_COMPUTE_EVENTS_MAX_STREAMS_PER_IDENTITY", default_value_t = StreamLimits::default().identity, value_parser = open_limit())]
     events_max_streams_per_identity: usize,
 
     /// Connections this process keeps open at once, TLS handshakes included. At the limit it stops accepting
     /// until one closes: new clients wait in the kernel's queue. It also raises its limit on open files to the
     /// hard limit, and warns when that is below this and a thousand more.
-    #[arg(long, env = "BETTER_COMPUTE_MAX_CONNECTIONS", default_value_t = bc_api::tls::MAX_CONNECTIONS, value_parser = stream_limit())]
+    #[arg(long, env = "BETTER_COMPUTE_MAX_CONNECTIONS", default_value_t = bc_api::tls::MAX_CONNECTIONS, value_parser = open_limit())]
     max_connections: usize,
 
     /// How long a client may take to send a request's head, in seconds, counted from the connection's start or
@@ -455,7 +455,7 @@ struct ServeArgs {
 }
 
 /// A limit on open event streams or connections: 1 to a million.
-fn stream_limit() -> clap::builder::RangedU64ValueParser<usize> {
+fn open_limit() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000)
 }
 

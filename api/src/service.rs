@@ -160,7 +160,7 @@ const FILES_BESIDES_CONNECTIONS: u64 = 1_024;
 /// limit of 1,024, below the default limit on connections (and on event streams), where a busy server would fail
 /// to accept, to reach its database and to open files; the hard limit is the operator's to set (`LimitNOFILE=`
 /// in a systemd unit, `ulimit -Hn`). Says so in the log when even that is below what `max_connections` needs.
-pub fn raise_open_files_limit(max_connections: usize) {
+fn raise_open_files_limit(max_connections: usize) {
     let needed = u64::try_from(max_connections).unwrap_or(u64::MAX).saturating_add(FILES_BESIDES_CONNECTIONS);
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) if limit < needed => tracing::warn!(

@@ -65,12 +65,6 @@ pub struct Counted<S> {
     _place: OwnedSemaphorePermit,
 }
 
-impl<S> Counted<S> {
-    pub fn get_ref(&self) -> &S {
-        &self.io
-    }
-}
-
 impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
