@@ -409,6 +409,7 @@ pub async fn serve_with(
     }
     let state = AppState::with_events(app, options.events.clone())
         .and_then(|state| state.with_cors(&options.cors_origins))
+        .map(|state| state.with_connection_limit(listener.limit().clone()))
         .map_err(|err| bc_eventstore::Error::InvalidConfig(err.to_string()))
         .context("check the configuration")?;
     let hub = Arc::clone(&state.events);

@@ -5,6 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -31,23 +32,84 @@ pub const MAX_CONNECTIONS: usize = 8_192;
 pub struct ConnectionLimit {
     places: Arc<Semaphore>,
     max: usize,
+    figures: Arc<LimitFigures>,
+}
+
+/// What a limit has seen, for the metrics.
+#[derive(Debug, Default)]
+struct LimitFigures {
+    /// Connections accepted and not yet closed, handshakes included.
+    open: AtomicUsize,
+    /// Times the listener found every place taken and stopped accepting until one was given back.
+    full: AtomicU64,
 }
 
 impl ConnectionLimit {
     pub fn new(max: usize) -> ConnectionLimit {
-        ConnectionLimit { places: Arc::new(Semaphore::new(max)), max }
+        ConnectionLimit { places: Arc::new(Semaphore::new(max)), max, figures: Arc::default() }
     }
 
     pub fn max(&self) -> usize {
         self.max
     }
 
+    /// The connections open now, handshakes included.
+    pub fn open(&self) -> usize {
+        self.figures.open.load(Ordering::Relaxed)
+    }
+
+    /// How many times the listener reached the limit since it started: each time, new clients waited in the
+    /// kernel's backlog until a connection closed.
+    pub fn times_full(&self) -> u64 {
+        self.figures.full.load(Ordering::Relaxed)
+    }
+
     /// Waits for a place.
-    async fn place(&self) -> OwnedSemaphorePermit {
-        match Arc::clone(&self.places).acquire_owned().await {
-            Ok(place) => place,
-            // The semaphore is never closed.
-            Err(_) => std::future::pending().await,
+    async fn place(&self) -> Place {
+        let permit = match Arc::clone(&self.places).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                let times = self.figures.full.fetch_add(1, Ordering::Relaxed) + 1;
+                // Once, then at every thousandth time: a listener held at its limit would otherwise log each accept.
+                if times == 1 || times.is_multiple_of(1_000) {
+                    tracing::warn!(
+                        max = self.max,
+                        times,
+                        "every connection place is taken: new clients wait until one closes (serve --max-connections)"
+                    );
+                }
+                match Arc::clone(&self.places).acquire_owned().await {
+                    Ok(permit) => permit,
+                    // The semaphore is never closed.
+                    Err(_) => std::future::pending().await,
+                }
+            }
+        };
+        Place { _permit: permit, figures: Arc::clone(&self.figures), counted: false }
+    }
+}
+
+/// A place in a [`ConnectionLimit`], counted as an open connection once a connection is accepted into it.
+#[derive(Debug)]
+struct Place {
+    _permit: OwnedSemaphorePermit,
+    figures: Arc<LimitFigures>,
+    counted: bool,
+}
+
+impl Place {
+    /// Counts the place's connection as open until the place is dropped.
+    fn accepted(mut self) -> Place {
+        self.figures.open.fetch_add(1, Ordering::Relaxed);
+        self.counted = true;
+        self
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.counted {
+            self.figures.open.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -62,7 +124,7 @@ impl Default for ConnectionLimit {
 #[derive(Debug)]
 pub struct Counted<S> {
     io: S,
-    _place: OwnedSemaphorePermit,
+    _place: Place,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
@@ -160,6 +222,7 @@ impl TlsListener {
                         continue;
                     }
                 };
+                let place = place.accepted();
                 // An answer goes out as soon as it is written, not after the client's delayed ACK.
                 let _ = stream.set_nodelay(true);
                 let current = match shared.read() {
@@ -259,7 +322,7 @@ impl Listener for PlainListener {
         // axum's accept waits out errors such as running out of file descriptors rather than spinning.
         let (stream, addr) = Listener::accept(&mut self.tcp).await;
         let _ = stream.set_nodelay(true);
-        (Counted { io: stream, _place: place }, addr)
+        (Counted { io: stream, _place: place.accepted() }, addr)
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {

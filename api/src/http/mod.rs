@@ -54,6 +54,9 @@ pub struct AppState {
     pub cors_origins: Vec<axum::http::HeaderValue>,
     /// How long a client may take over a JSON body, or stay silent in an upload ([`request::BODY_DEADLINE`]).
     pub body_deadline: std::time::Duration,
+    /// The limit on the listener's open connections, whose figures `/metrics` reports; none for a router
+    /// served some other way (tests).
+    pub connections: Option<crate::tls::ConnectionLimit>,
 }
 
 impl AppState {
@@ -73,7 +76,14 @@ impl AppState {
             metrics: crate::metrics::shared(),
             cors_origins: Vec::new(),
             body_deadline: request::BODY_DEADLINE,
+            connections: None,
         })
+    }
+
+    /// The same state, reporting the open connections of the listener that `limit` bounds.
+    pub fn with_connection_limit(mut self, limit: crate::tls::ConnectionLimit) -> Self {
+        self.connections = Some(limit);
+        self
     }
 
     /// The same state, answering CORS for pages of `origins` (`https://console.example.com`).

@@ -130,3 +130,64 @@ async fn metrics_describe_requests_by_route_and_the_database_as_it_is() {
     assert!(trailing >= 1.0, "the open transaction holds the horizon back: {trailing}");
     assert!(sample(&text, "bc_horizon_age_seconds").expect("age") >= 0.0);
 }
+
+/// One scrape through `address` on a connection of its own, as a scraper makes it.
+async fn scrape_at(address: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("send the request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("read the answer");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    answer
+}
+
+/// Scrapes until `holds` is true of the scrape's text, and answers that text (within a minute).
+async fn scrape_until(address: std::net::SocketAddr, what: &str, holds: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let text = scrape_at(address).await;
+        if holds(&text) {
+            return text;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what} never showed in a scrape:\n{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_listener_reports_its_open_connections_its_limit_and_how_often_it_was_full() {
+    use bc_api::tls::{Bound, ConnectionLimit, PlainListener};
+    let t = bc_eventstore::testing::TestDb::new().await;
+    let auth = std::sync::Arc::new(
+        bc_commands::auth::BuiltinAuthorizer::from_toml(crate::http_api::AUTH).expect("auth config"),
+    );
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = tcp.local_addr().expect("address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let listener = Bound::Plain(PlainListener::with_limit(tcp, ConnectionLimit::new(3)));
+    let serving = tokio::spawn(bc_api::service::serve_on(t.db.clone(), auth, listener, async move {
+        let _ = stopped.await;
+    }));
+
+    // Two clients connect and send nothing; a scrape takes the third and last place.
+    let first = tokio::net::TcpStream::connect(address).await.expect("connect");
+    let second = tokio::net::TcpStream::connect(address).await.expect("connect");
+    let open = |n: f64| move |text: &str| sample(text, "bc_http_connections") == Some(n);
+    let text = scrape_until(address, "three open connections and the limit reached", |text| {
+        open(3.0)(text) && sample(text, "bc_http_connection_limit_reached_total").is_some_and(|n| n >= 1.0)
+    })
+    .await;
+    assert_eq!(sample(&text, "bc_http_max_connections"), Some(3.0));
+
+    // A client that goes gives its place back: the gauge falls to the second client and the scrape.
+    drop(first);
+    scrape_until(address, "two open connections", open(2.0)).await;
+
+    drop(second);
+    let _ = stop.send(());
+    serving.await.expect("join").expect("serve");
+}
