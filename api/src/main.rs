@@ -428,6 +428,12 @@ struct ServeArgs {
     #[arg(long, env = "BETTER_COMPUTE_MAX_CONNECTIONS", default_value_t = bc_api::tls::MAX_CONNECTIONS, value_parser = open_limit())]
     max_connections: usize,
 
+    /// Requests one bearer token may have in flight at once; past it the API answers `429 TOO_MANY_REQUESTS`
+    /// with `Retry-After` at once, so that one client's flood does not queue every other caller behind it.
+    /// Event streams are not counted (they have limits of their own).
+    #[arg(long, env = "BETTER_COMPUTE_MAX_REQUESTS_PER_TOKEN", default_value_t = bc_api::http::in_flight::MAX_REQUESTS_PER_TOKEN, value_parser = open_limit())]
+    max_requests_per_token: usize,
+
     /// How long a client may take to send a request's head, in seconds, counted from the connection's start or
     /// its last answer: also how long an idle connection is kept. Behind a load balancer, keep it above the
     /// balancer's idle timeout.
@@ -472,6 +478,7 @@ impl ServeArgs {
                 ..Default::default()
             },
             request_head_timeout: Duration::from_secs(self.request_head_timeout_s),
+            requests_per_token: self.max_requests_per_token,
             events: bc_api::http::events::EventsConfig {
                 limits: StreamLimits {
                     process: self.events_max_streams,

@@ -235,6 +235,8 @@ pub struct ServeOptions {
     pub events: http::events::EventsConfig,
     /// How long a client may take to send a request's head, and how long an idle connection is kept.
     pub request_head_timeout: std::time::Duration,
+    /// How many requests one bearer token may have in flight at once.
+    pub requests_per_token: usize,
 }
 
 impl Default for ServeOptions {
@@ -251,6 +253,7 @@ impl Default for ServeOptions {
             webhooks: crate::webhooks::WebhookConfig::default(),
             events: http::events::EventsConfig::default(),
             request_head_timeout: crate::tls::REQUEST_HEAD_TIMEOUT,
+            requests_per_token: http::in_flight::MAX_REQUESTS_PER_TOKEN,
         }
     }
 }
@@ -409,7 +412,9 @@ pub async fn serve_with(
     }
     let state = AppState::with_events(app, options.events.clone())
         .and_then(|state| state.with_cors(&options.cors_origins))
-        .map(|state| state.with_connection_limit(listener.limit().clone()))
+        .map(|state| {
+            state.with_connection_limit(listener.limit().clone()).with_requests_per_token(options.requests_per_token)
+        })
         .map_err(|err| bc_eventstore::Error::InvalidConfig(err.to_string()))
         .context("check the configuration")?;
     let hub = Arc::clone(&state.events);

@@ -209,6 +209,10 @@ pub enum CommonErrors {
     /// A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`).
     #[response(status = 415)]
     UnsupportedMediaType(ErrorBody),
+    /// The bearer token already has the most requests in flight the server takes from one token
+    /// (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+    #[response(status = 429)]
+    TooManyRequests(ErrorBody),
     /// Something failed inside; the message is generic and the cause is logged.
     #[response(status = 500)]
     Internal(ErrorBody),

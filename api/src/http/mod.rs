@@ -13,6 +13,7 @@ mod fleet;
 mod health;
 pub mod idempotency;
 mod images;
+pub mod in_flight;
 mod instances;
 mod ledger;
 mod lifecycle;
@@ -57,6 +58,8 @@ pub struct AppState {
     /// The limit on the listener's open connections, whose figures `/metrics` reports; none for a router
     /// served some other way (tests).
     pub connections: Option<crate::tls::ConnectionLimit>,
+    /// The requests each bearer token has in flight, capped ([`in_flight::MAX_REQUESTS_PER_TOKEN`] by default).
+    pub in_flight: Arc<in_flight::InFlight>,
 }
 
 impl AppState {
@@ -77,7 +80,14 @@ impl AppState {
             cors_origins: Vec::new(),
             body_deadline: request::BODY_DEADLINE,
             connections: None,
+            in_flight: Arc::new(in_flight::InFlight::default()),
         })
+    }
+
+    /// The same state, answering `429 TOO_MANY_REQUESTS` to a bearer token with `max` requests in flight.
+    pub fn with_requests_per_token(mut self, max: usize) -> Self {
+        self.in_flight = Arc::new(in_flight::InFlight::new(max));
+        self
     }
 
     /// The same state, reporting the open connections of the listener that `limit` bounds.
@@ -329,6 +339,8 @@ pub fn router(state: AppState) -> Router {
     let deadline = request::BodyDeadline(state.body_deadline);
     let router = routed(Router::new())
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), idempotency::keep_first_answer))
+        // Outside the idempotency keys' layer: a request past its token's cap touches nothing.
+        .route_layer(axum::middleware::from_fn_with_state(Arc::clone(&state.in_flight), in_flight::limit_per_token))
         .route("/metrics", axum::routing::get(health::metrics))
         .route("/console", axum::routing::get(console::root))
         .route("/console/", axum::routing::get(console::index))

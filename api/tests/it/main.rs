@@ -17,6 +17,7 @@ mod hostile;
 mod http_api;
 mod idempotency;
 mod images;
+mod in_flight;
 mod instances;
 mod investigate;
 mod ledger;

@@ -4093,6 +4093,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -4203,6 +4215,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4329,6 +4353,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -4438,6 +4474,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4565,6 +4613,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -4675,6 +4735,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4798,6 +4870,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -4907,6 +4991,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5037,6 +5133,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -5147,6 +5255,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5276,6 +5396,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -5385,6 +5517,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5512,6 +5656,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -5627,6 +5783,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5759,6 +5927,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -5869,6 +6049,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5996,6 +6188,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -6107,6 +6311,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6236,6 +6452,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -6351,6 +6579,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6475,6 +6715,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -6585,6 +6837,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6712,6 +6976,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -6824,6 +7100,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6951,6 +7239,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -7060,6 +7360,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7179,6 +7491,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7308,6 +7632,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -7418,6 +7754,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7540,6 +7888,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7673,6 +8033,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -7789,6 +8161,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -7919,6 +8303,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -8035,6 +8431,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8165,6 +8573,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -8280,6 +8700,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8407,6 +8839,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -8516,6 +8960,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8646,6 +9102,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -8755,6 +9223,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -8878,6 +9358,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9014,6 +9506,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -9132,6 +9636,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -9240,6 +9756,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9365,6 +9893,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -9471,6 +10011,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9596,6 +10148,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -9704,6 +10268,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -9826,6 +10402,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -9935,6 +10523,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10063,6 +10663,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -10169,6 +10781,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10299,6 +10923,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -10410,6 +11046,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10533,6 +11181,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -10639,6 +11299,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10755,6 +11427,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -10883,6 +11567,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -11001,6 +11697,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -11107,6 +11815,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11235,6 +11955,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -11351,6 +12083,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11484,6 +12228,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -11609,6 +12365,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -11718,6 +12486,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -11844,6 +12624,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -11950,6 +12742,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12067,6 +12871,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12194,6 +13010,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -12300,6 +13128,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12420,6 +13260,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -12529,6 +13381,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12653,6 +13517,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -12762,6 +13638,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12892,6 +13780,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -13001,6 +13901,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13131,6 +14043,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -13244,6 +14168,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13369,6 +14305,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -13480,6 +14428,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13617,6 +14577,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -13730,6 +14702,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -13860,6 +14844,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -13983,6 +14979,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -14094,6 +15102,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -14224,6 +15244,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -14340,6 +15372,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -14465,6 +15509,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -14578,6 +15634,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -14729,6 +15797,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -14841,6 +15921,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -14964,6 +16056,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -15073,6 +16177,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -15202,6 +16318,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -15315,6 +16443,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -15441,6 +16581,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -15550,6 +16702,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -15670,6 +16834,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -15803,6 +16979,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -15912,6 +17100,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -16032,6 +17232,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -16145,6 +17357,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -16251,6 +17475,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -16378,6 +17614,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -16491,6 +17739,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -16617,6 +17877,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -16726,6 +17998,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -16853,6 +18137,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -16966,6 +18262,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -17092,6 +18400,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -17201,6 +18521,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -17328,6 +18660,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -17441,6 +18785,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -17568,6 +18924,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -17677,6 +19045,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -17800,6 +19180,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -17909,6 +19301,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -18032,6 +19436,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -18141,6 +19557,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -18279,6 +19707,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -18395,6 +19835,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -18525,6 +19977,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -18636,6 +20100,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -18759,6 +20235,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -18868,6 +20356,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -19134,6 +20634,18 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             /** @description Something failed inside; the message is generic and the cause is logged. */
             500: {
                 headers: {
@@ -19246,6 +20758,18 @@ export interface operations {
             };
             /** @description A body that is not `application/json` (`UNSUPPORTED_MEDIA_TYPE`, naming `content-type`). */
             415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The bearer token already has the most requests in flight the server takes from one token
+             *     (`TOO_MANY_REQUESTS`, with `details.limit`); `Retry-After` says when to try again.
+             */
+            429: {
                 headers: {
                     [name: string]: unknown;
                 };
