@@ -150,7 +150,11 @@ impl Api {
         let fleet = Fleet::new().await;
         let auth = Arc::new(BuiltinAuthorizer::from_toml(AUTH).expect("auth config"));
         let app = configure(bc_commands::App::new(fleet.t.db.clone()).with_authorizer(auth));
-        let state = AppState::new(app.clone()).expect("the method table checks out");
+        // A listener's limit, as `serve` gives its state, so that scrapes carry the connection families too (the
+        // router is called directly here: nothing is ever open under it).
+        let state = AppState::new(app.clone())
+            .expect("the method table checks out")
+            .with_connection_limit(bc_api::tls::ConnectionLimit::default());
         Api { router: router(state), fleet, app }
     }
 
