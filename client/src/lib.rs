@@ -25,7 +25,7 @@ use bc_wire::nodes::{CommandDto, CommandListDto, ForceBody, InventoryDto, NodeCh
 use bc_wire::ops::EventDto;
 use bc_wire::quotes::{QuoteBody, QuoteDto};
 use bc_wire::reservations::{CancelBody, ReservationDto, ReserveBody};
-use reqwest::Method;
+use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -33,6 +33,13 @@ pub mod sse;
 
 /// The longest a single request may take; the event stream has no such limit.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many times a call the server refused as one too many in flight for its token (`429 TOO_MANY_REQUESTS`,
+/// refused before anything ran) is sent again, each time after the `Retry-After` the server asked for.
+const BUSY_RETRIES: u32 = 5;
+
+/// The longest `Retry-After` a call waits out; a server asking for longer is answered as the error.
+const BUSY_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// What went wrong with a call.
 #[derive(Debug, thiserror::Error)]
@@ -168,9 +175,27 @@ impl Client {
         Error::Transport { server: self.base.clone(), source }
     }
 
-    /// Sends `request` and decodes a successful answer as `T`, or the API's error.
+    /// Sends `request` and decodes a successful answer as `T`, or the API's error. A call refused as one too many
+    /// in flight for the token is sent again after the server's `Retry-After`, a few times.
     async fn exchange<T: DeserializeOwned>(&self, what: &str, request: reqwest::RequestBuilder) -> Result<T, Error> {
-        let response = request.timeout(REQUEST_TIMEOUT).send().await.map_err(|err| self.transport(err))?;
+        let mut request = request;
+        let mut retries = 0;
+        let response = loop {
+            let again = request.try_clone();
+            let response = request.timeout(REQUEST_TIMEOUT).send().await.map_err(|err| self.transport(err))?;
+            let wait = busy_wait(&response).filter(|_| retries < BUSY_RETRIES);
+            let (Some(wait), Some(again)) = (wait, again) else {
+                break response;
+            };
+            let bytes = response.bytes().await.map_err(|err| self.transport(err))?;
+            let refused = api_error(StatusCode::TOO_MANY_REQUESTS.as_u16(), &bytes);
+            if refused.code() != Some("TOO_MANY_REQUESTS") {
+                return Err(refused);
+            }
+            tokio::time::sleep(wait).await;
+            retries += 1;
+            request = again;
+        };
         let status = response.status();
         if status.is_success()
             && let Some(position) = response.headers().get("x-position").and_then(|v| v.to_str().ok())
@@ -497,6 +522,16 @@ fn http_client(base: &str, ca_pem: Option<&str>, identity: Option<(&str, &str)>)
 
 /// The API's error answer as an [`Error`]; an answer that is not the API's error shape still names its
 /// status and what it said.
+/// How long to wait before sending a call again, when `response` refused it as one too many in flight: its
+/// `Retry-After` in seconds, when that is no longer than [`BUSY_WAIT_MAX`].
+fn busy_wait(response: &reqwest::Response) -> Option<Duration> {
+    if response.status() != StatusCode::TOO_MANY_REQUESTS {
+        return None;
+    }
+    let seconds: u64 = response.headers().get("retry-after")?.to_str().ok()?.trim().parse().ok()?;
+    Some(Duration::from_secs(seconds)).filter(|wait| *wait <= BUSY_WAIT_MAX)
+}
+
 fn api_error(status: u16, bytes: &[u8]) -> Error {
     match serde_json::from_slice::<ErrorBody>(bytes) {
         Ok(body) => Error::Api {

@@ -117,8 +117,8 @@ pub async fn limit_per_token(State(in_flight): State<Arc<InFlight>>, request: Re
             StatusCode::TOO_MANY_REQUESTS,
             "TOO_MANY_REQUESTS",
             format!(
-                "this bearer token already has {max} requests in flight, the most the server takes from one token \
-                 at once: wait for their answers before sending more"
+                "this bearer token already has as many requests in flight as the server takes from one token at \
+                 once ({max}): wait for their answers before sending more"
             ),
         )
         .with_details(json!({ "scope": "token", "limit": max }))

@@ -51,3 +51,72 @@ async fn a_token_past_its_requests_in_flight_is_answered_429_while_other_tokens_
     let again = api.call("GET", "/v1/reservations", Some(ALICE), &[], None).await;
     assert_eq!(again.status, StatusCode::OK, "{}", again.body);
 }
+
+/// The status line and headers of what a raw connection was answered, once it is answered.
+async fn answer_of(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buffer).await.expect("read the answer");
+        assert!(n > 0, "the connection closed unanswered");
+        answer.extend_from_slice(&buffer[..n]);
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn the_client_waits_out_retry_after_and_sends_a_call_refused_as_too_many_again() {
+    use bc_api::tls::{Bound, PlainListener};
+    use tokio::io::AsyncWriteExt as _;
+    let t = bc_eventstore::testing::TestDb::new().await;
+    let auth =
+        std::sync::Arc::new(bc_commands::auth::BuiltinAuthorizer::from_toml(crate::http_api::AUTH).expect("auth"));
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = tcp.local_addr().expect("address");
+    let options = bc_api::service::ServeOptions { requests_per_token: 1, ..Default::default() };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(bc_api::service::serve_with(
+        t.db.clone(),
+        auth,
+        Bound::Plain(PlainListener::new(tcp)),
+        options,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    // A reserve whose two-byte body has not arrived yet holds alice's one place.
+    let mut held = tokio::net::TcpStream::connect(address).await.expect("connect");
+    let head = format!(
+        "POST /v1/reservations HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {ALICE}\r\n\
+         Content-Type: application/json\r\nIdempotency-Key: held\r\nContent-Length: 2\r\n\r\n"
+    );
+    held.write_all(head.as_bytes()).await.expect("send the head");
+    let client = bc_client::Client::new(&format!("http://{address}"), Some(ALICE.to_owned()), None).expect("client");
+    let call = tokio::spawn(async move { client.get::<serde_json::Value>("/v1/reservations").await });
+
+    // The call is refused while the place is held (another token's scrape shows it), then the held request is
+    // answered; the client, waiting out `Retry-After: 1`, sends it again and is served.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut scrape = tokio::net::TcpStream::connect(address).await.expect("connect");
+        scrape.write_all(b"GET /metrics HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n").await.expect("scrape");
+        let mut text = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut scrape, &mut text).await.expect("read the scrape");
+        if text.contains(r#"bc_http_requests_total{method="GET",route="/v1/reservations",status="429"} 1"#) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the call was never refused:\n{text}");
+        assert!(!call.is_finished(), "the call ended before it was refused");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    held.write_all(b"{}").await.expect("send the body");
+    assert!(answer_of(&mut held).await.starts_with("HTTP/1.1 400"), "the held reserve is answered");
+    let page = call.await.expect("join").expect("the call is served once sent again");
+    assert!(page["items"].is_array(), "{page}");
+
+    drop(held);
+    let _ = stop.send(());
+    serving.await.expect("join").expect("serve");
+}
