@@ -91,19 +91,8 @@ pub struct Scrape {
     /// Denials since start, by (method, kind).
     pub denials: BTreeMap<(&'static str, &'static str), u64>,
     pub subscribers: usize,
-    /// The listener's connections, when this process serves one.
-    pub listener: Option<ListenerFigures>,
-}
-
-/// The open connections of the listener the API is served on, against its limit.
-#[derive(Debug, Clone, Copy)]
-pub struct ListenerFigures {
-    /// Accepted and not yet closed, TLS handshakes included.
-    pub open: usize,
-    /// `serve --max-connections`.
-    pub max: usize,
-    /// How many times every place was taken, so that new clients waited in the kernel's backlog.
-    pub times_full: u64,
+    /// The limit on the API listener's connections, whose figures it reports, when this process serves one.
+    pub listener: Option<crate::tls::ConnectionLimit>,
 }
 
 /// The exposition `GET /metrics` answers: the process's own counters beside one scrape's figures.
@@ -165,7 +154,7 @@ struct ProcessFigures {
     subscribers: i64,
     denials: BTreeMap<(&'static str, &'static str), u64>,
     follow_ups: bc_eventstore::FollowUpFigures,
-    listener: Option<ListenerFigures>,
+    listener: Option<crate::tls::ConnectionLimit>,
 }
 
 impl Collector for ProcessFigures {
@@ -187,25 +176,25 @@ impl Collector for ProcessFigures {
             "The most database connections this process opens",
             ConstGauge::new(i64::from(self.pool_max)),
         )?;
-        if let Some(listener) = self.listener {
+        if let Some(listener) = &self.listener {
             let gauge = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
             one(
                 &mut encoder,
                 "http_connections",
                 "Connections this process's API listener holds open, TLS handshakes included",
-                gauge(listener.open),
+                gauge(listener.open()),
             )?;
             one(
                 &mut encoder,
                 "http_max_connections",
                 "The most connections the API listener holds open at once (serve --max-connections)",
-                gauge(listener.max),
+                gauge(listener.max()),
             )?;
             one(
                 &mut encoder,
                 "http_connection_limit_reached",
                 "Times since this process started that every connection place was taken, so new clients waited in the kernel's backlog",
-                ConstCounter::new(listener.times_full),
+                ConstCounter::new(listener.times_full()),
             )?;
         }
         one(

@@ -65,52 +65,43 @@ impl ConnectionLimit {
     }
 
     /// Waits for a place.
-    async fn place(&self) -> Place {
-        let permit = match Arc::clone(&self.places).try_acquire_owned() {
+    async fn place(&self) -> OwnedSemaphorePermit {
+        if let Ok(permit) = Arc::clone(&self.places).try_acquire_owned() {
+            return permit;
+        }
+        let times = self.figures.full.fetch_add(1, Ordering::Relaxed) + 1;
+        // Once, then at every thousandth time: a listener held at its limit would otherwise log each accept.
+        if times == 1 || times.is_multiple_of(1_000) {
+            tracing::warn!(
+                max = self.max,
+                times,
+                "every connection place is taken: new clients wait until one closes (serve --max-connections)"
+            );
+        }
+        match Arc::clone(&self.places).acquire_owned().await {
             Ok(permit) => permit,
-            Err(_) => {
-                let times = self.figures.full.fetch_add(1, Ordering::Relaxed) + 1;
-                // Once, then at every thousandth time: a listener held at its limit would otherwise log each accept.
-                if times == 1 || times.is_multiple_of(1_000) {
-                    tracing::warn!(
-                        max = self.max,
-                        times,
-                        "every connection place is taken: new clients wait until one closes (serve --max-connections)"
-                    );
-                }
-                match Arc::clone(&self.places).acquire_owned().await {
-                    Ok(permit) => permit,
-                    // The semaphore is never closed.
-                    Err(_) => std::future::pending().await,
-                }
-            }
-        };
-        Place { _permit: permit, figures: Arc::clone(&self.figures), counted: false }
+            // The semaphore is never closed.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// The place `permit` holds, now that a connection was accepted into it: counted as open until dropped.
+    fn accepted(&self, permit: OwnedSemaphorePermit) -> Place {
+        self.figures.open.fetch_add(1, Ordering::Relaxed);
+        Place { _permit: permit, figures: Arc::clone(&self.figures) }
     }
 }
 
-/// A place in a [`ConnectionLimit`], counted as an open connection once a connection is accepted into it.
+/// A place in a [`ConnectionLimit`] with a connection in it, counted as open until dropped.
 #[derive(Debug)]
 struct Place {
     _permit: OwnedSemaphorePermit,
     figures: Arc<LimitFigures>,
-    counted: bool,
-}
-
-impl Place {
-    /// Counts the place's connection as open until the place is dropped.
-    fn accepted(mut self) -> Place {
-        self.figures.open.fetch_add(1, Ordering::Relaxed);
-        self.counted = true;
-        self
-    }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        if self.counted {
-            self.figures.open.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.figures.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -222,7 +213,7 @@ impl TlsListener {
                         continue;
                     }
                 };
-                let place = place.accepted();
+                let place = places.accepted(place);
                 // An answer goes out as soon as it is written, not after the client's delayed ACK.
                 let _ = stream.set_nodelay(true);
                 let current = match shared.read() {
@@ -322,7 +313,7 @@ impl Listener for PlainListener {
         // axum's accept waits out errors such as running out of file descriptors rather than spinning.
         let (stream, addr) = Listener::accept(&mut self.tcp).await;
         let _ = stream.set_nodelay(true);
-        (Counted { io: stream, _place: place.accepted() }, addr)
+        (Counted { io: stream, _place: self.limit.accepted(place) }, addr)
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {

@@ -520,8 +520,6 @@ fn http_client(base: &str, ca_pem: Option<&str>, identity: Option<(&str, &str)>)
         .map_err(|err| Error::Config(format!("cannot build the HTTP client: {err}")))
 }
 
-/// The API's error answer as an [`Error`]; an answer that is not the API's error shape still names its
-/// status and what it said.
 /// How long to wait before sending a call again, when `response` refused it as one too many in flight: its
 /// `Retry-After` in seconds, when that is no longer than [`BUSY_WAIT_MAX`].
 fn busy_wait(response: &reqwest::Response) -> Option<Duration> {
@@ -532,6 +530,8 @@ fn busy_wait(response: &reqwest::Response) -> Option<Duration> {
     Some(Duration::from_secs(seconds)).filter(|wait| *wait <= BUSY_WAIT_MAX)
 }
 
+/// The API's error answer as an [`Error`]; an answer that is not the API's error shape still names its
+/// status and what it said.
 fn api_error(status: u16, bytes: &[u8]) -> Error {
     match serde_json::from_slice::<ErrorBody>(bytes) {
         Ok(body) => Error::Api {

@@ -40,11 +40,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
         follow_ups: state.app.db().follow_up_figures(),
         denials: state.app.denials(),
         subscribers: state.events.subscribers(),
-        listener: state.connections.as_ref().map(|limit| crate::metrics::ListenerFigures {
-            open: limit.open(),
-            max: limit.max(),
-            times_full: limit.times_full(),
-        }),
+        listener: state.connections.clone(),
     };
     Ok(crate::metrics::exposition(&state.metrics, scrape))
 }

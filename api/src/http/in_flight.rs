@@ -26,16 +26,17 @@ const UNCOUNTED_METHODS: &[&str] = &["events.stream"];
 /// Whether a request to `path` (its route's template) with `http` is counted: the routes the method table
 /// decides (a caller's requests), but not those open to everyone nor the agents' (each node speaks for itself).
 fn counted(http: &axum::http::Method, path: &str) -> bool {
-    static COUNTED: std::sync::OnceLock<std::collections::HashSet<(String, String)>> = std::sync::OnceLock::new();
-    COUNTED
-        .get_or_init(|| {
-            super::routes()
-                .iter()
-                .filter(|route| route.method.is_some_and(|method| !UNCOUNTED_METHODS.contains(&method)))
-                .map(|route| (route.http.to_ascii_uppercase(), route.path.clone()))
-                .collect()
-        })
-        .contains(&(http.as_str().to_owned(), path.to_owned()))
+    static COUNTED: std::sync::OnceLock<HashMap<String, Vec<String>>> = std::sync::OnceLock::new();
+    let routes = COUNTED.get_or_init(|| {
+        let mut routes: HashMap<String, Vec<String>> = HashMap::new();
+        for route in super::routes() {
+            if route.method.is_some_and(|method| !UNCOUNTED_METHODS.contains(&method)) {
+                routes.entry(route.path.clone()).or_default().push(route.http.clone());
+            }
+        }
+        routes
+    });
+    routes.get(path).is_some_and(|methods| methods.iter().any(|m| m.eq_ignore_ascii_case(http.as_str())))
 }
 
 /// The requests in flight per bearer token. Tokens are kept as keyed hashes, never as text.

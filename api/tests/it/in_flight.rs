@@ -25,7 +25,9 @@ async fn a_token_past_its_requests_in_flight_is_answered_429_while_other_tokens_
         .body(Body::from_stream(chunks))
         .expect("request");
     let held = tokio::spawn(api.router.clone().oneshot(request));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while in_flight.tokens() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the held reserve never took its place");
         tokio::task::yield_now().await;
     }
 
@@ -96,21 +98,13 @@ async fn the_client_waits_out_retry_after_and_sends_a_call_refused_as_too_many_a
     let client = bc_client::Client::new(&format!("http://{address}"), Some(ALICE.to_owned()), None).expect("client");
     let call = tokio::spawn(async move { client.get::<serde_json::Value>("/v1/reservations").await });
 
-    // The call is refused while the place is held (another token's scrape shows it), then the held request is
-    // answered; the client, waiting out `Retry-After: 1`, sends it again and is served.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let mut scrape = tokio::net::TcpStream::connect(address).await.expect("connect");
-        scrape.write_all(b"GET /metrics HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n").await.expect("scrape");
-        let mut text = String::new();
-        tokio::io::AsyncReadExt::read_to_string(&mut scrape, &mut text).await.expect("read the scrape");
-        if text.contains(r#"bc_http_requests_total{method="GET",route="/v1/reservations",status="429"} 1"#) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the call was never refused:\n{text}");
-        assert!(!call.is_finished(), "the call ended before it was refused");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // The call is refused while the place is held (a scrape shows it), then the held request is answered; the
+    // client, waiting out `Retry-After: 1`, sends it again and is served.
+    let refused = r#"bc_http_requests_total{method="GET",route="/v1/reservations",status="429"}"#;
+    crate::metrics::scrape_until(address, "the call refused", |text| {
+        crate::metrics::sample(text, refused).is_some_and(|n| n >= 1.0)
+    })
+    .await;
     held.write_all(b"{}").await.expect("send the body");
     assert!(answer_of(&mut held).await.starts_with("HTTP/1.1 400"), "the held reserve is answered");
     let page = call.await.expect("join").expect("the call is served once sent again");

@@ -146,7 +146,7 @@ async fn scrape_at(address: std::net::SocketAddr) -> String {
 }
 
 /// Scrapes until `holds` is true of the scrape's text, and answers that text (within a minute).
-async fn scrape_until(address: std::net::SocketAddr, what: &str, holds: impl Fn(&str) -> bool) -> String {
+pub(crate) async fn scrape_until(address: std::net::SocketAddr, what: &str, holds: impl Fn(&str) -> bool) -> String {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let text = scrape_at(address).await;
