@@ -299,10 +299,12 @@ async fn check_encoding(tx: &mut Tx) -> Result<()> {
     Ok(())
 }
 
-/// Creates the ledger tables on a fresh database. Runs under the migration lock.
+/// Creates the ledger tables on a fresh database. Runs under the migration lock. PostgreSQL's notice that a table
+/// already exists is kept out of the log (every start after the first would print two).
 async fn bootstrap_ledger(tx: &mut Tx) -> Result<()> {
     sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS compute_migrations (
+        "SET LOCAL client_min_messages = warning;
+         CREATE TABLE IF NOT EXISTS compute_migrations (
              name text PRIMARY KEY,
              applied_at timestamptz NOT NULL
          );
