@@ -28,11 +28,20 @@ export interface Options {
   token: string;
   /** A `fetch` of your own (tests, other runtimes). */
   fetch?: (input: Request) => Promise<Response>;
+  /** How many times a call refused `429 TOO_MANY_REQUESTS` is sent again (5 when left out; 0 never). */
+  busyRetries?: number;
 }
 
-/** A client that sends `token` on every request. */
+/** The longest `Retry-After`, in seconds, a call waits out; a server asking for longer is answered as the error. */
+export const BUSY_WAIT_MAX_SECONDS = 10;
+
+/** A client that sends `token` on every request. A call the server refused as one too many in flight for its
+ * token (`429` with the code `TOO_MANY_REQUESTS`, refused before anything ran, so safe to send again whatever its
+ * method) is sent again after the server's `Retry-After`, up to `busyRetries` times. */
 export function createClient(options: Options): BetterComputeClient {
-  const client = createFetchClient<paths>({ baseUrl: options.baseUrl ?? "", fetch: options.fetch });
+  const base = options.fetch ?? ((input: Request) => globalThis.fetch(input));
+  const fetch = resendingWhenBusy(base, options.busyRetries ?? 5);
+  const client = createFetchClient<paths>({ baseUrl: options.baseUrl ?? "", fetch });
   const bearer: Middleware = {
     onRequest({ request }) {
       request.headers.set("Authorization", `Bearer ${options.token}`);
@@ -41,6 +50,49 @@ export function createClient(options: Options): BetterComputeClient {
   };
   client.use(bearer);
   return client;
+}
+
+/** `fetch`, sending again a request refused `429 TOO_MANY_REQUESTS` after the `Retry-After` it names. Any other
+ * answer, another 429 (`TOO_MANY_STREAMS`), a wait longer than [`BUSY_WAIT_MAX_SECONDS`] or a refusal past
+ * `retries` is handed back as it came. */
+function resendingWhenBusy(
+  base: (input: Request) => Promise<Response>,
+  retries: number,
+): (input: Request) => Promise<Response> {
+  return async (request: Request) => {
+    for (let attempt = 0; ; attempt++) {
+      // The body is read once by `base`; the copy is what a resend sends.
+      const again = attempt < retries ? request.clone() : undefined;
+      const response = await base(request);
+      if (again === undefined) {
+        return response;
+      }
+      const wait = await busyWait(response);
+      if (wait === undefined) {
+        return response;
+      }
+      await response.body?.cancel();
+      await new Promise((resolve) => setTimeout(resolve, wait * 1000));
+      request = again;
+    }
+  };
+}
+
+/** The seconds a `429 TOO_MANY_REQUESTS` asks to wait, when its `Retry-After` is whole seconds no longer than
+ * [`BUSY_WAIT_MAX_SECONDS`]. */
+async function busyWait(response: Response): Promise<number | undefined> {
+  if (response.status !== 429) {
+    return undefined;
+  }
+  const header = response.headers.get("Retry-After")?.trim() ?? "";
+  if (!/^[0-9]+$/.test(header) || Number(header) > BUSY_WAIT_MAX_SECONDS) {
+    return undefined;
+  }
+  const body = (await response
+    .clone()
+    .json()
+    .catch(() => undefined)) as Partial<ErrorBody> | undefined;
+  return body?.error?.code === "TOO_MANY_REQUESTS" ? Number(header) : undefined;
 }
 
 /** An answer that was not a success: the API's error code and message, and the HTTP status. */
