@@ -454,6 +454,48 @@ pub async fn read_after_selected(
     rows.iter().map(RecordedEvent::from_row).collect()
 }
 
+/// Reads up to `limit` of `tenant`'s events after `after` and up to `until` (inclusive), in log order, found
+/// through `index`: a table of positions (`log_epoch`, `txid`, `seq`) by `tenant_id`, indexed on
+/// `(tenant_id, log_epoch, txid, seq)`, that lists every event up to `until` (a read model's table, up to its
+/// checkpoint). The other tenants' events are not read at all. `index` is a table name the caller chose, never
+/// input. No horizon: `until` is a position a checkpoint already reached, where nothing can still commit.
+pub async fn read_tenant_range_through(
+    tx: &mut Tx,
+    index: &str,
+    tenant: &str,
+    after: Position,
+    until: Position,
+    limit: u32,
+) -> Result<Vec<RecordedEvent>> {
+    let (epoch, txid, seq) = after.binds();
+    let (until_epoch, until_txid, until_seq) = until.binds();
+    let query = format!(
+        "SELECT e.log_epoch, e.txid::text AS txid, e.seq, e.stream_id, e.stream_version, e.event_type,
+                e.schema_version, e.tenant_id, e.payload, e.metadata,
+                floor(extract(epoch FROM e.recorded_at) * 1000)::int8 AS recorded_at_ms
+         FROM {index} AS i
+         JOIN events AS e ON (e.log_epoch, e.txid, e.seq) = (i.log_epoch, i.txid, i.seq)
+         WHERE i.tenant_id = $7
+           AND (i.log_epoch, i.txid, i.seq) > ($1, $2::text::xid8, $3)
+           AND (i.log_epoch, i.txid, i.seq) <= ($4, $5::text::xid8, $6)
+         ORDER BY i.log_epoch, i.txid, i.seq
+         LIMIT $8"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(query))
+        .persistent(false)
+        .bind(epoch)
+        .bind(txid)
+        .bind(seq)
+        .bind(until_epoch)
+        .bind(until_txid)
+        .bind(until_seq)
+        .bind(tenant)
+        .bind(i64::from(limit))
+        .fetch_all(tx.conn())
+        .await?;
+    rows.iter().map(RecordedEvent::from_row).collect()
+}
+
 /// Reads up to `limit` events after `after` and up to `until` (inclusive), in log order. No horizon: meant for
 /// a range a checkpoint already reached, where nothing can still commit.
 pub async fn read_range(tx: &mut Tx, after: Position, until: Position, limit: u32) -> Result<Vec<RecordedEvent>> {

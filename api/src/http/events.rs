@@ -30,6 +30,7 @@ use super::request::{Authed, QueryParams, RequestId, path_id};
 use super::{ApiError, AppState};
 use bc_commands::App;
 use bc_commands::door::Subject;
+use bc_commands::log::TenantRead;
 
 /// How the stream reads and fans out.
 #[derive(Debug, Clone)]
@@ -218,19 +219,28 @@ impl EventHub {
         (open.total, open.by_tenant.get(tenant).copied().unwrap_or(0))
     }
 
-    /// A subscriber's own read of the log after `after` (up to `until`, if given), once a reader's permit is
-    /// free. A catch-up for one tenant reads the other tenants' events without their payloads, which it skips.
-    async fn read_for_subscriber(
-        &self,
-        after: Position,
-        until: Option<Position>,
-        tenant: Option<&str>,
-    ) -> bc_commands::AppResult<Vec<RecordedEvent>> {
+    /// A subscriber's own read of the log after `after` and up to `until`, once a reader's permit is free: the
+    /// gap between its catch-up and the hub's fan-out.
+    async fn gap_read(&self, after: Position, until: Position) -> bc_commands::AppResult<Vec<RecordedEvent>> {
         // The semaphore is never closed, so this always holds a permit.
         let _permit = self.log_readers.acquire().await.ok();
-        match until {
-            None => self.app.log_after_for(after, self.config.batch, tenant).await,
-            Some(until) => self.app.log_range(after, until, self.config.batch).await,
+        self.app.log_range(after, until, self.config.batch).await
+    }
+
+    /// One read of a subscriber's catch-up after `after`, once a reader's permit is free: for one tenant, its own
+    /// events through the audit trail's index as far as that read model has passed ([`App::tenant_log_after`]);
+    /// for every tenant, the log.
+    async fn catch_up_read(&self, after: Position, tenant: Option<&str>) -> bc_commands::AppResult<TenantRead> {
+        // The semaphore is never closed, so this always holds a permit.
+        let _permit = self.log_readers.acquire().await.ok();
+        match tenant {
+            Some(tenant) => self.app.tenant_log_after(after, self.config.batch, tenant).await,
+            None => {
+                let events = self.app.log_after_for(after, self.config.batch, None).await?;
+                let covered = events.last().map_or(after, |last| last.position);
+                let more = events.len() >= self.config.batch as usize;
+                Ok(TenantRead { events, covered, more })
+            }
         }
     }
 
@@ -356,23 +366,23 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
         let mut closing = hub.closing.subscribe();
         let mut last = after;
         loop {
-            let batch = match hub.read_for_subscriber(last, None, filter.tenant.as_deref()).await {
-                Ok(batch) => batch,
+            let read = match hub.catch_up_read(last, filter.tenant.as_deref()).await {
+                Ok(read) => read,
                 Err(err) => {
                     tracing::warn!(error = %err, "event stream: a subscriber's catch-up failed");
                     yield Item::Failed { resume_after: last };
                     return;
                 }
             };
-            let short = batch.len() < hub.config.batch as usize;
-            for event in batch {
+            for event in read.events {
                 last = event.position;
                 if filter.admits(event.tenant_id.as_deref(), &event.event_type, &event.stream_id) {
                     let data = event_json(&event);
                     yield Item::Event { position: event.position, event_type: event.event_type, data };
                 }
             }
-            if short {
+            last = last.max(read.covered);
+            if !read.more {
                 break;
             }
         }
@@ -383,7 +393,7 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
         let mut pending: Option<Arc<Delivered>> = None;
         loop {
             while fill_to > last {
-                let batch = match hub.read_for_subscriber(last, Some(fill_to), filter.tenant.as_deref()).await {
+                let batch = match hub.gap_read(last, fill_to).await {
                     Ok(batch) if !batch.is_empty() => batch,
                     Ok(_) => break,
                     Err(err) => {

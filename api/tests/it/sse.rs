@@ -437,3 +437,51 @@ async fn subscribers_catching_up_through_one_log_reader_each_get_every_event_onc
         assert!(seen.windows(2).all(|w| w[0] < w[1]), "every event once, in order");
     }
 }
+
+#[tokio::test]
+async fn a_tenant_catches_up_through_the_audit_trail_as_far_as_it_has_passed_then_from_the_log() {
+    let t = TestDb::new().await;
+    let mut acme = Vec::new();
+    let mut checkpoint = Position::START;
+    for n in 0..30 {
+        acme.push(append(&t.db, "acme", "sse.tested", n).await);
+        checkpoint = append(&t.db, "globex", "sse.tested", n).await;
+    }
+    bc_projections::testing::catch_up(&t.db).await;
+    for n in 30..45 {
+        acme.push(append(&t.db, "acme", "sse.tested", n).await);
+        append(&t.db, "globex", "sse.tested", n).await;
+    }
+    let app = bc_commands::App::new(t.db.clone());
+    let positions = |read: &bc_commands::log::TenantRead| read.events.iter().map(|e| e.position).collect::<Vec<_>>();
+
+    // Up to the audit trail's checkpoint, a read finds acme's events through its index: globex's are not read.
+    let full = app.tenant_log_after(Position::START, 7, "acme").await.expect("read");
+    assert_eq!(positions(&full), acme[..7]);
+    assert_eq!((full.covered, full.more), (acme[6], true), "a full batch covers up to its last event");
+    let short = app.tenant_log_after(full.covered, 100, "acme").await.expect("read");
+    assert_eq!(positions(&short), acme[7..30]);
+    assert!(short.events.iter().all(|e| e.tenant_id.as_deref() == Some("acme") && !e.payload.is_empty()));
+    assert_eq!((short.covered, short.more), (checkpoint, true), "a short batch covers up to the checkpoint");
+
+    // Past it, the log itself: globex's events come too, without their payloads, and a short read is the end.
+    let log = app.tenant_log_after(short.covered, 100, "acme").await.expect("read");
+    assert_eq!(log.events.len(), 30);
+    assert_eq!(positions(&log).into_iter().filter(|p| acme.contains(p)).collect::<Vec<_>>(), acme[30..]);
+    assert!(log.events.iter().all(|e| (e.tenant_id.as_deref() == Some("acme")) != e.payload.is_empty()));
+    assert!(!log.more);
+
+    // A subscriber from the start, in batches of 7, gets acme's 45 events once each, in order, across the seam.
+    let config = EventsConfig { poll: Duration::from_millis(10), batch: 7, ..EventsConfig::default() };
+    let hub = Arc::new(EventHub::new(app, config));
+    let filter = Filter { tenant: Some("acme".into()), ..Filter::default() };
+    let mut items = std::pin::pin!(subscription(hub, Position::START, filter));
+    let mut seen = Vec::new();
+    while seen.len() < acme.len() {
+        match tokio::time::timeout(Duration::from_secs(30), items.next()).await.expect("an item in time") {
+            Some(Item::Event { position, .. }) => seen.push(position),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(seen, acme);
+}
