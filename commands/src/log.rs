@@ -2,7 +2,7 @@
 //! and its live poller), and whether a position is one this log handed out. Every read honours the horizon.
 
 use bc_eventstore::events::{self, RecordedEvent};
-use bc_eventstore::{Position, TxOptions, sql};
+use bc_eventstore::{Position, TxOptions};
 
 use crate::{App, AppResult};
 
@@ -56,16 +56,8 @@ impl App {
     /// tenant's log; beyond it, or without that model, it reads the log as [`App::log_after_for`] does.
     pub async fn tenant_log_after(&self, after: Position, limit: u32, tenant: &str) -> AppResult<TenantRead> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let indexed: Option<(i32, i32, String, i64)> = sql::query_as(
-            "SELECT a.version, c.log_epoch, c.txid::text, c.seq
-             FROM projection_active AS a
-             JOIN projection_checkpoints AS c ON c.name = a.name AND c.version = a.version
-             WHERE a.name = 'audit_events'",
-        )
-        .fetch_optional(tx.conn())
-        .await?;
-        let through = indexed.and_then(|(version, epoch, txid, seq)| {
-            let checkpoint: Position = format!("{epoch}-{txid}-{seq}").parse().ok()?;
+        let active = bc_projections::consistency::active_checkpoint(&mut tx, "audit_events").await?;
+        let through = active.and_then(|(version, checkpoint)| {
             (checkpoint > after).then(|| (format!("audit_events_v{version}"), checkpoint))
         });
         let read = match through {
