@@ -6,11 +6,11 @@ use bc_eventstore::{Position, TxOptions};
 
 use crate::{App, AppResult};
 
-/// What one tenant's catch-up read found: [`App::tenant_log_after`].
+/// What one read of a subscriber's catch-up found: [`App::catch_up_after`].
 #[derive(Debug)]
-pub struct TenantRead {
-    /// In log order: the tenant's events, and, where the log itself was read, the other tenants' events without
-    /// payload or metadata.
+pub struct CatchUpRead {
+    /// In log order: the events the reader may see and, where the log itself was read for one tenant, the other
+    /// tenants' events without payload or metadata (their positions, streams, types and tenants only).
     pub events: Vec<RecordedEvent>,
     /// The position the read covered: the next read starts after it.
     pub covered: Position,
@@ -30,38 +30,28 @@ impl App {
 
     /// Up to `limit` events after `after`, in log order.
     pub async fn log_after(&self, after: Position, limit: u32) -> AppResult<Vec<RecordedEvent>> {
-        self.log_after_for(after, limit, None).await
-    }
-
-    /// [`App::log_after`] for a reader that shows one tenant its own events only (`None`: every tenant's): the
-    /// other tenants' events come without payload or metadata (their positions, streams, types and tenants are
-    /// still there, so the reader knows how far it has read).
-    pub async fn log_after_for(
-        &self,
-        after: Position,
-        limit: u32,
-        tenant: Option<&str>,
-    ) -> AppResult<Vec<RecordedEvent>> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let selection = events::Selection { tenant, ..events::Selection::EVERYTHING };
-        let batch = events::read_after_selected(&mut tx, after, limit, selection).await?;
+        let batch = events::read_after(&mut tx, after, limit).await?;
         tx.commit().await?;
         Ok(batch)
     }
 
-    /// One tenant's catch-up read: up to `limit` events after `after` for a reader that shows `tenant` its own
-    /// events only, and the position the read covered (the next read starts there). As far as the audit trail's
-    /// read model has passed (its active version's checkpoint), the tenant's events are found through that
+    /// One read of a subscriber's catch-up: up to `limit` events after `after` for a reader that shows `tenant` its
+    /// own events only (`None`: every tenant's), and the position the read covered. For one tenant, as far as the
+    /// audit trail's read model has passed (its active version's checkpoint), its events are found through that
     /// model's index by tenant, so a catch-up from far back reads the tenant's own events rather than every
-    /// tenant's log; beyond it, or without that model, it reads the log as [`App::log_after_for`] does.
-    pub async fn tenant_log_after(&self, after: Position, limit: u32, tenant: &str) -> AppResult<TenantRead> {
+    /// tenant's log. Beyond that checkpoint, without that model, or for every tenant, it reads the log.
+    pub async fn catch_up_after(&self, after: Position, limit: u32, tenant: Option<&str>) -> AppResult<CatchUpRead> {
         let mut tx = self.db.begin(TxOptions::READ_ONLY).await?;
-        let active = bc_projections::consistency::active_checkpoint(&mut tx, "audit_events").await?;
-        let through = active.and_then(|(version, checkpoint)| {
-            (checkpoint > after).then(|| (format!("audit_events_v{version}"), checkpoint))
-        });
+        let through = match tenant {
+            Some(tenant) => bc_projections::framework::active_checkpoint(&mut tx, "audit_events")
+                .await?
+                .filter(|(_, checkpoint)| *checkpoint > after)
+                .map(|(version, checkpoint)| (tenant, format!("audit_events_v{version}"), checkpoint)),
+            None => None,
+        };
         let read = match through {
-            Some((index, checkpoint)) => {
+            Some((tenant, index, checkpoint)) => {
                 let batch =
                     events::read_tenant_range_through(&mut tx, &index, tenant, after, checkpoint, limit).await?;
                 // A short batch holds every event of the tenant's up to the checkpoint; the log goes on after it.
@@ -69,14 +59,14 @@ impl App {
                     Some(last) if batch.len() as u64 >= u64::from(limit) => last.position,
                     _ => checkpoint,
                 };
-                TenantRead { events: batch, covered, more: true }
+                CatchUpRead { events: batch, covered, more: true }
             }
             None => {
-                let selection = events::Selection { tenant: Some(tenant), ..events::Selection::EVERYTHING };
+                let selection = events::Selection { tenant, ..events::Selection::EVERYTHING };
                 let batch = events::read_after_selected(&mut tx, after, limit, selection).await?;
                 let covered = batch.last().map_or(after, |last| last.position);
                 let more = batch.len() as u64 >= u64::from(limit);
-                TenantRead { events: batch, covered, more }
+                CatchUpRead { events: batch, covered, more }
             }
         };
         tx.commit().await?;

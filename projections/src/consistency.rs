@@ -34,31 +34,6 @@ pub async fn reached(db: &Db, names: &[&str]) -> Result<Position> {
     Ok(least.unwrap_or(Position::START))
 }
 
-/// The active version of the read model `name` and the position its checkpoint has passed, read in `tx`; `None`
-/// while no version of it is active.
-pub async fn active_checkpoint(tx: &mut bc_eventstore::Tx, name: &str) -> Result<Option<(u32, Position)>> {
-    let row = sql::query(
-        "SELECT a.version, c.log_epoch, c.txid::text AS txid, c.seq
-         FROM projection_active AS a
-         JOIN projection_checkpoints AS c ON c.name = a.name AND c.version = a.version
-         WHERE a.name = $1",
-    )
-    .bind(name)
-    .fetch_optional(tx.conn())
-    .await?;
-    let Some(row) = row else { return Ok(None) };
-    let text = format!(
-        "{}-{}-{}",
-        row.try_get::<i32, _>("log_epoch")?,
-        row.try_get::<String, _>("txid")?,
-        row.try_get::<i64, _>("seq")?
-    );
-    let position: Position = text
-        .parse()
-        .map_err(|err| bc_eventstore::Error::Internal(format!("the checkpoint of {name} reads {text}: {err}")))?;
-    Ok(Some((row.try_get::<i32, _>("version")? as u32, position)))
-}
-
 /// Waits until the named read models have passed `position`, for at most `wait`. `Ok(None)` once they have;
 /// `Ok(Some(reached))` with the position they got to when the wait ran out.
 pub async fn wait_for(db: &Db, names: &[&str], position: Position, wait: Duration) -> Result<Option<Position>> {

@@ -197,6 +197,22 @@ pub async fn active_version(tx: &mut Tx, name: &str) -> Result<Option<u32>> {
     Ok(version.map(|v| v as u32))
 }
 
+/// The active version of the read model `name` and the position its checkpoint has passed; `None` while no
+/// version of it is active.
+pub async fn active_checkpoint(tx: &mut Tx, name: &str) -> Result<Option<(u32, Position)>> {
+    let row = sql::query(
+        "SELECT a.version, c.log_epoch, c.txid::text AS txid, c.seq
+         FROM projection_active AS a
+         JOIN projection_checkpoints AS c ON c.name = a.name AND c.version = a.version
+         WHERE a.name = $1",
+    )
+    .bind(name)
+    .fetch_optional(tx.conn())
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some((row.try_get::<i32, _>("version")? as u32, position_from_row(&row)?)))
+}
+
 /// What one batch did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Step {

@@ -30,7 +30,7 @@ use super::request::{Authed, QueryParams, RequestId, path_id};
 use super::{ApiError, AppState};
 use bc_commands::App;
 use bc_commands::door::Subject;
-use bc_commands::log::TenantRead;
+use bc_commands::log::CatchUpRead;
 
 /// How the stream reads and fans out.
 #[derive(Debug, Clone)]
@@ -227,21 +227,11 @@ impl EventHub {
         self.app.log_range(after, until, self.config.batch).await
     }
 
-    /// One read of a subscriber's catch-up after `after`, once a reader's permit is free: for one tenant, its own
-    /// events through the audit trail's index as far as that read model has passed ([`App::tenant_log_after`]);
-    /// for every tenant, the log.
-    async fn catch_up_read(&self, after: Position, tenant: Option<&str>) -> bc_commands::AppResult<TenantRead> {
+    /// One read of a subscriber's catch-up after `after` ([`App::catch_up_after`]), once a reader's permit is free.
+    async fn catch_up_read(&self, after: Position, tenant: Option<&str>) -> bc_commands::AppResult<CatchUpRead> {
         // The semaphore is never closed, so this always holds a permit.
         let _permit = self.log_readers.acquire().await.ok();
-        match tenant {
-            Some(tenant) => self.app.tenant_log_after(after, self.config.batch, tenant).await,
-            None => {
-                let events = self.app.log_after_for(after, self.config.batch, None).await?;
-                let covered = events.last().map_or(after, |last| last.position);
-                let more = events.len() >= self.config.batch as usize;
-                Ok(TenantRead { events, covered, more })
-            }
-        }
+        self.app.catch_up_after(after, self.config.batch, tenant).await
     }
 
     /// Ends every stream (the server is shutting down): each tells its client where to resume and when to
@@ -375,13 +365,12 @@ pub fn subscription(hub: Arc<EventHub>, after: Position, filter: Filter) -> impl
                 }
             };
             for event in read.events {
-                last = event.position;
                 if filter.admits(event.tenant_id.as_deref(), &event.event_type, &event.stream_id) {
                     let data = event_json(&event);
                     yield Item::Event { position: event.position, event_type: event.event_type, data };
                 }
             }
-            last = last.max(read.covered);
+            last = read.covered;
             if !read.more {
                 break;
             }

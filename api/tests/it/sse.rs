@@ -453,13 +453,13 @@ async fn a_tenant_catches_up_through_the_audit_trail_as_far_as_it_has_passed_the
         append(&t.db, "globex", "sse.tested", n).await;
     }
     let app = bc_commands::App::new(t.db.clone());
-    let positions = |read: &bc_commands::log::TenantRead| read.events.iter().map(|e| e.position).collect::<Vec<_>>();
+    let positions = |read: &bc_commands::log::CatchUpRead| read.events.iter().map(|e| e.position).collect::<Vec<_>>();
 
     // Up to the audit trail's checkpoint, a read finds acme's events through its index: globex's are not read.
-    let full = app.tenant_log_after(Position::START, 7, "acme").await.expect("read");
+    let full = app.catch_up_after(Position::START, 7, Some("acme")).await.expect("read");
     assert_eq!(positions(&full), acme[..7]);
     assert_eq!((full.covered, full.more), (acme[6], true), "a full batch covers up to its last event");
-    let short = app.tenant_log_after(full.covered, 100, "acme").await.expect("read");
+    let short = app.catch_up_after(full.covered, 100, Some("acme")).await.expect("read");
     assert_eq!(positions(&short), acme[7..30]);
     assert!(short.events.iter().all(|e| e.tenant_id.as_deref() == Some("acme") && !e.payload.is_empty()));
     assert_eq!((short.covered, short.more), (checkpoint, true), "a short batch covers up to the checkpoint");
@@ -472,7 +472,7 @@ async fn a_tenant_catches_up_through_the_audit_trail_as_far_as_it_has_passed_the
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while from_log.len() < 30 {
         assert!(tokio::time::Instant::now() < deadline, "the log past the checkpoint never came whole: {from_log:?}");
-        let log = app.tenant_log_after(covered, 100, "acme").await.expect("read");
+        let log = app.catch_up_after(covered, 100, Some("acme")).await.expect("read");
         assert!(log.events.iter().all(|e| (e.tenant_id.as_deref() == Some("acme")) != e.payload.is_empty()));
         assert_eq!(log.more, log.events.len() >= 100, "only a full read of the log says there may be more");
         covered = log.covered;
