@@ -418,40 +418,89 @@ async fn a_read_for_one_tenant_sends_the_others_events_without_payload_or_metada
 }
 
 #[tokio::test]
-async fn copied_rows_come_back_exactly_whatever_their_text_holds() {
+async fn copied_rows_come_back_exactly_whatever_their_values_hold() {
     let t = TestDb::new().await;
     let awkward = ["tab\there", "line\nbreak\r\nand return", "back\\slash \\N \\t", "", "plain ünïcödé"];
     let mut rows = bc_eventstore::sql::CopyRows::new();
     for (n, text) in awkward.iter().enumerate() {
-        rows.int(n as i64).text(Some(text)).timestamp_ms(1_893_456_000_123 + n as i64).expect("instant");
+        rows.int8(n as i64 - 2)
+            .int4(-(n as i32))
+            .xid8(u64::MAX - n as u64)
+            .text(Some(text))
+            .json(&format!(r#"{{"n": {n}, "text": {}}}"#, serde_json::json!(text)))
+            .text_array(&awkward[..n])
+            .timestamp_ms(1_893_456_000_123 + n as i64)
+            .expect("instant");
         rows.end_row();
     }
-    rows.int(99).text(None).timestamp_ms(0).expect("instant");
+    rows.int8(99).null().null().text(None).null().text_array(&[] as &[&str]).timestamp_ms(-1).expect("instant");
     rows.end_row();
     assert_eq!(rows.rows(), 6);
     let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
-    bc_eventstore::sql::query("CREATE TEMPORARY TABLE copied (n int8, body text, at timestamptz)")
-        .execute(tx.conn())
-        .await
-        .expect("create");
-    assert_eq!(rows.copy_in(&mut tx, "COPY copied (n, body, at) FROM STDIN").await.expect("copy"), 6);
-    let back: Vec<(i64, Option<String>, i64)> =
-        bc_eventstore::sql::query_as("SELECT n, body, (extract(epoch FROM at) * 1000)::int8 FROM copied ORDER BY n")
-            .fetch_all(tx.conn())
-            .await
-            .expect("read");
+    bc_eventstore::sql::query(
+        "CREATE TEMPORARY TABLE copied (n int8, small int4, txid xid8, body text, doc json, items text[], at timestamptz)",
+    )
+    .execute(tx.conn())
+    .await
+    .expect("create");
+    let copy = "COPY copied (n, small, txid, body, doc, items, at) FROM STDIN (FORMAT binary)";
+    assert_eq!(rows.copy_in(&mut tx, copy).await.expect("copy"), 6);
+    type Row = (i64, Option<i32>, Option<String>, Option<String>, Option<String>, Vec<String>, i64);
+    let back: Vec<Row> = bc_eventstore::sql::query_as(
+        "SELECT n, small, txid::text, body, doc::text, items, (extract(epoch FROM at) * 1000)::int8 FROM copied
+         ORDER BY n",
+    )
+    .fetch_all(tx.conn())
+    .await
+    .expect("read");
 
     let mut unfinished = bc_eventstore::sql::CopyRows::new();
-    unfinished.int(1);
-    let err = unfinished.copy_in(&mut tx, "COPY copied (n) FROM STDIN").await.expect_err("unfinished");
+    unfinished.int8(1);
+    let err = unfinished.copy_in(&mut tx, "COPY copied (n) FROM STDIN (FORMAT binary)").await.expect_err("unfinished");
     assert!(matches!(&err, Error::Internal(m) if m.contains("unfinished")), "{err}");
     tx.commit().await.expect("commit");
 
-    let mut expected: Vec<(i64, Option<String>, i64)> = awkward
+    let mut expected: Vec<Row> = awkward
         .iter()
         .enumerate()
-        .map(|(n, text)| (n as i64, Some((*text).to_owned()), 1_893_456_000_123 + n as i64))
+        .map(|(n, text)| {
+            (
+                n as i64 - 2,
+                Some(-(n as i32)),
+                Some((u64::MAX - n as u64).to_string()),
+                Some((*text).to_owned()),
+                Some(format!(r#"{{"n": {n}, "text": {}}}"#, serde_json::json!(text))),
+                awkward[..n].iter().map(|item| (*item).to_owned()).collect(),
+                1_893_456_000_123 + n as i64,
+            )
+        })
         .collect();
-    expected.push((99, None, 0));
+    expected.push((99, None, None, None, None, Vec::new(), -1));
     assert_eq!(back, expected);
+}
+
+#[tokio::test]
+async fn a_copied_field_of_another_width_or_a_nul_in_a_text_is_refused_and_nothing_is_written() {
+    let t = TestDb::new().await;
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    bc_eventstore::sql::query("CREATE TABLE copied (n int8, body text)").execute(tx.conn()).await.expect("create");
+    tx.commit().await.expect("commit");
+    let copy = "COPY copied (n, body) FROM STDIN (FORMAT binary)";
+
+    let mut narrow = bc_eventstore::sql::CopyRows::new();
+    narrow.int4(1).text(Some("one"));
+    narrow.end_row();
+    let mut nul = bc_eventstore::sql::CopyRows::new();
+    nul.int8(2).text(Some("a\0b"));
+    nul.end_row();
+    for (rows, why) in [(narrow, "insufficient data left in message"), (nul, "0x00")] {
+        let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+        let err = rows.copy_in(&mut tx, copy).await.expect_err("refused");
+        assert!(err.to_string().contains(why), "{err}");
+        tx.rollback().await;
+    }
+    let mut tx = t.db.begin(TxOptions::READ_COMMITTED).await.expect("begin");
+    let count: i64 =
+        bc_eventstore::sql::query_scalar("SELECT count(*) FROM copied").fetch_one(tx.conn()).await.expect("count");
+    assert_eq!(count, 0);
 }

@@ -256,26 +256,18 @@ async fn load(tx: &mut Tx, ids: &[&str]) -> Result<HashMap<String, Booking>> {
 async fn copy_new(tx: &mut Tx, new: &[(&str, &Booking)]) -> Result<()> {
     let mut rows = sql::CopyRows::new();
     for (id, b) in new {
-        rows.text(Some(id)).text(Some(&b.pool_id)).text(Some(&b.tenant_id)).int(b.atoms);
-        match b.booked {
-            Some((from, to)) => rows.int(from).int(to),
-            None => rows.text(None).text(None),
-        };
-        match b.bound_from {
-            Some(at) => rows.int(at),
-            None => rows.text(None),
-        };
-        match b.bound_to {
-            Some(at) => rows.int(at),
-            None => rows.text(None),
-        };
-        rows.text(Some(&array_literal(&b.gpus)));
+        rows.text(Some(id)).text(Some(&b.pool_id)).text(Some(&b.tenant_id)).int4(b.atoms);
+        rows.opt_int8(b.booked.map(|(from, _)| from))
+            .opt_int8(b.booked.map(|(_, to)| to))
+            .opt_int8(b.bound_from)
+            .opt_int8(b.bound_to)
+            .text_array(&b.gpus);
         rows.end_row();
     }
     rows.copy_in(
         tx,
         "COPY ledger_bookings_v1 (reservation_id, pool_id, tenant_id, atoms, booked_from, booked_to, bound_from,
-                                  bound_to, gpus) FROM STDIN",
+                                  bound_to, gpus) FROM STDIN (FORMAT binary)",
     )
     .await?;
     Ok(())

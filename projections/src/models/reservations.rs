@@ -101,12 +101,12 @@ async fn copy_new<'r>(tx: &mut Tx, folded: impl Iterator<Item = (&'r str, &'r Re
             .text(Some(r.request.pool_id.as_str()))
             .text(Some(r.state.as_str()))
             .timestamp_ms(r.requested_at_ms)?
-            .text(Some(&json(r)?));
+            .json(&json(r)?);
         rows.end_row();
     }
     rows.copy_in(
         tx,
-        "COPY reservations_v3 (reservation_id, tenant_id, pool_id, state, requested_at, folded) FROM STDIN",
+        "COPY reservations_v3 (reservation_id, tenant_id, pool_id, state, requested_at, folded) FROM STDIN (FORMAT binary)",
     )
     .await?;
     Ok(())
