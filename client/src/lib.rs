@@ -175,17 +175,23 @@ impl Client {
         Error::Transport { server: self.base.clone(), source }
     }
 
-    /// Sends `request` and decodes a successful answer as `T`, or the API's error. A call refused as one too many
-    /// in flight for the token is sent again after the server's `Retry-After`, a few times.
-    async fn exchange<T: DeserializeOwned>(&self, what: &str, request: reqwest::RequestBuilder) -> Result<T, Error> {
+    /// Sends `request`, allowed `timeout`, and sends it again after the server's `Retry-After` while it is
+    /// refused as one too many in flight for the token (`429 TOO_MANY_REQUESTS`), a few times. Any other answer,
+    /// a refusal past the retries, or one asking for too long a wait is returned as it came (a refusal read as
+    /// the API's error).
+    async fn send_when_not_busy(
+        &self,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, Error> {
         let mut request = request;
         let mut retries = 0;
-        let response = loop {
+        loop {
             let again = request.try_clone();
-            let response = request.timeout(REQUEST_TIMEOUT).send().await.map_err(|err| self.transport(err))?;
+            let response = request.timeout(timeout).send().await.map_err(|err| self.transport(err))?;
             let wait = busy_wait(&response).filter(|_| retries < BUSY_RETRIES);
             let (Some(wait), Some(again)) = (wait, again) else {
-                break response;
+                return Ok(response);
             };
             let bytes = response.bytes().await.map_err(|err| self.transport(err))?;
             let refused = api_error(StatusCode::TOO_MANY_REQUESTS.as_u16(), &bytes);
@@ -195,7 +201,13 @@ impl Client {
             tokio::time::sleep(wait).await;
             retries += 1;
             request = again;
-        };
+        }
+    }
+
+    /// Sends `request` and decodes a successful answer as `T`, or the API's error. A call refused as one too many
+    /// in flight for the token is sent again after the server's `Retry-After`, a few times.
+    async fn exchange<T: DeserializeOwned>(&self, what: &str, request: reqwest::RequestBuilder) -> Result<T, Error> {
+        let response = self.send_when_not_busy(request, REQUEST_TIMEOUT).await?;
         let status = response.status();
         if status.is_success()
             && let Some(position) = response.headers().get("x-position").and_then(|v| v.to_str().ok())
@@ -247,11 +259,10 @@ impl Client {
         self.exchange(&what, request).await
     }
 
-    /// `GET path` answered as a stream the caller reads (image bytes), allowed `timeout` in all; an error
-    /// answer is the API's [`Error`].
+    /// `GET path` answered as a stream the caller reads (image bytes), each try allowed `timeout`; an error
+    /// answer is the API's [`Error`]. Like every call, it is sent again while refused as one too many in flight.
     pub async fn get_stream(&self, path: &str, timeout: Duration) -> Result<reqwest::Response, Error> {
-        let response =
-            self.request(Method::GET, path).timeout(timeout).send().await.map_err(|err| self.transport(err))?;
+        let response = self.send_when_not_busy(self.request(Method::GET, path), timeout).await?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);

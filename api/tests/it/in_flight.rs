@@ -68,7 +68,7 @@ async fn answer_of(stream: &mut tokio::net::TcpStream) -> String {
 }
 
 #[tokio::test]
-async fn the_client_waits_out_retry_after_and_sends_a_call_refused_as_too_many_again() {
+async fn the_client_waits_out_retry_after_and_sends_a_call_or_a_streamed_get_refused_as_too_many_again() {
     use bc_api::tls::{Bound, PlainListener};
     use tokio::io::AsyncWriteExt as _;
     let t = bc_eventstore::testing::TestDb::new().await;
@@ -96,19 +96,29 @@ async fn the_client_waits_out_retry_after_and_sends_a_call_refused_as_too_many_a
     );
     held.write_all(head.as_bytes()).await.expect("send the head");
     let client = bc_client::Client::new(&format!("http://{address}"), Some(ALICE.to_owned()), None).expect("client");
+    let streamer = client.clone();
     let call = tokio::spawn(async move { client.get::<serde_json::Value>("/v1/reservations").await });
+    let streamed = tokio::spawn(async move {
+        let response = streamer.get_stream("/v1/pools", std::time::Duration::from_secs(30)).await?;
+        Ok::<_, bc_client::Error>(response.bytes().await.expect("the streamed body"))
+    });
 
-    // The call is refused while the place is held (a scrape shows it), then the held request is answered; the
-    // client, waiting out `Retry-After: 1`, sends it again and is served.
-    let refused = r#"bc_http_requests_total{method="GET",route="/v1/reservations",status="429"}"#;
-    crate::metrics::scrape_until(address, "the call refused", |text| {
-        crate::metrics::sample(text, refused).is_some_and(|n| n >= 1.0)
+    // Both calls are refused while the place is held (a scrape shows it), then the held request is answered;
+    // the client, waiting out `Retry-After: 1`, sends each again and both are served.
+    let refused = |route: &str| format!(r#"bc_http_requests_total{{method="GET",route="{route}",status="429"}}"#);
+    let (listed, pools) = (refused("/v1/reservations"), refused("/v1/pools"));
+    crate::metrics::scrape_until(address, "both calls refused", |text| {
+        crate::metrics::sample(text, &listed).is_some_and(|n| n >= 1.0)
+            && crate::metrics::sample(text, &pools).is_some_and(|n| n >= 1.0)
     })
     .await;
     held.write_all(b"{}").await.expect("send the body");
     assert!(answer_of(&mut held).await.starts_with("HTTP/1.1 400"), "the held reserve is answered");
     let page = call.await.expect("join").expect("the call is served once sent again");
     assert!(page["items"].is_array(), "{page}");
+    let body = streamed.await.expect("join").expect("the streamed call is served once sent again");
+    let pools: serde_json::Value = serde_json::from_slice(&body).expect("a page of pools");
+    assert!(pools["items"].is_array(), "{pools}");
 
     drop(held);
     let _ = stop.send(());
