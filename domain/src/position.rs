@@ -26,15 +26,18 @@ impl Position {
         Self { epoch, txid, seq }
     }
 
-    /// The values the event store binds for a query: epoch as `int4`, txid as text (cast with `::text::xid8`,
-    /// since xid8 has no cast from bigint), seq as `int8`.
-    pub fn binds(&self) -> (i32, String, i64) {
+    /// The event log's three key columns as they are typed there: epoch as `int4`, txid as `xid8` (unsigned),
+    /// seq as `int8`.
+    pub fn columns(&self) -> (i32, u64, i64) {
         // Parsing caps epoch at i32::MAX and seq at i64::MAX, and rows never hold larger values.
-        (
-            i32::try_from(self.epoch).unwrap_or(i32::MAX),
-            self.txid.to_string(),
-            i64::try_from(self.seq).unwrap_or(i64::MAX),
-        )
+        (i32::try_from(self.epoch).unwrap_or(i32::MAX), self.txid, i64::try_from(self.seq).unwrap_or(i64::MAX))
+    }
+
+    /// The values the event store binds for a query: [`Position::columns`], with txid as text (cast with
+    /// `::text::xid8`, since xid8 has no cast from bigint).
+    pub fn binds(&self) -> (i32, String, i64) {
+        let (epoch, txid, seq) = self.columns();
+        (epoch, txid.to_string(), seq)
     }
 
     /// A position from the event log's columns, as `binds` gives them; a value out of range is an error.

@@ -190,6 +190,20 @@ const BINARY_COPY_HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
 /// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01), where a `timestamptz` counts from.
 const POSTGRES_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
 
+/// A `timestamptz` column of `row` in whole milliseconds since the Unix epoch, rounded down (what
+/// [`CopyRows::timestamp_ms`] writes, read back). sqlx asks for every result in binary, where a `timestamptz` is
+/// eight bytes of microseconds since PostgreSQL's epoch, which it decodes as a `bigint` when asked without the
+/// check of the column's type. Cheaper for the server than `floor(extract(epoch FROM ...) * 1000)`, which works
+/// in `numeric`.
+pub(crate) fn timestamp_ms(row: &PgRow, column: &str) -> crate::Result<i64> {
+    use sqlx::Row as _;
+    let micros: i64 = row.try_get_unchecked(column)?;
+    micros
+        .checked_add(POSTGRES_EPOCH_UNIX_MICROS)
+        .map(|micros| micros.div_euclid(1_000))
+        .ok_or_else(|| crate::Error::Internal(format!("the instant in {column} is out of range")))
+}
+
 /// The type of a `text[]` array's elements.
 const TEXT_OID: i32 = 25;
 
@@ -230,7 +244,8 @@ impl CopyRows {
     }
 
     fn bytes(&mut self, value: &[u8]) -> &mut Self {
-        // A field longer than 2 GiB is refused by the server: its length is written as it would be, negative.
+        // PostgreSQL keeps no value over 1 GB and refuses a field that long; one past what a length can say is
+        // written with the largest length, which it refuses the same way.
         self.field(i32::try_from(value.len()).unwrap_or(i32::MAX));
         self.data.extend_from_slice(value);
         self
@@ -278,6 +293,13 @@ impl CopyRows {
     pub fn xid8(&mut self, value: u64) -> &mut Self {
         self.field(8).data.extend_from_slice(&value.to_be_bytes());
         self
+    }
+
+    /// A position as the event log's three key columns: `log_epoch` (`integer`), `txid` (`xid8`), `seq`
+    /// (`bigint`).
+    pub fn position(&mut self, position: &crate::Position) -> &mut Self {
+        let (epoch, txid, seq) = position.columns();
+        self.int4(epoch).xid8(txid).int8(seq)
     }
 
     /// A `timestamptz` field from milliseconds since the Unix epoch.

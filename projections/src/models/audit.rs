@@ -50,12 +50,13 @@ async fn insert_batch(tx: &mut Tx, events: &[Envelope]) -> Result<()> {
             _ => None,
         };
         let request = admission.and_then(|a| a.request_id.as_deref()).or(envelope.metadata.request_id.as_deref());
-        rows.int4(i32::try_from(e.position.epoch).map_err(|_| out_of_range("log epoch", e.position.epoch))?)
-            .xid8(e.position.txid)
-            .int8(i64::try_from(e.position.seq).map_err(|_| out_of_range("sequence number", e.position.seq))?)
+        let version = i32::try_from(e.stream_version).map_err(|_| {
+            bc_eventstore::Error::Internal(format!("{} has a version past the audit trail's column", e.stream_id))
+        })?;
+        rows.position(&e.position)
             .text(Some(&e.position.to_string()))
             .text(Some(&e.stream_id))
-            .int4(i32::try_from(e.stream_version).map_err(|_| out_of_range("stream version", e.stream_version))?)
+            .int4(version)
             .text(Some(&e.event_type))
             .text(e.tenant_id.as_deref())
             .text(Some(if denial.is_some() { "denied" } else { "allowed" }))
@@ -79,10 +80,4 @@ async fn insert_batch(tx: &mut Tx, events: &[Envelope]) -> Result<()> {
     )
     .await?;
     Ok(())
-}
-
-fn out_of_range(what: &str, value: impl std::fmt::Display) -> bc_eventstore::Error {
-    bc_eventstore::Error::Internal(format!(
-        "the audit trail cannot store the {what} {value}: out of its column's range"
-    ))
 }
