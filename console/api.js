@@ -86,8 +86,39 @@ function url(path, params = {}) {
   return text ? `${filled}?${text}` : filled;
 }
 
+/** How many times a call refused as one too many in flight for the token is sent again. */
+const BUSY_RETRIES = 5;
+
+/** The longest `Retry-After`, in seconds, a call waits out; a longer one is shown as the error it is. */
+const BUSY_WAIT_MAX_SECONDS = 10;
+
 /**
- * One call; the JSON body of a success, or an [`ApiError`].
+ * The seconds to wait before sending a call again that `answer` refused as one too many in flight for the token
+ * (`429` with the code `TOO_MANY_REQUESTS`: refused before anything ran, so safe to send again whatever the
+ * method); `undefined` for any other answer, or a `Retry-After` that is not whole seconds up to
+ * `BUSY_WAIT_MAX_SECONDS`. A fleet view draws many calls at once, and a page should not fail on that.
+ * @param {Response} answer
+ * @returns {Promise<number | undefined>}
+ */
+async function busyWait(answer) {
+  if (answer.status !== 429) {
+    return undefined;
+  }
+  const header = answer.headers.get("Retry-After")?.trim() ?? "";
+  if (!/^[0-9]+$/.test(header) || Number(header) > BUSY_WAIT_MAX_SECONDS) {
+    return undefined;
+  }
+  /** @type {any} */
+  const json = await answer
+    .clone()
+    .json()
+    .catch(() => undefined);
+  return json?.error?.code === "TOO_MANY_REQUESTS" ? Number(header) : undefined;
+}
+
+/**
+ * One call; the JSON body of a success, or an [`ApiError`]. A call refused as one too many in flight is sent
+ * again after the server's `Retry-After`, up to `BUSY_RETRIES` times.
  * @param {string} method
  * @param {string} path
  * @param {Params} [params]
@@ -104,11 +135,16 @@ async function call(method, path, params = {}, body = undefined) {
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
   }
-  const answer = await fetch(url(path, params), {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
+  const request = { method, headers, body: body === undefined ? undefined : JSON.stringify(body) };
+  let answer = await fetch(url(path, params), request);
+  for (let retry = 0; retry < BUSY_RETRIES; retry += 1) {
+    const wait = await busyWait(answer);
+    if (wait === undefined) {
+      break;
+    }
+    await new Promise((resolve) => setTimeout(resolve, wait * 1000));
+    answer = await fetch(url(path, params), request);
+  }
   const text = await answer.text();
   /** @type {any} */
   const json = text ? JSON.parse(text) : null;
