@@ -195,13 +195,16 @@ const POSTGRES_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
 /// eight bytes of microseconds since PostgreSQL's epoch, which it decodes as a `bigint` when asked without the
 /// check of the column's type. Cheaper for the server than `floor(extract(epoch FROM ...) * 1000)`, which works
 /// in `numeric`.
-pub(crate) fn timestamp_ms(row: &PgRow, column: &str) -> crate::Result<i64> {
+pub(crate) fn timestamp_ms<I>(row: &PgRow, column: I) -> crate::Result<i64>
+where
+    I: sqlx::ColumnIndex<PgRow> + std::fmt::Debug,
+{
     use sqlx::Row as _;
-    let micros: i64 = row.try_get_unchecked(column)?;
+    let micros: i64 = row.try_get_unchecked(&column)?;
     micros
         .checked_add(POSTGRES_EPOCH_UNIX_MICROS)
         .map(|micros| micros.div_euclid(1_000))
-        .ok_or_else(|| crate::Error::Internal(format!("the instant in {column} is out of range")))
+        .ok_or_else(|| crate::Error::Internal(format!("the instant in column {column:?} is out of range")))
 }
 
 /// The type of a `text[]` array's elements.
