@@ -40,6 +40,26 @@ fn generated_ids_parse_back_and_refuse_other_kinds() {
 }
 
 #[test]
+fn an_id_body_takes_exactly_the_lower_case_crockford_letters_whatever_the_byte() {
+    let pool = PoolId::generate();
+    let reservation = ReservationId::derive(&"acme".parse().expect("tenant"), &"a@acme".parse().expect("id"), "k");
+    for byte in 0..=u8::MAX {
+        let letter = [byte];
+        let Ok(letter) = std::str::from_utf8(&letter) else { continue };
+        let allowed = "0123456789abcdefghjkmnpqrstvwxyz".contains(letter);
+        // The letter in the last place of the body, where an id's own letters would hide a miss elsewhere.
+        let pool_like = format!("{}{letter}", &pool.as_str()[..pool.as_str().len() - 1]);
+        let reservation_like = format!("{}{letter}", &reservation.as_str()[..reservation.as_str().len() - 1]);
+        assert_eq!(pool_like.parse::<PoolId>().is_ok(), allowed, "{pool_like:?}");
+        assert_eq!(reservation_like.parse::<ReservationId>().is_ok(), allowed, "{reservation_like:?}");
+    }
+    // A two-byte character in the last two places keeps the length and is refused: both its bytes are above ASCII.
+    let wide = format!("{}é", &pool.as_str()[..pool.as_str().len() - 2]);
+    assert_eq!(wide.len(), pool.as_str().len());
+    assert!(wide.parse::<PoolId>().is_err(), "{wide:?}");
+}
+
+#[test]
 fn reservation_ids_derive_from_tenant_identity_and_key() {
     let tenant: TenantId = "acme".parse().expect("tenant");
     let other: TenantId = "globex".parse().expect("tenant");

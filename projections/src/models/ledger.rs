@@ -9,13 +9,14 @@
 //! an hour's figures change only through events: a booking placed for next week counts in next week's hours, and
 //! an active reservation's bound part runs to its booked end until an event says otherwise.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use bc_domain::device::Device;
 use bc_domain::node::NodeEvent;
 use bc_domain::reservation::{Allocation, ReservationEvent};
 use bc_domain::stream::AnyEvent;
 use bc_eventstore::{Result, Tx, sql};
+use foldhash::{HashMap, HashMapExt, HashSet};
 use futures_util::future::BoxFuture;
 use sqlx::{AssertSqlSafe, Row as _};
 
@@ -192,9 +193,12 @@ async fn apply_bookings(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Re
     let existing: HashSet<String> = rows.keys().cloned().collect();
     let mut touched: Vec<&str> = Vec::new();
     for (id, event) in events {
-        let state = rows.remove(*id);
+        let (key, state) = match rows.remove_entry(*id) {
+            Some((key, state)) => (key, Some(state)),
+            None => ((*id).to_owned(), None),
+        };
         if let Some(next) = evolve(state, event) {
-            rows.insert((*id).to_owned(), next);
+            rows.insert(key, next);
         }
         touched.push(id);
     }

@@ -9,10 +9,10 @@ pub mod nodes;
 pub mod pools;
 pub mod reservations;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use bc_eventstore::{Error, Result};
+use foldhash::{HashSet, HashSetExt};
 
 use crate::framework::Projection;
 

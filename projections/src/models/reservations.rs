@@ -5,11 +5,10 @@
 //! the rows its events touch are read in one statement, the events folded onto them in memory in log order,
 //! and the results written in one upsert, so a rebuild costs two statements per batch, not one per event.
 
-use std::collections::HashMap;
-
 use bc_domain::reservation::{self, Reservation, ReservationEvent};
 use bc_domain::stream::AnyEvent;
 use bc_eventstore::{Error, Result, Tx, sql};
+use foldhash::{HashMap, HashMapExt, HashSet};
 use futures_util::future::BoxFuture;
 
 use super::json;
@@ -52,12 +51,16 @@ impl Projection for ReservationsV3 {
             let mut folded = load(tx, &events).await?;
             // The rows that exist are the ones just loaded: `load` read every stream the batch continues, and a stream
             // it did not read starts in this batch. The others' rows are copied in rather than upserted.
-            let existing: std::collections::HashSet<String> = folded.keys().cloned().collect();
+            let existing: HashSet<String> = folded.keys().cloned().collect();
             let mut touched: Vec<&str> = Vec::new();
             for (id, event) in events {
-                let state = folded.remove(id);
+                // The key comes back out with the state, so a stream's later events reuse its string.
+                let (key, state) = match folded.remove_entry(id) {
+                    Some((key, state)) => (key, Some(state)),
+                    None => (id.to_owned(), None),
+                };
                 if let Some(next) = reservation::evolve(state, event) {
-                    folded.insert(id.to_owned(), next);
+                    folded.insert(key, next);
                     touched.push(id);
                 }
             }
