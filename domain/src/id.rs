@@ -59,7 +59,7 @@ pub fn crockford_base32(bytes: &[u8]) -> String {
 }
 
 /// Whether each byte value is a letter of [`CROCKFORD`]: one load a byte, where searching the alphabet took a
-/// `memchr` over its 32 letters for each of an id's 26 or 52 (a seventh of a reservation event's decoding).
+/// `memchr` over its 32 letters for each of an id's 26 or 52 (about a third of decoding a reservation's events).
 const IS_CROCKFORD: [bool; 256] = {
     let mut table = [false; 256];
     let mut i = 0;

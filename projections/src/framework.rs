@@ -258,8 +258,8 @@ async fn read_batch(tx: &mut Tx, projection: &dyn Projection, after: Position, l
     let recorded = events::read_after_selected(tx, after, limit, selection).await?;
     let passed = recorded.len();
     let last = recorded.last().cloned();
-    // Room for the whole batch at once: an envelope is a few hundred bytes, and growing the vector by doubling
-    // copied a 10,000-event batch's envelopes about twice over into freshly zeroed pages.
+    // Room for the whole batch at once: an envelope is 776 bytes, and growing the vector by doubling copied a
+    // 10,000-event batch's 7.8 MB once more, step by step, each step into freshly zeroed pages.
     let mut envelopes = Vec::with_capacity(recorded.len());
     for event in recorded {
         if projection.handles(&event.event_type) {

@@ -193,13 +193,7 @@ async fn apply_bookings(tx: &mut Tx, events: &[(&str, &ReservationEvent)]) -> Re
     let existing: HashSet<String> = rows.keys().cloned().collect();
     let mut touched: Vec<&str> = Vec::new();
     for (id, event) in events {
-        let (key, state) = match rows.remove_entry(*id) {
-            Some((key, state)) => (key, Some(state)),
-            None => ((*id).to_owned(), None),
-        };
-        if let Some(next) = evolve(state, event) {
-            rows.insert(key, next);
-        }
+        super::evolve_in(&mut rows, id, |state| evolve(state, event));
         touched.push(id);
     }
     touched.sort_unstable();

@@ -9,6 +9,8 @@ pub mod nodes;
 pub mod pools;
 pub mod reservations;
 
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use bc_eventstore::{Error, Result};
@@ -52,9 +54,47 @@ pub(crate) fn continued<'a, E>(events: &[(&'a str, E)], opens: impl Fn(&E) -> bo
     ids
 }
 
+/// Folds one event onto the state `folded` keeps for `id` (none before the stream's first), through `evolve`: the
+/// state it answers is kept, and one it ends (`None`) leaves the map. The key's string comes back out with its
+/// state, so a stream's later events in the batch reuse it. Whether a state is kept.
+pub(crate) fn evolve_in<S, H: BuildHasher>(
+    folded: &mut HashMap<String, S, H>,
+    id: &str,
+    evolve: impl FnOnce(Option<S>) -> Option<S>,
+) -> bool {
+    let (key, state) = match folded.remove_entry(id) {
+        Some((key, state)) => (key, Some(state)),
+        None => (id.to_owned(), None),
+    };
+    match evolve(state) {
+        Some(next) => {
+            folded.insert(key, next);
+            true
+        }
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::continued;
+    use super::{continued, evolve_in};
+    use std::collections::HashMap;
+
+    #[test]
+    fn a_fold_keeps_what_evolve_answers_and_drops_what_it_ends() {
+        let mut folded: HashMap<String, u32> = HashMap::new();
+        assert!(evolve_in(&mut folded, "a", |state| Some(state.unwrap_or(0) + 1)), "a stream's first event");
+        assert!(evolve_in(&mut folded, "a", |state| Some(state.unwrap_or(0) + 1)));
+        assert!(!evolve_in(&mut folded, "b", |_| None), "an event that starts nothing");
+        assert_eq!(folded, HashMap::from([("a".to_owned(), 2)]));
+        let mut seen = None;
+        assert!(!evolve_in(&mut folded, "a", |state| {
+            seen = state;
+            None
+        }));
+        assert_eq!(seen, Some(2), "evolve is handed the state kept");
+        assert!(folded.is_empty(), "a state evolve ends leaves the map");
+    }
 
     #[test]
     fn a_stream_the_batch_opens_is_not_loaded_and_one_it_continues_is() {

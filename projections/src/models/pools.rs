@@ -79,8 +79,7 @@ impl Projection for PoolsV2 {
                 let mut touched: Vec<&str> = Vec::new();
                 for event in pool_events {
                     let id = pool_of(event);
-                    if let Some(next) = pool::evolve(folded.remove(id), event) {
-                        folded.insert(id.to_owned(), next);
+                    if super::evolve_in(&mut folded, id, |state| pool::evolve(state, event)) {
                         touched.push(id);
                     }
                 }

@@ -54,13 +54,7 @@ impl Projection for ReservationsV3 {
             let existing: HashSet<String> = folded.keys().cloned().collect();
             let mut touched: Vec<&str> = Vec::new();
             for (id, event) in events {
-                // The key comes back out with the state, so a stream's later events reuse its string.
-                let (key, state) = match folded.remove_entry(id) {
-                    Some((key, state)) => (key, Some(state)),
-                    None => (id.to_owned(), None),
-                };
-                if let Some(next) = reservation::evolve(state, event) {
-                    folded.insert(key, next);
+                if super::evolve_in(&mut folded, id, |state| reservation::evolve(state, event)) {
                     touched.push(id);
                 }
             }
